@@ -1,0 +1,7 @@
+"""Fine-tuning method implementations, installed as ``petlprof.methods``.
+
+Importing this package registers every built-in method's light spec (name, config, default
+learning rate); each method's torch/peft code is imported only when a run applies it.
+"""
+
+from petlprof.methods import bitfit, full, lora, read  # noqa: F401  (self-registering)

@@ -1,0 +1,40 @@
+"""BitFit (Ben Zaken et al. 2022): only the bias terms of the backbone and the task head train.
+
+Families without bias terms (T5, LLaMA) leave only the head trainable; the run warns about it.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+from petlprof.registry import MethodSpec, register_method
+
+
+@dataclass
+class BitFitConfig:
+    """BitFit has no method-specific knobs: the set of bias terms is fixed by the architecture."""
+
+
+def apply(classifier, config: BitFitConfig):
+    biases = 0
+    for name, param in classifier.backbone.named_parameters():
+        is_bias = name.endswith(".bias") or name == "bias"
+        param.requires_grad_(is_bias)
+        biases += is_bias
+    for param in classifier.head.parameters():
+        param.requires_grad_(True)
+    if biases == 0:
+        warnings.warn(f"BitFit: the {classifier.backbone.config.model_type} backbone has no bias terms; "
+                      "only the task head trains", stacklevel=2)
+    return classifier
+
+
+register_method(MethodSpec(
+    name="bitfit",
+    description="backbone bias terms + task head",
+    config_cls=BitFitConfig,
+    apply="petlprof.methods.bitfit:apply",
+    default_lr=1e-3,
+    lr_source="BitFit paper grid 1e-4..1e-3 (Ben Zaken et al. 2022)",
+))

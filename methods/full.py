@@ -1,0 +1,28 @@
+"""Full fine-tuning: every backbone weight and the task head train (the cost ceiling)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from petlprof.registry import MethodSpec, register_method
+
+
+@dataclass
+class FullConfig:
+    """Full fine-tuning has no method-specific knobs."""
+
+
+def apply(classifier, config: FullConfig):
+    for param in classifier.parameters():
+        param.requires_grad_(True)
+    return classifier
+
+
+register_method(MethodSpec(
+    name="full",
+    description="all backbone weights + task head",
+    config_cls=FullConfig,
+    apply="petlprof.methods.full:apply",
+    default_lr=5e-5,
+    lr_source="BERT fine-tuning range 2e-5..5e-5 (Devlin et al. 2019); upper end for short budgets",
+))

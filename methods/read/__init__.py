@@ -1,0 +1,55 @@
+"""READ — REcurrent ADaptation (Wang et al. 2023, arXiv 2305.15348).
+
+A small recurrent network runs over the *layer index* of the frozen backbone: for every token
+position, step ``i`` reads a joiner's projection (LayerNorm + Linear) of layer ``i``'s hidden
+state.  A zero-initialised projection maps the RNN's summary back to the model width and the
+result is added to the backbone's final hidden state; the task head sits on the corrected state.
+The backbone runs once per batch under ``torch.no_grad`` in eval mode, so training never
+back-propagates through it, and the same RNN serves every layer, so the trainable parameters do
+not grow with depth.  The network itself is in :mod:`petlprof.methods.read.model`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from petlprof.errors import UsageError
+from petlprof.registry import MethodSpec, help_field, register_method
+
+CELLS = ("rnn", "gru", "lstm")
+INIT_STATES = ("zeros", "embedding")
+AGGREGATIONS = ("last", "mean")
+
+
+@dataclass
+class ReadConfig:
+    hidden_size: int = help_field(128, "RNN hidden size (the Pareto knob; the authors used 64-512)")
+    cell: str = help_field("gru", f"recurrent cell, one of {', '.join(CELLS)}")
+    init_state: str = help_field("zeros", "initial RNN state: zeros, or a projection of the embedding output")
+    aggregation: str = help_field("last", "summary of the RNN over layers: the last state or the mean of all")
+
+    def __post_init__(self):
+        if int(self.hidden_size) < 1:
+            raise UsageError(f"read hidden_size must be a positive integer, got {self.hidden_size!r}")
+        for field_name, allowed in (("cell", CELLS), ("init_state", INIT_STATES), ("aggregation", AGGREGATIONS)):
+            value = getattr(self, field_name)
+            if value not in allowed:
+                raise UsageError(f"read {field_name} '{value}' is not one of {', '.join(allowed)}")
+
+
+def apply(classifier, config: ReadConfig):
+    from petlprof.methods.read.model import ReadModel
+
+    return ReadModel(classifier, config)
+
+
+register_method(MethodSpec(
+    name="read",
+    description="GRU side network over the frozen backbone's per-layer states + task head (no backbone autograd)",
+    config_cls=ReadConfig,
+    apply="petlprof.methods.read:apply",
+    default_lr=1e-3,
+    lr_source="side network and head trained from scratch; READ authors' range 1e-4..3e-3",
+    pareto_knob="hidden_size",
+    side_tuning=True,
+))

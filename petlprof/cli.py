@@ -1,0 +1,152 @@
+"""The ``petlprof`` command: ``run`` a sweep, ``list`` what is available, ``report`` a result store.
+
+Importing this module is cheap (no torch, no NVML); each sub-command imports what it needs.
+A :class:`~petlprof.errors.UsageError` is printed as one line and exits with code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from petlprof import __version__
+from petlprof.errors import UsageError
+
+
+def _positive_or_none(text: str):
+    return None if text.lower() in ("none", "all") else int(text)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="petlprof", description="Energy, memory and latency profiling of "
+                                     "parameter-efficient fine-tuning methods.")
+    parser.add_argument("--version", action="version", version=f"petlprof {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="train and evaluate methods under the meters; write results and a report")
+    run.add_argument("--methods", help="comma list of methods, e.g. read,lora (see `petlprof list`)")
+    run.add_argument("--backbone", help="minilm (offline default), tiny-bert|tiny-t5|tiny-gpt2|tiny-llama, "
+                     "a local model folder or a Hugging Face id; comma list for several")
+    run.add_argument("--num-layers", type=int, help="keep only the first N layers of the backbone")
+    run.add_argument("--task", help="tweets (offline default), a GLUE task (sst2, cola, ...), or a CSV/TSV/"
+                     "JSONL/Parquet file or folder of your own; comma list for several")
+    run.add_argument("--data-dir", help="local files for a GLUE task (same columns as the hub dataset)")
+    run.add_argument("--text-column", help="text column of your own data (default: text/sentence)")
+    run.add_argument("--text-pair-column", help="second text column of a pair task")
+    run.add_argument("--label-column", help="label column of your own data (default: label)")
+    run.add_argument("--seeds", help="comma list of seeds (default 0)")
+    run.add_argument("--epochs", type=int, help="training epochs (default 1)")
+    run.add_argument("--max-steps", type=int, help="stop training after N optimiser steps")
+    run.add_argument("--train-size", type=_positive_or_none, help="training examples (default 2000; 'all')")
+    run.add_argument("--eval-size", type=_positive_or_none, help="evaluation examples (default 1000; 'all')")
+    run.add_argument("--batch-size", type=int, help="batch size (default 32)")
+    run.add_argument("--lr", type=float, help="learning rate for every method (default: each method's own)")
+    run.add_argument("--max-length", type=int, help="truncate inputs to N tokens (default 64)")
+    run.add_argument("--warmup-steps", type=int, help="steps per phase excluded from the figures (default 2)")
+    run.add_argument("--method-config", action="append", metavar="METHOD.FIELD=VALUE",
+                     help="a method hyper-parameter, e.g. lora.r=16 (repeatable)")
+    run.add_argument("--device", help="auto (default), cpu, cuda or cuda:N")
+    run.add_argument("--energy-meter", help="auto (default: best measured source, else estimate), nvml, rapl, estimate")
+    run.add_argument("--output", help="output folder (default petlprof-out/run-<time>); re-running into it "
+                     "skips runs already recorded")
+    run.add_argument("--in-process", action="store_true", default=None,
+                     help="run everything in this process (debugging; memory figures then depend on run order)")
+    run.add_argument("--config", help="TOML or YAML file with the same options (underscores for dashes)")
+
+    sub.add_parser("list", help="show methods, tasks, backbones and meters (and whether each meter works here)")
+
+    report = sub.add_parser("report", help="re-render plots and report.md from existing results.jsonl files")
+    report.add_argument("dirs", nargs="+", help="output folders (or results.jsonl files)")
+    report.add_argument("--output", help="where to write the report (default: the first folder)")
+    return parser
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from petlprof.config import build_options, default_output_dir, expand, load_config_file, \
+        parse_method_overrides, resolve_device
+
+    cli_values = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
+    cli_values["method_config"] = parse_method_overrides(args.method_config or [])
+    file_values = load_config_file(args.config) if args.config else {}
+    options = build_options(file_values, cli_values)
+    device = resolve_device(options.device)
+    specs = expand(options, device)
+    out_dir = Path(options.output) if options.output else default_output_dir()
+
+    from petlprof.report import load_records, summary_table, write_report
+    from petlprof.runner import execute, execute_in_subprocess
+    from petlprof.store import RESULTS_FILE, append_record, finished_keys
+
+    store = out_dir / RESULTS_FILE
+    done = finished_keys(store)
+    todo = [s for s in specs if s.run_key not in done]
+    print(f"petlprof: {len(specs)} run(s) on {device}; {len(specs) - len(todo)} already in {store}; "
+          f"writing to {out_dir}", file=sys.stderr)
+    failed = 0
+    for index, spec in enumerate(todo, 1):
+        print(f"[{index}/{len(todo)}] {spec.method} on {spec.backbone} / {spec.task}, seed {spec.seed}",
+              file=sys.stderr)
+        record = execute(spec) if options.in_process else execute_in_subprocess(spec)
+        append_record(store, record)
+        if record["status"] != "ok":
+            failed += 1
+            print(f"  {record['status']}: {record['error']}", file=sys.stderr)
+    records = load_records([store])
+    print(summary_table(records, fmt="text"))
+    for path in write_report(records, out_dir):
+        print(f"wrote {path}", file=sys.stderr)
+    print(f"wrote {store}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from petlprof.backbones import BACKBONES
+    from petlprof.meters import meter_status
+    from petlprof.registry import get_method, method_names
+    from petlprof.tasks import TASKS
+
+    print("Methods (name: what trains; Pareto knob; default learning rate):")
+    for name in method_names():
+        spec = get_method(name)
+        knob = f"knob {spec.pareto_knob}" if spec.pareto_knob else "no knob"
+        print(f"  {name:<10} {spec.description}; {knob}; lr {spec.default_lr:g}")
+    print("\nTasks:")
+    for name, text in TASKS.items():
+        print(f"  {name:<10} {text}")
+    print("  <path>     your own CSV/TSV/JSONL/Parquet file or folder of train/validation files")
+    print("\nBackbones:")
+    for name, text in BACKBONES.items():
+        print(f"  {name:<10} {text}")
+    print("  <path|id>  a local model folder or a Hugging Face id (encoder, encoder-decoder or decoder)")
+    print("\nMeters on this machine:")
+    for name, ok, why, what in meter_status():
+        print(f"  {name:<15} {'available' if ok else 'unavailable':<11} {what}\n  {'':<27}({why})")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from petlprof.report import load_records, summary_table, write_report
+
+    paths = [Path(d) for d in args.dirs]
+    records = load_records(paths)
+    first = paths[0] if paths[0].is_dir() else paths[0].parent
+    out_dir = Path(args.output) if args.output else first
+    print(summary_table(records, fmt="text"))
+    for path in write_report(records, out_dir):
+        print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handler = {"run": cmd_run, "list": cmd_list, "report": cmd_report}[args.command]
+    try:
+        return handler(args)
+    except UsageError as exc:
+        print(f"petlprof: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,196 @@
+"""Run options from the command line and from a TOML/YAML file, validated and expanded into runs.
+
+Precedence: built-in defaults < ``--config FILE`` < options given on the command line.  Every
+check that can fail on user input runs here, before any process starts or any file is written,
+and fails with one :class:`~petlprof.errors.UsageError` line naming the bad value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from petlprof.errors import UsageError, unknown_choice
+from petlprof.runner import RunSpec
+
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass
+class RunOptions:
+    methods: list[str] = field(default_factory=list)
+    backbone: list[str] = field(default_factory=lambda: ["minilm"])
+    task: list[str] = field(default_factory=lambda: ["tweets"])
+    seeds: list[int] = field(default_factory=lambda: [0])
+    epochs: int = 1
+    max_steps: int | None = None
+    train_size: int | None = 2000
+    eval_size: int | None = 1000
+    batch_size: int = 32
+    lr: float | None = None
+    max_length: int = 64
+    warmup_steps: int = 2
+    num_layers: int | None = None
+    data_dir: str | None = None
+    text_column: str | None = None
+    text_pair_column: str | None = None
+    label_column: str | None = None
+    device: str = "auto"
+    energy_meter: str = "auto"
+    output: str | None = None
+    in_process: bool = False
+    method_config: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+
+def _as_list(value: Any) -> list:
+    if isinstance(value, str):
+        return [v.strip() for v in value.split(",") if v.strip()]
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    return [value]
+
+
+def load_config_file(path: str) -> dict[str, Any]:
+    """Options from a ``.toml``, ``.yaml`` or ``.yml`` file (same names as the CLI, with underscores)."""
+    file = Path(path)
+    if not file.is_file():
+        raise UsageError(f"config file '{path}' does not exist")
+    suffix = file.suffix.lower()
+    try:
+        if suffix == ".toml":
+            if sys.version_info >= (3, 11):
+                import tomllib
+            else:  # pragma: no cover
+                import tomli as tomllib
+            data = tomllib.loads(file.read_text())
+        elif suffix in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(file.read_text()) or {}
+        else:
+            raise UsageError(f"config file '{path}' must end in .toml, .yaml or .yml, not '{suffix}'")
+    except UsageError:
+        raise
+    except Exception as exc:  # tomllib.TOMLDecodeError, yaml.YAMLError
+        detail = " ".join(str(exc).split())
+        raise UsageError(f"config file '{path}' is malformed: {detail}") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"config file '{path}' must hold a table of options, not {type(data).__name__}")
+    data = {k.replace("-", "_"): v for k, v in data.items()}
+    for key in data:
+        if key not in RunOptions.field_names():
+            raise unknown_choice(f"option in '{path}'", key, RunOptions.field_names())
+    return data
+
+
+def parse_method_overrides(items: list[str]) -> dict[str, dict[str, Any]]:
+    """``["lora.r=4", "read.cell=lstm"]`` -> ``{"lora": {"r": 4}, "read": {"cell": "lstm"}}``."""
+    import yaml
+
+    out: dict[str, dict[str, Any]] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        method, dot, name = key.partition(".")
+        if not (sep and dot and method and name):
+            raise UsageError(f"--method-config '{item}' must look like METHOD.FIELD=VALUE, e.g. lora.r=16")
+        out.setdefault(method, {})[name] = yaml.safe_load(value)
+    return out
+
+
+def build_options(file_values: dict[str, Any], cli_values: dict[str, Any]) -> RunOptions:
+    values = {**file_values, **{k: v for k, v in cli_values.items() if v is not None}}
+    for key in ("methods", "backbone", "task", "seeds"):
+        if key in values:
+            values[key] = _as_list(values[key])
+    if "seeds" in values:
+        values["seeds"] = [int(s) if isinstance(s, str) and s.isdigit() else s for s in values["seeds"]]
+    if "method_config" in cli_values and cli_values["method_config"]:
+        merged = {m: dict(v) for m, v in (file_values.get("method_config") or {}).items()}
+        for method, fields in cli_values["method_config"].items():
+            merged.setdefault(method, {}).update(fields)
+        values["method_config"] = merged
+    try:
+        options = RunOptions(**values)
+    except TypeError as exc:
+        raise UsageError(str(exc)) from None
+    validate(options)
+    return options
+
+
+def _check_int(name: str, value: Any, minimum: int, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise UsageError(f"--{name.replace('_', '-')} must be an integer >= {minimum}, got {value!r}")
+
+
+def validate(options: RunOptions) -> None:
+    from petlprof.backbones import check_backbone
+    from petlprof.meters import ENERGY_METERS
+    from petlprof.registry import get_method
+    from petlprof.tasks import check_task
+
+    if not options.methods:
+        raise UsageError("no method given: use --methods, e.g. --methods read,lora (see `petlprof list`)")
+    for name in options.methods:
+        get_method(name)
+    for name, fields in options.method_config.items():
+        if name not in options.methods:
+            raise unknown_choice("method in method_config", name, options.methods)
+        get_method(name).make_config(fields)
+    for spec in options.backbone:
+        check_backbone(str(spec))
+    for spec in options.task:
+        check_task(str(spec))
+    for seed in options.seeds:
+        _check_int("seeds", seed, 0)
+    for name in ("epochs", "batch_size", "max_length"):
+        _check_int(name, getattr(options, name), 1)
+    for name in ("max_steps", "train_size", "eval_size", "num_layers"):
+        _check_int(name, getattr(options, name), 1, allow_none=True)
+    _check_int("warmup_steps", options.warmup_steps, 0)
+    if options.lr is not None and not (isinstance(options.lr, (int, float)) and options.lr > 0):
+        raise UsageError(f"--lr must be a positive number, got {options.lr!r}")
+    if options.device not in DEVICES and not options.device.startswith("cuda:"):
+        raise unknown_choice("device", options.device, DEVICES)
+    if options.energy_meter != "auto" and options.energy_meter not in ENERGY_METERS:
+        raise unknown_choice("energy meter", options.energy_meter, [*ENERGY_METERS, "auto"])
+
+
+def resolve_device(device: str) -> str:
+    if device == "cpu":
+        return device
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if not torch.cuda.is_available():
+        raise UsageError(f"--device {device} was asked for but torch sees no CUDA device; use --device cpu")
+    return device
+
+
+def default_output_dir() -> Path:
+    return Path("petlprof-out") / dt.datetime.now().strftime("run-%Y%m%d-%H%M%S")
+
+
+def expand(options: RunOptions, device: str) -> list[RunSpec]:
+    """One :class:`RunSpec` per (backbone, task, method, seed), in that nesting order."""
+    shared = {name: getattr(options, name) for name in (
+        "num_layers", "data_dir", "text_column", "text_pair_column", "label_column", "epochs", "max_steps",
+        "train_size", "eval_size", "batch_size", "lr", "max_length", "warmup_steps", "energy_meter")}
+    return [
+        RunSpec(method=method, backbone=str(backbone), task=str(task), seed=int(seed), device=device,
+                method_config=dict(options.method_config.get(method, {})), **shared)
+        for backbone in options.backbone
+        for task in options.task
+        for method in options.methods
+        for seed in options.seeds
+    ]

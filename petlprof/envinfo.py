@@ -1,0 +1,62 @@
+"""Environment provenance stored with every result: versions, hardware, git commit."""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import platform
+import socket
+import subprocess
+from pathlib import Path
+from typing import Any
+
+_PACKAGES = ("petlprof", "torch", "transformers", "peft", "datasets", "nvidia-ml-py", "codecarbon")
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+@functools.lru_cache(maxsize=1)
+def git_commit() -> str | None:
+    """Commit of the petlprof source tree, when it is a git checkout (editable installs)."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
+                             text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def environment(device: str) -> dict[str, Any]:
+    import os
+
+    import torch
+
+    gpu = torch.cuda.get_device_name(device) if device.startswith("cuda") and torch.cuda.is_available() else None
+    return {
+        **{name: _version(name) for name in _PACKAGES},
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "device": device,
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "gpu": gpu,
+        "cuda": torch.version.cuda,
+        "git_commit": git_commit(),
+        "hostname": socket.gethostname(),
+    }

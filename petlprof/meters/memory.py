@@ -1,0 +1,118 @@
+"""Peak memory of a phase: CUDA allocator peaks on GPU, the process RSS high-water mark on CPU.
+
+CPU: Linux keeps the resident-set high-water mark (``VmHWM``) per process and lets a process
+reset it by writing ``5`` to ``/proc/self/clear_refs``.  A phase's figure is the high-water mark
+during the phase minus the process's RSS *before the backbone was loaded* (the Python + torch
+runtime), so it covers weights, activations, gradients and optimiser state — the same things the
+CUDA allocator's peak covers.  Freed memory is returned to the OS (``malloc_trim``) before each
+window, and every run executes in a fresh process, so the figure does not depend on what ran
+earlier.  Where ``clear_refs`` is not writable the reading says so (``memory_source``
+``rss-hwm-unreset``) instead of silently mixing phases.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import re
+from typing import Any
+
+from petlprof.meters.base import MEASURED, Meter
+
+_STATUS = "/proc/self/status"
+
+
+def _status_kib(field: str) -> int | None:
+    try:
+        with open(_STATUS) as fh:
+            match = re.search(rf"^{field}:\s+(\d+)\s+kB", fh.read(), re.M)
+    except OSError:
+        return None
+    return int(match.group(1)) if match else None
+
+
+def rss_bytes() -> int | None:
+    kib = _status_kib("VmRSS")
+    return None if kib is None else kib * 1024
+
+
+def release_free_memory() -> None:
+    """Collect garbage and hand freed heap pages back to the OS so the next window starts clean."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def reset_rss_peak() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        return True
+    except OSError:
+        return False
+
+
+class CpuMemoryMeter(Meter):
+    """Peak resident memory of this process during the window, above a runtime baseline."""
+
+    name = "cpu-rss"
+
+    def __init__(self, device: str = "cpu", baseline_bytes: int | None = None):
+        super().__init__(device)
+        self.baseline_bytes = baseline_bytes if baseline_bytes is not None else (rss_bytes() or 0)
+        self._was_reset = False
+
+    @classmethod
+    def available(cls) -> tuple[bool, str]:
+        if _status_kib("VmHWM") is None:
+            return False, f"{_STATUS} has no VmHWM (not Linux?)"
+        return True, "process RSS high-water mark from /proc/self/status"
+
+    def _begin(self) -> None:
+        release_free_memory()
+        self._was_reset = reset_rss_peak()
+
+    def _end(self) -> dict[str, Any]:
+        hwm = (_status_kib("VmHWM") or 0) * 1024
+        return {
+            "peak_memory_bytes": max(hwm - self.baseline_bytes, 0),
+            "peak_rss_bytes": hwm,
+            "rss_baseline_bytes": self.baseline_bytes,
+            "memory_kind": MEASURED,
+            "memory_source": "rss-hwm" if self._was_reset else "rss-hwm-unreset",
+        }
+
+
+class CudaMemoryMeter(Meter):
+    """CUDA caching-allocator peaks (allocated and reserved) during the window."""
+
+    name = "cuda-allocator"
+
+    @classmethod
+    def available(cls) -> tuple[bool, str]:
+        try:
+            import torch
+        except ImportError:
+            return False, "torch is not installed"
+        if not torch.cuda.is_available():
+            return False, "no CUDA device visible to torch"
+        return True, "torch.cuda.max_memory_allocated / max_memory_reserved"
+
+    def _begin(self) -> None:
+        import torch
+
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+    def _end(self) -> dict[str, Any]:
+        import torch
+
+        return {
+            "peak_memory_bytes": int(torch.cuda.max_memory_allocated(self.device)),
+            "peak_reserved_bytes": int(torch.cuda.max_memory_reserved(self.device)),
+            "memory_kind": MEASURED,
+            "memory_source": "cuda-allocator",
+        }

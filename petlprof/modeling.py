@@ -1,0 +1,82 @@
+"""The task model every method starts from: a backbone, a pooling rule and a linear head.
+
+One wrapper for all three families, so every method is compared on the same head and pooling:
+
+* encoder (BERT-like): masked mean over the final hidden states (all-MiniLM-L6-v2 was trained
+  with mean pooling);
+* encoder-decoder (T5-like): the encoder reads the input, the decoder reads it shifted right (as
+  ``T5ForSequenceClassification`` does) and the decoder state of the last non-padding token is
+  pooled;
+* decoder (GPT-2/LLaMA-like): the state of the last non-padding token (left or right padding).
+
+``forward`` returns logits (``num_labels`` columns; one for regression).  Side-tuning methods
+use :meth:`backbone_outputs` to tap every layer's hidden states and :meth:`classify` to put the
+head on a corrected final state.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from petlprof.backbones import DECODER, ENCODER, ENCODER_DECODER, Backbone
+
+
+def last_token_index(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Index of the last non-padding position of each row, for left or right padding."""
+    positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)
+    return (attention_mask.long() * positions).argmax(dim=1)
+
+
+def shift_right(ids: torch.Tensor, start_id: int) -> torch.Tensor:
+    shifted = ids.new_full(ids.shape, start_id)
+    shifted[:, 1:] = ids[:, :-1]
+    return shifted
+
+
+class SequenceClassifier(nn.Module):
+    def __init__(self, backbone: Backbone, num_labels: int, dropout: float = 0.1):
+        super().__init__()
+        self.backbone = backbone.model
+        self.family = backbone.family
+        self.num_labels = num_labels
+        self.pad_token_id = backbone.tokenizer.pad_token_id
+        self.dropout = nn.Dropout(dropout)
+        self.head = nn.Linear(backbone.hidden_size, num_labels)
+
+    def model_inputs(self, input_ids, attention_mask) -> dict:
+        """Keyword arguments for the backbone; the decoder of an encoder-decoder reads the input shifted right."""
+        kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
+        if self.family == ENCODER_DECODER:
+            start = getattr(self.backbone.config, "decoder_start_token_id", None)
+            start = self.pad_token_id if start is None else start
+            kwargs["decoder_input_ids"] = shift_right(input_ids, start)
+            kwargs["decoder_attention_mask"] = shift_right(attention_mask, 1)
+        return kwargs
+
+    def backbone_outputs(self, input_ids, attention_mask, output_hidden_states: bool = False):
+        return self.backbone(**self.model_inputs(input_ids, attention_mask),
+                             output_hidden_states=output_hidden_states, return_dict=True)
+
+    def pool(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """[batch, tokens, width] -> [batch, width] by the family's pooling rule."""
+        if self.family == ENCODER:
+            mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+            return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+        if self.family in (DECODER, ENCODER_DECODER):
+            # decoder position i has read the input up to token i-1 (shifted) or i (decoder-only);
+            # the last non-padding position is the one that has read the whole input.
+            index = last_token_index(self.pooling_mask(attention_mask))
+            return hidden[torch.arange(hidden.shape[0], device=hidden.device), index]
+        raise AssertionError(self.family)
+
+    def pooling_mask(self, attention_mask):
+        return shift_right(attention_mask, 1) if self.family == ENCODER_DECODER else attention_mask
+
+    def classify(self, final_hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        pooled = self.pool(final_hidden, attention_mask)
+        return self.head(self.dropout(pooled.to(self.head.weight.dtype)))
+
+    def forward(self, input_ids, attention_mask):
+        out = self.backbone_outputs(input_ids, attention_mask)
+        return self.classify(out.last_hidden_state, attention_mask)

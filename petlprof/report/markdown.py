@@ -1,0 +1,186 @@
+"""report.md: what was run, the results table, the Pareto plots, how every figure was obtained,
+the failed runs and the environment, written next to the plots by :func:`write_report`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from petlprof.report.plots import PlotResult, pareto_figures
+from petlprof.report.records import config_label, distinct, field, is_ok, run_label, sort_key, text
+from petlprof.report.table import summary_table
+
+REPORT_FILE = "report.md"
+PHASES = ("train", "eval")
+ERROR_LINES = 15  # the last lines of a failed run's error shown in report.md
+
+
+def _names(records: Sequence[Mapping[str, Any]], key: str) -> str:
+    """The distinct values of a top-level field, comma-separated."""
+    return ", ".join(str(v) for v in distinct(r.get(key) for r in records)) or "-"
+
+
+def _describe_backbone(record: Mapping[str, Any]) -> str:
+    info = record.get("backbone_info") or {}
+    facts = [str(info["family"])] if info.get("family") else []
+    if info.get("num_layers"):
+        facts.append(f"{info['num_layers']} layers")
+    if info.get("hidden_size"):
+        facts.append(f"hidden size {info['hidden_size']}")
+    return f"`{text(record.get('backbone'))}`" + (f" ({', '.join(facts)})" if facts else "")
+
+
+def _describe_task(record: Mapping[str, Any]) -> str:
+    info = record.get("task_info") or {}
+    facts = [f"primary metric {text(record.get('primary_metric'))}"]
+    if info.get("num_labels"):
+        names = info.get("label_names")
+        facts.append(f"{info['num_labels']} labels" + (f" ({', '.join(map(str, names))})" if names else ""))
+    if info.get("train_samples") is not None and info.get("eval_samples") is not None:
+        facts.append(f"{info['train_samples']} train / {info['eval_samples']} eval samples")
+    described = f"`{text(record.get('task'))}` ({'; '.join(facts)})"
+    return described + (f": {info['description']}" if info.get("description") else "")
+
+
+def _first_per(records: Sequence[Mapping[str, Any]], key: str) -> list[Mapping[str, Any]]:
+    """The first record for each distinct value of a top-level field."""
+    first: dict[str, Mapping[str, Any]] = {}
+    for record in records:
+        first.setdefault(text(record.get(key)), record)
+    return list(first.values())
+
+
+def _what_was_run(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    statuses = Counter(text(r.get("status")) for r in records)
+    counts = ", ".join(f"{n} {status}" for status, n in sorted(statuses.items()))
+    lines = ["## What was run", "", f"{len(records)} run(s): {counts}.", ""]
+    lines.append("- **Backbones:** " + "; ".join(_describe_backbone(r) for r in _first_per(records, "backbone")))
+    lines.append("- **Tasks:** " + "; ".join(_describe_task(r) for r in _first_per(records, "task")))
+    methods = []
+    for method in distinct(r.get("method") for r in records):
+        configs = distinct(config_label(r, width=1000) for r in records if r.get("method") == method)
+        methods.append(f"{method} ({'; '.join(configs)})")
+    lines.append("- **Methods (configurations):** " + ", ".join(methods or ["-"]))
+    seeds = sorted(distinct(r.get("seed") for r in records), key=str)
+    lines.append("- **Seeds:** " + (", ".join(map(str, seeds)) or "-"))
+    settings = []
+    for key in distinct(k for r in records for k in (r.get("training") or {})):
+        values = distinct(field(r, "training", key) for r in records)
+        shown = " / ".join(str(v) for v in values) if values else "null"
+        settings.append(f"{key} {shown}" + (" (varies)" if len(values) > 1 else ""))
+    lines.append("- **Training settings:** " + (", ".join(settings) or "-"))
+    return lines + [""]
+
+
+def _figures(figures: Sequence[PlotResult]) -> list[str]:
+    lines = ["## Pareto fronts", ""]
+    if not figures:
+        lines += ["No plots: there are no finished runs to plot.", ""]
+    for fig in figures:
+        lines += [f"### {fig.metric} vs {fig.axis.title.lower()} — {fig.backbone} on {fig.task}", ""]
+        if fig.path is None:
+            lines += [f"Not plotted: {fig.skipped}.", ""]
+            continue
+        lines += [
+            f"![{fig.metric} vs {fig.axis.title.lower()}, {fig.backbone} on {fig.task}]({fig.path.name})",
+            "",
+            f"{fig.runs} finished run(s) plotted; configurations on the Pareto front: {', '.join(fig.on_front)}.",
+            "",
+        ]
+    return lines
+
+
+def _provenance(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    lines = ["## How the figures were obtained", ""]
+    for phase in PHASES:
+        runs = [r for r in records if isinstance(r.get(phase), Mapping)]
+        lines += [f"### {phase.capitalize()} phase", ""]
+        if not runs:
+            lines += [f"No run recorded the {phase} phase.", ""]
+            continue
+        energy = Counter(
+            (field(r, phase, "energy_source"), field(r, phase, "energy_kind"), field(r, phase, "energy_model"))
+            for r in runs if field(r, phase, "energy_j") is not None
+        )
+        for (source, kind, model), n in energy.items():
+            line = f"- Energy (J): **{text(kind)}**, source `{text(source)}`, {n} run(s)"
+            lines.append(line + (f"; estimate model: {model}" if kind == "estimated" and model else ""))
+        missing = sum(1 for r in runs if field(r, phase, "energy_j") is None)
+        if missing:
+            lines.append(f"- Energy (J): no figure for {missing} run(s) (no meter could give one)")
+        for source, n in Counter(field(r, phase, "memory_source") for r in runs).items():
+            lines.append(f"- Peak memory (bytes, shown in MiB): source `{text(source)}`, {n} run(s)")
+        lines.append(
+            "- Latency (s per batch, shown in ms): percentiles p50/p90/p99 over the timed batches; "
+            "warm-up steps are excluded."
+        )
+        lines.append("")
+    return lines
+
+
+def _failed(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    lines = ["## Failed runs", ""]
+    failed = sorted((r for r in records if not is_ok(r)), key=sort_key)
+    if not failed:
+        return lines + ["None: every run finished.", ""]
+    for record in failed:
+        error = [line.rstrip() for line in str(record.get("error") or "(no error text)").splitlines()]
+        if len(error) > ERROR_LINES:
+            error = ["…"] + error[-ERROR_LINES:]
+        lines += [
+            f"- **{run_label(record)}**, seed {text(record.get('seed'))}, "
+            f"{text(record.get('backbone'))} on {text(record.get('task'))}: status `{text(record.get('status'))}`",
+            "",
+            "  ````text",
+            *(f"  {line}" for line in error),
+            "  ````",
+            "",
+        ]
+    return lines
+
+
+def _environment(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    lines = ["## Environment", ""]
+    env = records[0].get("env") if records else None
+    if not isinstance(env, Mapping) or not env:
+        return lines + ["Not recorded.", ""]
+    lines += ["From the first record:", ""] + [f"- **{key}:** {text(value)}" for key, value in env.items()]
+    differing = distinct(k for r in records[1:] for k, v in (r.get("env") or {}).items() if env.get(k) != v)
+    if differing:
+        lines += ["", f"Other records differ in: {', '.join(map(str, differing))}."]
+    return lines + [""]
+
+
+def render_report(records: Sequence[Mapping[str, Any]], figures: Sequence[PlotResult]) -> str:
+    """The text of report.md for ``records`` and the plots drawn from them."""
+    if not records:
+        return "# petlprof report\n\nNo result records were given, so there is nothing to report.\n"
+    lines = [f"# petlprof report: {_names(records, 'backbone')} on {_names(records, 'task')}", ""]
+    lines += _what_was_run(records)
+    lines += [
+        "## Results",
+        "",
+        "One row per run. Trainable parameters are counted and given as a share of all parameters; "
+        "time, peak memory and energy are for the train phase, latency for the eval phase. "
+        "The energy kind says whether the energy was measured or estimated.",
+        "",
+        summary_table(records, fmt="markdown"),
+        "",
+    ]
+    lines += _figures(figures)
+    lines += _provenance(records)
+    lines += _failed(records)
+    lines += _environment(records)
+    return "\n".join(lines)
+
+
+def write_report(records: Sequence[Mapping[str, Any]], out_dir: Path) -> list[Path]:
+    """Write the Pareto plots and report.md for ``records`` into ``out_dir``; return the written paths."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    figures = pareto_figures(records, out_dir)
+    report = out_dir / REPORT_FILE
+    report.write_text(render_report(records, figures), encoding="utf-8")
+    return [fig.path for fig in figures if fig.path is not None] + [report]

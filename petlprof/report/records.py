@@ -1,0 +1,169 @@
+"""Reading result records from the run store, and the small views of them every report part shares.
+
+Records are plain dicts as written to ``results.jsonl`` (schema version 1).  A failed run may lack
+``metrics``, ``train`` or ``eval`` and any figure may be ``null``; the accessors here answer
+``None`` for all of those instead of raising, so the table, plots and report.md never crash on an
+incomplete record.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from petlprof.errors import UsageError
+
+SCHEMA_VERSION = 1
+RESULTS_FILE = "results.jsonl"
+BYTES_PER_MIB = 2**20
+MISSING = "-"
+
+
+def load_records(paths: Sequence[Path | str]) -> list[dict]:
+    """All records of one or more ``results.jsonl`` files (or folders holding one), in file order.
+
+    A missing file, a malformed line or a record of another schema version raises
+    :class:`~petlprof.errors.UsageError` naming the file and the line number.
+    """
+    records: list[dict] = []
+    for path in paths:
+        records.extend(_read_results(_results_file(Path(path))))
+    return records
+
+
+def _results_file(path: Path) -> Path:
+    """The results file ``path`` names: itself, or the ``results.jsonl`` inside a folder."""
+    if path.is_dir():
+        path = path / RESULTS_FILE
+    if not path.is_file():
+        raise UsageError(f"no results file at '{path}' (expected a {RESULTS_FILE} file or a folder holding one)")
+    return path
+
+
+def _read_results(path: Path) -> list[dict]:
+    """The records of one JSON Lines file; blank lines are skipped."""
+    records = []
+    with path.open(encoding="utf-8") as handle:
+        for lineno, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise UsageError(
+                    f"{path}:{lineno}: malformed result record ({exc.msg} at column {exc.colno})"
+                ) from None
+            if not isinstance(record, dict):
+                raise UsageError(f"{path}:{lineno}: a result record must be a JSON object, not {type(record).__name__}")
+            if record.get("schema_version") != SCHEMA_VERSION:
+                raise UsageError(
+                    f"{path}:{lineno}: unsupported schema_version {record.get('schema_version')!r}; "
+                    f"this petlprof reads version {SCHEMA_VERSION}"
+                )
+            records.append(record)
+    return records
+
+
+def field(record: Mapping[str, Any], *keys: str) -> Any:
+    """``record[k1][k2]...``, or None where a level is missing, null or not a mapping."""
+    value: Any = record
+    for key in keys:
+        if not isinstance(value, Mapping):
+            return None
+        value = value.get(key)
+    return value
+
+
+def number(record: Mapping[str, Any], *keys: str) -> float | None:
+    """The finite number at ``keys`` as a float, or None when it is absent or not a finite number."""
+    value = field(record, *keys)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def is_ok(record: Mapping[str, Any]) -> bool:
+    """True for a run that finished (status ``ok``)."""
+    return record.get("status") == "ok"
+
+
+def text(value: Any) -> str:
+    """A value as table/report text, with ``-`` for a missing one."""
+    return MISSING if value is None or value == "" else str(value)
+
+
+def _knob_value(value: Any) -> str:
+    """One config value, compactly: floats with %g, containers as compact JSON."""
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, separators=(",", ":"), sort_keys=True)
+    return str(value)
+
+
+def config_label(record: Mapping[str, Any], width: int = 32) -> str:
+    """The method's Pareto knob and any non-default hyper-parameters as ``r=8 alpha=8`` (``-`` for none).
+
+    Records name their knob (``pareto_knob``) and the fields changed from the method's defaults
+    (``method_config_changed``); older or foreign records without them show every field.
+    """
+    config = record.get("method_config")
+    if not isinstance(config, Mapping) or not config:
+        return MISSING
+    knob, changed = record.get("pareto_knob"), record.get("method_config_changed")
+    keys = list(config) if changed is None else [k for k in config if k == knob or k in changed]
+    if not keys:
+        return MISSING
+    label = " ".join(f"{key}={_knob_value(config[key])}" for key in keys)
+    return label if len(label) <= width else label[: width - 1] + "…"
+
+
+def run_label(record: Mapping[str, Any]) -> str:
+    """``method config`` as one name for a configuration (its seeds share it)."""
+    config = config_label(record)
+    method = text(record.get("method"))
+    return method if config == MISSING else f"{method} {config}"
+
+
+def config_key(record: Mapping[str, Any]) -> str:
+    """What identifies a configuration across seeds: everything that defines the run except the seed."""
+    parts = {key: record.get(key) for key in ("backbone", "task", "method", "method_config", "training")}
+    return json.dumps(parts, sort_keys=True, default=str)
+
+
+def short_error(record: Mapping[str, Any], width: int = 60) -> str:
+    """The last non-empty line of a run's error (a traceback's message), cut to ``width``."""
+    lines = [line.strip() for line in str(record.get("error") or "").splitlines() if line.strip()]
+    if not lines:
+        return MISSING if is_ok(record) else "(no error text)"
+    message = lines[-1]
+    return message if len(message) <= width else message[: width - 1] + "…"
+
+
+def distinct(values: Iterable[Any]) -> list[Any]:
+    """Values in order of first appearance without repeats, None dropped."""
+    seen: list[Any] = []
+    for value in values:
+        if value is not None and value not in seen:
+            seen.append(value)
+    return seen
+
+
+def _natural(label: str) -> tuple:
+    """A sort key that orders the numbers inside a label by value (``r=4`` before ``r=64``)."""
+    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", label) if part)
+
+
+def sort_key(record: Mapping[str, Any]) -> tuple:
+    """Order runs so that a configuration's seeds sit together: task, backbone, method, config, seed."""
+    seed = record.get("seed")
+    return (
+        text(record.get("task")),
+        text(record.get("backbone")),
+        text(record.get("method")),
+        _natural(config_label(record, width=1000)),
+        seed if isinstance(seed, int) else -1,
+    )

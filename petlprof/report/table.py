@@ -1,0 +1,137 @@
+"""The summary table: one row per run, every number column with its unit in the header.
+
+Rendered as aligned plain text for the terminal or as a GitHub Markdown table for report.md.
+Columns that would say nothing are left out: ``task``/``backbone`` appear only when the records
+span several, ``error`` only when a run did not finish.  Missing figures show as ``-``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+from petlprof.errors import unknown_choice
+from petlprof.report.records import (
+    BYTES_PER_MIB,
+    MISSING,
+    distinct,
+    config_label,
+    field,
+    is_ok,
+    number,
+    short_error,
+    sort_key,
+    text,
+)
+
+FORMATS = ("text", "markdown")
+
+
+@dataclass(frozen=True)
+class Column:
+    """One table column: its header, how to get a cell from a record, and whether it is numeric."""
+
+    header: str
+    cell: Callable[[Mapping[str, Any]], str]
+    numeric: bool = False
+
+
+def _fixed(value: float | None, decimals: int) -> str:
+    """A number with thousands separators and fixed decimals, ``-`` when missing."""
+    return MISSING if value is None else f"{value:,.{decimals}f}"
+
+
+def _params(record: Mapping[str, Any]) -> str:
+    """Trainable parameters as ``148,226 (0.65%)``."""
+    trainable, total = number(record, "trainable_params"), number(record, "total_params")
+    if trainable is None:
+        return MISSING
+    share = f" ({100.0 * trainable / total:.2f}%)" if total else ""
+    return f"{int(trainable):,}{share}"
+
+
+def _scaled(*keys: str, factor: float, decimals: int) -> Callable[[Mapping[str, Any]], str]:
+    """A cell getter for the number at ``keys`` times ``factor``."""
+
+    def cell(record: Mapping[str, Any]) -> str:
+        value = number(record, *keys)
+        return _fixed(None if value is None else value * factor, decimals)
+
+    return cell
+
+
+def _metric(name: str) -> Callable[[Mapping[str, Any]], str]:
+    """A cell getter for a quality metric, shown only on the runs whose primary metric it is."""
+
+    def cell(record: Mapping[str, Any]) -> str:
+        if record.get("primary_metric") != name:
+            return MISSING
+        return _fixed(number(record, "metrics", name), 4)
+
+    return cell
+
+
+def columns(records: Sequence[Mapping[str, Any]]) -> list[Column]:
+    """The columns the summary table of ``records`` shows."""
+    cols = []
+    if len(distinct(r.get("task") for r in records)) > 1:
+        cols.append(Column("task", lambda r: text(r.get("task"))))
+    if len(distinct(r.get("backbone") for r in records)) > 1:
+        cols.append(Column("backbone", lambda r: text(r.get("backbone"))))
+    cols += [
+        Column("method", lambda r: text(r.get("method"))),
+        Column("config", config_label),
+        Column("seed", lambda r: text(r.get("seed")), numeric=True),
+        Column("status", lambda r: text(r.get("status"))),
+    ]
+    cols += [Column(name, _metric(name), numeric=True) for name in distinct(r.get("primary_metric") for r in records)]
+    cols += [
+        Column("trainable params (count, % of total)", _params, numeric=True),
+        Column("train time (s)", _scaled("train", "time_s", factor=1.0, decimals=1), numeric=True),
+        Column("train peak mem (MiB)", _scaled("train", "peak_memory_bytes", factor=1 / BYTES_PER_MIB, decimals=1), numeric=True),
+        Column("train energy (J)", _scaled("train", "energy_j", factor=1.0, decimals=1), numeric=True),
+        Column("energy kind", lambda r: text(field(r, "train", "energy_kind"))),
+        Column("eval p50 latency (ms/batch)", _scaled("eval", "latency_s", "p50", factor=1000.0, decimals=1), numeric=True),
+    ]
+    if not all(is_ok(r) for r in records):
+        cols.append(Column("error", lambda r: MISSING if is_ok(r) else short_error(r, width=48)))
+    return cols
+
+
+def _render_text(headers: list[str], rows: list[list[str]], numeric: list[bool]) -> str:
+    """An aligned plain-text table: numbers right-aligned, text left-aligned, a rule under the header."""
+    widths = [max(len(cell) for cell in column) for column in zip(headers, *rows)]
+
+    def line(cells: list[str]) -> str:
+        padded = (c.rjust(w) if num else c.ljust(w) for c, w, num in zip(cells, widths, numeric))
+        return "  ".join(padded).rstrip()
+
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([line(headers), rule, *(line(row) for row in rows)])
+
+
+def _render_markdown(headers: list[str], rows: list[list[str]], numeric: list[bool]) -> str:
+    """A GitHub Markdown table with numeric columns right-aligned; pipes in cells are escaped."""
+
+    def line(cells: list[str]) -> str:
+        return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+
+    rule = "|" + "|".join("---:" if num else "---" for num in numeric) + "|"
+    return "\n".join([line(headers), rule, *(line(row) for row in rows)])
+
+
+def summary_table(records: Sequence[Mapping[str, Any]], fmt: str = "text") -> str:
+    """One row per run (seeds of a configuration together): method, config, seed, status, the
+    primary metric, trainable parameters, train time/peak memory/energy (and whether the energy
+    was measured or estimated), eval latency p50, and a short error for runs that did not finish.
+
+    ``fmt`` is ``text`` (aligned, for the terminal) or ``markdown`` (GitHub table).
+    """
+    if fmt not in FORMATS:
+        raise unknown_choice("table format", fmt, FORMATS)
+    cols = columns(records)
+    headers = [c.header for c in cols]
+    numeric = [c.numeric for c in cols]
+    rows = [[c.cell(r) for c in cols] for r in sorted(records, key=sort_key)]
+    render = _render_text if fmt == "text" else _render_markdown
+    return render(headers, rows, numeric)

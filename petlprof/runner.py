@@ -1,0 +1,206 @@
+"""One run = (backbone, task, method + hyper-parameters, seed): execute it and return its record.
+
+:func:`execute` runs in the current process and never raises for a failure inside the run: the
+record says ``failed`` (or ``oom``) with the error text.  :func:`execute_in_subprocess` runs the
+same thing in a fresh Python process (the default), so peak-memory figures start clean and a
+crash — even a segfault or the kernel's OOM killer — becomes a ``failed`` record instead of
+taking the sweep down.  The child's progress bars pass through to the terminal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class RunSpec:
+    """Everything that defines one run; its JSON form is the run's identity (``run_key``)."""
+
+    method: str
+    backbone: str = "minilm"
+    task: str = "tweets"
+    seed: int = 0
+    method_config: dict[str, Any] = field(default_factory=dict)
+    num_layers: int | None = None
+    data_dir: str | None = None
+    text_column: str | None = None
+    text_pair_column: str | None = None
+    label_column: str | None = None
+    epochs: int = 1
+    max_steps: int | None = None
+    train_size: int | None = 2000
+    eval_size: int | None = 1000
+    batch_size: int = 32
+    lr: float | None = None  # None: the method's default
+    max_length: int = 64
+    warmup_steps: int = 2
+    device: str = "cpu"
+    energy_meter: str = "auto"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @property
+    def run_key(self) -> str:
+        canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _base_record(spec: RunSpec) -> dict[str, Any]:
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "run_key": spec.run_key,
+        "status": "failed",
+        "error": None,
+        "method": spec.method,
+        "method_config": dict(spec.method_config),
+        "backbone": spec.backbone,
+        "task": spec.task,
+        "seed": spec.seed,
+        "spec": spec.to_dict(),
+        "started_at": _now(),
+    }
+
+
+def execute(spec: RunSpec) -> dict[str, Any]:
+    """Run one spec in this process; always returns a record (status ``ok``, ``failed`` or ``oom``)."""
+    record = _base_record(spec)
+    t0 = time.perf_counter()
+    try:
+        record.update(_execute(spec))
+        record["status"] = "ok"
+    except Exception as exc:  # a failed run is a result, not a crash of the sweep
+        record["status"] = "oom" if _is_oom(exc) else "failed"
+        record["error"] = f"{type(exc).__name__}: {exc}".strip()
+        record["traceback"] = traceback.format_exc(limit=20)
+    record["finished_at"] = _now()
+    record["wall_time_s"] = time.perf_counter() - t0
+    from petlprof.envinfo import environment
+
+    record["env"] = environment(spec.device)
+    return record
+
+
+def _is_oom(exc: BaseException) -> bool:
+    return isinstance(exc, MemoryError) or "out of memory" in str(exc).lower()
+
+
+def _execute(spec: RunSpec) -> dict[str, Any]:
+    import peft  # noqa: F401  (imported before the baseline: runtime code is not the run's memory)
+    import torch
+    import transformers  # noqa: F401
+
+    from petlprof.backbones import load_backbone
+    from petlprof.meters import energy_meter_for, memory_meter_for
+    from petlprof.meters.memory import release_free_memory, rss_bytes
+    from petlprof.modeling import SequenceClassifier
+    from petlprof.registry import get_method
+    from petlprof.tasks import load_task
+    from petlprof.train import Batches, evaluate, train
+
+    release_free_memory()
+    runtime_baseline = rss_bytes()  # Python + torch/transformers/peft code, before any model or data exists
+    method = get_method(spec.method)
+    method_config = method.make_config(spec.method_config)
+    lr = spec.lr if spec.lr is not None else method.default_lr
+    task = load_task(spec.task, train_size=spec.train_size, eval_size=spec.eval_size, data_dir=spec.data_dir,
+                     text_column=spec.text_column, text_pair_column=spec.text_pair_column,
+                     label_column=spec.label_column)
+    torch.manual_seed(spec.seed)
+    backbone = load_backbone(spec.backbone, num_layers=spec.num_layers, seed=spec.seed)
+    classifier = SequenceClassifier(backbone, task.num_labels)
+    model = method.build()(classifier, method_config).to(spec.device)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+
+    make = lambda split: Batches.from_split(split, backbone.tokenizer, spec.batch_size, spec.max_length,  # noqa: E731
+                                            task.is_regression)
+    train_batches, eval_batches = make(task.train), make(task.eval)
+    meters = lambda: [energy_meter_for(spec.device, spec.energy_meter),  # noqa: E731
+                      memory_meter_for(spec.device, runtime_baseline)]
+    label = f"{spec.method} s{spec.seed}"
+    train_meters = meters()
+    train_phase = train(model, train_batches, epochs=spec.epochs, max_steps=spec.max_steps, lr=lr,
+                        seed=spec.seed, device=spec.device, meters=train_meters,
+                        warmup_steps=spec.warmup_steps, desc=f"{label} train")
+    eval_meters = meters()
+    eval_phase, preds, golds = evaluate(model, eval_batches, device=spec.device, meters=eval_meters,
+                                        warmup_steps=spec.warmup_steps, desc=f"{label} eval")
+    for meter in train_meters + eval_meters:
+        meter.close()
+    if not task.is_regression:
+        preds, golds = preds.astype(int), golds.astype(int)
+    defaults = dataclasses.asdict(method.config_cls())
+    config = dataclasses.asdict(method_config)
+    return {
+        "method_config": config,
+        "method_config_changed": sorted(k for k in config if config[k] != defaults[k]),
+        "pareto_knob": method.pareto_knob,
+        "backbone_info": backbone.info(),
+        "task_info": {
+            "num_labels": task.num_labels,
+            "label_names": task.label_names,
+            "train_samples": len(task.train),
+            "eval_samples": len(task.eval),
+            "description": task.description,
+        },
+        "primary_metric": task.primary_metric,
+        "training": {
+            "epochs": spec.epochs, "max_steps": spec.max_steps, "batch_size": spec.batch_size, "lr": lr,
+            "lr_source": "user" if spec.lr is not None else method.lr_source, "max_length": spec.max_length,
+            "warmup_steps": spec.warmup_steps, "device": spec.device, "optimizer": "AdamW(weight_decay=0.01)",
+            "schedule": "linear, 6% warm-up", "precision": str(next(model.parameters()).dtype).removeprefix("torch."),
+        },
+        "trainable_params": trainable,
+        "total_params": total,
+        "metrics": task.compute_metrics(preds, golds),
+        "train": train_phase,
+        "eval": eval_phase,
+    }
+
+
+def execute_in_subprocess(spec: RunSpec, timeout_s: float | None = None) -> dict[str, Any]:
+    """Run ``spec`` in a fresh interpreter; a crash or timeout becomes a ``failed`` record."""
+    with tempfile.TemporaryDirectory(prefix="petlprof-run-") as tmp:
+        spec_path, out_path = Path(tmp) / "spec.json", Path(tmp) / "record.json"
+        spec_path.write_text(json.dumps(spec.to_dict()))
+        cmd = [sys.executable, "-m", "petlprof.worker", str(spec_path), str(out_path)]
+        tail = bytearray()
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=None, stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        try:
+            while chunk := proc.stderr.read1(4096):  # forward progress bars, keep a tail for errors
+                sys.stderr.buffer.write(chunk)
+                sys.stderr.flush()
+                tail = (tail + chunk)[-8000:]
+            returncode = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            returncode = proc.wait()
+        if out_path.exists():
+            return json.loads(out_path.read_text())
+        record = _base_record(spec)
+        text = tail.decode(errors="replace").strip().splitlines()
+        reason = "killed (out of memory?)" if returncode in (-9, 137) else f"worker exited with code {returncode}"
+        record.update(error=f"{reason}: {text[-1] if text else 'no output'}", stderr_tail="\n".join(text[-30:]),
+                      status="oom" if returncode in (-9, 137) else "failed", finished_at=_now(),
+                      wall_time_s=time.perf_counter() - t0)
+        return record

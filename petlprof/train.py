@@ -1,0 +1,146 @@
+"""The one training and evaluation loop every method goes through, under meter windows.
+
+Same optimiser (AdamW, weight decay 0.01), linear schedule with 6% warm-up, gradient clipping
+at 1.0, dynamic padding and sequence length for every method, so cost differences come from the
+methods alone.  The first ``warmup_steps`` steps of each phase run *outside* the meter window
+(allocator warm-up, lazy initialisation); their samples still train the model and, in
+evaluation, still count towards the metrics.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from petlprof.meters import Window, synchronize
+
+
+@dataclass
+class Batches:
+    """A tokenised split, cut into dynamically padded batches."""
+
+    encodings: list[dict]
+    labels: torch.Tensor
+    batch_size: int
+    tokenizer: Any
+
+    @classmethod
+    def from_split(cls, split, tokenizer, batch_size: int, max_length: int, regression: bool) -> "Batches":
+        enc = tokenizer(split.texts, split.pairs, truncation=True, max_length=max_length)
+        rows = [{k: enc[k][i] for k in ("input_ids", "attention_mask")} for i in range(len(split))]
+        labels = torch.tensor(split.labels, dtype=torch.float32 if regression else torch.long)
+        return cls(rows, labels, batch_size, tokenizer)
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.encodings) / self.batch_size)
+
+    def iterate(self, device: str, shuffle_seed: int | None = None) -> Iterator[tuple[dict, torch.Tensor]]:
+        order = np.arange(len(self.encodings))
+        if shuffle_seed is not None:
+            np.random.default_rng(shuffle_seed).shuffle(order)
+        for start in range(0, len(order), self.batch_size):
+            idx = order[start:start + self.batch_size]
+            batch = self.tokenizer.pad([self.encodings[i] for i in idx], return_tensors="pt")
+            inputs = {k: batch[k].to(device) for k in ("input_ids", "attention_mask")}
+            yield inputs, self.labels[torch.as_tensor(idx)].to(device)
+
+
+def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    if logits.shape[-1] == 1:
+        return torch.nn.functional.mse_loss(logits.squeeze(-1), labels)
+    return torch.nn.functional.cross_entropy(logits, labels)
+
+
+def percentiles(latencies: list[float]) -> dict[str, float | None]:
+    if not latencies:
+        return {"p50": None, "p90": None, "p99": None, "mean": None}
+    p50, p90, p99 = np.percentile(latencies, [50, 90, 99])
+    return {"p50": float(p50), "p90": float(p90), "p99": float(p99), "mean": float(np.mean(latencies))}
+
+
+def _phase_summary(window: Window | None, latencies, steps, samples, warmup) -> dict[str, Any]:
+    reading = dict(window.reading) if window else {}
+    time_s = float(sum(latencies))
+    if window is not None:
+        time_s = window.meters[0].window_s
+    return {
+        "time_s": time_s,
+        "steps": steps,
+        "samples": samples,
+        "warmup_steps": warmup,
+        "samples_per_s": samples / time_s if time_s else None,
+        "latency_s": percentiles(latencies),
+        **reading,
+    }
+
+
+def train(model, batches: Batches, *, epochs: int, max_steps: int | None, lr: float, seed: int,
+          device: str, meters: list, warmup_steps: int, desc: str) -> dict[str, Any]:
+    from transformers import get_linear_schedule_with_warmup
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    total = epochs * len(batches) if max_steps is None else max_steps
+    warmup = min(warmup_steps, max(total - 1, 0))
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
+    schedule = get_linear_schedule_with_warmup(optimizer, math.ceil(0.06 * total), total)
+    model.train()
+    step, samples, latencies, losses, window = 0, 0, [], [], None
+    with tqdm(total=total, desc=desc, unit="step", leave=True, dynamic_ncols=True) as bar:
+        for epoch in range(math.ceil(total / len(batches))):
+            for inputs, labels in batches.iterate(device, shuffle_seed=seed * 1000 + epoch):
+                if step == warmup:
+                    window = Window(meters).__enter__()
+                synchronize(device)
+                t0 = time.perf_counter()
+                loss = loss_fn(model(**inputs), labels)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(params, 1.0)
+                optimizer.step()
+                schedule.step()
+                optimizer.zero_grad(set_to_none=True)
+                synchronize(device)
+                if step >= warmup:
+                    latencies.append(time.perf_counter() - t0)
+                    samples += len(labels)
+                losses.append(float(loss.detach()))
+                step += 1
+                bar.update(1)
+                bar.set_postfix(loss=f"{losses[-1]:.4f}")
+                if step >= total:
+                    break
+    window.__exit__(None, None, None)
+    del optimizer
+    summary = _phase_summary(window, latencies, step - warmup, samples, warmup)
+    summary.update(first_loss=losses[0], final_loss=float(np.mean(losses[-10:])))
+    return summary
+
+
+@torch.no_grad()
+def evaluate(model, batches: Batches, *, device: str, meters: list, warmup_steps: int,
+             desc: str) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
+    """Predict the whole split; returns (phase summary, predictions, labels)."""
+    model.eval()
+    warmup = min(warmup_steps, max(len(batches) - 1, 0))
+    preds, golds, latencies, samples, window = [], [], [], 0, None
+    for step, (inputs, labels) in enumerate(tqdm(batches.iterate(device), total=len(batches), desc=desc,
+                                                 unit="batch", dynamic_ncols=True)):
+        if step == warmup:
+            window = Window(meters).__enter__()
+        synchronize(device)
+        t0 = time.perf_counter()
+        logits = model(**inputs)
+        synchronize(device)
+        if step >= warmup:
+            latencies.append(time.perf_counter() - t0)
+            samples += len(labels)
+        preds.append(logits.squeeze(-1) if logits.shape[-1] == 1 else logits.argmax(-1))
+        golds.append(labels)
+    window.__exit__(None, None, None)
+    summary = _phase_summary(window, latencies, len(batches) - warmup, samples, warmup)
+    return summary, torch.cat(preds).float().cpu().numpy(), torch.cat(golds).float().cpu().numpy()

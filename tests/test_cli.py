@@ -1,0 +1,100 @@
+"""The command line: bad input is one clear line with exit code 2 and nothing written; list; config files."""
+
+from __future__ import annotations
+
+import pytest
+
+from petlprof.cli import main
+from petlprof.config import build_options, load_config_file
+
+
+def run_cli(args, capsys):
+    code = main(args)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--methods", "lora,raed"], "unknown method 'raed'; did you mean 'read'?"),
+    (["--methods", "read", "--task", "tweet"], "unknown task 'tweet'; did you mean 'tweets'?"),
+    (["--methods", "read", "--backbone", "tiny-bret"], "unknown backbone 'tiny-bret'; did you mean 'tiny-bert'?"),
+    (["--methods", "read", "--backbone", "no such model!"], "unknown backbone 'no such model!'"),
+    (["--methods", "read", "--train-size", "-5"], "--train-size must be an integer >= 1, got -5"),
+    (["--methods", "read", "--batch-size", "0"], "--batch-size must be an integer >= 1, got 0"),
+    (["--methods", "read", "--lr", "-1"], "--lr must be a positive number, got -1.0"),
+    (["--methods", "read", "--device", "tpu"], "unknown device 'tpu'"),
+    (["--methods", "read", "--energy-meter", "rapll"], "did you mean 'rapl'?"),
+    (["--methods", "read", "--method-config", "read.cell=transformer"], "read cell 'transformer' is not one of"),
+    (["--methods", "read", "--method-config", "lora.r=4"], "unknown method in method_config 'lora'"),
+    (["--methods", "read", "--method-config", "read"], "must look like METHOD.FIELD=VALUE"),
+    ([], "no method given"),
+])
+def test_bad_input_is_one_line_exit_2_nothing_written(args, expected, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    out_dir = tmp_path / "out"
+    code, out, err = run_cli(["run", *args, "--output", str(out_dir)], capsys)
+    assert code == 2
+    assert expected in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert not out_dir.exists() and not (tmp_path / "petlprof-out").exists()
+
+
+@pytest.mark.parametrize("suffix, text, expected", [
+    (".toml", "methods = [read\n", "is malformed"),
+    (".yaml", "methods: [read\n  - x: ]", "is malformed"),
+    (".toml", 'metods = ["read"]\n', "unknown option in"),
+    (".json", "{}", "must end in .toml, .yaml or .yml"),
+])
+def test_bad_config_file(suffix, text, expected, capsys, tmp_path):
+    config = tmp_path / f"sweep{suffix}"
+    config.write_text(text)
+    code, _, err = run_cli(["run", "--config", str(config), "--output", str(tmp_path / "out")], capsys)
+    assert code == 2 and expected in err and str(config) in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_missing_config_file(capsys, tmp_path):
+    code, _, err = run_cli(["run", "--config", str(tmp_path / "nope.toml")], capsys)
+    assert code == 2 and "does not exist" in err
+
+
+def test_toml_and_yaml_give_the_same_options_and_cli_wins(tmp_path):
+    toml = tmp_path / "a.toml"
+    toml.write_text('methods = ["read", "lora"]\nbackbone = "tiny-bert"\nseeds = [0, 1]\nepochs = 2\n'
+                    'train-size = 100\n[method_config.lora]\nr = 4\n')
+    yaml = tmp_path / "a.yaml"
+    yaml.write_text("methods: read,lora\nbackbone: tiny-bert\nseeds: [0, 1]\nepochs: 2\ntrain_size: 100\n"
+                    "method_config:\n  lora:\n    r: 4\n")
+    a = build_options(load_config_file(str(toml)), {})
+    b = build_options(load_config_file(str(yaml)), {})
+    assert a == b
+    assert a.methods == ["read", "lora"] and a.seeds == [0, 1] and a.method_config == {"lora": {"r": 4}}
+    c = build_options(load_config_file(str(toml)), {"epochs": 3, "method_config": {"lora": {"alpha": 8}}})
+    assert c.epochs == 3 and c.method_config == {"lora": {"r": 4, "alpha": 8}}
+
+
+def test_expand_makes_one_run_per_method_and_seed():
+    from petlprof.config import expand
+
+    options = build_options({}, {"methods": "read,lora", "seeds": "0,1,2", "backbone": "tiny-bert"})
+    specs = expand(options, "cpu")
+    assert [(s.method, s.seed) for s in specs] == [(m, s) for m in ("read", "lora") for s in (0, 1, 2)]
+    assert len({s.run_key for s in specs}) == 6
+
+
+def test_list_shows_methods_tasks_backbones_meters(capsys):
+    code, out, _ = run_cli(["list"], capsys)
+    assert code == 0
+    for word in ("read", "lora", "bitfit", "full", "tweets", "sst2", "minilm", "tiny-t5", "estimate", "nvml", "rapl"):
+        assert word in out
+    assert "knob hidden_size" in out and "knob r" in out
+
+
+def test_help_does_not_import_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys; from petlprof.cli import build_parser; build_parser().format_help(); "
+            "print(any(m in sys.modules for m in ('torch', 'transformers', 'pynvml')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -1,0 +1,104 @@
+"""`petlprof run` end to end on the real 2-layer slice of the offline MiniLM backbone and tweets.
+
+One sweep of the four methods, each in its own process as users run it, then checks on what a
+user gets: the result records (schema), the plots, the report, resuming, and `petlprof report`.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+METHODS = ["full", "bitfit", "lora", "read"]
+PHASE_FIELDS = {"time_s", "steps", "samples", "samples_per_s", "energy_j", "energy_kind", "energy_source",
+                "peak_memory_bytes", "memory_source", "latency_s", "warmup_steps"}
+
+
+def petlprof(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "petlprof.cli", *args], capture_output=True, text=True, cwd=cwd)
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sweep")
+    result = petlprof("run", "--methods", ",".join(METHODS), "--num-layers", "2", "--train-size", "96",
+                      "--eval-size", "64", "--batch-size", "16", "--output", str(out))
+    return out, result
+
+
+def test_sweep_succeeds_and_prints_the_summary(sweep):
+    out, result = sweep
+    assert result.returncode == 0, result.stderr[-3000:]
+    for header in ("accuracy", "trainable params", "train time (s)", "train peak mem (MiB)", "train energy (J)",
+                   "energy kind"):
+        assert header in result.stdout
+    for method in METHODS:
+        assert f"{method} s0 train" in result.stderr  # a progress bar per run
+    assert "estimated" in result.stdout or "measured" in result.stdout
+
+
+def test_records_follow_the_schema(sweep):
+    out, _ = sweep
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert [r["method"] for r in records] == METHODS
+    for r in records:
+        assert r["schema_version"] == 1 and r["status"] == "ok" and r["error"] is None
+        assert r["backbone"] == "minilm" and r["task"] == "tweets" and r["seed"] == 0
+        assert r["backbone_info"]["num_layers"] == 2 and r["backbone_info"]["family"] == "encoder"
+        assert 0.0 <= r["metrics"]["accuracy"] <= 1.0 and r["primary_metric"] == "accuracy"
+        assert 0 < r["trainable_params"] <= r["total_params"]
+        for phase in ("train", "eval"):
+            figures = r[phase]
+            assert PHASE_FIELDS <= figures.keys()
+            assert figures["energy_kind"] in ("measured", "estimated")
+            if figures["energy_kind"] == "estimated":
+                assert "CPU time" in figures["energy_model"]
+            assert figures["energy_j"] > 0 and figures["time_s"] > 0 and figures["peak_memory_bytes"] > 0
+            assert set(figures["latency_s"]) >= {"p50", "p90", "p99"}
+            assert figures["latency_s"]["p50"] <= figures["latency_s"]["p99"]
+        assert r["train"]["steps"] == 6 - r["train"]["warmup_steps"]
+        assert r["train"]["samples"] == 16 * r["train"]["steps"]
+        assert r["env"]["torch"] and r["env"]["cpu"] and r["env"]["petlprof"]
+    by_method = {r["method"]: r for r in records}
+    assert by_method["full"]["trainable_params"] == by_method["full"]["total_params"]
+    assert by_method["read"]["trainable_params"] < by_method["lora"]["total_params"] / 10
+    # no backbone autograd for READ: its training peak is below full fine-tuning's
+    assert by_method["read"]["train"]["peak_memory_bytes"] < by_method["full"]["train"]["peak_memory_bytes"]
+
+
+def test_plots_and_report_are_written(sweep):
+    out, _ = sweep
+    for name in ("pareto_accuracy_vs_energy.png", "pareto_accuracy_vs_memory.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    report = (out / "report.md").read_text()
+    for method in METHODS:
+        assert method in report
+    assert "pareto_accuracy_vs_energy.png" in report
+
+
+def test_rerun_skips_finished_runs_and_report_rerenders(sweep, tmp_path):
+    out, _ = sweep
+    before = (out / "results.jsonl").read_text()
+    again = petlprof("run", "--methods", ",".join(METHODS), "--num-layers", "2", "--train-size", "96",
+                     "--eval-size", "64", "--batch-size", "16", "--output", str(out))
+    assert again.returncode == 0 and "4 already in" in again.stderr
+    assert (out / "results.jsonl").read_text() == before
+    report_dir = tmp_path / "rendered"
+    rendered = petlprof("report", str(out), "--output", str(report_dir))
+    assert rendered.returncode == 0, rendered.stderr
+    assert (report_dir / "report.md").exists() and (report_dir / "pareto_accuracy_vs_memory.png").exists()
+
+
+def test_a_failing_run_is_recorded_and_the_sweep_goes_on(tmp_path):
+    out = tmp_path / "out"
+    result = petlprof("run", "--methods", "lora,read", "--backbone", "tiny-bert", "--train-size", "32",
+                      "--eval-size", "16", "--batch-size", "16", "--method-config", "lora.target_modules=[nope]",
+                      "--output", str(out))
+    assert result.returncode == 1
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert [(r["method"], r["status"]) for r in records] == [("lora", "failed"), ("read", "ok")]
+    assert "nope" in records[0]["error"]
+    assert "nope" in (out / "report.md").read_text()

@@ -1,0 +1,253 @@
+"""Tests for Pareto fronts, the summary table, loading the run store and write_report.
+
+Pareto fronts are checked against a table of hand-worked cases; the report is checked on a small
+synthetic sweep holding a measured and an estimated energy figure, two seeds of one configuration,
+a dominated configuration and an out-of-memory run.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+
+import matplotlib.image
+import pytest
+
+from petlprof.errors import UsageError
+from petlprof.pareto import pareto_front
+from petlprof.report import load_records, summary_table, write_report
+from petlprof.report.plots import ENERGY, MEMORY, cost_label, wants_log_scale
+
+MIB = 2**20
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+OOM_ERROR = "Traceback (most recent call last):\n  ...\nRuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"
+ESTIMATE_MODEL = "process CPU time x 10.0 W per core"
+
+
+def P(**values):
+    return values
+
+
+PARETO_CASES = [
+    # (id, objectives, points, expected front)
+    ("higher-lower", ["accuracy", "energy_j"],
+     [P(accuracy=0.9, energy_j=100), P(accuracy=0.8, energy_j=50), P(accuracy=0.7, energy_j=80), P(accuracy=0.9, energy_j=120)], [0, 1]),
+    ("lower-higher order", ["energy_j", "accuracy"],
+     [P(accuracy=0.7, energy_j=80), P(accuracy=0.8, energy_j=50)], [1]),
+    ("equal points both kept", ["accuracy", "energy_j"],
+     [P(accuracy=0.9, energy_j=100), P(accuracy=0.9, energy_j=100), P(accuracy=0.8, energy_j=200)], [0, 1]),
+    ("tie in one, better in other", ["accuracy", "energy_j"],
+     [P(accuracy=0.9, energy_j=100), P(accuracy=0.9, energy_j=90)], [1]),
+    ("None never on front, removes nothing", ["accuracy", "energy_j"],
+     [P(accuracy=0.99, energy_j=None), P(accuracy=0.8, energy_j=50), P(accuracy=0.7, energy_j=60)], [1]),
+    ("missing key and NaN", ["accuracy", "energy_j"],
+     [P(accuracy=0.99), P(accuracy=math.nan, energy_j=1), P(accuracy=0.5, energy_j=9)], [2]),
+    ("three objectives", ["accuracy", "energy_j", "peak_memory_bytes"],
+     [P(accuracy=0.9, energy_j=100, peak_memory_bytes=1000), P(accuracy=0.85, energy_j=50, peak_memory_bytes=2000),
+      P(accuracy=0.8, energy_j=60, peak_memory_bytes=500), P(accuracy=0.8, energy_j=110, peak_memory_bytes=2000)], [0, 1, 2]),
+    ("three objectives, one dominates all", ["accuracy", "time_s", "trainable_params"],
+     [P(accuracy=0.7, time_s=5, trainable_params=10), P(accuracy=0.9, time_s=1, trainable_params=1),
+      P(accuracy=0.9, time_s=2, trainable_params=1)], [1]),
+    ("all higher", ["accuracy", "f1"],
+     [P(accuracy=0.9, f1=0.5), P(accuracy=0.8, f1=0.8), P(accuracy=0.7, f1=0.4)], [0, 1]),
+    ("all lower", ["energy_j", "time_s"],
+     [P(energy_j=10, time_s=5), P(energy_j=5, time_s=10), P(energy_j=10, time_s=10)], [0, 1]),
+    ("one objective", ["energy_j"], [P(energy_j=3), P(energy_j=1), P(energy_j=1)], [1, 2]),
+    ("no points", ["accuracy", "energy_j"], [], []),
+]
+
+
+@pytest.mark.parametrize("objectives, points, expected", [c[1:] for c in PARETO_CASES], ids=[c[0] for c in PARETO_CASES])
+def test_pareto_front(objectives, points, expected):
+    assert pareto_front(points, objectives) == expected
+
+
+@pytest.mark.parametrize("objectives, error", [([], ValueError), (["accuracy", "no_such_metric"], KeyError)])
+def test_pareto_front_rejects_bad_objectives(objectives, error):
+    with pytest.raises(error):
+        pareto_front([P(accuracy=1.0)], objectives)
+
+
+def phase(energy_j, kind, memory_mib, p50_s=0.0125, source=None):
+    figures = {"time_s": 60.0, "steps": 61, "samples": 1952, "samples_per_s": 32.5, "energy_j": energy_j,
+               "energy_kind": kind, "energy_source": source or ("estimate" if kind == "estimated" else "rapl"),
+               "peak_memory_bytes": int(memory_mib * MIB), "memory_source": "rss-hwm",
+               "latency_s": {"p50": p50_s, "p90": p50_s * 1.2, "p99": p50_s * 1.5, "mean": p50_s * 1.1}}
+    if kind == "estimated":
+        figures["energy_model"] = ESTIMATE_MODEL
+    return figures
+
+
+def record(method, config, seed, accuracy, energy_j, kind, memory_mib, task="tweets", status="ok"):
+    rec = {"schema_version": 1, "run_key": f"{method}-{seed}", "status": status, "error": None,
+           "method": method, "method_config": config,
+           "backbone": "minilm", "backbone_info": {"family": "encoder", "num_layers": 6, "hidden_size": 384},
+           "task": task, "task_info": {"num_labels": 2, "label_names": ["negative", "positive"],
+                                      "train_samples": 2000, "eval_samples": 1000, "description": "tweet sentiment"},
+           "primary_metric": "accuracy", "seed": seed,
+           "training": {"epochs": 1, "max_steps": None, "batch_size": 32, "lr": 5e-4, "max_length": 64,
+                        "warmup_steps": 2, "device": "cpu"},
+           "trainable_params": 148226, "total_params": 22861826,
+           "metrics": {"accuracy": accuracy, "f1": accuracy - 0.05},
+           "train": phase(energy_j, kind, memory_mib), "eval": phase(energy_j / 10, kind, memory_mib / 2),
+           "env": {"petlprof": "0.1.0", "torch": "2.13.0", "python": "3.11.7", "device": "cpu"}}
+    return rec
+
+
+def sweep():
+    oom = {"schema_version": 1, "run_key": "oom", "status": "oom", "error": OOM_ERROR, "method": "lora",
+           "method_config": {"r": 64, "alpha": 128}, "backbone": "minilm", "task": "tweets",
+           "primary_metric": "accuracy", "seed": 0}
+    return [
+        record("full", {}, 0, 0.90, 5000.0, "measured", 900),
+        record("full", {}, 1, 0.92, 5400.0, "measured", 900),
+        record("bitfit", {}, 0, 0.85, 800.0, "estimated", 500),
+        record("lora", {"r": 8, "alpha": 16}, 0, 0.88, 1200.0, "estimated", 600),
+        record("lora", {"r": 4, "alpha": 8}, 0, 0.80, 1300.0, "estimated", 650),  # dominated on both costs
+        oom,
+    ]
+
+
+def front_line(report_text, figure_name):
+    """The 'configurations on the Pareto front' sentence written under a figure."""
+    after = report_text.split(f"]({figure_name})", 1)[1]
+    return next(line for line in after.splitlines() if "Pareto front:" in line)
+
+
+def test_write_report_writes_valid_pngs_and_report(tmp_path):
+    written = write_report(sweep(), tmp_path / "out")
+    names = sorted(p.name for p in written)
+    assert names == ["pareto_accuracy_vs_energy.png", "pareto_accuracy_vs_memory.png", "report.md"]
+    for path in written:
+        assert path.is_file() and path.parent == tmp_path / "out"
+        if path.suffix == ".png":
+            assert path.read_bytes()[:8] == PNG_MAGIC
+            height, width = matplotlib.image.imread(path).shape[:2]
+            assert height > 300 and width > 300
+
+
+def test_report_md_contents(tmp_path):
+    records = sweep()
+    write_report(records, tmp_path)
+    report = (tmp_path / "report.md").read_text()
+    assert summary_table(records, fmt="markdown") in report
+    assert "estimated" in report and ESTIMATE_MODEL in report
+    assert "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB" in report
+    assert "](pareto_accuracy_vs_energy.png)" in report and "](pareto_accuracy_vs_memory.png)" in report
+    assert "warm-up" in report and "rss-hwm" in report and "2.13.0" in report
+    for figure in ("pareto_accuracy_vs_energy.png", "pareto_accuracy_vs_memory.png"):
+        line = front_line(report, figure)
+        assert "full" in line and "bitfit" in line and "lora r=8 alpha=16" in line
+        assert "r=4" not in line
+
+
+@pytest.mark.parametrize(
+    "kinds, must, must_not",
+    [
+        (["measured"], ["Train energy (J)", "source: rapl"], ["estimated"]),
+        (["estimated"], ["(estimated)", "source: estimate"], []),
+        (["measured", "estimated"], ["(estimated", "sources: rapl, estimate"], []),
+    ],
+)
+def test_energy_axis_label_says_estimated(kinds, must, must_not):
+    records = [record("full", {}, i, 0.9, 100.0, kind, 10) for i, kind in enumerate(kinds)]
+    label = cost_label(ENERGY, records)
+    assert all(text in label for text in must), label
+    assert not any(text in label for text in must_not), label
+    assert "estimated" not in cost_label(MEMORY, records) and "MiB" in cost_label(MEMORY, records)
+
+
+@pytest.mark.parametrize("values, log", [([800, 5400], False), ([100, 1001], True), ([0.0, 5000], False), ([7, 7], False)])
+def test_log_scale_only_for_wide_positive_spread(values, log):
+    assert wants_log_scale(values) is log
+
+
+def test_one_plot_per_task_named_by_task(tmp_path):
+    records = sweep() + [record("bitfit", {}, 0, 0.7, 300.0, "measured", 400, task="sst2")]
+    names = {p.name for p in write_report(records, tmp_path)}
+    assert {"pareto_accuracy_vs_energy_tweets.png", "pareto_accuracy_vs_energy_sst2.png",
+            "pareto_accuracy_vs_memory_tweets.png", "pareto_accuracy_vs_memory_sst2.png"} <= names
+
+
+def test_report_without_plottable_runs_says_why(tmp_path):
+    no_energy = copy.deepcopy(sweep())
+    for rec in no_energy:
+        if "train" in rec:
+            rec["train"]["energy_j"] = None
+    names = {p.name for p in write_report(no_energy, tmp_path)}
+    assert names == {"pareto_accuracy_vs_memory.png", "report.md"}
+    assert "Not plotted: none of the 5 finished run(s) has both accuracy and train energy_j" in (tmp_path / "report.md").read_text()
+
+    only_failed = [r for r in sweep() if r["status"] != "ok"]
+    assert [p.name for p in write_report(only_failed, tmp_path / "failed")] == ["report.md"]
+    report = (tmp_path / "failed" / "report.md").read_text()
+    assert "Not plotted" in report and "CUDA out of memory" in report
+
+
+def test_summary_table_headers_carry_units():
+    table = summary_table(sweep())
+    header = table.splitlines()[0]
+    for title in ("accuracy", "trainable params (count, % of total)", "train time (s)", "train peak mem (MiB)",
+                  "train energy (J)", "energy kind", "eval p50 latency (ms/batch)", "error"):
+        assert title in header
+
+
+def test_summary_table_text_rows():
+    lines = summary_table(sweep()).splitlines()
+    assert set(lines[1]) <= {"-", " "} and len(lines) == 2 + 6
+    oom = next(line for line in lines if line.split()[0] == "lora" and "r=64" in line)
+    assert " oom " in oom and "RuntimeError: CUDA out of memory" in oom
+    bitfit = next(line for line in lines if line.startswith("bitfit"))
+    assert "148,226 (0.65%)" in bitfit and "500.0" in bitfit and "800.0" in bitfit and "estimated" in bitfit
+    assert "12.5" in bitfit and "0.8500" in bitfit
+    assert [line.split()[1] for line in lines if line.startswith("lora")] == ["r=4", "r=8", "r=64"]
+    column = lines[0].index("status")
+    assert all(line[column:].startswith(("ok", "oom", "status")) for line in lines if not line.startswith("-"))
+
+
+def test_summary_table_markdown_and_bad_format():
+    lines = summary_table(sweep(), fmt="markdown").splitlines()
+    assert all(line.startswith("|") and line.endswith("|") for line in lines)
+    assert "---:" in lines[1] and "train energy (J)" in lines[0]
+    with pytest.raises(UsageError, match="table format"):
+        summary_table(sweep(), fmt="html")
+
+
+def test_summary_table_tolerates_bare_failed_record():
+    table = summary_table([{"schema_version": 1, "status": "failed", "error": "boom", "method": "read"}])
+    assert "failed" in table and "boom" in table
+
+
+def write_jsonl(path, lines):
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+def test_load_records_reads_files_and_folders(tmp_path):
+    records = sweep()
+    (tmp_path / "a").mkdir()
+    write_jsonl(tmp_path / "a" / "results.jsonl", [json.dumps(r) for r in records[:2]] + [""])
+    other = write_jsonl(tmp_path / "other.jsonl", [json.dumps(r) for r in records[2:]])
+    assert load_records([tmp_path / "a", other]) == records
+
+
+@pytest.mark.parametrize(
+    "lines, message",
+    [
+        (['{"schema_version": 1, "status": "ok"}', '{"schema_version": 1, "status": '], r"results\.jsonl:2: malformed"),
+        (["[1, 2]"], r"results\.jsonl:1: .*JSON object"),
+        (['{"schema_version": 2}'], r"results\.jsonl:1: unsupported schema_version 2"),
+    ],
+)
+def test_load_records_rejects_bad_lines(tmp_path, lines, message):
+    path = write_jsonl(tmp_path / "results.jsonl", lines)
+    with pytest.raises(UsageError, match=message):
+        load_records([path])
+
+
+def test_load_records_rejects_missing_file(tmp_path):
+    with pytest.raises(UsageError, match="no results file"):
+        load_records([tmp_path / "nowhere.jsonl"])
+    with pytest.raises(UsageError, match="no results file"):
+        load_records([tmp_path])
