@@ -1,8 +1,7 @@
 """LoRA (Hu et al. 2021) through PEFT: low-rank updates on the attention projections + task head.
 
 Target modules default to PEFT's own per-architecture table (BERT ``query``/``value``, T5
-``q``/``v``, GPT-2 ``c_attn``, LLaMA ``q_proj``/``v_proj``); the LoRA weights can be merged into
-the backbone for inference (``merge``).
+``q``/``v``, GPT-2 ``c_attn``, LLaMA ``q_proj``/``v_proj``).
 """
 
 from __future__ import annotations
@@ -21,19 +20,30 @@ class LoraConfig:
     target_modules: list[str] | None = help_field(None, "module names to adapt; default: PEFT's table for the architecture")
 
     def __post_init__(self):
-        if int(self.r) < 1:
+        if not _is_int(self.r) or self.r < 1:
             raise UsageError(f"lora r must be a positive integer, got {self.r!r}")
-        if not 0.0 <= float(self.dropout) < 1.0:
-            raise UsageError(f"lora dropout must be in [0, 1), got {self.dropout!r}")
-        if self.alpha <= 0:
-            raise UsageError(f"lora alpha must be positive, got {self.alpha!r}")
+        if not _is_number(self.dropout) or not 0.0 <= self.dropout < 1.0:
+            raise UsageError(f"lora dropout must be a number in [0, 1), got {self.dropout!r}")
+        if not _is_number(self.alpha) or self.alpha <= 0:
+            raise UsageError(f"lora alpha must be a positive number, got {self.alpha!r}")
+        targets = self.target_modules
+        if targets is not None and not (isinstance(targets, list) and all(isinstance(t, str) for t in targets)):
+            raise UsageError(f"lora target_modules must be a list of module names, got {targets!r}")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def apply(classifier, config: LoraConfig):
     import peft
 
     peft_config = peft.LoraConfig(
-        r=int(config.r), lora_alpha=config.alpha, lora_dropout=config.dropout,
+        r=config.r, lora_alpha=config.alpha, lora_dropout=config.dropout,
         target_modules=config.target_modules, bias="none",
     )
     for param in classifier.backbone.parameters():

@@ -125,10 +125,15 @@ def load_backbone(spec: str = DEFAULT_BACKBONE, *, num_layers: int | None = None
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise UsageError(f"cannot load backbone '{spec}': {first}. Valid presets: "
                              f"{', '.join(BACKBONES)}; or a local model folder.") from None
+        if num_layers is not None and num_layers > config.num_hidden_layers:
+            raise UsageError(f"--num-layers {num_layers} exceeds the {config.num_hidden_layers} pretrained layers "
+                             f"of backbone '{spec}'")
         _set_depth(config, num_layers)
         model = AutoModel.from_pretrained(path, config=config)
         source = f"pretrained from {path}" + (f", first {num_layers} layers" if num_layers else "")
     family = family_of(model.config)
+    if getattr(model, "pooler", None) is not None:
+        model.pooler = None  # BERT-style poolers are unused (petlprof pools itself) and would count as parameters
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
     if getattr(model.config, "pad_token_id", None) is None:

@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--label-column", help="label column of your own data (default: label)")
     run.add_argument("--seeds", help="comma list of seeds (default 0)")
     run.add_argument("--epochs", type=int, help="training epochs (default 1)")
-    run.add_argument("--max-steps", type=int, help="stop training after N optimiser steps")
+    run.add_argument("--max-steps", type=int, help="train exactly N optimiser steps (overrides --epochs)")
     run.add_argument("--train-size", type=_positive_or_none, help="training examples (default 2000; 'all')")
     run.add_argument("--eval-size", type=_positive_or_none, help="evaluation examples (default 1000; 'all')")
     run.add_argument("--batch-size", type=int, help="batch size (default 32)")
@@ -64,17 +64,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from petlprof.config import build_options, default_output_dir, expand, load_config_file, \
-        parse_method_overrides, resolve_device
+        parse_method_overrides, preflight, resolve_device
 
     cli_values = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
-    cli_values["method_config"] = parse_method_overrides(args.method_config or [])
+    cli_values["method_config"] = parse_method_overrides(args.method_config) if args.method_config else None
     file_values = load_config_file(args.config) if args.config else {}
     options = build_options(file_values, cli_values)
     device = resolve_device(options.device)
+    preflight(options, device)
     specs = expand(options, device)
     out_dir = Path(options.output) if options.output else default_output_dir()
 
-    from petlprof.report import load_records, summary_table, write_report
+    from petlprof.report import load_records, write_report
     from petlprof.runner import execute, execute_in_subprocess
     from petlprof.store import RESULTS_FILE, append_record, finished_keys
 
@@ -93,7 +94,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             failed += 1
             print(f"  {record['status']}: {record['error']}", file=sys.stderr)
     records = load_records([store])
-    print(summary_table(records, fmt="text"))
+    _print_summary(records)
     for path in write_report(records, out_dir):
         print(f"wrote {path}", file=sys.stderr)
     print(f"wrote {store}", file=sys.stderr)
@@ -103,14 +104,17 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_list(args: argparse.Namespace) -> int:
     from petlprof.backbones import BACKBONES
     from petlprof.meters import meter_status
-    from petlprof.registry import get_method, method_names
+    from petlprof.registry import config_field_help, get_method, method_names
     from petlprof.tasks import TASKS
 
-    print("Methods (name: what trains; Pareto knob; default learning rate):")
+    print("Methods (name: what trains; Pareto knob; default learning rate; options for --method-config):")
     for name in method_names():
         spec = get_method(name)
         knob = f"knob {spec.pareto_knob}" if spec.pareto_knob else "no knob"
-        print(f"  {name:<10} {spec.description}; {knob}; lr {spec.default_lr:g}")
+        side = "; side-tuning (no backbone autograd)" if spec.side_tuning else ""
+        print(f"  {name:<10} {spec.description}; {knob}; lr {spec.default_lr:g}{side}")
+        for field_name, default, text in config_field_help(spec.config_cls):
+            print(f"  {'':<12}{name}.{field_name}={default}  {text}")
     print("\nTasks:")
     for name, text in TASKS.items():
         print(f"  {name:<10} {text}")
@@ -126,16 +130,28 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from petlprof.report import load_records, summary_table, write_report
+    from petlprof.report import load_records, write_report
 
     paths = [Path(d) for d in args.dirs]
     records = load_records(paths)
     first = paths[0] if paths[0].is_dir() else paths[0].parent
     out_dir = Path(args.output) if args.output else first
-    print(summary_table(records, fmt="text"))
+    _print_summary(records)
     for path in write_report(records, out_dir):
         print(f"wrote {path}", file=sys.stderr)
     return 0
+
+
+def _print_summary(records: list[dict]) -> None:
+    from petlprof.report import run_warnings, summary_table
+
+    print(summary_table(records, fmt="text"))
+    estimated = {r["train"].get("energy_model") for r in records
+                 if isinstance(r.get("train"), dict) and r["train"].get("energy_kind") == "estimated"}
+    for model in sorted(m for m in estimated if m):
+        print(f"energy marked 'estimated' is a model, not a measurement: {model}")
+    for warning in run_warnings(records):
+        print(f"warning: {warning}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -101,7 +101,10 @@ def parse_method_overrides(items: list[str]) -> dict[str, dict[str, Any]]:
         method, dot, name = key.partition(".")
         if not (sep and dot and method and name):
             raise UsageError(f"--method-config '{item}' must look like METHOD.FIELD=VALUE, e.g. lora.r=16")
-        out.setdefault(method, {})[name] = yaml.safe_load(value)
+        try:
+            out.setdefault(method, {})[name] = yaml.safe_load(value)
+        except yaml.YAMLError as exc:
+            raise UsageError(f"--method-config '{item}': the value is not valid: {' '.join(str(exc).split())}") from None
     return out
 
 
@@ -112,7 +115,9 @@ def build_options(file_values: dict[str, Any], cli_values: dict[str, Any]) -> Ru
             values[key] = _as_list(values[key])
     if "seeds" in values:
         values["seeds"] = [int(s) if isinstance(s, str) and s.isdigit() else s for s in values["seeds"]]
-    if "method_config" in cli_values and cli_values["method_config"]:
+    if "methods" in values:
+        values["methods"] = list(dict.fromkeys(values["methods"]))  # a method named twice runs once
+    if cli_values.get("method_config"):
         merged = {m: dict(v) for m, v in (file_values.get("method_config") or {}).items()}
         for method, fields in cli_values["method_config"].items():
             merged.setdefault(method, {}).update(fields)
@@ -132,12 +137,26 @@ def _check_int(name: str, value: Any, minimum: int, allow_none: bool = False) ->
         raise UsageError(f"--{name.replace('_', '-')} must be an integer >= {minimum}, got {value!r}")
 
 
+_TYPES = {"methods": list, "backbone": list, "task": list, "seeds": list, "device": str, "energy_meter": str,
+          "in_process": bool, "method_config": dict, "output": (str, type(None)), "data_dir": (str, type(None)),
+          "text_column": (str, type(None)), "text_pair_column": (str, type(None)),
+          "label_column": (str, type(None))}
+
+
 def validate(options: RunOptions) -> None:
     from petlprof.backbones import check_backbone
     from petlprof.meters import ENERGY_METERS
     from petlprof.registry import get_method
     from petlprof.tasks import check_task
 
+    for name, kind in _TYPES.items():
+        value = getattr(options, name)
+        if not isinstance(value, kind):
+            expected = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+            raise UsageError(f"option '{name}' must be {expected.replace('NoneType', 'unset')}, got {value!r}")
+    for name, fields in options.method_config.items():
+        if not isinstance(fields, dict):
+            raise UsageError(f"method_config.{name} must be a table of fields, got {fields!r}")
     if not options.methods:
         raise UsageError("no method given: use --methods, e.g. --methods read,lora (see `petlprof list`)")
     for name in options.methods:
@@ -174,7 +193,37 @@ def resolve_device(device: str) -> str:
         return "cuda" if torch.cuda.is_available() else "cpu"
     if not torch.cuda.is_available():
         raise UsageError(f"--device {device} was asked for but torch sees no CUDA device; use --device cpu")
+    index = device.partition(":")[2]
+    if index and not (index.isdigit() and int(index) < torch.cuda.device_count()):
+        raise UsageError(f"--device {device}: torch sees CUDA devices 0..{torch.cuda.device_count() - 1}")
     return device
+
+
+def preflight(options: RunOptions, device: str) -> None:
+    """Checks that need the libraries (a named meter, a hub backbone, the data itself), run once in
+    the parent before any run starts, so a bad value is one error line and nothing is written."""
+    from petlprof.backbones import BACKBONES
+    from petlprof.meters import ENERGY_METERS
+    from petlprof.tasks import load_task
+
+    if options.energy_meter != "auto":
+        ok, why = ENERGY_METERS[options.energy_meter].available()
+        if not ok:
+            raise UsageError(f"energy meter '{options.energy_meter}' was asked for but is not usable here: {why}")
+    for spec in options.backbone:
+        if spec not in BACKBONES and not Path(spec).is_dir():
+            from transformers import AutoConfig
+
+            try:
+                AutoConfig.from_pretrained(spec)
+            except (OSError, ValueError) as exc:
+                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                raise UsageError(f"cannot load backbone '{spec}': {first}. Valid presets: {', '.join(BACKBONES)}; "
+                                 "or a local model folder.") from None
+    for task in options.task:
+        load_task(task, train_size=options.train_size, eval_size=options.eval_size, data_dir=options.data_dir,
+                  text_column=options.text_column, text_pair_column=options.text_pair_column,
+                  label_column=options.label_column)
 
 
 def default_output_dir() -> Path:
@@ -186,9 +235,17 @@ def expand(options: RunOptions, device: str) -> list[RunSpec]:
     shared = {name: getattr(options, name) for name in (
         "num_layers", "data_dir", "text_column", "text_pair_column", "label_column", "epochs", "max_steps",
         "train_size", "eval_size", "batch_size", "lr", "max_length", "warmup_steps", "energy_meter")}
+    from petlprof.registry import get_method
+
+    shared.pop("lr")
+    resolved = {}  # the full config and learning rate, so an explicit default gives the same run key
+    for method in options.methods:
+        spec = get_method(method)
+        config = dataclasses.asdict(spec.make_config(options.method_config.get(method, {})))
+        resolved[method] = (config, options.lr if options.lr is not None else spec.default_lr)
     return [
         RunSpec(method=method, backbone=str(backbone), task=str(task), seed=int(seed), device=device,
-                method_config=dict(options.method_config.get(method, {})), **shared)
+                method_config=resolved[method][0], lr=resolved[method][1], **shared)
         for backbone in options.backbone
         for task in options.task
         for method in options.methods

@@ -32,13 +32,18 @@ def cpu_model() -> str:
 
 @functools.lru_cache(maxsize=1)
 def git_commit() -> str | None:
-    """Commit of the petlprof source tree, when it is a git checkout (editable installs)."""
+    """Commit of the petlprof source tree when it is petlprof's own git checkout (editable installs);
+    None for an installed copy, even one that sits inside somebody else's repository."""
+    here = Path(__file__).resolve().parent
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
-                             text=True, timeout=5)
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=here, capture_output=True, text=True,
+                             timeout=5)
+        if top.returncode != 0 or Path(top.stdout.strip()).resolve() != here.parent:
+            return None
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
+    return head.stdout.strip() or None if head.returncode == 0 else None
 
 
 def environment(device: str) -> dict[str, Any]:

@@ -47,6 +47,8 @@ class SequenceClassifier(nn.Module):
     def model_inputs(self, input_ids, attention_mask) -> dict:
         """Keyword arguments for the backbone; the decoder of an encoder-decoder reads the input shifted right."""
         kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
+        if self.family == DECODER:  # count positions from the first real token, so left padding is harmless
+            kwargs["position_ids"] = (attention_mask.long().cumsum(1) - 1).clamp(min=0)
         if self.family == ENCODER_DECODER:
             start = getattr(self.backbone.config, "decoder_start_token_id", None)
             start = self.pad_token_id if start is None else start

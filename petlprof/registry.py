@@ -36,7 +36,10 @@ class MethodSpec:
         for key in overrides:
             if key not in names:
                 raise unknown_choice(f"option of method '{self.name}'", key, names)
-        return self.config_cls(**overrides)
+        try:
+            return self.config_cls(**overrides)
+        except (TypeError, ValueError) as exc:  # e.g. a string where a number belongs
+            raise UsageError(f"bad option for method '{self.name}' {overrides}: {exc}") from None
 
     def build(self) -> Callable:
         module, _, func = self.apply.partition(":")

@@ -95,7 +95,10 @@ def execute(spec: RunSpec) -> dict[str, Any]:
     record["wall_time_s"] = time.perf_counter() - t0
     from petlprof.envinfo import environment
 
-    record["env"] = environment(spec.device)
+    try:
+        record["env"] = environment(spec.device)
+    except Exception as exc:  # provenance must never cost a finished result
+        record["env"] = {"error": f"{type(exc).__name__}: {exc}"}
     return record
 
 
@@ -104,11 +107,15 @@ def _is_oom(exc: BaseException) -> bool:
 
 
 def _execute(spec: RunSpec) -> dict[str, Any]:
-    import peft  # noqa: F401  (imported before the baseline: runtime code is not the run's memory)
+    # library code is imported before the memory baseline: it is the runtime's memory, not the run's
+    import datasets  # noqa: F401
+    import pandas  # noqa: F401
+    import peft  # noqa: F401
     import torch
     import transformers  # noqa: F401
 
     from petlprof.backbones import load_backbone
+    from petlprof.errors import UsageError
     from petlprof.meters import energy_meter_for, memory_meter_for
     from petlprof.meters.memory import release_free_memory, rss_bytes
     from petlprof.modeling import SequenceClassifier
@@ -126,6 +133,10 @@ def _execute(spec: RunSpec) -> dict[str, Any]:
                      label_column=spec.label_column)
     torch.manual_seed(spec.seed)
     backbone = load_backbone(spec.backbone, num_layers=spec.num_layers, seed=spec.seed)
+    positions = getattr(backbone.config, "max_position_embeddings", None)
+    if positions is not None and spec.max_length > positions:
+        raise UsageError(f"--max-length {spec.max_length} exceeds the {positions} positions of backbone "
+                         f"'{spec.backbone}'")
     classifier = SequenceClassifier(backbone, task.num_labels)
     model = method.build()(classifier, method_config).to(spec.device)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -137,15 +148,16 @@ def _execute(spec: RunSpec) -> dict[str, Any]:
     meters = lambda: [energy_meter_for(spec.device, spec.energy_meter),  # noqa: E731
                       memory_meter_for(spec.device, runtime_baseline)]
     label = f"{spec.method} s{spec.seed}"
-    train_meters = meters()
-    train_phase = train(model, train_batches, epochs=spec.epochs, max_steps=spec.max_steps, lr=lr,
-                        seed=spec.seed, device=spec.device, meters=train_meters,
-                        warmup_steps=spec.warmup_steps, desc=f"{label} train")
-    eval_meters = meters()
-    eval_phase, preds, golds = evaluate(model, eval_batches, device=spec.device, meters=eval_meters,
-                                        warmup_steps=spec.warmup_steps, desc=f"{label} eval")
-    for meter in train_meters + eval_meters:
-        meter.close()
+    train_meters, eval_meters = meters(), meters()
+    try:
+        train_phase = train(model, train_batches, epochs=spec.epochs, max_steps=spec.max_steps, lr=lr,
+                            seed=spec.seed, device=spec.device, meters=train_meters,
+                            warmup_steps=spec.warmup_steps, desc=f"{label} train")
+        eval_phase, preds, golds = evaluate(model, eval_batches, device=spec.device, meters=eval_meters,
+                                            warmup_steps=spec.warmup_steps, desc=f"{label} eval")
+    finally:
+        for meter in train_meters + eval_meters:
+            meter.close()
     if not task.is_regression:
         preds, golds = preds.astype(int), golds.astype(int)
     defaults = dataclasses.asdict(method.config_cls())
@@ -165,8 +177,8 @@ def _execute(spec: RunSpec) -> dict[str, Any]:
         "primary_metric": task.primary_metric,
         "training": {
             "epochs": spec.epochs, "max_steps": spec.max_steps, "batch_size": spec.batch_size, "lr": lr,
-            "lr_source": "user" if spec.lr is not None else method.lr_source, "max_length": spec.max_length,
-            "warmup_steps": spec.warmup_steps, "device": spec.device, "optimizer": "AdamW(weight_decay=0.01)",
+            "lr_source": method.lr_source if lr == method.default_lr else "user", "max_length": spec.max_length,
+            "warmup_steps": spec.warmup_steps, "device": spec.device, "optimizer": "AdamW(weight_decay=0.01 on matrices, 0 on biases/norms)",
             "schedule": "linear, 6% warm-up", "precision": str(next(model.parameters()).dtype).removeprefix("torch."),
         },
         "trainable_params": trainable,
@@ -177,8 +189,8 @@ def _execute(spec: RunSpec) -> dict[str, Any]:
     }
 
 
-def execute_in_subprocess(spec: RunSpec, timeout_s: float | None = None) -> dict[str, Any]:
-    """Run ``spec`` in a fresh interpreter; a crash or timeout becomes a ``failed`` record."""
+def execute_in_subprocess(spec: RunSpec) -> dict[str, Any]:
+    """Run ``spec`` in a fresh interpreter; a crash becomes a ``failed`` record."""
     with tempfile.TemporaryDirectory(prefix="petlprof-run-") as tmp:
         spec_path, out_path = Path(tmp) / "spec.json", Path(tmp) / "record.json"
         spec_path.write_text(json.dumps(spec.to_dict()))
@@ -186,15 +198,11 @@ def execute_in_subprocess(spec: RunSpec, timeout_s: float | None = None) -> dict
         tail = bytearray()
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=None, stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        try:
-            while chunk := proc.stderr.read1(4096):  # forward progress bars, keep a tail for errors
-                sys.stderr.buffer.write(chunk)
-                sys.stderr.flush()
-                tail = (tail + chunk)[-8000:]
-            returncode = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            returncode = proc.wait()
+        while chunk := proc.stderr.read1(4096):  # forward progress bars, keep a tail for errors
+            sys.stderr.buffer.write(chunk)
+            sys.stderr.flush()
+            tail = (tail + chunk)[-8000:]
+        returncode = proc.wait()
         if out_path.exists():
             return json.loads(out_path.read_text())
         record = _base_record(spec)

@@ -1,6 +1,7 @@
 """The one training and evaluation loop every method goes through, under meter windows.
 
-Same optimiser (AdamW, weight decay 0.01), linear schedule with 6% warm-up, gradient clipping
+Same optimiser (AdamW, weight decay 0.01 on matrices, none on biases and norms), linear schedule
+with 6% warm-up, gradient clipping
 at 1.0, dynamic padding and sequence length for every method, so cost differences come from the
 methods alone.  The first ``warmup_steps`` steps of each phase run *outside* the meter window
 (allocator warm-up, lazy initialisation); their samples still train the model and, in
@@ -64,38 +65,49 @@ def percentiles(latencies: list[float]) -> dict[str, float | None]:
     return {"p50": float(p50), "p90": float(p90), "p99": float(p99), "mean": float(np.mean(latencies))}
 
 
-def _phase_summary(window: Window | None, latencies, steps, samples, warmup) -> dict[str, Any]:
-    reading = dict(window.reading) if window else {}
-    time_s = float(sum(latencies))
-    if window is not None:
-        time_s = window.meters[0].window_s
+def _phase_summary(window: Window, latencies, steps, samples, warmup, requested_warmup) -> dict[str, Any]:
+    warnings = list(window.reading.pop("energy_warnings", []))
+    if warmup < requested_warmup:
+        warnings.append(f"only {warmup} of the {requested_warmup} requested warm-up steps were excluded: the "
+                        "phase is too short, so its figures include start-up costs")
     return {
-        "time_s": time_s,
+        "time_s": window.time_s,
         "steps": steps,
         "samples": samples,
         "warmup_steps": warmup,
-        "samples_per_s": samples / time_s if time_s else None,
+        "samples_per_s": samples / window.time_s if window.time_s else None,
         "latency_s": percentiles(latencies),
-        **reading,
+        **window.reading,
+        "warnings": warnings,
     }
+
+
+def _param_groups(model, weight_decay: float) -> list[dict]:
+    """Decay matrices only: biases and normalisation weights (1-D tensors) are not decayed."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    return [{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
 
 
 def train(model, batches: Batches, *, epochs: int, max_steps: int | None, lr: float, seed: int,
           device: str, meters: list, warmup_steps: int, desc: str) -> dict[str, Any]:
+    """Train for ``epochs`` (or exactly ``max_steps`` optimiser steps, which overrides epochs)."""
     from transformers import get_linear_schedule_with_warmup
 
-    params = [p for p in model.parameters() if p.requires_grad]
+    groups = _param_groups(model, weight_decay=0.01)
+    params = [p for group in groups for p in group["params"]]
     total = epochs * len(batches) if max_steps is None else max_steps
     warmup = min(warmup_steps, max(total - 1, 0))
-    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
-    schedule = get_linear_schedule_with_warmup(optimizer, math.ceil(0.06 * total), total)
+    optimizer = torch.optim.AdamW(groups, lr=lr)
+    schedule = get_linear_schedule_with_warmup(optimizer, int(0.06 * total), total)
     model.train()
-    step, samples, latencies, losses, window = 0, 0, [], [], None
+    step, samples, latencies, losses, epoch = 0, 0, [], [], 0
+    window = Window(meters, device)
     with tqdm(total=total, desc=desc, unit="step", leave=True, dynamic_ncols=True) as bar:
         for epoch in range(math.ceil(total / len(batches))):
             for inputs, labels in batches.iterate(device, shuffle_seed=seed * 1000 + epoch):
                 if step == warmup:
-                    window = Window(meters).__enter__()
+                    window.__enter__()
                 synchronize(device)
                 t0 = time.perf_counter()
                 loss = loss_fn(model(**inputs), labels)
@@ -116,8 +128,9 @@ def train(model, batches: Batches, *, epochs: int, max_steps: int | None, lr: fl
                     break
     window.__exit__(None, None, None)
     del optimizer
-    summary = _phase_summary(window, latencies, step - warmup, samples, warmup)
-    summary.update(first_loss=losses[0], final_loss=float(np.mean(losses[-10:])))
+    summary = _phase_summary(window, latencies, step - warmup, samples, warmup, warmup_steps)
+    summary.update(epochs_run=round(step / len(batches), 3), first_loss=losses[0],
+                   final_loss=float(np.mean(losses[-10:])))
     return summary
 
 
@@ -127,11 +140,12 @@ def evaluate(model, batches: Batches, *, device: str, meters: list, warmup_steps
     """Predict the whole split; returns (phase summary, predictions, labels)."""
     model.eval()
     warmup = min(warmup_steps, max(len(batches) - 1, 0))
-    preds, golds, latencies, samples, window = [], [], [], 0, None
+    preds, golds, latencies, samples = [], [], [], 0
+    window = Window(meters, device)
     for step, (inputs, labels) in enumerate(tqdm(batches.iterate(device), total=len(batches), desc=desc,
                                                  unit="batch", dynamic_ncols=True)):
         if step == warmup:
-            window = Window(meters).__enter__()
+            window.__enter__()
         synchronize(device)
         t0 = time.perf_counter()
         logits = model(**inputs)
@@ -142,5 +156,5 @@ def evaluate(model, batches: Batches, *, device: str, meters: list, warmup_steps
         preds.append(logits.squeeze(-1) if logits.shape[-1] == 1 else logits.argmax(-1))
         golds.append(labels)
     window.__exit__(None, None, None)
-    summary = _phase_summary(window, latencies, len(batches) - warmup, samples, warmup)
+    summary = _phase_summary(window, latencies, len(batches) - warmup, samples, warmup, warmup_steps)
     return summary, torch.cat(preds).float().cpu().numpy(), torch.cat(golds).float().cpu().numpy()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from petlprof.cli import main
@@ -98,3 +100,75 @@ def test_help_does_not_import_torch():
             "print(any(m in sys.modules for m in ('torch', 'transformers', 'pynvml')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_config_file_method_options_reach_the_runs(capsys, tmp_path, monkeypatch):
+    """Through the real command: the file's [method_config] and the CLI's overrides both arrive."""
+    import petlprof.runner
+
+    seen = []
+
+    def fake_execute(spec):
+        seen.append(spec)
+        return {"schema_version": 1, "run_key": spec.run_key, "status": "failed", "error": "fake",
+                "method": spec.method, "method_config": spec.method_config, "seed": spec.seed}
+
+    monkeypatch.setattr(petlprof.runner, "execute", fake_execute)
+    config = tmp_path / "sweep.toml"
+    config.write_text('methods = ["lora", "read"]\nbackbone = "tiny-bert"\nin_process = true\n'
+                      "[method_config.lora]\nr = 16\n")
+    code, _, err = run_cli(["run", "--config", str(config), "--method-config", "read.cell=lstm",
+                            "--output", str(tmp_path / "out")], capsys)
+    assert code == 1  # the fake runs "failed"
+    configs = {spec.method: spec.method_config for spec in seen}
+    assert configs["lora"]["r"] == 16 and configs["read"]["cell"] == "lstm"
+    assert configs["read"]["hidden_size"] == 128  # resolved defaults are part of the run key
+
+
+def test_explicit_defaults_and_repeated_methods_do_not_duplicate_runs():
+    from petlprof.config import expand
+
+    plain = expand(build_options({}, {"methods": "lora,lora", "backbone": "tiny-bert"}), "cpu")
+    explicit = expand(build_options({}, {"methods": "lora", "backbone": "tiny-bert", "lr": 2e-3,
+                                         "method_config": {"lora": {"r": 8}}}), "cpu")
+    assert len(plain) == 1 and plain[0].run_key == explicit[0].run_key
+
+
+@pytest.mark.parametrize("item, expected", [
+    ("lora.r=abc", "lora r must be a positive integer, got 'abc'"),
+    ("lora.r=2.5", "lora r must be a positive integer, got 2.5"),
+    ("lora.alpha=abc", "lora alpha must be a positive number"),
+    ("lora.target_modules=[q", "the value is not valid"),
+    ("read.hidden_size=true", "hidden_size must be a positive integer, got True"),
+])
+def test_bad_method_option_values(item, expected, capsys, tmp_path):
+    method = item.split(".")[0]
+    code, _, err = run_cli(["run", "--methods", method, "--method-config", item,
+                            "--output", str(tmp_path / "out")], capsys)
+    assert code == 2 and expected in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("text, expected", [
+    ('methods = ["read"]\ndevice = 0\n', "option 'device' must be str, got 0"),
+    ('methods = ["read"]\nin_process = "no"\n', "option 'in_process' must be bool"),
+    ('methods = ["read"]\nmethod_config = 3\n', "option 'method_config' must be dict"),
+    ('methods = ["read"]\n[method_config]\nread = 3\n', "method_config.read must be a table"),
+])
+def test_config_values_of_the_wrong_type(text, expected, capsys, tmp_path):
+    config = tmp_path / "bad.toml"
+    config.write_text(text)
+    code, _, err = run_cli(["run", "--config", str(config), "--output", str(tmp_path / "out")], capsys)
+    assert code == 2 and expected in err
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--energy-meter", "nvml"], "energy meter 'nvml' was asked for but is not usable here"),
+    (["--task", "tests/fixtures/userdata/reviews.csv", "--label-column", "stars"], "'stars'"),
+    (["--num-layers", "2", "--task", "does/not/exist.csv"], "does not exist"),
+])
+def test_preflight_errors_come_before_anything_is_written(args, expected, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(Path(__file__).parent.parent)
+    code, _, err = run_cli(["run", "--methods", "read", *args, "--output", str(tmp_path / "out")], capsys)
+    assert code == 2 and expected in err
+    assert not (tmp_path / "out").exists()

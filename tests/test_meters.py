@@ -6,13 +6,14 @@ Real hardware is exercised only in tests marked ``gpu``.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from unittest import mock
 
 import numpy as np
 import pytest
 
 from petlprof.errors import UsageError
-from petlprof.meters import energy_meter_for, meter_status
+from petlprof.meters import Window, energy_meter_for, meter_status
 from petlprof.meters.energy import EstimateEnergyMeter, NvmlEnergyMeter, RaplEnergyMeter, rapl_domains
 from petlprof.meters.memory import CpuMemoryMeter
 
@@ -43,6 +44,10 @@ def test_rapl_counts_packages_and_dram_but_not_core(tmp_path):
         0: {"energy": 1_000_000, "max": 2**32, "subs": {"core": (500_000, 2**32), "dram": (100_000, 2**32)}},
         1: {"energy": 3_000_000, "max": 2**32},
     })
+    psys = tmp_path / "powercap" / "intel-rapl:2"  # client CPUs: psys contains the packages, never added
+    psys.mkdir()
+    (psys / "name").write_text("psys\n")
+    (psys / "energy_uj").write_text("0")
     assert [d.name for d in rapl_domains(root)] == ["intel-rapl:0", "intel-rapl:0:1", "intel-rapl:1"]
     meter = RaplEnergyMeter(root=root)
     meter.begin()
@@ -66,7 +71,14 @@ def test_rapl_undoes_counter_wrap_around(tmp_path):
 
 def test_rapl_unreadable_files_say_why(tmp_path):
     root = make_powercap(tmp_path / "powercap", {0: {"energy": 1, "max": 10}})
-    with mock.patch("pathlib.Path.read_text", side_effect=PermissionError("denied")):
+    real_read = Path.read_text
+
+    def root_only(path, *args, **kwargs):  # as on current kernels: names readable, counters root-only
+        if path.name == "energy_uj":
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_read(path, *args, **kwargs)
+
+    with mock.patch("pathlib.Path.read_text", autospec=True, side_effect=root_only):
         ok, why = RaplEnergyMeter.available(root)
     assert not ok and "not readable" in why and "root-only" in why
     assert RaplEnergyMeter.available(tmp_path / "missing") == (False, f"no RAPL domains under {tmp_path / 'missing'}")
@@ -76,30 +88,29 @@ def test_rapl_unreadable_files_say_why(tmp_path):
 def fake_nvml(monkeypatch):
     import pynvml
 
+    import petlprof.meters.energy as energy_module
+
     fake = mock.create_autospec(pynvml, instance=False)
     fake.NVMLError = pynvml.NVMLError
     handles = {0: "h0", 1: "h1", 2: "h2"}
+    by_uuid = {"GPU-aaa": "h0", "GPU-bbb": "h1", "MIG-ccc": "h2"}
     energy = {"h0": 10_000, "h1": 50_000, "h2": 7_000}
     fake.nvmlDeviceGetCount.return_value = len(handles)
     fake.nvmlDeviceGetHandleByIndex.side_effect = handles.__getitem__
-    fake.nvmlDeviceGetHandleByUUID.side_effect = lambda uuid: {"GPU-abc": "h2"}[uuid]
+    fake.nvmlDeviceGetHandleByUUID.side_effect = by_uuid.__getitem__
     fake.nvmlDeviceGetTotalEnergyConsumption.side_effect = energy.__getitem__
     monkeypatch.setitem(__import__("sys").modules, "pynvml", fake)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    # torch's view of the devices: CUDA index -> UUID (CUDA orders fastest first, NVML by PCI bus)
+    cuda_uuids = {"cuda:0": "bbb", "cuda:1": "aaa"}
+    monkeypatch.setattr(energy_module, "cuda_uuid", lambda device: energy_module._nvml_uuid(cuda_uuids[device]))
     return fake, energy
 
 
-@pytest.mark.parametrize("visible, expected_j", [
-    (None, (2_000 + 3_000 + 500) / 1000),  # all three GPUs
-    ("1", 3.0),                             # only the second
-    ("0,2", 2.5),                           # by index
-    ("GPU-abc", 0.5),                       # by UUID
-])
-def test_nvml_counter_sums_the_visible_gpus(fake_nvml, monkeypatch, visible, expected_j):
+@pytest.mark.parametrize("device, expected_j", [("cuda:0", 3.0), ("cuda:1", 2.0)])
+def test_nvml_counter_measures_only_the_runs_gpu(fake_nvml, device, expected_j):
     fake, energy = fake_nvml
-    if visible is not None:
-        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
-    meter = NvmlEnergyMeter("cpu")  # device "cpu": no CUDA synchronisation in this unit test
+    meter = NvmlEnergyMeter(device)
     meter.begin()
     energy.update(h0=energy["h0"] + 2_000, h1=energy["h1"] + 3_000, h2=energy["h2"] + 500)
     reading = meter.end()
@@ -108,12 +119,25 @@ def test_nvml_counter_sums_the_visible_gpus(fake_nvml, monkeypatch, visible, exp
     assert reading["energy_warnings"] and "low-confidence" in reading["energy_warnings"][0]  # a short window
 
 
+@pytest.mark.parametrize("visible, expected", [
+    (None, ["h0", "h1", "h2"]), ("1", ["h1"]), ("0,2", ["h0", "h2"]), ("GPU-aaa", ["h0"]), ("MIG-ccc", ["h2"]),
+    ("aaa", ["h0"]),
+])
+def test_visible_gpus_follow_cuda_visible_devices(fake_nvml, monkeypatch, visible, expected):
+    from petlprof.meters.energy import visible_gpu_handles
+
+    fake, _ = fake_nvml
+    if visible is not None:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert visible_gpu_handles(fake) == expected
+
+
 def test_nvml_counter_reset_mid_window_counts_from_zero(fake_nvml):
     fake, energy = fake_nvml
-    meter = NvmlEnergyMeter("cpu")
+    meter = NvmlEnergyMeter("cuda:1")
     meter.begin()
-    energy.update(h0=1_500, h1=energy["h1"] + 1_000, h2=energy["h2"])
-    assert meter.end()["energy_j"] == pytest.approx(2.5)
+    energy.update(h0=1_500)
+    assert meter.end()["energy_j"] == pytest.approx(1.5)
 
 
 def test_nvml_without_counter_is_unavailable_with_a_reason(fake_nvml):
@@ -148,11 +172,11 @@ def test_cpu_memory_meter_sees_an_allocation_and_not_the_past():
     big = np.ones(400 * 2**20 // 8)  # 400 MiB before the window: must not count
     del big
     meter = CpuMemoryMeter("cpu")
-    meter.begin()
-    block = np.ones(200 * 2**20 // 8)
-    block[::4096] = 2.0  # touch every page
-    reading = meter.end()
-    del block
+    with Window([meter]) as window:
+        block = np.ones(200 * 2**20 // 8)
+        block[::4096] = 2.0  # touch every page
+        del block
+    reading = window.reading
     assert reading["memory_source"] == "rss-hwm"
     assert 190 * 2**20 <= reading["peak_memory_bytes"] <= 300 * 2**20
 

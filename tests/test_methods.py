@@ -43,7 +43,6 @@ def expected_trainable(method: str, backbone) -> int:
     if method == "bitfit":
         return sum(p.numel() for n, p in model.named_parameters() if n.endswith(".bias")) + head_params(width)
     if method == "lora":  # r x (in + out) per adapted projection, rank 8
-        per_family = {"bert": 2 * 2, "t5": 2 * 2 * 2 + 2, "gpt2": 2, "llama": 2 * 2}
         r, cfg = 8, model.config
         if cfg.model_type == "gpt2":
             return cfg.n_layer * r * (width + 3 * width) + head_params(width)
@@ -54,7 +53,7 @@ def expected_trainable(method: str, backbone) -> int:
             inner = cfg.num_heads * cfg.d_kv
             adapted = 2 * cfg.num_layers + 2 * 2 * cfg.num_decoder_layers
             return adapted * r * (width + inner) + head_params(width)
-        assert per_family  # bert: query and value in every layer
+        # bert: query and value in every layer
         return cfg.num_hidden_layers * 2 * r * (width + width) + head_params(width)
     if method == "read":  # LayerNorm, joiner, GRU, zero-init output; T5 adds an encoder side + context
         h = 128
@@ -79,11 +78,9 @@ def test_method_trains_only_what_it_should(preset, method):
     for step in range(10):
         loss = torch.nn.functional.cross_entropy(model(batch["input_ids"], batch["attention_mask"]), LABELS)
         loss.backward()
-        if step == 0:
+        if step == 0:  # every trainable parameter is in the graph (zero-initialised paths get zeros)
             with_grad = {n for n, p in model.named_parameters() if p.grad is not None}
-            assert with_grad <= trainable, f"gradients reached frozen parameters: {sorted(with_grad - trainable)[:5]}"
-            frozen_backbone = [p for n, p in backbone.model.named_parameters() if not p.requires_grad]
-            assert all(p.grad is None for p in frozen_backbone)
+            assert with_grad == trainable, sorted(with_grad ^ trainable)[:5]
         optimizer.step()
         optimizer.zero_grad()
         losses.append(loss.item())
@@ -99,22 +96,16 @@ def test_method_trains_only_what_it_should(preset, method):
 
 
 @pytest.mark.parametrize("preset", PRESETS)
-def test_read_backbone_pass_has_no_autograd_graph(preset, monkeypatch):
+def test_read_runs_the_backbone_without_autograd_in_eval_mode(preset):
     backbone, model, batch = build(preset, "read")
     seen = []
-    original = model.classifier.backbone_outputs
-
-    def spy(*args, **kwargs):
-        out = original(*args, **kwargs)
-        seen.extend(t for t in out.values() if isinstance(t, torch.Tensor))
-        seen.extend(t for v in out.values() if isinstance(v, tuple) for t in v if isinstance(t, torch.Tensor))
-        return out
-
-    monkeypatch.setattr(model.classifier, "backbone_outputs", spy)
+    hook = model.classifier.backbone.register_forward_pre_hook(
+        lambda module, args: seen.append((torch.is_grad_enabled(), module.training)))
     model.train()
     model(batch["input_ids"], batch["attention_mask"]).sum().backward()
-    assert seen and all(t.grad_fn is None and not t.requires_grad for t in seen)
-    assert not model.classifier.backbone.training, "READ must keep the frozen backbone in eval mode"
+    hook.remove()
+    assert seen == [(False, False)], "the frozen backbone must run once, under no_grad, in eval mode"
+    assert all(p.grad is None for p in backbone.model.parameters())
 
 
 @pytest.mark.parametrize("preset", PRESETS)

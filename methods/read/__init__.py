@@ -29,7 +29,8 @@ class ReadConfig:
     aggregation: str = help_field("last", "summary of the RNN over layers: the last state or the mean of all")
 
     def __post_init__(self):
-        if int(self.hidden_size) < 1:
+        size = self.hidden_size
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
             raise UsageError(f"read hidden_size must be a positive integer, got {self.hidden_size!r}")
         for field_name, allowed in (("cell", CELLS), ("init_state", INIT_STATES), ("aggregation", AGGREGATIONS)):
             value = getattr(self, field_name)

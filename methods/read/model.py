@@ -27,7 +27,7 @@ class SideNetwork(nn.Module):
 
     def __init__(self, width: int, config, with_context: bool = False):
         super().__init__()
-        hidden = int(config.hidden_size)
+        hidden = config.hidden_size
         self.cell = config.cell
         self.aggregation = config.aggregation
         self.norm = nn.LayerNorm(width)

@@ -1,7 +1,7 @@
 """What every meter shares: a measurement window and a reading that carries units and provenance.
 
-A meter's window synchronises the device at both edges (so queued GPU work lands inside the
-window it belongs to).  Readings are plain dicts whose keys carry units (``energy_j``,
+A :class:`Window` synchronises the device at both edges (so queued GPU work lands inside the
+window it belongs to) and runs every meter's expensive preparation before any of them starts.  Readings are plain dicts whose keys carry units (``energy_j``,
 ``peak_memory_bytes``, ``time_s``) and say where the figure came from (``*_source``) and whether
 it was ``measured`` or ``estimated``.
 """
@@ -24,7 +24,11 @@ def synchronize(device: str) -> None:
 
 
 class Meter:
-    """Base class: ``available()``, ``begin()``/``end()`` (or ``with meter.window():``), ``reading()``."""
+    """Base class: ``available()``, ``prepare()``, ``begin()``/``end()``, ``close()``.
+
+    ``prepare`` does whatever must happen *before* any meter of a window starts (collect garbage,
+    reset peaks), so that work is never inside another meter's time or energy figure.
+    """
 
     name = "meter"
 
@@ -38,20 +42,22 @@ class Meter:
         """(usable here, why or why not) — never raises."""
         return True, "always available"
 
+    def prepare(self) -> None:
+        """Work that must finish before the window opens (not timed, not metered)."""
+
     def begin(self) -> None:
-        synchronize(self.device)
         self._t0 = time.perf_counter()
         self._begin()
 
     def end(self) -> dict[str, Any]:
-        synchronize(self.device)
         self.window_s = time.perf_counter() - self._t0
         return self._end()
 
-    def _begin(self) -> None:  # pragma: no cover - overridden
-        pass
+    def _begin(self) -> None:
+        """Read the starting counter values."""
 
-    def _end(self) -> dict[str, Any]:  # pragma: no cover - overridden
+    def _end(self) -> dict[str, Any]:
+        """Read the final values and return the reading."""
         return {}
 
     def close(self) -> None:
@@ -59,17 +65,31 @@ class Meter:
 
 
 class Window:
-    """Context manager running several meters' windows together; ``reading`` merges their results."""
+    """Runs several meters over one stretch of work; ``reading`` merges their results.
 
-    def __init__(self, meters: list[Meter]):
+    All meters are prepared first, then the device is synchronised and every meter starts; at the
+    end the device is synchronised once more before any meter stops, so queued GPU work lands in
+    the window it belongs to.  ``time_s`` is the window's own device-synchronised wall time.
+    """
+
+    def __init__(self, meters: list[Meter], device: str = "cpu"):
         self.meters = meters
+        self.device = device
         self.reading: dict[str, Any] = {}
+        self.time_s: float | None = None
+        self._t0 = 0.0
 
     def __enter__(self) -> "Window":
+        for meter in self.meters:
+            meter.prepare()
+        synchronize(self.device)
+        self._t0 = time.perf_counter()
         for meter in self.meters:
             meter.begin()
         return self
 
     def __exit__(self, *exc) -> None:
+        synchronize(self.device)
+        self.time_s = time.perf_counter() - self._t0
         for meter in reversed(self.meters):
             self.reading.update(meter.end())

@@ -1,8 +1,8 @@
 """Energy of a window: the NVML energy counter on NVIDIA GPUs, RAPL on CPUs, else a stated estimate.
 
 * ``nvml`` — ``nvmlDeviceGetTotalEnergyConsumption`` (millijoules since driver load) read at both
-  edges of the window, summed over the GPUs this process can see (``CUDA_VISIBLE_DEVICES`` is
-  honoured, by index or UUID).  The counter updates every ~20–100 ms, so windows shorter than
+  edges of the window on the GPU the run uses (matched by UUID, since CUDA and NVML number
+  devices differently); ``petlprof list`` reports the GPUs named by ``CUDA_VISIBLE_DEVICES``.  The counter updates every ~20–100 ms, so windows shorter than
   :data:`SHORT_WINDOW_S` are flagged ``low_confidence``.
 * ``rapl`` — ``/sys/class/powercap/intel-rapl:*`` package domains plus their ``dram``
   sub-domains (``core``/``uncore`` are inside the package figure and are not added again), with
@@ -22,6 +22,7 @@ from petlprof.meters.base import ESTIMATED, MEASURED, Meter
 from petlprof.meters.memory import rss_bytes
 
 SHORT_WINDOW_S = 5.0
+RAPL_MAX_WATTS = 400.0  # for the wrap-around check: a counter can wrap at most once per window
 POWERCAP = Path("/sys/class/powercap")
 CPU_WATTS_PER_CORE = 10.0  # a busy server core: ~4-7 W (EPYC/Xeon TDP / cores), desktop cores more
 DRAM_WATTS_PER_GIB = 0.375  # CodeCarbon's DRAM figure: 3 W per 8 GiB
@@ -36,7 +37,7 @@ class NvmlEnergyMeter(Meter):
 
         self._nvml = pynvml
         pynvml.nvmlInit()
-        self.handles = visible_gpu_handles(pynvml)
+        self.handles = [device_handle(pynvml, device)]
         self._start: list[int] = []
 
     @classmethod
@@ -71,18 +72,35 @@ class NvmlEnergyMeter(Meter):
         deltas_mj = [e - s if e >= s else e for s, e in zip(self._start, end)]
         warnings = []
         if self.window_s < SHORT_WINDOW_S:
-            warnings.append(f"window {self.window_s:.2f} s < {SHORT_WINDOW_S} s: the NVML counter updates "
+            warnings.append(f"window {self.window_s:.2f} s < {SHORT_WINDOW_S:g} s: the NVML counter updates "
                             "every ~20-100 ms, so this figure is low-confidence")
         return {
             "energy_j": sum(deltas_mj) / 1000.0,
             "energy_kind": MEASURED,
             "energy_source": "nvml-energy-counter",
-            "energy_devices": len(self.handles),
             "energy_warnings": warnings,
         }
 
     def close(self) -> None:
         self._nvml.nvmlShutdown()
+
+
+def _nvml_uuid(text: str) -> str:
+    return text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}"
+
+
+def cuda_uuid(device: str) -> str:
+    """UUID of the CUDA device torch calls ``device``: the only reliable link to an NVML handle
+    (CUDA orders devices fastest first, NVML by PCI bus)."""
+    import torch
+
+    index = torch.device(device).index
+    return _nvml_uuid(str(torch.cuda.get_device_properties(torch.cuda.current_device() if index is None else index).uuid))
+
+
+def device_handle(pynvml, device: str):
+    """The NVML handle of the one GPU this run uses."""
+    return pynvml.nvmlDeviceGetHandleByUUID(cuda_uuid(device))
 
 
 def visible_gpu_handles(pynvml) -> list:
@@ -93,14 +111,11 @@ def visible_gpu_handles(pynvml) -> list:
         return [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
     handles = []
     for item in (x.strip() for x in visible.split(",")):
-        if not item:
-            continue
         if item.isdigit():
             if int(item) < count:
                 handles.append(pynvml.nvmlDeviceGetHandleByIndex(int(item)))
-        else:
-            uuid = item if item.startswith("GPU-") else f"GPU-{item}"
-            handles.append(pynvml.nvmlDeviceGetHandleByUUID(uuid))
+        elif item:
+            handles.append(pynvml.nvmlDeviceGetHandleByUUID(_nvml_uuid(item)))
     return handles
 
 
@@ -134,27 +149,39 @@ class RaplEnergyMeter(Meter):
         self._start = self._read()
 
     def _end(self) -> dict[str, Any]:
-        total_uj = 0
+        total_uj, warnings = 0, []
         for domain, start, end in zip(self.domains, self._start, self._read()):
-            if end < start:  # wrapped around
-                end += int((domain / "max_energy_range_uj").read_text())
+            max_range = int((domain / "max_energy_range_uj").read_text())
+            if end < start:  # wrapped around (once: see the warning below)
+                end += max_range
             total_uj += end - start
+            if self.window_s * RAPL_MAX_WATTS * 1e6 > max_range:
+                warnings.append(f"{domain.name}: a {self.window_s:.0f} s window may span more than one counter "
+                                f"wrap ({max_range / 1e6:.0f} J at up to {RAPL_MAX_WATTS:g} W); energy may be low")
         return {
             "energy_j": total_uj / 1e6,
             "energy_kind": MEASURED,
             "energy_source": "rapl",
             "energy_domains": [(d / "name").read_text().strip() for d in self.domains],
-            "energy_warnings": [],
+            "energy_warnings": warnings,
         }
 
 
 def rapl_domains(root: Path = POWERCAP) -> list[Path]:
-    """Package domains and their dram sub-domains; core/uncore are already in the package figure."""
+    """Package domains and their dram sub-domains.
+
+    core/uncore are inside the package figure, and a top-level ``psys`` domain (client CPUs)
+    contains the packages, so neither is added again.
+    """
     if not root.is_dir():
         return []
     domains = []
     for package in sorted(root.glob("intel-rapl:[0-9]*")):
-        if package.name.count(":") != 1:
+        try:
+            is_package = package.name.count(":") == 1 and (package / "name").read_text().startswith("package")
+        except OSError:
+            continue
+        if not is_package:
             continue
         domains.append(package)
         for sub in sorted(root.glob(f"{package.name}:*")):  # sysfs lists every zone at the top level

@@ -70,7 +70,7 @@ class CpuMemoryMeter(Meter):
             return False, f"{_STATUS} has no VmHWM (not Linux?)"
         return True, "process RSS high-water mark from /proc/self/status"
 
-    def _begin(self) -> None:
+    def prepare(self) -> None:
         release_free_memory()
         self._was_reset = reset_rss_peak()
 
@@ -100,11 +100,10 @@ class CudaMemoryMeter(Meter):
             return False, "no CUDA device visible to torch"
         return True, "torch.cuda.max_memory_allocated / max_memory_reserved"
 
-    def _begin(self) -> None:
+    def prepare(self) -> None:
         import torch
 
-        gc.collect()
-        torch.cuda.empty_cache()
+        gc.collect()  # the allocator cache is kept: emptying it would undo the warm-up steps
         torch.cuda.reset_peak_memory_stats(self.device)
 
     def _end(self) -> dict[str, Any]:

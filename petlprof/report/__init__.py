@@ -6,7 +6,7 @@ accuracy-versus-memory Pareto plots and writes report.md beside them.
 """
 
 from petlprof.report.markdown import write_report
-from petlprof.report.records import load_records
+from petlprof.report.records import load_records, run_warnings
 from petlprof.report.table import summary_table
 
-__all__ = ["load_records", "summary_table", "write_report"]
+__all__ = ["load_records", "run_warnings", "summary_table", "write_report"]

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from petlprof.report.plots import PlotResult, pareto_figures
-from petlprof.report.records import config_label, distinct, field, is_ok, run_label, sort_key, text
+from petlprof.report.records import config_label, distinct, field, is_ok, run_label, run_warnings, sort_key, text
 from petlprof.report.table import summary_table
 
 REPORT_FILE = "report.md"
@@ -141,6 +141,13 @@ def _failed(records: Sequence[Mapping[str, Any]]) -> list[str]:
     return lines
 
 
+def _warnings(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    warnings = run_warnings(records)
+    if not warnings:
+        return []
+    return ["## Measurement warnings", "", *(f"- {w}" for w in warnings), ""]
+
+
 def _environment(records: Sequence[Mapping[str, Any]]) -> list[str]:
     lines = ["## Environment", ""]
     env = records[0].get("env") if records else None
@@ -171,6 +178,7 @@ def render_report(records: Sequence[Mapping[str, Any]], figures: Sequence[PlotRe
     ]
     lines += _figures(figures)
     lines += _provenance(records)
+    lines += _warnings(records)
     lines += _failed(records)
     lines += _environment(records)
     return "\n".join(lines)

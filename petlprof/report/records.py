@@ -167,3 +167,14 @@ def sort_key(record: Mapping[str, Any]) -> tuple:
         _natural(config_label(record, width=1000)),
         seed if isinstance(seed, int) else -1,
     )
+
+
+def run_warnings(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Every measurement warning a run recorded, as ``<run>, seed N, <phase>: <warning>``."""
+    out = []
+    for record in sorted(records, key=sort_key):
+        for phase in ("train", "eval"):
+            figures = record.get(phase)
+            for warning in (figures.get("warnings") or []) if isinstance(figures, Mapping) else []:
+                out.append(f"{run_label(record)}, seed {text(record.get('seed'))}, {phase}: {warning}")
+    return out
