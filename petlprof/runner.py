@@ -198,8 +198,12 @@ def execute_in_subprocess(spec: RunSpec) -> dict[str, Any]:
         tail = bytearray()
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=None, stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        raw = getattr(sys.stderr, "buffer", None)  # notebooks' stderr takes text only
         while chunk := proc.stderr.read1(4096):  # forward progress bars, keep a tail for errors
-            sys.stderr.buffer.write(chunk)
+            if raw is not None:
+                raw.write(chunk)
+            else:
+                sys.stderr.write(chunk.decode(errors="replace"))
             sys.stderr.flush()
             tail = (tail + chunk)[-8000:]
         returncode = proc.wait()
