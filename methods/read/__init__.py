@@ -46,7 +46,7 @@ def apply(classifier, config: ReadConfig):
 
 register_method(MethodSpec(
     name="read",
-    description="GRU side network over the frozen backbone's per-layer states + task head (no backbone autograd)",
+    description="GRU side network over the frozen backbone's per-layer states + task head",
     config_cls=ReadConfig,
     apply="petlprof.methods.read:apply",
     default_lr=1e-3,
