@@ -129,7 +129,7 @@ def load_backbone(spec: str = DEFAULT_BACKBONE, *, num_layers: int | None = None
             raise UsageError(f"--num-layers {num_layers} exceeds the {config.num_hidden_layers} pretrained layers "
                              f"of backbone '{spec}'")
         _set_depth(config, num_layers)
-        model = AutoModel.from_pretrained(path, config=config)
+        model = _from_pretrained_quiet(path, config) if num_layers else AutoModel.from_pretrained(path, config=config)
         source = f"pretrained from {path}" + (f", first {num_layers} layers" if num_layers else "")
     family = family_of(model.config)
     if getattr(model, "pooler", None) is not None:
@@ -139,6 +139,19 @@ def load_backbone(spec: str = DEFAULT_BACKBONE, *, num_layers: int | None = None
     if getattr(model.config, "pad_token_id", None) is None:
         model.config.pad_token_id = tokenizer.pad_token_id
     return Backbone(name=spec, model=model, tokenizer=tokenizer, family=family, source=source)
+
+
+def _from_pretrained_quiet(path: str, config):
+    """Load a slice of a checkpoint without transformers' report of the layers deliberately left out."""
+    from transformers import AutoModel
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        return AutoModel.from_pretrained(path, config=config)
+    finally:
+        hf_logging.set_verbosity(verbosity)
 
 
 def _set_depth(config, num_layers: int | None) -> None:

@@ -169,9 +169,9 @@ def test_estimate_follows_its_stated_model():
 
 
 def test_cpu_memory_meter_sees_an_allocation_and_not_the_past():
-    big = np.ones(400 * 2**20 // 8)  # 400 MiB before the window: must not count
+    big = np.ones(400 * 2**20 // 8)  # 400 MiB alive when the meter is made, freed before the window:
+    meter = CpuMemoryMeter("cpu")    # it must count neither as peak nor as baseline
     del big
-    meter = CpuMemoryMeter("cpu")
     with Window([meter]) as window:
         block = np.ones(200 * 2**20 // 8)
         block[::4096] = 2.0  # touch every page

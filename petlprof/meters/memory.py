@@ -60,8 +60,10 @@ class CpuMemoryMeter(Meter):
     name = "cpu-rss"
 
     def __init__(self, device: str = "cpu", baseline_bytes: int | None = None):
+        """``baseline_bytes``: RSS to subtract (the runtime's); by default the RSS when the window opens."""
         super().__init__(device)
-        self.baseline_bytes = baseline_bytes if baseline_bytes is not None else (rss_bytes() or 0)
+        self._fixed_baseline = baseline_bytes
+        self.baseline_bytes = baseline_bytes or 0
         self._was_reset = False
 
     @classmethod
@@ -72,6 +74,8 @@ class CpuMemoryMeter(Meter):
 
     def prepare(self) -> None:
         release_free_memory()
+        if self._fixed_baseline is None:  # after the release, so memory freed earlier is not subtracted
+            self.baseline_bytes = rss_bytes() or 0
         self._was_reset = reset_rss_peak()
 
     def _end(self) -> dict[str, Any]:
