@@ -1,0 +1,175 @@
+"""Cost regression checks for CI: profile one training step of a method and compare against a baseline.
+
+Wall-clock times on shared CI machines are noise, so the checks rest on two kinds of figure:
+
+* **deterministic figures** — trainable parameters, bytes of weights / gradients / optimiser state,
+  and the bytes of activations autograd saves for the backward pass (counted exactly through
+  ``torch.autograd.graph.saved_tensors_hooks``, each storage once).  A method that starts
+  back-propagating through its frozen backbone, or doubles its trainable parameters, changes these
+  at once;
+* **ratios measured side by side** — e.g. READ's step time over full fine-tuning's, timed in
+  alternation in one process, so a slow machine slows both.
+
+Absolute times are reported for information and never asserted.  The baseline is a JSON file with
+a tolerance per figure; ``petlprof.pytest_plugin`` exposes all this to a user's own pytest suite.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from petlprof.backbones import load_backbone
+from petlprof.meters import synchronize
+from petlprof.modeling import SequenceClassifier
+from petlprof.registry import get_method
+
+SENTENCE = "the quick brown fox jumps over the lazy dog and keeps running through the field"
+
+
+@dataclass
+class StepProfile:
+    """Cost figures of one training step and one inference batch of a method (units in names)."""
+
+    method: str
+    backbone: str
+    batch_size: int
+    seq_len: int
+    trainable_params: int
+    total_params: int
+    weight_bytes: int
+    grad_bytes: int
+    optimizer_state_bytes: int
+    saved_activation_bytes: int
+
+    @property
+    def training_tensor_bytes(self) -> int:
+        """A deterministic model of training memory: weights + gradients + AdamW state + saved activations."""
+        return self.weight_bytes + self.grad_bytes + self.optimizer_state_bytes + self.saved_activation_bytes
+
+    def figures(self) -> dict[str, int]:
+        return {**{k: v for k, v in asdict(self).items() if isinstance(v, int)},
+                "training_tensor_bytes": self.training_tensor_bytes}
+
+
+class MethodStep:
+    """A method applied to a backbone, with a fixed batch, ready to time or profile."""
+
+    def __init__(self, method: str, backbone: str = "tiny-bert", *, batch_size: int = 16, seq_len: int = 64,
+                 num_layers: int | None = None, device: str = "cpu", method_config: dict | None = None,
+                 lr: float = 1e-4):
+        spec = get_method(method)
+        torch.manual_seed(0)
+        self.backbone = load_backbone(backbone, num_layers=num_layers)
+        classifier = SequenceClassifier(self.backbone, num_labels=2)
+        self.model = spec.build()(classifier, spec.make_config(method_config or {})).to(device)
+        self.method, self.backbone_name, self.device = method, backbone, device
+        batch = self.backbone.tokenizer([SENTENCE] * batch_size, padding="max_length", truncation=True,
+                                        max_length=seq_len, return_tensors="pt")
+        self.inputs = {k: batch[k].to(device) for k in ("input_ids", "attention_mask")}
+        self.labels = torch.arange(batch_size, device=device) % 2
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=lr)
+        self.batch_size, self.seq_len = batch_size, seq_len
+
+    def train_step(self) -> None:
+        self.model.train()
+        loss = torch.nn.functional.cross_entropy(self.model(**self.inputs), self.labels)
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        synchronize(self.device)
+
+    @torch.no_grad()
+    def infer_batch(self) -> None:
+        self.model.eval()
+        self.model(**self.inputs)
+        synchronize(self.device)
+
+    def profile(self) -> StepProfile:
+        self.train_step()  # materialise the optimiser state
+        trainable = sum(p.numel() for p in self.params)
+        state = sum(t.numel() * t.element_size() for s in self.optimizer.state.values()
+                    for t in s.values() if torch.is_tensor(t) and t.dim() > 0)
+        return StepProfile(
+            method=self.method, backbone=self.backbone_name, batch_size=self.batch_size, seq_len=self.seq_len,
+            trainable_params=trainable, total_params=sum(p.numel() for p in self.model.parameters()),
+            weight_bytes=sum(p.numel() * p.element_size() for p in self.model.parameters()),
+            grad_bytes=sum(p.numel() * p.element_size() for p in self.params),
+            optimizer_state_bytes=state, saved_activation_bytes=self.saved_activation_bytes())
+
+    def saved_activation_bytes(self) -> int:
+        """Bytes of the tensors autograd keeps for backward in one training forward, each storage once,
+        parameters excluded (they are counted as weights)."""
+        param_storages = {p.untyped_storage().data_ptr() for p in self.model.parameters()}
+        seen: dict[int, int] = {}
+
+        def pack(tensor):
+            storage = tensor.untyped_storage()
+            if storage.data_ptr() not in param_storages:
+                seen[storage.data_ptr()] = max(seen.get(storage.data_ptr(), 0), storage.nbytes())
+            return tensor
+
+        self.model.train()
+        torch.manual_seed(0)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            loss = torch.nn.functional.cross_entropy(self.model(**self.inputs), self.labels)
+        total = sum(seen.values())
+        del loss
+        return total
+
+
+def time_alternating(functions: dict[str, Callable[[], None]], rounds: int = 10,
+                     warmup: int = 2) -> dict[str, float]:
+    """Median seconds per call of each function, called in alternation so drift hits all alike."""
+    for _ in range(warmup):
+        for fn in functions.values():
+            fn()
+    samples: dict[str, list[float]] = {name: [] for name in functions}
+    for _ in range(rounds):
+        for name, fn in functions.items():
+            t0 = time.perf_counter()
+            fn()
+            samples[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+class Baseline:
+    """Committed reference figures with tolerances: ``{"figures": {key: {"value": v, "rtol": r}}}``.
+
+    A figure may exceed its value by at most ``rtol`` (relative); lower is always fine — a cost
+    that drops is an improvement, refreshed with ``--petlprof-update-baseline``.
+    """
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.data: dict[str, Any] = json.loads(self.path.read_text()) if self.path.exists() else {"figures": {}}
+        self.data.setdefault("figures", {})
+
+    def check(self, key: str, value: float) -> str | None:
+        """None when within tolerance (or no baseline yet); otherwise the failure message."""
+        entry = self.data["figures"].get(key)
+        if entry is None:
+            return None
+        limit = entry["value"] * (1 + entry["rtol"])
+        if value > limit:
+            return (f"{key} = {value:g} exceeds the baseline {entry['value']:g} by more than "
+                    f"{entry['rtol']:.0%} (limit {limit:g})")
+        return None
+
+    def has(self, key: str) -> bool:
+        return key in self.data["figures"]
+
+    def record(self, key: str, value: float, rtol: float) -> None:
+        self.data["figures"][key] = {"value": value, "rtol": rtol}
+
+    def save(self) -> None:
+        self.data["figures"] = dict(sorted(self.data["figures"].items()))
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(json.dumps(self.data, indent=2) + "\n")

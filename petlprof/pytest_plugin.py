@@ -1,0 +1,102 @@
+"""pytest plugin (auto-loaded where petlprof is installed): the ``petlprof_bench`` fixture.
+
+It lets any test suite guard a fine-tuning method's cost against a committed baseline::
+
+    def test_my_method_stays_cheap(petlprof_bench):
+        profile = petlprof_bench.profile("my_method", backbone="tiny-bert")
+        petlprof_bench.check(profile)                                     # deterministic figures
+        petlprof_bench.check_ratio("my_method", "full", backbone="tiny-bert")  # step time vs full
+
+``pytest --petlprof-update-baseline`` writes the figures measured now into the baseline file
+(``--petlprof-baseline``, default ``petlprof-baseline.json`` in the rootdir).  A figure with no
+baseline entry yet is recorded in the test report and does not fail, so a fresh clone or a new
+method never fails for want of history.  Importing this module does not import torch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+DETERMINISTIC_RTOL = 0.05  # allowed growth of parameter and byte counts (library versions move them a little)
+RATIO_RTOL = 0.5  # allowed growth of a side-by-side time ratio on a noisy shared machine
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("petlprof", "petlprof cost regression checks")
+    group.addoption("--petlprof-baseline", default=None,
+                    help="baseline JSON for petlprof_bench checks (default: the petlprof_baseline ini "
+                    "option, else <rootdir>/petlprof-baseline.json)")
+    group.addoption("--petlprof-update-baseline", action="store_true", default=False,
+                    help="write the figures measured now into the baseline instead of checking them")
+    parser.addini("petlprof_baseline", "baseline JSON for petlprof_bench checks, relative to the rootdir")
+
+
+class PetlprofBench:
+    """What the ``petlprof_bench`` fixture hands a test."""
+
+    def __init__(self, baseline, update: bool, request):
+        self.baseline, self.update, self.request = baseline, update, request
+        self.failures: list[str] = []
+
+    def profile(self, method: str, backbone: str = "tiny-bert", **kwargs):
+        from petlprof.bench import MethodStep
+
+        return MethodStep(method, backbone, **kwargs).profile()
+
+    def _compare(self, key: str, value: float, rtol: float) -> None:
+        self.request.node.user_properties.append((key, value))
+        if self.update:
+            self.baseline.record(key, value, rtol)
+        elif not self.baseline.has(key):
+            self.request.node.user_properties.append((f"{key} (no baseline yet)", value))
+        elif message := self.baseline.check(key, value):
+            self.failures.append(message)
+
+    def check(self, profile, rtol: float = DETERMINISTIC_RTOL) -> None:
+        """Compare trainable params and tensor bytes of a profile with the baseline."""
+        prefix = f"{profile.method}/{profile.backbone}/b{profile.batch_size}x{profile.seq_len}"
+        for name in ("trainable_params", "saved_activation_bytes", "training_tensor_bytes"):
+            self._compare(f"{prefix}/{name}", getattr(profile, name), rtol)
+        self._raise_failures()
+
+    def check_ratio(self, method: str, reference: str = "full", backbone: str = "tiny-bert", rounds: int = 10,
+                    rtol: float = RATIO_RTOL, **kwargs) -> float:
+        """Time one training step of ``method`` and of ``reference`` in alternation; check the ratio."""
+        from petlprof.bench import MethodStep, time_alternating
+
+        steps = {name: MethodStep(name, backbone, **kwargs) for name in (method, reference)}
+        times = time_alternating({name: step.train_step for name, step in steps.items()}, rounds=rounds)
+        ratio = times[method] / times[reference]
+        self._compare(f"{method}/{reference}/{backbone}/step_time_ratio", ratio, rtol)
+        self._raise_failures()
+        return ratio
+
+    def check_value(self, key: str, value: float, rtol: float) -> None:
+        """Compare any other figure (lower is better) with the baseline."""
+        self._compare(key, value, rtol)
+        self._raise_failures()
+
+    def _raise_failures(self) -> None:
+        if self.failures:
+            failures, self.failures = self.failures, []
+            pytest.fail("cost regression:\n" + "\n".join(failures), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def _petlprof_baseline(request):
+    from petlprof.bench import Baseline
+
+    option = request.config.getoption("--petlprof-baseline")
+    ini = request.config.getini("petlprof_baseline")
+    path = Path(option) if option else Path(request.config.rootpath) / (ini or "petlprof-baseline.json")
+    baseline = Baseline(path)
+    yield baseline
+    if request.config.getoption("--petlprof-update-baseline"):
+        baseline.save()
+
+
+@pytest.fixture
+def petlprof_bench(_petlprof_baseline, request):
+    return PetlprofBench(_petlprof_baseline, request.config.getoption("--petlprof-update-baseline"), request)

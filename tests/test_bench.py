@@ -1,0 +1,64 @@
+"""The cost-regression machinery: baseline semantics, the deterministic figures, and the
+``petlprof_bench`` fixture as a user's suite sees it (fresh machine, update, regression)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from petlprof.bench import Baseline, MethodStep
+
+pytest_plugins = ["pytester"]
+
+
+@pytest.mark.parametrize("value, failed", [(100, False), (104.9, False), (90, False), (106, True)])
+def test_baseline_allows_growth_up_to_the_tolerance(tmp_path, value, failed):
+    baseline = Baseline(tmp_path / "b.json")
+    baseline.record("x", 100, rtol=0.05)
+    message = baseline.check("x", value)
+    assert (message is not None) == failed
+    if failed:
+        assert "exceeds the baseline 100 by more than 5%" in message
+
+
+def test_missing_entries_never_fail_and_save_round_trips(tmp_path):
+    baseline = Baseline(tmp_path / "nope" / "b.json")
+    assert baseline.check("unknown", 1e9) is None
+    baseline.record("b", 2, 0.1)
+    baseline.save()
+    assert json.loads((tmp_path / "nope" / "b.json").read_text()) == {"figures": {"b": {"value": 2, "rtol": 0.1}}}
+
+
+def test_read_saves_far_fewer_activations_than_full():
+    # the pretrained slice: on 64-wide tiny presets a 128-wide READ RNN saves more than the backbone does
+    read = MethodStep("read", "minilm", num_layers=2, batch_size=4, seq_len=16).profile()
+    full = MethodStep("full", "minilm", num_layers=2, batch_size=4, seq_len=16).profile()
+    assert read.trainable_params < full.trainable_params / 10
+    assert read.grad_bytes == 4 * read.trainable_params and read.optimizer_state_bytes == 2 * read.grad_bytes
+    assert 0 < read.saved_activation_bytes < full.saved_activation_bytes
+    assert full.training_tensor_bytes > 3 * read.training_tensor_bytes
+
+
+USER_TEST = '''
+def test_cost(petlprof_bench):
+    petlprof_bench.check(petlprof_bench.profile("read", batch_size=4, seq_len=16))
+'''
+
+
+def test_fixture_on_a_fresh_machine_then_update_then_regression(pytester):
+    pytester.makepyfile(test_user=USER_TEST)
+    fresh = pytester.runpytest("-p", "no:cacheprovider")
+    fresh.assert_outcomes(passed=1)  # no baseline yet: recorded, not failed
+    updated = pytester.runpytest("-p", "no:cacheprovider", "--petlprof-update-baseline")
+    updated.assert_outcomes(passed=1)
+    path = pytester.path / "petlprof-baseline.json"
+    figures = json.loads(path.read_text())["figures"]
+    assert set(figures) == {f"read/tiny-bert/b4x16/{k}" for k in
+                            ("trainable_params", "saved_activation_bytes", "training_tensor_bytes")}
+    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
+    figures["read/tiny-bert/b4x16/trainable_params"]["value"] //= 2  # as if the method had doubled
+    path.write_text(json.dumps({"figures": figures}))
+    regressed = pytester.runpytest("-p", "no:cacheprovider")
+    regressed.assert_outcomes(failed=1)
+    regressed.stdout.fnmatch_lines(["*cost regression*", "*trainable_params = 115906 exceeds the baseline*"])
