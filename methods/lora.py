@@ -30,6 +30,11 @@ class LoraConfig:
         if targets is not None and not (isinstance(targets, list) and all(isinstance(t, str) for t in targets)):
             raise UsageError(f"lora target_modules must be a list of module names, got {targets!r}")
 
+    def check_width(self, width: int, backbone: str) -> None:
+        if self.r > width:
+            raise UsageError(f"lora r {self.r} is larger than the width {width} of backbone '{backbone}'; "
+                             f"use r <= {width}")
+
 
 def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)

@@ -11,6 +11,7 @@ profiling and tests only) and borrow its tokenizer, so nothing is ever downloade
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,15 +74,31 @@ def minilm_path() -> Path:
 
 def check_backbone(spec: str) -> None:
     """Cheap validation before anything runs: a preset, an existing folder, or a hub-id-shaped name."""
-    if spec in BACKBONES or Path(spec).is_dir():
+    if spec in BACKBONES:
         return
-    if Path(spec).exists():
-        raise UsageError(f"backbone path '{spec}' is not a folder with a config.json")
+    path = Path(spec)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise UsageError(f"backbone folder '{spec}' holds no config.json, so it is not a transformers model")
+        return
+    if path.exists():
+        raise UsageError(f"backbone path '{spec}' is a file, not a model folder with a config.json")
+    if spec.startswith((".", "/", "~")) or os.sep + os.sep in spec or spec.count("/") > 1:
+        raise UsageError(f"backbone folder '{spec}' does not exist")
     close_to_preset = unknown_choice("backbone", spec, BACKBONES).args[0]
     if "/" not in spec and "did you mean" in close_to_preset:
         raise UsageError(close_to_preset + " Or give a local model folder or a Hugging Face id.")
     if not _HUB_ID.match(spec):
         raise unknown_choice("backbone", spec, BACKBONES, extra="Or give a local model folder or a Hugging Face id.")
+
+
+def backbone_width(spec: str) -> int:
+    """Hidden size of a backbone, read from its config only (no weights)."""
+    if spec in BACKBONES and spec != "minilm":
+        return 64
+    from transformers import AutoConfig
+
+    return int(AutoConfig.from_pretrained(str(minilm_path()) if spec == "minilm" else spec).hidden_size)
 
 
 def family_of(config) -> str:

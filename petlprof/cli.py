@@ -7,6 +7,7 @@ A :class:`~petlprof.errors.UsageError` is printed as one line and exits with cod
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
@@ -22,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="petlprof", description="Energy, memory and latency profiling of "
                                      "parameter-efficient fine-tuning methods.")
     parser.add_argument("--version", action="version", version=f"petlprof {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an input error")
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="train and evaluate methods under the meters; write results and a report")
@@ -52,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "skips runs already recorded")
     run.add_argument("--in-process", action="store_true", default=None,
                      help="run everything in this process (debugging; memory figures then depend on run order)")
+    run.add_argument("--timeout", type=float, help="seconds a run may take before it is killed and recorded 'timeout'")
+    run.add_argument("--max-memory", help="memory a run may allocate beyond the runtime, e.g. 2GiB (CUDA: "
+                     "per-process fraction; CPU: address-space limit of the run's process); past it the run is 'oom'")
     run.add_argument("--config", help="TOML or YAML file with the same options (underscores for dashes)")
 
     sub.add_parser("list", help="show methods, tasks, backbones and meters (and whether each meter works here)")
@@ -62,11 +67,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(Exception):
+    """Raised in the sweep process by SIGTERM, so the run in flight is stopped and recorded."""
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated()
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from petlprof.config import build_options, default_output_dir, expand, load_config_file, \
-        parse_method_overrides, preflight, resolve_device
+        parse_bytes, parse_method_overrides, preflight, resolve_device
 
-    cli_values = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
+    cli_values = {k: v for k, v in vars(args).items() if k not in ("command", "config", "debug")}
     cli_values["method_config"] = parse_method_overrides(args.method_config) if args.method_config else None
     file_values = load_config_file(args.config) if args.config else {}
     options = build_options(file_values, cli_values)
@@ -74,31 +87,66 @@ def cmd_run(args: argparse.Namespace) -> int:
     preflight(options, device)
     specs = expand(options, device)
     out_dir = Path(options.output) if options.output else default_output_dir()
+    max_memory = parse_bytes(options.max_memory)
 
-    from petlprof.report import load_records, write_report
     from petlprof.runner import execute, execute_in_subprocess
-    from petlprof.store import RESULTS_FILE, append_record, finished_keys
+    from petlprof.store import RESULTS_FILE, StoreLock, check_writable, finished_keys
 
+    check_writable(out_dir)
     store = out_dir / RESULTS_FILE
-    done = finished_keys(store)
-    todo = [s for s in specs if s.run_key not in done]
-    print(f"petlprof: {len(specs)} run(s) on {device}; {len(specs) - len(todo)} already in {store}; "
-          f"writing to {out_dir}", file=sys.stderr)
+    with StoreLock(out_dir) as lock:
+        if lock.taken_over is not None:
+            print(f"petlprof: took over the lock of a petlprof run that is gone ({lock.taken_over})", file=sys.stderr)
+        done = finished_keys(store)
+        todo = [s for s in specs if s.run_key not in done]
+        print(f"petlprof: {len(specs)} run(s) on {device}; {len(specs) - len(todo)} already in {store}; "
+              f"writing to {out_dir}", file=sys.stderr)
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+        try:
+            failed = _sweep(todo, store, options, max_memory, execute, execute_in_subprocess)
+        except (KeyboardInterrupt, Terminated) as exc:
+            code = 130 if isinstance(exc, KeyboardInterrupt) else 143
+            print(f"\npetlprof: interrupted; finished runs are in {store}. Resume with the same command "
+                  f"(with --output {out_dir}): recorded runs are skipped.", file=sys.stderr)
+            return code
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        _finish(store, out_dir)
+    return 1 if failed else 0
+
+
+def _sweep(todo, store, options, max_memory, execute, execute_in_subprocess) -> int:
+    from petlprof.runner import cancelled_record
+    from petlprof.store import append_record
+
     failed = 0
     for index, spec in enumerate(todo, 1):
         print(f"[{index}/{len(todo)}] {spec.method} on {spec.backbone} / {spec.task}, seed {spec.seed}",
               file=sys.stderr)
-        record = execute(spec) if options.in_process else execute_in_subprocess(spec)
+        try:
+            if options.in_process:
+                record = execute(spec, max_memory_bytes=None)
+            else:
+                record = execute_in_subprocess(spec, timeout_s=options.timeout, max_memory_bytes=max_memory)
+        except (KeyboardInterrupt, Terminated) as exc:
+            append_record(store, cancelled_record(spec, "SIGINT" if isinstance(exc, KeyboardInterrupt) else "SIGTERM"))
+            raise
         append_record(store, record)
         if record["status"] != "ok":
             failed += 1
             print(f"  {record['status']}: {record['error']}", file=sys.stderr)
-    records = load_records([store])
-    _print_summary(records)
+    return failed
+
+
+def _finish(store: Path, out_dir: Path) -> None:
+    from petlprof.report import load_records, write_report
+
+    skipped: list[str] = []
+    records = load_records([store], skipped)
+    _print_summary(records, skipped)
     for path in write_report(records, out_dir):
         print(f"wrote {path}", file=sys.stderr)
     print(f"wrote {store}", file=sys.stderr)
-    return 1 if failed else 0
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -133,18 +181,23 @@ def cmd_report(args: argparse.Namespace) -> int:
     from petlprof.report import load_records, write_report
 
     paths = [Path(d) for d in args.dirs]
-    records = load_records(paths)
+    skipped: list[str] = []
+    records = load_records(paths, skipped)
     first = paths[0] if paths[0].is_dir() else paths[0].parent
     out_dir = Path(args.output) if args.output else first
-    _print_summary(records)
+    _print_summary(records, skipped)
     for path in write_report(records, out_dir):
         print(f"wrote {path}", file=sys.stderr)
     return 0
 
 
-def _print_summary(records: list[dict]) -> None:
+def _print_summary(records: list[dict], skipped: list[str]) -> None:
     from petlprof.report import run_warnings, summary_table
 
+    if skipped:
+        print(f"petlprof: skipped {len(skipped)} unusable line(s) of the results:", file=sys.stderr)
+        for line in skipped[:10]:
+            print(f"  {line}", file=sys.stderr)
     print(summary_table(records, fmt="text"))
     estimated = {r["train"].get("energy_model") for r in records
                  if isinstance(r.get("train"), dict) and r["train"].get("energy_kind") == "estimated"}
@@ -160,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return handler(args)
     except UsageError as exc:
+        if args.debug:
+            raise
         print(f"petlprof: error: {exc}", file=sys.stderr)
         return 2
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +44,8 @@ class RunOptions:
     energy_meter: str = "auto"
     output: str | None = None
     in_process: bool = False
+    timeout: float | None = None  # seconds per run; not part of a run's identity
+    max_memory: str | int | None = None  # per run, e.g. "2GiB"; not part of a run's identity
     method_config: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @classmethod
@@ -115,6 +118,10 @@ def build_options(file_values: dict[str, Any], cli_values: dict[str, Any]) -> Ru
             values[key] = _as_list(values[key])
     if "seeds" in values:
         values["seeds"] = [int(s) if isinstance(s, str) and s.isdigit() else s for s in values["seeds"]]
+    for key in ("methods", "backbone", "task"):
+        for item in values.get(key, []):
+            if not isinstance(item, str):
+                raise UsageError(f"option '{key}' must name strings, got {item!r}")
     if "methods" in values:
         values["methods"] = list(dict.fromkeys(values["methods"]))  # a method named twice runs once
     if cli_values.get("method_config"):
@@ -176,12 +183,33 @@ def validate(options: RunOptions) -> None:
     for name in ("max_steps", "train_size", "eval_size", "num_layers"):
         _check_int(name, getattr(options, name), 1, allow_none=True)
     _check_int("warmup_steps", options.warmup_steps, 0)
+    if options.timeout is not None and (isinstance(options.timeout, bool) or not isinstance(options.timeout, (int, float))
+                                        or options.timeout <= 0):
+        raise UsageError(f"--timeout must be a positive number of seconds, got {options.timeout!r}")
+    parse_bytes(options.max_memory)
+    if options.in_process and (options.timeout is not None or options.max_memory is not None):
+        raise UsageError("--timeout and --max-memory act on a run's own process; they cannot be used with --in-process")
     if options.lr is not None and not (isinstance(options.lr, (int, float)) and options.lr > 0):
         raise UsageError(f"--lr must be a positive number, got {options.lr!r}")
     if options.device not in DEVICES and not options.device.startswith("cuda:"):
         raise unknown_choice("device", options.device, DEVICES)
     if options.energy_meter != "auto" and options.energy_meter not in ENERGY_METERS:
         raise unknown_choice("energy meter", options.energy_meter, [*ENERGY_METERS, "auto"])
+
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+
+
+def parse_bytes(value: str | int | None) -> int | None:
+    """``"2GiB"``, ``"500MB"``, ``"1.5g"`` or a plain number of bytes; None stays None."""
+    if value is None:
+        return None
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
+    unit = match.group(2).lower() if match else None
+    if not match or unit not in _UNITS or float(match.group(1)) <= 0:
+        raise UsageError(f"--max-memory '{value}' is not a positive size; use e.g. 2GiB, 500MB or a number of bytes")
+    return int(float(match.group(1)) * _UNITS[unit])
 
 
 def resolve_device(device: str) -> str:
@@ -220,6 +248,15 @@ def preflight(options: RunOptions, device: str) -> None:
                 first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
                 raise UsageError(f"cannot load backbone '{spec}': {first}. Valid presets: {', '.join(BACKBONES)}; "
                                  "or a local model folder.") from None
+    from petlprof.backbones import backbone_width
+    from petlprof.registry import get_method
+
+    for spec in options.backbone:
+        width = backbone_width(spec)
+        for method in options.methods:
+            config = get_method(method).make_config(options.method_config.get(method, {}))
+            if hasattr(config, "check_width"):
+                config.check_width(width, spec)
     for task in options.task:
         load_task(task, train_size=options.train_size, eval_size=options.eval_size, data_dir=options.data_dir,
                   text_column=options.text_column, text_pair_column=options.text_pair_column,

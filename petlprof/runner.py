@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -80,17 +81,33 @@ def _base_record(spec: RunSpec) -> dict[str, Any]:
     }
 
 
-def execute(spec: RunSpec) -> dict[str, Any]:
-    """Run one spec in this process; always returns a record (status ``ok``, ``failed`` or ``oom``)."""
+def cancelled_record(spec: RunSpec, signal_name: str) -> dict[str, Any]:
+    """The record of a run stopped by the user; ``petlprof run`` retries it on resume."""
     record = _base_record(spec)
+    record.update(status="cancelled", error=f"stopped by {signal_name}; not finished", finished_at=_now())
+    return record
+
+
+def execute(spec: RunSpec, max_memory_bytes: int | None = None) -> dict[str, Any]:
+    """Run one spec in this process; always returns a record (status ``ok``, ``failed`` or ``oom``).
+
+    ``max_memory_bytes`` caps what the run may allocate beyond the imported runtime (CUDA: a
+    per-process memory fraction; CPU: the address-space limit of this process, so use it in a
+    worker process only).  A KeyboardInterrupt is not caught: the caller records ``cancelled``.
+    """
+    from petlprof.train import PROGRESS
+
+    record = _base_record(spec)
+    PROGRESS.update(phase="setup", step=None)
     t0 = time.perf_counter()
     try:
-        record.update(_execute(spec))
+        record.update(_execute(spec, max_memory_bytes))
         record["status"] = "ok"
     except Exception as exc:  # a failed run is a result, not a crash of the sweep
         record["status"] = "oom" if _is_oom(exc) else "failed"
         record["error"] = f"{type(exc).__name__}: {exc}".strip()
         record["traceback"] = traceback.format_exc(limit=20)
+        record["failed_at"] = {**PROGRESS, **_memory_now(spec.device)}
     record["finished_at"] = _now()
     record["wall_time_s"] = time.perf_counter() - t0
     from petlprof.envinfo import environment
@@ -103,10 +120,44 @@ def execute(spec: RunSpec) -> dict[str, Any]:
 
 
 def _is_oom(exc: BaseException) -> bool:
-    return isinstance(exc, MemoryError) or "out of memory" in str(exc).lower()
+    text = str(exc).lower()
+    return isinstance(exc, MemoryError) or "out of memory" in text or "can't allocate memory" in text
 
 
-def _execute(spec: RunSpec) -> dict[str, Any]:
+def _memory_now(device: str) -> dict[str, Any]:
+    """Memory figures at the moment of a failure (bytes)."""
+    from petlprof.meters.memory import _status_kib
+
+    figures = {"rss_bytes": (_status_kib("VmRSS") or 0) * 1024, "peak_rss_bytes": (_status_kib("VmHWM") or 0) * 1024}
+    if device.startswith("cuda"):
+        import torch
+
+        figures.update(cuda_allocated_bytes=int(torch.cuda.memory_allocated(device)),
+                       cuda_peak_allocated_bytes=int(torch.cuda.max_memory_allocated(device)))
+    return figures
+
+
+def _cap_memory(device: str, max_memory_bytes: int) -> None:
+    if device.startswith("cuda"):
+        import torch
+
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, max_memory_bytes / total), device)
+        return
+    import resource
+
+    import torch
+
+    from petlprof.meters.memory import _status_kib
+
+    # start the OpenMP thread pool first: thread stacks are address space, and a pool that cannot
+    # start under the cap aborts the process instead of raising
+    torch.mm(torch.ones(512, 512), torch.ones(512, 512))
+    address_space = (_status_kib("VmSize") or 0) * 1024
+    resource.setrlimit(resource.RLIMIT_AS, (address_space + max_memory_bytes, resource.RLIM_INFINITY))
+
+
+def _execute(spec: RunSpec, max_memory_bytes: int | None) -> dict[str, Any]:
     # library code is imported before the memory baseline: it is the runtime's memory, not the run's
     import datasets  # noqa: F401
     import pandas  # noqa: F401
@@ -125,6 +176,8 @@ def _execute(spec: RunSpec) -> dict[str, Any]:
 
     release_free_memory()
     runtime_baseline = rss_bytes()  # Python + torch/transformers/peft code, before any model or data exists
+    if max_memory_bytes is not None:
+        _cap_memory(spec.device, max_memory_bytes)
     method = get_method(spec.method)
     method_config = method.make_config(spec.method_config)
     lr = spec.lr if spec.lr is not None else method.default_lr
@@ -189,30 +242,72 @@ def _execute(spec: RunSpec) -> dict[str, Any]:
     }
 
 
-def execute_in_subprocess(spec: RunSpec) -> dict[str, Any]:
-    """Run ``spec`` in a fresh interpreter; a crash becomes a ``failed`` record."""
+def execute_in_subprocess(spec: RunSpec, *, timeout_s: float | None = None,
+                          max_memory_bytes: int | None = None) -> dict[str, Any]:
+    """Run ``spec`` in a fresh interpreter and return its record.
+
+    A crash becomes ``failed`` (``oom`` when the kernel killed it), a run past ``timeout_s`` is
+    killed and recorded ``timeout``.  If this process is interrupted (KeyboardInterrupt, or the
+    exception a SIGTERM handler raises), the child is stopped before the exception propagates; the
+    child also dies with this process if it is killed outright.
+    """
     with tempfile.TemporaryDirectory(prefix="petlprof-run-") as tmp:
         spec_path, out_path = Path(tmp) / "spec.json", Path(tmp) / "record.json"
-        spec_path.write_text(json.dumps(spec.to_dict()))
+        spec_path.write_text(json.dumps({"spec": spec.to_dict(), "max_memory_bytes": max_memory_bytes}))
         cmd = [sys.executable, "-m", "petlprof.worker", str(spec_path), str(out_path)]
-        tail = bytearray()
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=None, stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        raw = getattr(sys.stderr, "buffer", None)  # notebooks' stderr takes text only
-        while chunk := proc.stderr.read1(4096):  # forward progress bars, keep a tail for errors
-            if raw is not None:
-                raw.write(chunk)
-            else:
-                sys.stderr.write(chunk.decode(errors="replace"))
-            sys.stderr.flush()
-            tail = (tail + chunk)[-8000:]
-        returncode = proc.wait()
+        tail = bytearray()
+        pump = threading.Thread(target=_forward, args=(proc.stderr, tail), daemon=True)
+        pump.start()
+        try:
+            returncode = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _stop(proc)
+            pump.join(5)
+            record = _base_record(spec)
+            record.update(status="timeout", error=f"run exceeded --timeout {timeout_s:g} s and was killed",
+                          finished_at=_now(), wall_time_s=time.perf_counter() - t0)
+            return record
+        except BaseException:
+            _stop(proc)
+            raise
+        pump.join(5)
         if out_path.exists():
             return json.loads(out_path.read_text())
         record = _base_record(spec)
         text = tail.decode(errors="replace").strip().splitlines()
-        reason = "killed (out of memory?)" if returncode in (-9, 137) else f"worker exited with code {returncode}"
+        killed = returncode in (-9, 137) or (max_memory_bytes is not None and _memory_words(text))
+        reason = f"worker ended with code {returncode}" + (" (out of memory?)" if killed else "")
         record.update(error=f"{reason}: {text[-1] if text else 'no output'}", stderr_tail="\n".join(text[-30:]),
-                      status="oom" if returncode in (-9, 137) else "failed", finished_at=_now(),
+                      status="oom" if killed else "failed", finished_at=_now(),
                       wall_time_s=time.perf_counter() - t0)
         return record
+
+
+def _memory_words(lines: list[str]) -> bool:
+    """The last lines of a dead worker speak of memory or of resources the memory cap denied."""
+    text = " ".join(lines[-5:]).lower()
+    return any(w in text for w in ("memory", "resource temporarily unavailable", "cannot allocate"))
+
+
+def _forward(stream, tail: bytearray) -> None:
+    """Copy the child's stderr (progress bars) to ours, keeping the last 8 kB for error records."""
+    raw = getattr(sys.stderr, "buffer", None)  # notebooks' stderr takes text only
+    while chunk := stream.read1(4096):
+        if raw is not None:
+            raw.write(chunk)
+        else:
+            sys.stderr.write(chunk.decode(errors="replace"))
+        sys.stderr.flush()
+        tail[:] = (tail + chunk)[-8000:]
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

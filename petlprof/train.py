@@ -21,6 +21,9 @@ from tqdm.auto import tqdm
 
 from petlprof.meters import Window, synchronize
 
+# Where the run is, for the record of a run that fails: {"phase": "train"|"eval", "step": int}
+PROGRESS: dict[str, Any] = {"phase": None, "step": None}
+
 
 @dataclass
 class Batches:
@@ -66,7 +69,7 @@ def percentiles(latencies: list[float]) -> dict[str, float | None]:
 
 
 def _phase_summary(window: Window, latencies, steps, samples, warmup, requested_warmup) -> dict[str, Any]:
-    warnings = list(window.reading.pop("energy_warnings", []))
+    warnings = list(window.reading.pop("energy_warnings", None) or []) + window.reading.pop("meter_errors", [])
     if warmup < requested_warmup:
         warnings.append(f"only {warmup} of the {requested_warmup} requested warm-up steps were excluded: the "
                         "phase is too short, so its figures include start-up costs")
@@ -106,6 +109,7 @@ def train(model, batches: Batches, *, epochs: int, max_steps: int | None, lr: fl
     with tqdm(total=total, desc=desc, unit="step", leave=True, dynamic_ncols=True) as bar:
         for epoch in range(math.ceil(total / len(batches))):
             for inputs, labels in batches.iterate(device, shuffle_seed=seed * 1000 + epoch):
+                PROGRESS.update(phase="train", step=step)
                 if step == warmup:
                     window.__enter__()
                 synchronize(device)
@@ -144,6 +148,7 @@ def evaluate(model, batches: Batches, *, device: str, meters: list, warmup_steps
     window = Window(meters, device)
     for step, (inputs, labels) in enumerate(tqdm(batches.iterate(device), total=len(batches), desc=desc,
                                                  unit="batch", dynamic_ncols=True)):
+        PROGRESS.update(phase="eval", step=step)
         if step == warmup:
             window.__enter__()
         synchronize(device)

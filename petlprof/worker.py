@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
+import os
+import signal
 import sys
 import warnings
 from pathlib import Path
@@ -12,13 +15,28 @@ from petlprof.runner import RunSpec, execute
 
 def main(argv: list[str]) -> int:
     spec_path, out_path = (Path(p) for p in argv)
+    _die_with_parent()
     # PEFT calls a transformers API that transformers 5 deprecated; the warning is not the user's to act on
     warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-    record = execute(RunSpec(**json.loads(spec_path.read_text())))
+    job = json.loads(spec_path.read_text())
+    try:
+        record = execute(RunSpec(**job["spec"]), max_memory_bytes=job.get("max_memory_bytes"))
+    except KeyboardInterrupt:  # Ctrl-C reaches the whole process group; the sweep records the cancel
+        return 130
     tmp = out_path.with_suffix(".tmp")
     tmp.write_text(json.dumps(record))
     tmp.replace(out_path)
     return 0
+
+
+def _die_with_parent() -> None:
+    """Linux: get SIGKILL when the sweep process dies, so a killed sweep leaves no orphan run behind."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() == 1:  # the parent died before prctl took effect
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,12 @@ def run_cli(args, capsys):
     (["--methods", "read", "--method-config", "lora.r=4"], "unknown method in method_config 'lora'"),
     (["--methods", "read", "--method-config", "read"], "must look like METHOD.FIELD=VALUE"),
     ([], "no method given"),
+    (["--methods", "lora", "--backbone", "tiny-bert", "--method-config", "lora.r=65"],
+     "lora r 65 is larger than the width 64 of backbone 'tiny-bert'"),
+    (["--methods", "read", "--backbone", "./no/such/model"], "backbone folder './no/such/model' does not exist"),
+    (["--methods", "read", "--max-memory", "lots"], "--max-memory 'lots' is not a positive size"),
+    (["--methods", "read", "--timeout", "-3"], "--timeout must be a positive number of seconds, got -3.0"),
+    (["--methods", "read", "--timeout", "60", "--in-process"], "cannot be used with --in-process"),
 ])
 def test_bad_input_is_one_line_exit_2_nothing_written(args, expected, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -108,7 +114,7 @@ def test_config_file_method_options_reach_the_runs(capsys, tmp_path, monkeypatch
 
     seen = []
 
-    def fake_execute(spec):
+    def fake_execute(spec, **limits):
         seen.append(spec)
         return {"schema_version": 1, "run_key": spec.run_key, "status": "failed", "error": "fake",
                 "method": spec.method, "method_config": spec.method_config, "seed": spec.seed}
@@ -172,3 +178,18 @@ def test_preflight_errors_come_before_anything_is_written(args, expected, capsys
     code, _, err = run_cli(["run", "--methods", "read", *args, "--output", str(tmp_path / "out")], capsys)
     assert code == 2 and expected in err
     assert not (tmp_path / "out").exists()
+
+
+def test_debug_shows_the_traceback_of_an_input_error(capsys):
+    from petlprof.errors import UsageError
+
+    with pytest.raises(UsageError, match="unknown method 'raed'"):
+        main(["--debug", "run", "--methods", "raed"])
+
+
+@pytest.mark.parametrize("text, expected", [("2GiB", 2 * 2**30), ("500MB", 500 * 10**6), ("1.5g", int(1.5 * 2**30)),
+                                            ("1048576", 2**20), (None, None)])
+def test_memory_sizes(text, expected):
+    from petlprof.config import parse_bytes
+
+    assert parse_bytes(text) == expected

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import math
 
 import matplotlib.image
@@ -232,18 +233,23 @@ def test_load_records_reads_files_and_folders(tmp_path):
     assert load_records([tmp_path / "a", other]) == records
 
 
+GOOD = '{"schema_version": 1, "status": "ok", "method": "read"}'
+
+
 @pytest.mark.parametrize(
     "lines, message",
     [
-        (['{"schema_version": 1, "status": "ok"}', '{"schema_version": 1, "status": '], r"results\.jsonl:2: malformed"),
-        (["[1, 2]"], r"results\.jsonl:1: .*JSON object"),
-        (['{"schema_version": 2}'], r"results\.jsonl:1: unsupported schema_version 2"),
+        ([GOOD, '{"schema_version": 1, "status": '], r"results\.jsonl:2: malformed"),  # a torn last line
+        (["[1, 2]", GOOD], r"results\.jsonl:1: .*JSON object"),
+        (['{"schema_version": 2}', GOOD], r"results\.jsonl:1: unsupported schema_version 2"),
+        ([GOOD, '{"schema_version": 1, "status": "ok"}'], r"results\.jsonl:2: record lacks method"),
     ],
 )
-def test_load_records_rejects_bad_lines(tmp_path, lines, message):
+def test_load_records_skips_bad_lines_and_says_which(tmp_path, lines, message):
     path = write_jsonl(tmp_path / "results.jsonl", lines)
-    with pytest.raises(UsageError, match=message):
-        load_records([path])
+    skipped: list[str] = []
+    assert load_records([path], skipped) == [json.loads(GOOD)]
+    assert len(skipped) == 1 and re.search(message, skipped[0])
 
 
 def test_load_records_rejects_missing_file(tmp_path):

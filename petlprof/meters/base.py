@@ -31,6 +31,7 @@ class Meter:
     """
 
     name = "meter"
+    FIGURES: tuple[str, ...] = ()  # the reading keys this meter provides
 
     def __init__(self, device: str = "cpu"):
         self.device = device
@@ -63,6 +64,11 @@ class Meter:
     def close(self) -> None:
         """Release what the meter holds (NVML handles, ...)."""
 
+    def invalid_reading(self, error: Exception) -> dict[str, Any]:
+        """What the window records when this meter failed: no figures, and why."""
+        return {**{key: None for key in self.FIGURES},
+                "meter_errors": [f"{self.name} failed: {type(error).__name__}: {error}; its figures are missing"]}
+
 
 class Window:
     """Runs several meters over one stretch of work; ``reading`` merges their results.
@@ -78,18 +84,33 @@ class Window:
         self.reading: dict[str, Any] = {}
         self.time_s: float | None = None
         self._t0 = 0.0
+        self._running: list[Meter] = []
 
     def __enter__(self) -> "Window":
         for meter in self.meters:
             meter.prepare()
         synchronize(self.device)
         self._t0 = time.perf_counter()
+        self._running = []
         for meter in self.meters:
-            meter.begin()
+            try:
+                meter.begin()
+                self._running.append(meter)
+            except Exception as error:  # a meter that cannot start leaves its figures missing, with the reason
+                self._record_failure(meter, error)
         return self
+
+    def _record_failure(self, meter: Meter, error: Exception) -> None:
+        bad = meter.invalid_reading(error)
+        self.reading.setdefault("meter_errors", []).extend(bad.pop("meter_errors"))
+        for key, value in bad.items():
+            self.reading.setdefault(key, value)
 
     def __exit__(self, *exc) -> None:
         synchronize(self.device)
         self.time_s = time.perf_counter() - self._t0
-        for meter in reversed(self.meters):
-            self.reading.update(meter.end())
+        for meter in reversed(self._running):
+            try:
+                self.reading.update(meter.end())
+            except Exception as error:  # a meter failing mid-run invalidates its figures, not the run
+                self._record_failure(meter, error)

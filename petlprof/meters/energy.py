@@ -30,6 +30,7 @@ DRAM_WATTS_PER_GIB = 0.375  # CodeCarbon's DRAM figure: 3 W per 8 GiB
 
 class NvmlEnergyMeter(Meter):
     name = "nvml"
+    FIGURES = ("energy_j", "energy_kind", "energy_source")
 
     def __init__(self, device: str = "cuda"):
         super().__init__(device)
@@ -121,6 +122,7 @@ def visible_gpu_handles(pynvml) -> list:
 
 class RaplEnergyMeter(Meter):
     name = "rapl"
+    FIGURES = ("energy_j", "energy_kind", "energy_source")
 
     def __init__(self, device: str = "cpu", root: Path = POWERCAP):
         super().__init__(device)
@@ -197,6 +199,7 @@ class EstimateEnergyMeter(Meter):
     """Estimated energy: CPU time × per-core power + resident memory × DRAM power × wall time."""
 
     name = "estimate"
+    FIGURES = ("energy_j", "energy_kind", "energy_source")
     MODEL = (f"estimate: process CPU time x {CPU_WATTS_PER_CORE:g} W per busy core "
              f"+ {DRAM_WATTS_PER_GIB:g} W/GiB x mean resident memory x wall time")
 

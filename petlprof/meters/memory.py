@@ -58,6 +58,7 @@ class CpuMemoryMeter(Meter):
     """Peak resident memory of this process during the window, above a runtime baseline."""
 
     name = "cpu-rss"
+    FIGURES = ("peak_memory_bytes", "memory_kind", "memory_source")
 
     def __init__(self, device: str = "cpu", baseline_bytes: int | None = None):
         """``baseline_bytes``: RSS to subtract (the runtime's); by default the RSS when the window opens."""
@@ -93,6 +94,7 @@ class CudaMemoryMeter(Meter):
     """CUDA caching-allocator peaks (allocated and reserved) during the window."""
 
     name = "cuda-allocator"
+    FIGURES = ("peak_memory_bytes", "memory_kind", "memory_source")
 
     @classmethod
     def available(cls) -> tuple[bool, str]:

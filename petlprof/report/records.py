@@ -22,15 +22,16 @@ BYTES_PER_MIB = 2**20
 MISSING = "-"
 
 
-def load_records(paths: Sequence[Path | str]) -> list[dict]:
-    """All records of one or more ``results.jsonl`` files (or folders holding one), in file order.
+def load_records(paths: Sequence[Path | str], skipped: list[str] | None = None) -> list[dict]:
+    """All valid records of one or more ``results.jsonl`` files (or folders holding one), in file order.
 
-    A missing file, a malformed line or a record of another schema version raises
-    :class:`~petlprof.errors.UsageError` naming the file and the line number.
+    A missing file raises :class:`~petlprof.errors.UsageError`.  A line that cannot be used — torn
+    by a crash, not a JSON object, of another schema version, or missing ``status``/``method`` — is
+    skipped, and a message naming the file and line number is appended to ``skipped``.
     """
     records: list[dict] = []
     for path in paths:
-        records.extend(_read_results(_results_file(Path(path))))
+        records.extend(_read_results(_results_file(Path(path)), skipped if skipped is not None else []))
     return records
 
 
@@ -43,27 +44,47 @@ def _results_file(path: Path) -> Path:
     return path
 
 
-def _read_results(path: Path) -> list[dict]:
-    """The records of one JSON Lines file; blank lines are skipped."""
+def _problem(line: str) -> str | None:
+    """Why a line is not a usable record, or None."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as exc:
+        return f"malformed result record ({exc.msg} at column {exc.colno})"
+    if not isinstance(record, dict):
+        return f"a result record must be a JSON object, not {type(record).__name__}"
+    if record.get("schema_version") != SCHEMA_VERSION:
+        return (f"unsupported schema_version {record.get('schema_version')!r}; "
+                f"this petlprof reads version {SCHEMA_VERSION}")
+    missing = [key for key in ("status", "method") if key not in record]
+    if missing:
+        return f"record lacks {', '.join(missing)}"
+    for key, kinds in FIELD_TYPES.items():
+        value = record.get(key)
+        if value is not None and (not isinstance(value, kinds) or isinstance(value, bool) and bool not in kinds):
+            return f"field '{key}' is a {type(value).__name__}, not {' or '.join(k.__name__ for k in kinds)}"
+    return None
+
+
+FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "status": (str,), "method": (str,), "error": (str,), "run_key": (str,), "backbone": (str,), "task": (str,),
+    "primary_metric": (str,), "seed": (int,), "trainable_params": (int,), "total_params": (int,),
+    "metrics": (dict,), "method_config": (dict,), "train": (dict,), "eval": (dict,), "training": (dict,),
+    "env": (dict,), "backbone_info": (dict,), "task_info": (dict,),
+}
+
+
+def _read_results(path: Path, skipped: list[str]) -> list[dict]:
+    """The usable records of one JSON Lines file; blank lines are ignored, bad ones reported."""
     records = []
-    with path.open(encoding="utf-8") as handle:
+    with path.open(encoding="utf-8", errors="replace") as handle:
         for lineno, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise UsageError(
-                    f"{path}:{lineno}: malformed result record ({exc.msg} at column {exc.colno})"
-                ) from None
-            if not isinstance(record, dict):
-                raise UsageError(f"{path}:{lineno}: a result record must be a JSON object, not {type(record).__name__}")
-            if record.get("schema_version") != SCHEMA_VERSION:
-                raise UsageError(
-                    f"{path}:{lineno}: unsupported schema_version {record.get('schema_version')!r}; "
-                    f"this petlprof reads version {SCHEMA_VERSION}"
-                )
-            records.append(record)
+            problem = _problem(line)
+            if problem:
+                skipped.append(f"{path}:{lineno}: {problem}")
+            else:
+                records.append(json.loads(line))
     return records
 
 

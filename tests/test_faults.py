@@ -1,0 +1,157 @@
+"""Faults really caused: a raising run, a memory cap, a timeout, SIGINT/SIGTERM/SIGKILL on a real
+sweep process, torn lines, a held lock, an unwritable folder, a meter failing mid-run.
+
+Sweeps here use the tiny-bert preset with a few steps, so each run is a few seconds of worker
+start-up; the signal tests wait for the sweep to reach a run before signalling it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from petlprof.errors import UsageError
+from petlprof.meters import Window
+from petlprof.meters.base import Meter
+from petlprof.runner import RunSpec, execute, execute_in_subprocess
+from petlprof.store import LOCK_FILE, StoreLock, append_record, check_writable, finished_keys
+
+TINY = ["--backbone", "tiny-bert", "--train-size", "32", "--eval-size", "16", "--batch-size", "16"]
+
+
+def sweep_cmd(out, methods="read,lora,bitfit", *extra):
+    return [sys.executable, "-m", "petlprof.cli", "run", "--methods", methods, *TINY, "--output", str(out), *extra]
+
+
+def records(out):
+    return [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+
+
+def wait_for(predicate, timeout=120.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError("condition not reached in time")
+
+
+def test_a_raising_run_is_failed_with_type_message_traceback_and_where():
+    spec = RunSpec(method="lora", backbone="tiny-bert", train_size=16, eval_size=16, batch_size=16,
+                   method_config={"target_modules": ["nope"]})
+    record = execute(spec)
+    assert record["status"] == "failed" and "nope" in record["error"]
+    assert record["error"].split(":")[0] in ("UsageError", "ValueError")
+    assert "Traceback" in record["traceback"] and record["failed_at"]["phase"] == "setup"
+    assert record["failed_at"]["rss_bytes"] > 0
+
+
+def test_a_run_past_its_memory_cap_is_oom_with_its_figures():
+    spec = RunSpec(method="full", backbone="tiny-bert", train_size=64, eval_size=16, batch_size=64, max_length=256)
+    record = execute_in_subprocess(spec, max_memory_bytes=40 * 2**20)
+    assert record["status"] == "oom", record.get("error")
+    assert "allocate" in record["error"] or "MemoryError" in record["error"]
+    assert record["failed_at"]["phase"] in ("setup", "train", "eval") and record["failed_at"]["peak_rss_bytes"] > 0
+
+
+def test_a_run_past_its_timeout_is_killed_and_recorded():
+    spec = RunSpec(method="read", backbone="tiny-bert", train_size=16, eval_size=16, batch_size=16)
+    t0 = time.time()
+    record = execute_in_subprocess(spec, timeout_s=1.0)
+    assert record["status"] == "timeout" and "--timeout 1" in record["error"]
+    assert time.time() - t0 < 30
+
+
+@pytest.mark.parametrize("sig, to_group, code", [(signal.SIGINT, True, 130), (signal.SIGTERM, False, 143)])
+def test_signals_stop_the_run_in_flight_and_keep_the_store_valid(tmp_path, sig, to_group, code):
+    out = tmp_path / "out"
+    proc = subprocess.Popen(sweep_cmd(out), stderr=subprocess.PIPE, text=True, start_new_session=True)
+    wait_for(lambda: (out / "results.jsonl").exists())  # one run finished, the second is in flight
+    time.sleep(1.0)
+    if to_group:  # Ctrl-C in a terminal signals the whole foreground group: sweep and worker
+        os.killpg(proc.pid, sig)
+    else:  # a scheduler's SIGTERM reaches the sweep process only
+        proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == code, err[-2000:]
+    assert "Resume with the same command" in err and "Traceback" not in err
+    statuses = [r["status"] for r in records(out)]
+    assert statuses[0] == "ok" and statuses[-1] == "cancelled" and len(statuses) == 2
+    assert not (out / LOCK_FILE).exists()
+
+
+def test_sigkill_mid_sweep_then_resume_records_every_run_once(tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.Popen(sweep_cmd(out), stderr=subprocess.DEVNULL, start_new_session=True)
+    wait_for(lambda: (out / "results.jsonl").exists())
+    proc.kill()
+    proc.wait()
+    assert (out / LOCK_FILE).exists()  # a stale lock, as after a power cut
+    resumed = subprocess.run(sweep_cmd(out), capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "took over the lock" in resumed.stderr and "1 already in" in resumed.stderr
+    ok = [r["run_key"] for r in records(out) if r["status"] == "ok"]
+    assert len(ok) == 3 and len(set(ok)) == 3
+
+
+def test_a_torn_last_line_is_ignored_and_not_glued_to_the_next_record(tmp_path):
+    store = tmp_path / "results.jsonl"
+    append_record(store, {"schema_version": 1, "run_key": "a", "status": "ok", "method": "read"})
+    with open(store, "a") as fh:
+        fh.write('{"schema_version": 1, "run_key": "b", "sta')  # the writer died mid-line
+    assert finished_keys(store) == {"a"}
+    append_record(store, {"schema_version": 1, "run_key": "c", "status": "ok", "method": "read"})
+    assert finished_keys(store) == {"a", "c"}
+
+
+def test_a_held_lock_refuses_a_second_sweep_and_a_stale_one_is_taken_over(tmp_path):
+    (tmp_path / LOCK_FILE).write_text(json.dumps({"pid": os.getpid(), "host": os.uname().nodename}))
+    with pytest.raises(UsageError, match=f"another petlprof run \\(pid {os.getpid()}"):
+        StoreLock(tmp_path).__enter__()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (tmp_path / LOCK_FILE).write_text(json.dumps({"pid": dead.pid, "host": os.uname().nodename}))
+    with StoreLock(tmp_path) as lock:
+        assert lock.taken_over["pid"] == dead.pid
+        assert json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == os.getpid()
+    assert not (tmp_path / LOCK_FILE).exists()
+
+
+def test_an_unwritable_output_folder_fails_before_any_run(tmp_path, capsys):
+    from petlprof.cli import main
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(UsageError, match="is not writable"):
+        check_writable(blocker / "out")
+    code = main(["run", "--methods", "read", *TINY, "--output", str(blocker / "out")])
+    assert code == 2 and "is not writable" in capsys.readouterr().err
+
+
+class BrokenMeter(Meter):
+    name = "broken"
+    FIGURES = ("energy_j", "energy_kind", "energy_source")
+
+    def _end(self):
+        raise FileNotFoundError("/sys/class/powercap/intel-rapl:0/energy_uj vanished")
+
+
+class GoodMeter(Meter):
+    name = "good"
+
+    def _end(self):
+        return {"peak_memory_bytes": 123, "memory_source": "fake"}
+
+
+def test_a_meter_failing_mid_run_loses_only_its_own_figures():
+    with Window([BrokenMeter(), GoodMeter()]) as window:
+        pass
+    assert window.reading["energy_j"] is None and window.reading["peak_memory_bytes"] == 123
+    assert "broken failed: FileNotFoundError" in window.reading["meter_errors"][0]
+    assert window.time_s is not None

@@ -1,0 +1,81 @@
+"""Fuzzing the two readers of user-controlled text: no input may crash them with an unexpected
+exception.  The config loader either returns options or raises UsageError; the results reader
+returns the usable records and reports the rest."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from petlprof.config import build_options, load_config_file
+from petlprof.errors import UsageError
+from petlprof.report import load_records
+
+FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+KEYS = st.sampled_from(["methods", "backbone", "task", "seeds", "epochs", "max_steps", "train_size", "eval_size",
+                        "batch_size", "lr", "max_length", "device", "energy_meter", "output", "in_process",
+                        "method_config", "timeout", "max_memory", "warmup_steps", "num_layers", "bogus"])
+SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6), st.floats(allow_nan=True),
+                    st.text(max_size=12))
+VALUES = st.recursive(SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=4),
+                                                       st.dictionaries(st.text(max_size=8), inner, max_size=3)),
+                      max_leaves=8)
+
+
+@FUZZ
+@given(text=st.text(max_size=200), suffix=st.sampled_from([".toml", ".yaml", ".yml"]))
+def test_config_files_of_any_text(tmp_path_factory, text, suffix):
+    path = tmp_path_factory.mktemp("cfg") / f"sweep{suffix}"
+    path.write_text(text, encoding="utf-8")
+    try:
+        build_options(load_config_file(str(path)), {})
+    except UsageError:
+        pass
+
+
+@FUZZ
+@given(values=st.dictionaries(KEYS, VALUES, max_size=6))
+def test_config_values_of_any_shape(values):
+    try:
+        build_options(values, {})
+    except UsageError:
+        pass
+
+
+RECORDS = st.one_of(
+    st.text(max_size=80),
+    st.builds(json.dumps, VALUES),
+    st.builds(lambda d: json.dumps({"schema_version": 1, "status": "ok", "method": "read", **d}),
+              st.dictionaries(st.sampled_from(["train", "eval", "metrics", "method_config", "seed", "task",
+                                               "backbone", "trainable_params", "error", "primary_metric"]),
+                              VALUES, max_size=5)),
+)
+
+
+@FUZZ
+@given(lines=st.lists(RECORDS, max_size=6))
+def test_results_files_of_any_lines(tmp_path_factory, lines):
+    from petlprof.report import summary_table
+
+    path = tmp_path_factory.mktemp("res") / "results.jsonl"
+    path.write_text("\n".join(lines), encoding="utf-8")
+    skipped: list[str] = []
+    records = load_records([path], skipped)
+    with path.open(encoding="utf-8", errors="replace") as fh:
+        non_blank = sum(1 for line in fh if line.strip())
+    assert len(records) + len(skipped) == non_blank  # every line is either used or reported
+    assert all(isinstance(r, dict) for r in records)
+    summary_table(records)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lines=st.lists(RECORDS, min_size=1, max_size=4))
+def test_reports_render_from_any_usable_records(tmp_path_factory, lines):
+    from petlprof.report import write_report
+
+    folder = tmp_path_factory.mktemp("rep")
+    (folder / "results.jsonl").write_text("\n".join(lines), encoding="utf-8")
+    written = write_report(load_records([folder], []), folder)
+    assert (folder / "report.md") in written
