@@ -7,6 +7,7 @@ A :class:`~petlprof.errors.UsageError` is printed as one line and exits with cod
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import sys
 from pathlib import Path
@@ -67,6 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class StoreWriteError(Exception):
+    """The results file could not be written; the message has already been printed."""
+
+
 class Terminated(Exception):
     """Raised in the sweep process by SIGTERM, so the run in flight is stopped and recorded."""
 
@@ -104,6 +109,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
         try:
             failed = _sweep(todo, store, options, max_memory, execute, execute_in_subprocess)
+        except StoreWriteError:
+            return 1
         except (KeyboardInterrupt, Terminated) as exc:
             code = 130 if isinstance(exc, KeyboardInterrupt) else 143
             print(f"\npetlprof: interrupted; finished runs are in {store}. Resume with the same command "
@@ -131,7 +138,13 @@ def _sweep(todo, store, options, max_memory, execute, execute_in_subprocess) -> 
         except (KeyboardInterrupt, Terminated) as exc:
             append_record(store, cancelled_record(spec, "SIGINT" if isinstance(exc, KeyboardInterrupt) else "SIGTERM"))
             raise
-        append_record(store, record)
+        try:
+            append_record(store, record)
+        except OSError as exc:  # disk full, folder removed, ...: say so, and keep the result on the terminal
+            print(f"petlprof: error: could not write to {store}: {exc.strerror or exc}. Runs recorded before "
+                  f"are intact; this run's record follows so it is not lost:\n{json.dumps(record, default=str)}",
+                  file=sys.stderr)
+            raise StoreWriteError() from None
         if record["status"] != "ok":
             failed += 1
             print(f"  {record['status']}: {record['error']}", file=sys.stderr)

@@ -155,3 +155,31 @@ def test_a_meter_failing_mid_run_loses_only_its_own_figures():
     assert window.reading["energy_j"] is None and window.reading["peak_memory_bytes"] == 123
     assert "broken failed: FileNotFoundError" in window.reading["meter_errors"][0]
     assert window.time_s is not None
+
+
+def test_a_full_disk_mid_sweep_is_a_clear_error_and_the_record_is_printed(tmp_path, monkeypatch, capsys):
+    import errno
+
+    import petlprof.runner
+    import petlprof.store
+    from petlprof.cli import main
+
+    def fake_execute(spec, **limits):
+        return {"schema_version": 1, "run_key": spec.run_key, "status": "ok", "method": spec.method, "seed": 0}
+
+    real_append, calls = petlprof.store.append_record, []
+
+    def append_until_full(path, record):
+        calls.append(record)
+        if len(calls) > 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_append(path, record)
+
+    monkeypatch.setattr(petlprof.runner, "execute", fake_execute)
+    monkeypatch.setattr(petlprof.store, "append_record", append_until_full)
+    code = main(["run", "--methods", "read,lora", *TINY, "--in-process", "--output", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 1 and "No space left on device" in err and "Runs recorded before are intact" in err
+    assert '"method": "lora"' in err  # the unsaved record is on the terminal
+    assert [r["method"] for r in records(tmp_path / "out")] == ["read"]
+    assert not (tmp_path / "out" / LOCK_FILE).exists()
