@@ -143,8 +143,10 @@ def time_alternating(functions: dict[str, Callable[[], None]], rounds: int = 10,
 class Baseline:
     """Committed reference figures with tolerances: ``{"figures": {key: {"value": v, "rtol": r}}}``.
 
-    A figure may exceed its value by at most ``rtol`` (relative); lower is always fine — a cost
-    that drops is an improvement, refreshed with ``--petlprof-update-baseline``.
+    Time ratios may not grow past ``rtol`` (a drop is an improvement).  Exact counts — parameters,
+    tensor bytes — are ``two_sided``: a drop past ``rtol`` fails too, since a method that suddenly
+    trains or saves far less has usually stopped working (LoRA targeting nothing, a side network
+    cut off).  Refresh with ``--petlprof-update-baseline`` after an intended change.
     """
 
     def __init__(self, path: Path):
@@ -152,15 +154,19 @@ class Baseline:
         self.data: dict[str, Any] = json.loads(self.path.read_text()) if self.path.exists() else {"figures": {}}
         self.data.setdefault("figures", {})
 
-    def check(self, key: str, value: float) -> str | None:
-        """None when within tolerance (or no baseline yet); otherwise the failure message."""
+    def check(self, key: str, value: float, rtol: float | None = None, two_sided: bool = False) -> str | None:
+        """None when within tolerance (or no baseline yet); otherwise the failure message.
+        ``rtol`` overrides the stored tolerance."""
         entry = self.data["figures"].get(key)
         if entry is None:
             return None
-        limit = entry["value"] * (1 + entry["rtol"])
-        if value > limit:
-            return (f"{key} = {value:g} exceeds the baseline {entry['value']:g} by more than "
-                    f"{entry['rtol']:.0%} (limit {limit:g})")
+        rtol = entry["rtol"] if rtol is None else rtol
+        base = entry["value"]
+        if value > base * (1 + rtol):
+            return f"{key} = {value:g} exceeds the baseline {base:g} by more than {rtol:.0%} (limit {base * (1 + rtol):g})"
+        if two_sided and value < base * (1 - rtol):
+            return (f"{key} = {value:g} is below the baseline {base:g} by more than {rtol:.0%}: did the method "
+                    "stop training or saving what it should? Refresh the baseline if the change is intended")
         return None
 
     def has(self, key: str) -> bool:
@@ -172,4 +178,6 @@ class Baseline:
     def save(self) -> None:
         self.data["figures"] = dict(sorted(self.data["figures"].items()))
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text(json.dumps(self.data, indent=2) + "\n")
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data, indent=2) + "\n")
+        tmp.replace(self.path)  # an interrupted update never leaves half a baseline

@@ -10,6 +10,7 @@ import argparse
 import json
 import signal
 import sys
+import threading
 from pathlib import Path
 
 from petlprof import __version__
@@ -72,8 +73,9 @@ class StoreWriteError(Exception):
     """The results file could not be written; the message has already been printed."""
 
 
-class Terminated(Exception):
-    """Raised in the sweep process by SIGTERM, so the run in flight is stopped and recorded."""
+class Terminated(BaseException):
+    """Raised in the sweep process by SIGTERM, so the run in flight is stopped and recorded
+    (a BaseException, like KeyboardInterrupt, so no ``except Exception`` in a run swallows it)."""
 
 
 def _on_sigterm(signum, frame):
@@ -106,7 +108,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         todo = [s for s in specs if s.run_key not in done]
         print(f"petlprof: {len(specs)} run(s) on {device}; {len(specs) - len(todo)} already in {store}; "
               f"writing to {out_dir}", file=sys.stderr)
-        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+        in_main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main else None
         try:
             failed = _sweep(todo, store, options, max_memory, execute, execute_in_subprocess)
         except StoreWriteError:
@@ -117,13 +120,14 @@ def cmd_run(args: argparse.Namespace) -> int:
                   f"(with --output {out_dir}): recorded runs are skipped.", file=sys.stderr)
             return code
         finally:
-            signal.signal(signal.SIGTERM, previous)
+            if in_main:
+                signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
         _finish(store, out_dir)
     return 1 if failed else 0
 
 
 def _sweep(todo, store, options, max_memory, execute, execute_in_subprocess) -> int:
-    from petlprof.runner import cancelled_record
+    from petlprof.runner import cancelled_record, release_signals
     from petlprof.store import append_record
 
     failed = 0
@@ -136,7 +140,10 @@ def _sweep(todo, store, options, max_memory, execute, execute_in_subprocess) -> 
             else:
                 record = execute_in_subprocess(spec, timeout_s=options.timeout, max_memory_bytes=max_memory)
         except (KeyboardInterrupt, Terminated) as exc:
-            append_record(store, cancelled_record(spec, "SIGINT" if isinstance(exc, KeyboardInterrupt) else "SIGTERM"))
+            try:
+                append_record(store, cancelled_record(spec, "SIGINT" if isinstance(exc, KeyboardInterrupt) else "SIGTERM"))
+            except OSError as error:
+                print(f"petlprof: could not record the cancelled run in {store}: {error}", file=sys.stderr)
             raise
         try:
             append_record(store, record)
@@ -145,6 +152,8 @@ def _sweep(todo, store, options, max_memory, execute, execute_in_subprocess) -> 
                   f"are intact; this run's record follows so it is not lost:\n{json.dumps(record, default=str)}",
                   file=sys.stderr)
             raise StoreWriteError() from None
+        finally:
+            release_signals()  # a signal held while the finished run was stored is delivered now
         if record["status"] != "ok":
             failed += 1
             print(f"  {record['status']}: {record['error']}", file=sys.stderr)

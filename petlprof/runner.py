@@ -14,6 +14,7 @@ import datetime as dt
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -107,7 +108,10 @@ def execute(spec: RunSpec, max_memory_bytes: int | None = None) -> dict[str, Any
         record["status"] = "oom" if _is_oom(exc) else "failed"
         record["error"] = f"{type(exc).__name__}: {exc}".strip()
         record["traceback"] = traceback.format_exc(limit=20)
-        record["failed_at"] = {**PROGRESS, **_memory_now(spec.device)}
+        try:
+            record["failed_at"] = {**PROGRESS, **_memory_now(spec.device)}
+        except Exception:  # the figures at failure are a bonus; the record must come back
+            record["failed_at"] = dict(PROGRESS)
     record["finished_at"] = _now()
     record["wall_time_s"] = time.perf_counter() - t0
     from petlprof.envinfo import environment
@@ -256,12 +260,14 @@ def execute_in_subprocess(spec: RunSpec, *, timeout_s: float | None = None,
         spec_path.write_text(json.dumps({"spec": spec.to_dict(), "max_memory_bytes": max_memory_bytes}))
         cmd = [sys.executable, "-m", "petlprof.worker", str(spec_path), str(out_path)]
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=None, stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        tail = bytearray()
-        pump = threading.Thread(target=_forward, args=(proc.stderr, tail), daemon=True)
-        pump.start()
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "PETLPROF_PARENT_PID": str(os.getpid())}
+        proc, tail = None, bytearray()
         try:
+            proc = subprocess.Popen(cmd, stdout=None, stderr=subprocess.PIPE, env=env)
+            pump = threading.Thread(target=_forward, args=(proc.stderr, tail), daemon=True)
+            pump.start()
             returncode = proc.wait(timeout=timeout_s)
+            hold_signals()  # the run is finished: a Ctrl-C now must not cost its record
         except subprocess.TimeoutExpired:
             _stop(proc)
             pump.join(5)
@@ -270,7 +276,8 @@ def execute_in_subprocess(spec: RunSpec, *, timeout_s: float | None = None,
                           finished_at=_now(), wall_time_s=time.perf_counter() - t0)
             return record
         except BaseException:
-            _stop(proc)
+            if proc is not None:
+                _stop(proc)
             raise
         pump.join(5)
         if out_path.exists():
@@ -283,6 +290,21 @@ def execute_in_subprocess(spec: RunSpec, *, timeout_s: float | None = None,
                       status="oom" if killed else "failed", finished_at=_now(),
                       wall_time_s=time.perf_counter() - t0)
         return record
+
+
+_HELD = {signal.SIGINT, signal.SIGTERM}
+
+
+def hold_signals() -> None:
+    """Defer SIGINT/SIGTERM (main thread only) until :func:`release_signals`, e.g. while a finished
+    run's record is being stored."""
+    if threading.current_thread() is threading.main_thread():
+        signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
+
+
+def release_signals() -> None:
+    if threading.current_thread() is threading.main_thread():
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELD)
 
 
 def _memory_words(lines: list[str]) -> bool:

@@ -5,7 +5,7 @@
   append starts on a fresh line so it cannot glue a good record onto it.
 * ``finished_keys`` lets a re-run skip what is already recorded as ``ok``.
 * :class:`StoreLock` keeps two ``petlprof run`` processes from writing one folder; the lock of a
-  process that died (same host, PID gone) is taken over.
+  process that died is released by the kernel.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def check_writable(out_dir: Path) -> None:
     """Fail before the first run when the output folder cannot take results."""
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        probe = out_dir / ".petlprof-write-probe"
+        probe = out_dir / f".petlprof-write-probe-{os.getpid()}"
         probe.write_bytes(b"ok")
         probe.unlink()
     except OSError as exc:
@@ -69,51 +69,50 @@ def check_writable(out_dir: Path) -> None:
 
 
 class StoreLock:
-    """An exclusive lock file in the output folder, held for the whole sweep."""
+    """An exclusive ``flock`` on a lock file in the output folder, held for the whole sweep.
+
+    The kernel drops the lock when its process dies however it dies, so a killed sweep never
+    blocks the resume; the PID and host written into the file only serve the messages.
+    """
 
     def __init__(self, out_dir: Path):
         self.path = Path(out_dir) / LOCK_FILE
         self.taken_over: dict | None = None
+        self._fh = None
 
     def __enter__(self) -> "StoreLock":
-        owner = {"pid": os.getpid(), "host": socket.gethostname()}
-        for _ in range(2):
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                holder = self._holder()
-                if holder and _alive(holder):
-                    raise UsageError(f"another petlprof run (pid {holder['pid']} on {holder['host']}) is writing to "
-                                     f"'{self.path.parent}'; wait for it to finish or use another --output") from None
-                self.taken_over = holder or {}
-                self.path.unlink(missing_ok=True)  # stale: its process is gone
-                continue
-            with os.fdopen(fd, "w") as fh:
-                json.dump(owner, fh)
-            return self
-        raise UsageError(f"could not take the lock '{self.path}'")
+        import fcntl
 
-    def _holder(self) -> dict | None:
+        fh = open(self.path, "a+", encoding="utf-8")
         try:
-            return json.loads(self.path.read_text())
-        except (OSError, json.JSONDecodeError):
-            return None
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            holder = _parse(fh.read())
+            fh.close()
+            who = f"pid {holder.get('pid')} on {holder.get('host')}" if holder else "another process"
+            raise UsageError(f"another petlprof run ({who}) is writing to '{self.path.parent}'; wait for it to "
+                             "finish or use another --output") from None
+        fh.seek(0)
+        self.taken_over = _parse(fh.read())  # left by a sweep that died without releasing it
+        fh.seek(0)
+        fh.truncate()
+        fh.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
+        fh.flush()
+        self._fh = fh
+        return self
 
     def __exit__(self, *exc) -> None:
-        self.path.unlink(missing_ok=True)
+        # the file stays (unlinking a lock file lets a waiting process lock a dead inode); emptied, it
+        # says that nobody died holding it
+        self._fh.seek(0)
+        self._fh.truncate()
+        self._fh.close()
 
 
-def _alive(holder: dict) -> bool:
+def _parse(text: str) -> dict | None:
     try:
-        pid = int(holder["pid"])
-    except (KeyError, ValueError, TypeError):
-        return False  # an unreadable lock names nobody
-    if holder.get("host") != socket.gethostname():
-        return True  # another machine's process cannot be checked from here, so it is respected
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict) and value else None

@@ -35,9 +35,13 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
-    if os.getppid() == 1:  # the parent died before prctl took effect
+    expected = os.environ.get("PETLPROF_PARENT_PID")
+    if expected and os.getppid() != int(expected):  # the sweep died before prctl took effect
         sys.exit(1)
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except KeyboardInterrupt:  # Ctrl-C before the run started: the sweep records the cancel
+        sys.exit(130)

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -33,7 +34,19 @@ def records(out):
     return [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
 
 
-def wait_for(predicate, timeout=120.0):
+def worker_pids(sweep_pid: int) -> list[int]:
+    children = open(f"/proc/{sweep_pid}/task/{sweep_pid}/children").read().split()
+    return [int(pid) for pid in children if "petlprof.worker" in open(f"/proc/{pid}/cmdline").read()]
+
+
+def first_run_recorded_and_next_started(out, proc) -> bool:
+    try:
+        return len(records(out)) >= 1 and bool(worker_pids(proc.pid))
+    except (OSError, json.JSONDecodeError):
+        return False
+
+
+def wait_for(predicate, timeout=180.0):
     deadline = time.time() + timeout
     while time.time() < deadline:
         if predicate():
@@ -72,28 +85,36 @@ def test_a_run_past_its_timeout_is_killed_and_recorded():
 def test_signals_stop_the_run_in_flight_and_keep_the_store_valid(tmp_path, sig, to_group, code):
     out = tmp_path / "out"
     proc = subprocess.Popen(sweep_cmd(out), stderr=subprocess.PIPE, text=True, start_new_session=True)
-    wait_for(lambda: (out / "results.jsonl").exists())  # one run finished, the second is in flight
-    time.sleep(1.0)
+    err_lines: list[str] = []
+    reader = threading.Thread(target=lambda: err_lines.extend(proc.stderr), daemon=True)
+    reader.start()
+    wait_for(lambda: first_run_recorded_and_next_started(out, proc))  # the second run is in flight
+    time.sleep(1.5)
     if to_group:  # Ctrl-C in a terminal signals the whole foreground group: sweep and worker
         os.killpg(proc.pid, sig)
     else:  # a scheduler's SIGTERM reaches the sweep process only
         proc.send_signal(sig)
-    _, err = proc.communicate(timeout=60)
+    proc.wait(timeout=60)
+    reader.join(10)
+    err = "".join(err_lines)
     assert proc.returncode == code, err[-2000:]
     assert "Resume with the same command" in err and "Traceback" not in err
     statuses = [r["status"] for r in records(out)]
     assert statuses[0] == "ok" and statuses[-1] == "cancelled" and len(statuses) == 2
-    assert not (out / LOCK_FILE).exists()
+    assert (out / LOCK_FILE).read_text() == ""  # released
 
 
 def test_sigkill_mid_sweep_then_resume_records_every_run_once(tmp_path):
     out = tmp_path / "out"
     proc = subprocess.Popen(sweep_cmd(out), stderr=subprocess.DEVNULL, start_new_session=True)
-    wait_for(lambda: (out / "results.jsonl").exists())
+    wait_for(lambda: first_run_recorded_and_next_started(out, proc))
+    workers = worker_pids(proc.pid)
     proc.kill()
     proc.wait()
-    assert (out / LOCK_FILE).exists()  # a stale lock, as after a power cut
-    resumed = subprocess.run(sweep_cmd(out), capture_output=True, text=True)
+    wait_for(lambda: not any(os.path.exists(f"/proc/{pid}") and "petlprof.worker" in
+                             open(f"/proc/{pid}/cmdline").read() for pid in workers), timeout=30)  # no orphan
+    assert json.loads((out / LOCK_FILE).read_text())["pid"] == proc.pid  # left behind, as after a power cut
+    resumed = subprocess.run(sweep_cmd(out), capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "took over the lock" in resumed.stderr and "1 already in" in resumed.stderr
     ok = [r["run_key"] for r in records(out) if r["status"] == "ok"]
@@ -110,17 +131,22 @@ def test_a_torn_last_line_is_ignored_and_not_glued_to_the_next_record(tmp_path):
     assert finished_keys(store) == {"a", "c"}
 
 
-def test_a_held_lock_refuses_a_second_sweep_and_a_stale_one_is_taken_over(tmp_path):
-    (tmp_path / LOCK_FILE).write_text(json.dumps({"pid": os.getpid(), "host": os.uname().nodename}))
-    with pytest.raises(UsageError, match=f"another petlprof run \\(pid {os.getpid()}"):
-        StoreLock(tmp_path).__enter__()
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    (tmp_path / LOCK_FILE).write_text(json.dumps({"pid": dead.pid, "host": os.uname().nodename}))
-    with StoreLock(tmp_path) as lock:
-        assert lock.taken_over["pid"] == dead.pid
+def test_a_held_lock_refuses_a_second_sweep_and_a_dead_ones_is_taken_over(tmp_path):
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from pathlib import Path; from petlprof.store import StoreLock\n"
+        f"with StoreLock(Path({str(tmp_path)!r})):\n    print('held', flush=True); time.sleep(60)")],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(UsageError, match=f"another petlprof run \\(pid {holder.pid} on"):
+            StoreLock(tmp_path).__enter__()
+    finally:
+        holder.kill()
+        holder.wait()
+    with StoreLock(tmp_path) as lock:  # the kernel released the killed holder's lock
+        assert lock.taken_over["pid"] == holder.pid
         assert json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == os.getpid()
-    assert not (tmp_path / LOCK_FILE).exists()
+    assert (tmp_path / LOCK_FILE).read_text() == ""
 
 
 def test_an_unwritable_output_folder_fails_before_any_run(tmp_path, capsys):
@@ -182,4 +208,4 @@ def test_a_full_disk_mid_sweep_is_a_clear_error_and_the_record_is_printed(tmp_pa
     assert code == 1 and "No space left on device" in err and "Runs recorded before are intact" in err
     assert '"method": "lora"' in err  # the unsaved record is on the terminal
     assert [r["method"] for r in records(tmp_path / "out")] == ["read"]
-    assert not (tmp_path / "out" / LOCK_FILE).exists()
+    assert (tmp_path / "out" / LOCK_FILE).read_text() == ""

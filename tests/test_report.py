@@ -81,7 +81,8 @@ def phase(energy_j, kind, memory_mib, p50_s=0.0125, source=None):
 
 
 def record(method, config, seed, accuracy, energy_j, kind, memory_mib, task="tweets", status="ok"):
-    rec = {"schema_version": 1, "run_key": f"{method}-{seed}", "status": status, "error": None,
+    rec = {"schema_version": 1, "run_key": f"{method}-{json.dumps(config, sort_keys=True)}-{seed}-{task}",
+           "status": status, "error": None,
            "method": method, "method_config": config,
            "backbone": "minilm", "backbone_info": {"family": "encoder", "num_layers": 6, "hidden_size": 384},
            "task": task, "task_info": {"num_labels": 2, "label_names": ["negative", "positive"],
@@ -257,3 +258,12 @@ def test_load_records_rejects_missing_file(tmp_path):
         load_records([tmp_path / "nowhere.jsonl"])
     with pytest.raises(UsageError, match="no results file"):
         load_records([tmp_path])
+
+
+def test_a_resumed_run_shows_as_its_last_attempt(tmp_path):
+    cancelled = {"schema_version": 1, "run_key": "k", "status": "cancelled", "error": "stopped by SIGINT",
+                 "method": "read"}
+    done = {**cancelled, "status": "ok", "error": None}
+    other = {**cancelled, "run_key": "j"}
+    path = write_jsonl(tmp_path / "results.jsonl", [json.dumps(r) for r in (cancelled, other, done)])
+    assert load_records([path]) == [other, done]

@@ -23,7 +23,8 @@ MISSING = "-"
 
 
 def load_records(paths: Sequence[Path | str], skipped: list[str] | None = None) -> list[dict]:
-    """All valid records of one or more ``results.jsonl`` files (or folders holding one), in file order.
+    """The valid records of one or more ``results.jsonl`` files (or folders holding one), in file
+    order, the last attempt of each run only.
 
     A missing file raises :class:`~petlprof.errors.UsageError`.  A line that cannot be used — torn
     by a crash, not a JSON object, of another schema version, or missing ``status``/``method`` — is
@@ -32,7 +33,14 @@ def load_records(paths: Sequence[Path | str], skipped: list[str] | None = None) 
     records: list[dict] = []
     for path in paths:
         records.extend(_read_results(_results_file(Path(path)), skipped if skipped is not None else []))
-    return records
+    return latest_per_run(records)
+
+
+def latest_per_run(records: list[dict]) -> list[dict]:
+    """One record per run key, the last one written: a run cancelled or failed and then resumed
+    shows as its final outcome (the earlier attempts stay in the store)."""
+    last = {r.get("run_key") or id(r): i for i, r in enumerate(records)}
+    return [r for i, r in enumerate(records) if last[r.get("run_key") or id(r)] == i]
 
 
 def _results_file(path: Path) -> Path:
