@@ -30,6 +30,7 @@ BACKBONES: dict[str, str] = {
     "tiny-gpt2": "random-init GPT-2 decoder, 2 layers, width 64 (tests and cost-only profiling)",
     "tiny-llama": "random-init LLaMA decoder, 2 layers, width 64 (tests and cost-only profiling)",
 }
+_TINY_WIDTH = 64  # hidden size of every tiny preset
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
 
 
@@ -92,13 +93,24 @@ def check_backbone(spec: str) -> None:
         raise unknown_choice("backbone", spec, BACKBONES, extra="Or give a local model folder or a Hugging Face id.")
 
 
+def pretrained_config(spec: str):
+    """The transformers config of ``minilm``, a local folder or a hub id; a UsageError if it cannot load."""
+    from transformers import AutoConfig
+
+    path = str(minilm_path()) if spec == "minilm" else spec
+    try:
+        return AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise UsageError(f"cannot load backbone '{spec}': {first}. Valid presets: {', '.join(BACKBONES)}; "
+                         "or a local model folder.") from None
+
+
 def backbone_width(spec: str) -> int:
     """Hidden size of a backbone, read from its config only (no weights)."""
     if spec in BACKBONES and spec != "minilm":
-        return 64
-    from transformers import AutoConfig
-
-    return int(AutoConfig.from_pretrained(str(minilm_path()) if spec == "minilm" else spec).hidden_size)
+        return int(_TINY_WIDTH)
+    return int(pretrained_config(spec).hidden_size)
 
 
 def family_of(config) -> str:
@@ -121,7 +133,7 @@ def family_of(config) -> str:
 def load_backbone(spec: str = DEFAULT_BACKBONE, *, num_layers: int | None = None, seed: int = 0) -> Backbone:
     """Load a backbone by preset name, local path or hub id; ``num_layers`` keeps the first N layers."""
     import torch
-    from transformers import AutoConfig, AutoModel, AutoTokenizer
+    from transformers import AutoModel, AutoTokenizer
 
     check_backbone(spec)
     if num_layers is not None and num_layers < 1:
@@ -135,13 +147,8 @@ def load_backbone(spec: str = DEFAULT_BACKBONE, *, num_layers: int | None = None
         source = f"random init ({spec} preset, seed {seed}), tokenizer of all-MiniLM-L6-v2"
     else:
         path = str(minilm_path()) if spec == "minilm" else spec
-        try:
-            config = AutoConfig.from_pretrained(path)
-            tokenizer = AutoTokenizer.from_pretrained(path)
-        except OSError as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise UsageError(f"cannot load backbone '{spec}': {first}. Valid presets: "
-                             f"{', '.join(BACKBONES)}; or a local model folder.") from None
+        config = pretrained_config(spec)
+        tokenizer = AutoTokenizer.from_pretrained(path)
         if num_layers is not None and num_layers > config.num_hidden_layers:
             raise UsageError(f"--num-layers {num_layers} exceeds the {config.num_hidden_layers} pretrained layers "
                              f"of backbone '{spec}'")
@@ -182,7 +189,7 @@ def _set_depth(config, num_layers: int | None) -> None:
 def _tiny_config(name: str, vocab_size: int, tokenizer):
     from transformers import BertConfig, GPT2Config, LlamaConfig, T5Config
 
-    width, layers, heads, ffn, pad = 64, 2, 4, 128, tokenizer.pad_token_id
+    width, layers, heads, ffn, pad = _TINY_WIDTH, 2, 4, 128, tokenizer.pad_token_id
     bos, eos = tokenizer.cls_token_id, tokenizer.sep_token_id
     if name == "tiny-bert":
         return BertConfig(vocab_size=vocab_size, hidden_size=width, num_hidden_layers=layers,

@@ -152,7 +152,7 @@ _TYPES = {"methods": list, "backbone": list, "task": list, "seeds": list, "devic
 
 def validate(options: RunOptions) -> None:
     from petlprof.backbones import check_backbone
-    from petlprof.meters import ENERGY_METERS
+    from petlprof.meters import check_energy_meter
     from petlprof.registry import get_method
     from petlprof.tasks import check_task
 
@@ -193,8 +193,7 @@ def validate(options: RunOptions) -> None:
         raise UsageError(f"--lr must be a positive number, got {options.lr!r}")
     if options.device not in DEVICES and not options.device.startswith("cuda:"):
         raise unknown_choice("device", options.device, DEVICES)
-    if options.energy_meter != "auto" and options.energy_meter not in ENERGY_METERS:
-        raise unknown_choice("energy meter", options.energy_meter, [*ENERGY_METERS, "auto"])
+    check_energy_meter(options.energy_meter, need_available=False)
 
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -230,29 +229,14 @@ def resolve_device(device: str) -> str:
 def preflight(options: RunOptions, device: str) -> None:
     """Checks that need the libraries (a named meter, a hub backbone, the data itself), run once in
     the parent before any run starts, so a bad value is one error line and nothing is written."""
-    from petlprof.backbones import BACKBONES
-    from petlprof.meters import ENERGY_METERS
+    from petlprof.backbones import backbone_width
+    from petlprof.meters import check_energy_meter
+    from petlprof.registry import get_method
     from petlprof.tasks import load_task
 
-    if options.energy_meter != "auto":
-        ok, why = ENERGY_METERS[options.energy_meter].available()
-        if not ok:
-            raise UsageError(f"energy meter '{options.energy_meter}' was asked for but is not usable here: {why}")
+    check_energy_meter(options.energy_meter)
     for spec in options.backbone:
-        if spec not in BACKBONES and not Path(spec).is_dir():
-            from transformers import AutoConfig
-
-            try:
-                AutoConfig.from_pretrained(spec)
-            except (OSError, ValueError) as exc:
-                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-                raise UsageError(f"cannot load backbone '{spec}': {first}. Valid presets: {', '.join(BACKBONES)}; "
-                                 "or a local model folder.") from None
-    from petlprof.backbones import backbone_width
-    from petlprof.registry import get_method
-
-    for spec in options.backbone:
-        width = backbone_width(spec)
+        width = backbone_width(spec)  # loads the config of a folder or hub id: a bad one fails here
         for method in options.methods:
             config = get_method(method).make_config(options.method_config.get(method, {}))
             if hasattr(config, "check_width"):

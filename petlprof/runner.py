@@ -130,9 +130,9 @@ def _is_oom(exc: BaseException) -> bool:
 
 def _memory_now(device: str) -> dict[str, Any]:
     """Memory figures at the moment of a failure (bytes)."""
-    from petlprof.meters.memory import _status_kib
+    from petlprof.meters.memory import status_bytes
 
-    figures = {"rss_bytes": (_status_kib("VmRSS") or 0) * 1024, "peak_rss_bytes": (_status_kib("VmHWM") or 0) * 1024}
+    figures = {"rss_bytes": status_bytes("VmRSS"), "peak_rss_bytes": status_bytes("VmHWM")}
     if device.startswith("cuda"):
         import torch
 
@@ -152,12 +152,12 @@ def _cap_memory(device: str, max_memory_bytes: int) -> None:
 
     import torch
 
-    from petlprof.meters.memory import _status_kib
+    from petlprof.meters.memory import status_bytes
 
     # start the OpenMP thread pool first: thread stacks are address space, and a pool that cannot
     # start under the cap aborts the process instead of raising
     torch.mm(torch.ones(512, 512), torch.ones(512, 512))
-    address_space = (_status_kib("VmSize") or 0) * 1024
+    address_space = status_bytes("VmSize") or 0
     resource.setrlimit(resource.RLIMIT_AS, (address_space + max_memory_bytes, resource.RLIM_INFINITY))
 
 

@@ -33,6 +33,8 @@ def run_cli(args, capsys):
     (["--methods", "lora", "--backbone", "tiny-bert", "--method-config", "lora.r=65"],
      "lora r 65 is larger than the width 64 of backbone 'tiny-bert'"),
     (["--methods", "read", "--backbone", "./no/such/model"], "backbone folder './no/such/model' does not exist"),
+    (["--methods", "read", "--backbone", "no-such-org/no-such-model"],
+     "cannot load backbone 'no-such-org/no-such-model'"),  # the hub is offline in tests
     (["--methods", "read", "--max-memory", "lots"], "--max-memory 'lots' is not a positive size"),
     (["--methods", "read", "--timeout", "-3"], "--timeout must be a positive number of seconds, got -3.0"),
     (["--methods", "read", "--timeout", "60", "--in-process"], "cannot be used with --in-process"),

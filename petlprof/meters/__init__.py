@@ -37,13 +37,21 @@ def meter_status() -> list[tuple[str, bool, str, str]]:
     return rows
 
 
+def check_energy_meter(name: str, need_available: bool = True) -> None:
+    """A known name, and (unless ``need_available`` is false) usable on this machine; else UsageError."""
+    if name == "auto":
+        return
+    if name not in ENERGY_METERS:
+        raise unknown_choice("energy meter", name, [*ENERGY_METERS, "auto"])
+    if need_available:
+        ok, why = ENERGY_METERS[name].available()
+        if not ok:
+            raise UsageError(f"energy meter '{name}' was asked for but is not usable here: {why}")
+
+
 def energy_meter_for(device: str, requested: str = "auto") -> Meter:
     if requested != "auto":
-        if requested not in ENERGY_METERS:
-            raise unknown_choice("energy meter", requested, [*ENERGY_METERS, "auto"])
-        ok, why = ENERGY_METERS[requested].available()
-        if not ok:
-            raise UsageError(f"energy meter '{requested}' was asked for but is not usable here: {why}")
+        check_energy_meter(requested)
         return ENERGY_METERS[requested](device)
     order = ["nvml"] if device.startswith("cuda") else ["rapl"]
     for name in order:
@@ -64,6 +72,7 @@ __all__ = [
     "MEASURED",
     "Meter",
     "Window",
+    "check_energy_meter",
     "energy_meter_for",
     "memory_meter_for",
     "meter_status",

@@ -31,6 +31,12 @@ def _status_kib(field: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def status_bytes(field: str) -> int | None:
+    """A ``/proc/self/status`` memory field (VmRSS, VmHWM, VmSize, ...) in bytes, None if unreadable."""
+    kib = _status_kib(field)
+    return None if kib is None else kib * 1024
+
+
 def rss_bytes() -> int | None:
     kib = _status_kib("VmRSS")
     return None if kib is None else kib * 1024
