@@ -71,4 +71,5 @@ register_method(MethodSpec(
     lr_source="tuned on the offline default for short budgets (1e-3: 83.3%, 2e-3: 84.6%, 5e-4: 73.8% after one "
     "2000-example epoch); the LoRA paper's 4e-4..5e-4 assumes 30+ epochs",
     pareto_knob="r",
+    default_grid=(2, 8, 32),
 ))

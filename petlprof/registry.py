@@ -27,7 +27,13 @@ class MethodSpec:
     default_lr: float  # per-method default learning rate, from the method's paper or PEFT examples
     lr_source: str  # where the default learning rate comes from
     pareto_knob: str | None = None  # config field that trades quality for cost
+    default_grid: tuple = ()  # 3-4 values of the Pareto knob that ``--grid`` sweeps
     side_tuning: bool = False  # never back-propagates through the frozen backbone
+    merge: str | None = None  # "module:function" folding the trained weights into the backbone
+
+    def __post_init__(self):
+        if self.default_grid and self.pareto_knob is None:
+            raise RuntimeError(f"method '{self.name}' has a default grid but no Pareto knob")
 
     def make_config(self, overrides: dict[str, Any] | None = None):
         """The method's config dataclass from user overrides, rejecting unknown fields by name."""
@@ -42,8 +48,22 @@ class MethodSpec:
             raise UsageError(f"bad option for method '{self.name}' {overrides}: {exc}") from None
 
     def build(self) -> Callable:
-        module, _, func = self.apply.partition(":")
-        return getattr(importlib.import_module(module), func)
+        return _resolve(self.apply)
+
+    def build_merge(self) -> Callable | None:
+        """The method's merge function (trained model -> model with weights folded in), if any."""
+        return _resolve(self.merge) if self.merge else None
+
+    def grid_configs(self) -> list[dict[str, Any]]:
+        """One method-config override per value of the default grid (``[{}]`` without a grid)."""
+        if not self.default_grid:
+            return [{}]
+        return [{self.pareto_knob: value} for value in self.default_grid]
+
+
+def _resolve(target: str) -> Callable:
+    module, _, func = target.partition(":")
+    return getattr(importlib.import_module(module), func)
 
 
 _METHODS: dict[str, MethodSpec] = {}

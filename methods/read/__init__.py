@@ -52,5 +52,6 @@ register_method(MethodSpec(
     default_lr=1e-3,
     lr_source="side network and head trained from scratch; READ authors' range 1e-4..3e-3",
     pareto_knob="hidden_size",
+    default_grid=(32, 128, 512),
     side_tuning=True,
 ))
