@@ -72,4 +72,5 @@ register_method(MethodSpec(
     "2000-example epoch); the LoRA paper's 4e-4..5e-4 assumes 30+ epochs",
     pareto_knob="r",
     default_grid=(2, 8, 32),
+    merge="petlprof.methods.peft_common:merge",
 ))

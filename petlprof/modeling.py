@@ -4,14 +4,21 @@ One wrapper for all three families, so every method is compared on the same head
 
 * encoder (BERT-like): masked mean over the final hidden states (all-MiniLM-L6-v2 was trained
   with mean pooling);
-* encoder-decoder (T5-like): the encoder reads the input, the decoder reads it shifted right (as
-  ``T5ForSequenceClassification`` does) and the decoder state of the last non-padding token is
-  pooled;
+* encoder-decoder (T5-like): the encoder reads the input, the decoder reads it shifted right
+  over the input's own positions, and the decoder state at the last non-padding position is
+  pooled (as ``T5ForSequenceClassification`` pools at the final EOS): it has read every token but
+  the last from the decoder side and the whole input through cross-attention, whatever the
+  padding;
 * decoder (GPT-2/LLaMA-like): the state of the last non-padding token (left or right padding).
 
 ``forward`` returns logits (``num_labels`` columns; one for regression).  Side-tuning methods
 use :meth:`backbone_outputs` to tap every layer's hidden states and :meth:`classify` to put the
 head on a corrected final state.
+
+Prompt tuning prepends ``virtual_tokens`` trained embeddings to the input (PEFT does it inside the
+backbone), so the backbone returns that many extra leading positions; pooling drops them, so the
+same rule reads the same real tokens for every method.  Prefix tuning adds keys and values only,
+so lengths do not change.
 """
 
 from __future__ import annotations
@@ -41,19 +48,24 @@ class SequenceClassifier(nn.Module):
         self.family = backbone.family
         self.num_labels = num_labels
         self.pad_token_id = backbone.tokenizer.pad_token_id
+        self.tokenizer_path = getattr(backbone.tokenizer, "name_or_path", None)  # for prompt init from text
+        # set by prompt tuning: PEFT prepends this many embeddings and drops position ids, so a decoder
+        # counts positions from the prompt's start (right padding keeps them right)
+        self.virtual_tokens = 0
         self.dropout = nn.Dropout(dropout)
         self.head = nn.Linear(backbone.hidden_size, num_labels)
 
     def model_inputs(self, input_ids, attention_mask) -> dict:
         """Keyword arguments for the backbone; the decoder of an encoder-decoder reads the input shifted right."""
         kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
-        if self.family == DECODER:  # count positions from the first real token, so left padding is harmless
+        if self.family == DECODER and not self.virtual_tokens:
+            # count positions from the first real token, so left padding is harmless
             kwargs["position_ids"] = (attention_mask.long().cumsum(1) - 1).clamp(min=0)
         if self.family == ENCODER_DECODER:
             start = getattr(self.backbone.config, "decoder_start_token_id", None)
             start = self.pad_token_id if start is None else start
             kwargs["decoder_input_ids"] = shift_right(input_ids, start)
-            kwargs["decoder_attention_mask"] = shift_right(attention_mask, 1)
+            kwargs["decoder_attention_mask"] = attention_mask  # decoder position i is real iff input i is
         return kwargs
 
     def backbone_outputs(self, input_ids, attention_mask, output_hidden_states: bool = False):
@@ -61,19 +73,28 @@ class SequenceClassifier(nn.Module):
                              output_hidden_states=output_hidden_states, return_dict=True)
 
     def pool(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """[batch, tokens, width] -> [batch, width] by the family's pooling rule."""
+        """[batch, tokens, width] -> [batch, width] by the family's pooling rule.
+
+        States longer than the mask start with prompt tuning's virtual tokens; they are not pooled.
+        """
+        hidden = hidden[:, hidden.shape[1] - attention_mask.shape[1]:]
         if self.family == ENCODER:
             mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
             return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
         if self.family in (DECODER, ENCODER_DECODER):
-            # decoder position i has read the input up to token i-1 (shifted) or i (decoder-only);
-            # the last non-padding position is the one that has read the whole input.
+            # the last real position: it has read the whole input (decoder-only), or all but the
+            # final token through the shifted decoder input and all of it through cross-attention (T5)
             index = last_token_index(self.pooling_mask(attention_mask))
             return hidden[torch.arange(hidden.shape[0], device=hidden.device), index]
         raise AssertionError(self.family)
 
     def pooling_mask(self, attention_mask):
-        return shift_right(attention_mask, 1) if self.family == ENCODER_DECODER else attention_mask
+        """The real positions of the final states (also the decoder's in an encoder-decoder).
+
+        A mask shifted along with the decoder input would give an unpadded row one real position
+        fewer than a padded copy of it, so its prediction would depend on the batch it is in.
+        """
+        return attention_mask
 
     def classify(self, final_hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         pooled = self.pool(final_hidden, attention_mask)

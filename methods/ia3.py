@@ -1,0 +1,62 @@
+"""(IA)^3 (Liu et al. 2022, "Few-Shot Parameter-Efficient Fine-Tuning is Better and Cheaper than
+In-Context Learning") through PEFT: learned vectors rescale the attention keys and values and the
+feed-forward block's inner activations; the task head trains as well.
+
+Target modules default to PEFT's per-architecture table (T5 ``k``/``v``/``wo``, GPT-2's fused
+``c_attn`` and ``mlp.c_proj``, LLaMA ``k_proj``/``v_proj``/``down_proj``), except for BERT:
+PEFT's suffix ``output.dense`` also catches the attention output projection, which the paper
+does not rescale, so petlprof targets ``key``, ``value`` and the feed-forward output layer only.
+The vectors start at one (the backbone exactly) and can be merged into the weights for inference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from petlprof.errors import UsageError
+from petlprof.registry import MethodSpec, help_field, register_method
+
+# BERT-like encoders: the paper's placement (keys, values, input of the feed-forward output layer)
+_BERT_FEEDFORWARD = r".*layer\.\d+\.output\.dense"
+_BERT_TARGETS = r".*\.(key|value)|" + _BERT_FEEDFORWARD
+
+
+@dataclass
+class Ia3Config:
+    target_modules: list[str] | None = help_field(
+        None, "modules to rescale; default: keys, values and feed-forward (PEFT's table, BERT narrowed)")
+    feedforward_modules: list[str] | None = help_field(
+        None, "the subset of target_modules whose input (not output) is rescaled; default: the feed-forward layer")
+
+    def __post_init__(self):
+        for name in ("target_modules", "feedforward_modules"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+                raise UsageError(f"ia3 {name} must be a list of module names, got {value!r}")
+        if (self.feedforward_modules is None) != (self.target_modules is None):
+            raise UsageError("ia3 target_modules and feedforward_modules must be given together "
+                             f"(got target_modules={self.target_modules!r}, "
+                             f"feedforward_modules={self.feedforward_modules!r})")
+
+
+def apply(classifier, config: Ia3Config):
+    import peft
+
+    from petlprof.methods.peft_common import wrap_backbone
+
+    targets, feedforward = config.target_modules, config.feedforward_modules
+    if targets is None and classifier.backbone.config.model_type == "bert":
+        targets, feedforward = _BERT_TARGETS, _BERT_FEEDFORWARD
+    peft_config = peft.IA3Config(target_modules=targets, feedforward_modules=feedforward)
+    return wrap_backbone(classifier, peft_config, "ia3")
+
+
+register_method(MethodSpec(
+    name="ia3",
+    description="learned rescaling vectors on keys, values and feed-forward activations (PEFT) + task head",
+    config_cls=Ia3Config,
+    apply="petlprof.methods.ia3:apply",
+    default_lr=3e-3,
+    lr_source="T-Few recipe (Liu et al. 2022): 3e-3; PEFT's IA3 seq2seq example uses 8e-3",
+    merge="petlprof.methods.peft_common:merge",
+))

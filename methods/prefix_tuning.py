@@ -1,0 +1,63 @@
+"""Prefix tuning (Li and Liang 2021) through PEFT: trained key/value vectors of virtual tokens are
+prepended to every attention layer's keys and values; the backbone is frozen and the task head
+trains as well.
+
+Sequence lengths do not change (the prefix lives in the attention cache), so pooling is untouched.
+For T5, PEFT puts the prefix on the decoder's self-attention (its encoder takes no cache); that
+needs PEFT's sequence-to-sequence wrapper.  ``projection_size`` turns on the paper's
+reparametrisation: the prefix is produced by a two-layer MLP from smaller embeddings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from petlprof.backbones import ENCODER_DECODER
+from petlprof.errors import UsageError
+from petlprof.registry import MethodSpec, help_field, register_method
+
+
+@dataclass
+class PrefixTuningConfig:
+    num_virtual_tokens: int = help_field(20, "prefix length in virtual tokens per layer (the Pareto knob)")
+    projection_size: int | None = help_field(
+        None, "hidden size of the paper's MLP reparametrisation of the prefix; none: train the prefix directly")
+
+    def __post_init__(self):
+        for name in ("num_virtual_tokens", "projection_size"):
+            value = getattr(self, name)
+            if value is None and name == "projection_size":
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise UsageError(f"prefix_tuning {name} must be a positive integer, got {value!r}")
+
+
+def apply(classifier, config: PrefixTuningConfig):
+    import peft
+
+    from petlprof.methods.peft_common import wrap_backbone
+
+    seq2seq = classifier.family == ENCODER_DECODER
+    if seq2seq:
+        # PEFT's seq2seq wrapper (the one that extends the decoder's mask by the prefix) records the
+        # model's generation hooks when built; a headless T5 has none, and classification never generates.
+        classifier.backbone.prepare_inputs_for_generation = None
+        classifier.backbone._prepare_encoder_decoder_kwargs_for_generation = None
+    projection = {} if config.projection_size is None else {
+        "prefix_projection": True, "encoder_hidden_size": config.projection_size}
+    peft_config = peft.PrefixTuningConfig(task_type="SEQ_2_SEQ_LM" if seq2seq else "FEATURE_EXTRACTION",
+                                          num_virtual_tokens=config.num_virtual_tokens, **projection)
+    return wrap_backbone(classifier, peft_config, "prefix_tuning")
+
+
+register_method(MethodSpec(
+    name="prefix_tuning",
+    description="trained key/value prefixes in every attention layer (PEFT) + task head",
+    config_cls=PrefixTuningConfig,
+    apply="petlprof.methods.prefix_tuning:apply",
+    default_lr=1e-2,
+    lr_source="PEFT's prefix-tuning seq2seq example: 1e-2; 86.7% on the offline default after one 2000-example "
+    "epoch (300 eval examples)",
+    pareto_knob="num_virtual_tokens",
+    default_grid=(5, 20, 50),
+))
