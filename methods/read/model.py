@@ -1,23 +1,34 @@
 """READ's side network and its wiring into the three architecture families.
 
-For a stack with layer states ``h_1..h_L`` (each ``[batch, tokens, width]``), per token::
+For a stack with states ``h_0..h_L`` (``h_0`` the embedding output; each ``[batch, tokens, width]``),
+per token::
 
-    x_i = W_j · LayerNorm(h_i) + b_j   (+ W_c · c  in the decoder stack of an encoder-decoder)
+    x_i = W_j · LayerNorm(h_i) + b_j   (+ W_c · c  in the decoder stack, ``t5_wiring="side"``)
     s_i = RNN(s_{i-1}, x_i),           s_0 = 0  or  tanh(W_0 · LayerNorm(h_0))
     δ   = W_o · agg(s_1..s_L) + b_o    (W_o, b_o zero-initialised; agg = last or mean)
     y   = head(pool(h_L + δ))
 
-Encoder-decoder wiring (default: no back-propagation through any frozen layer): the encoder
-stack's correction δ_enc is mean-pooled over the source tokens into ``c``, which enters every
-step of the decoder stack's joiner.
+computed at the real (non-padding) tokens only; padding positions, which no pooling rule reads,
+get δ = 0.
+
+Encoder-decoder wirings:
+
+* ``side`` (default; no back-propagation through any frozen layer): the encoder stack's
+  correction δ_enc is mean-pooled over the source tokens into ``c``, which enters every step of
+  the decoder stack's joiner; the decoder states come from the same no-autograd pass.
+* ``encoder_output`` (the authors' code): the frozen decoder attends to the corrected encoder
+  output ``h^enc_L + δ_enc``, so it runs again *with* autograd (its weights stay frozen; the
+  gradient flows through its activations into the encoder side network), and the decoder side
+  network reads the states of that pass.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+from transformers.modeling_outputs import BaseModelOutput
 
-from petlprof.backbones import ENCODER_DECODER
+from petlprof.methods.side_tuning import SideTunedModel, masked_mean
 
 _CELLS = {"rnn": nn.RNN, "gru": nn.GRU, "lstm": nn.LSTM}
 
@@ -39,56 +50,63 @@ class SideNetwork(nn.Module):
         nn.init.zeros_(self.out.weight)  # step 0 reproduces the backbone exactly
         nn.init.zeros_(self.out.bias)
 
-    def forward(self, layer_states, embeddings, context=None):
-        batch, tokens, width = layer_states[0].shape
+    def forward(self, stack: torch.Tensor, mask: torch.Tensor, context: torch.Tensor | None = None) -> torch.Tensor:
+        """``stack`` [batch, tokens, layers + 1, width] (embedding output first) -> δ [batch, tokens, width].
+
+        The RNN runs on the real tokens of ``mask`` only; padding positions get δ = 0 (no pooling rule
+        reads them)."""
         param_dtype = self.joiner.weight.dtype
-        stacked = torch.stack(layer_states, dim=2).to(param_dtype)  # [B, T, L, D]
-        x = self.joiner(self.norm(stacked))
+        real = stack[mask].to(param_dtype)  # [real tokens, layers + 1, width]
+        x = self.joiner(self.norm(real[:, 1:]))
         if self.context is not None:
-            x = x + self.context(context.to(param_dtype))[:, None, None, :]
-        x = x.reshape(batch * tokens, len(layer_states), -1)
+            row = mask.nonzero(as_tuple=True)[0]
+            x = x + self.context(context.to(param_dtype))[row][:, None, :]
         h0 = None
         if self.init is not None:
-            h0 = torch.tanh(self.init(self.norm(embeddings.to(param_dtype)))).reshape(1, batch * tokens, -1)
+            h0 = torch.tanh(self.init(self.norm(real[:, 0]))).unsqueeze(0)
             if self.cell == "lstm":
                 h0 = (h0, torch.zeros_like(h0))
         states, _ = self.rnn(x, h0)
         summary = states[:, -1] if self.aggregation == "last" else states.mean(dim=1)
-        return self.out(summary).reshape(batch, tokens, width)
+        delta = self.out(summary)
+        return delta.new_zeros(*mask.shape, delta.shape[-1]).masked_scatter(mask.unsqueeze(-1), delta)
 
 
-class ReadModel(nn.Module):
-    """A frozen :class:`SequenceClassifier` backbone with READ side network(s) and a trainable head."""
+class ReadModel(SideTunedModel):
+    """A frozen backbone with READ side network(s) and a trainable head."""
 
     def __init__(self, classifier, config):
-        super().__init__()
-        self.classifier = classifier
-        for param in classifier.backbone.parameters():
-            param.requires_grad_(False)
-        for param in classifier.head.parameters():
-            param.requires_grad_(True)
-        width = classifier.backbone.config.hidden_size
-        self.encoder_decoder = classifier.family == ENCODER_DECODER
-        self.side = SideNetwork(width, config, with_context=self.encoder_decoder)
-        self.encoder_side = SideNetwork(width, config) if self.encoder_decoder else None
+        super().__init__(classifier)
+        self.wiring = config.t5_wiring if self.encoder_decoder else None
+        self.side = SideNetwork(self.width, config, with_context=self.wiring == "side")
+        self.encoder_side = SideNetwork(self.width, config) if self.encoder_decoder else None
 
-    def train(self, mode: bool = True):
-        super().train(mode)
-        self.classifier.backbone.eval()  # frozen backbone: no dropout, states never change
-        return self
+    def backbone_states(self, input_ids, attention_mask) -> dict[str, torch.Tensor]:
+        if self.wiring == "encoder_output":  # the decoder runs in side_forward, on the corrected encoder output
+            return self.encoder_states(input_ids, attention_mask)
+        return super().backbone_states(input_ids, attention_mask)
 
-    def forward(self, input_ids, attention_mask):
-        with torch.no_grad():
-            out = self.classifier.backbone_outputs(input_ids, attention_mask, output_hidden_states=True)
-        if self.encoder_decoder:
-            enc = out.encoder_hidden_states
-            delta_enc = self.encoder_side(list(enc[1:]), enc[0])
-            mask = attention_mask.unsqueeze(-1).to(delta_enc.dtype)
-            context = (delta_enc * mask).sum(1) / mask.sum(1).clamp(min=1.0)
-            states = out.decoder_hidden_states
-            delta = self.side(list(states[1:]), states[0], context)
+    def state_masks(self, attention_mask) -> dict[str, torch.Tensor]:
+        masks = super().state_masks(attention_mask)
+        return {name: masks[name] for name in (("encoder",) if self.wiring == "encoder_output" else masks)}
+
+    def side_forward(self, states, input_ids, attention_mask):
+        masks = self.state_masks(attention_mask)
+        if not self.encoder_decoder:
+            stack = states["layers"]
+            delta = self.side(stack, masks["layers"])
+        elif self.wiring == "side":
+            delta_enc = self.encoder_side(states["encoder"], masks["encoder"])
+            stack = states["decoder"]
+            delta = self.side(stack, masks["decoder"], masked_mean(delta_enc, attention_mask))
         else:
-            states = out.hidden_states
-            delta = self.side(list(states[1:]), states[0])
-        corrected = out.last_hidden_state.to(delta.dtype) + delta
-        return self.classifier.classify(corrected, attention_mask)
+            encoder = states["encoder"]
+            delta_enc = self.encoder_side(encoder, masks["encoder"])
+            corrected = encoder[:, :, -1].to(delta_enc.dtype) + delta_enc
+            out = self.classifier.backbone(**self.classifier.model_inputs(input_ids, attention_mask),
+                                           encoder_outputs=BaseModelOutput(last_hidden_state=corrected),
+                                           output_hidden_states=True, return_dict=True)
+            stack = torch.stack(out.decoder_hidden_states, dim=2)
+            delta = self.side(stack, self.classifier.pooling_mask(attention_mask).bool())
+        corrected_final = stack[:, :, -1].to(delta.dtype) + delta
+        return self.classifier.classify(corrected_final, attention_mask)

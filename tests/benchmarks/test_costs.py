@@ -12,7 +12,6 @@ import statistics
 import time
 
 import pytest
-import torch
 
 from petlprof.bench import MethodStep, time_alternating
 from petlprof.meters import Window, energy_meter_for, memory_meter_for
@@ -100,13 +99,11 @@ def test_meter_overhead(petlprof_bench, record_property):
 def test_read_side_network_step(benchmark):
     """The READ side network alone (forward + backward) on the hidden states of the real slice."""
     step = MethodStep("read", **REAL)
-    with torch.no_grad():
-        out = step.model.classifier.backbone_outputs(**step.inputs, output_hidden_states=True)
-    states, side = list(out.hidden_states[1:]), step.model.side
+    stack, side = step.model.backbone_states(**step.inputs)["layers"], step.model.side
     params = [p for p in side.parameters() if p.requires_grad]
 
     def side_step():
-        side(states, out.hidden_states[0]).sum().backward()
+        side(stack, step.inputs["attention_mask"].bool()).sum().backward()
         for p in params:
             p.grad = None
 

@@ -1,0 +1,61 @@
+"""LST — Ladder Side-Tuning (Sung, Cho and Bansal 2022, arXiv 2206.06522), the closest peer of READ.
+
+A side network ``r`` times narrower than the backbone, with one lightweight transformer layer per
+backbone layer, is fed from each frozen layer through a downsampling linear "ladder"; a learned
+gate ``μ_i = sigmoid(α_i / T)`` (``α_i`` initialised to 0, ``T = 0.1``: a balanced start) mixes
+the ladder input with the side network's own state.  Its output is upsampled back to the model
+width and added to the backbone's final hidden state; the task head sits on the sum.  The backbone
+runs once per batch without autograd in eval mode, as in READ.  The side network is randomly
+initialised (the paper's optional initialisation from a pruned backbone copy is not implemented),
+and its upsampler is zero-initialised so step 0 reproduces the backbone.  The network itself is in
+:mod:`petlprof.methods.lst.model`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from petlprof.errors import UsageError
+from petlprof.registry import MethodSpec, help_field, register_method
+
+
+@dataclass
+class LstConfig:
+    reduction_factor: int = help_field(8, "side network width = backbone width / r (the Pareto knob; paper: 8)")
+    gate_temperature: float = help_field(0.1, "temperature T of the ladder gates sigmoid(alpha / T) (paper: 0.1)")
+    num_heads: int = help_field(4, "attention heads of each side layer (fewer if the side width is not divisible)")
+    ffn_multiplier: int = help_field(4, "feed-forward width of each side layer, in side widths")
+
+    def __post_init__(self):
+        for name in ("reduction_factor", "num_heads", "ffn_multiplier"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise UsageError(f"lst {name} must be a positive integer, got {value!r}")
+        temp = self.gate_temperature
+        if isinstance(temp, bool) or not isinstance(temp, (int, float)) or temp <= 0:
+            raise UsageError(f"lst gate_temperature must be a positive number, got {temp!r}")
+
+    def check_width(self, width: int, backbone: str) -> None:
+        """Called before a sweep starts: the side network must keep at least one unit."""
+        if width // self.reduction_factor < 1:
+            raise UsageError(f"lst reduction_factor {self.reduction_factor} leaves no side width for backbone "
+                             f"'{backbone}' of width {width}; use at most {width}")
+
+
+def apply(classifier, config: LstConfig):
+    from petlprof.methods.lst.model import LstModel
+
+    return LstModel(classifier, config)
+
+
+register_method(MethodSpec(
+    name="lst",
+    description="ladder side network (width / r, one light layer per backbone layer) + task head",
+    config_cls=LstConfig,
+    apply="petlprof.methods.lst:apply",
+    default_lr=3e-3,
+    lr_source="LST paper (arXiv 2206.06522), its T5 GLUE setting; not re-tuned on the offline default",
+    pareto_knob="reduction_factor",
+    default_grid=(4, 8, 16, 32),
+    side_tuning=True,
+))
