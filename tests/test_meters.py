@@ -5,6 +5,7 @@ Real hardware is exercised only in tests marked ``gpu``.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from unittest import mock
@@ -14,7 +15,9 @@ import pytest
 
 from petlprof.errors import UsageError
 from petlprof.meters import Window, energy_meter_for, meter_status
-from petlprof.meters.energy import EstimateEnergyMeter, NvmlEnergyMeter, RaplEnergyMeter, rapl_domains
+from petlprof.meters.energy import (EstimateEnergyMeter, NvmlEnergyMeter, RaplEnergyMeter, cpu_power_per_core,
+                                    rapl_domains)
+from petlprof.meters.idle import IDLE_ENV
 from petlprof.meters.memory import CpuMemoryMeter
 
 
@@ -116,7 +119,9 @@ def test_nvml_counter_measures_only_the_runs_gpu(fake_nvml, device, expected_j):
     reading = meter.end()
     assert reading["energy_j"] == pytest.approx(expected_j)
     assert reading["energy_kind"] == "measured" and reading["energy_source"] == "nvml-energy-counter"
-    assert reading["energy_warnings"] and "low-confidence" in reading["energy_warnings"][0]  # a short window
+    assert reading["energy_low_confidence"] is True  # a short window, said in the record and in words
+    assert any("low-confidence" in w for w in reading["energy_warnings"])
+    assert reading["energy_integrated_j"] is None and reading["energy_meter"] == "nvml"
 
 
 @pytest.mark.parametrize("visible, expected", [
@@ -137,14 +142,41 @@ def test_nvml_counter_reset_mid_window_counts_from_zero(fake_nvml):
     meter = NvmlEnergyMeter("cuda:1")
     meter.begin()
     energy.update(h0=1_500)
-    assert meter.end()["energy_j"] == pytest.approx(1.5)
+    reading = meter.end()
+    assert reading["energy_j"] == pytest.approx(1.5)
+    assert any("went back" in w for w in reading["energy_warnings"])
 
 
-def test_nvml_without_counter_is_unavailable_with_a_reason(fake_nvml):
+def test_nvml_energy_above_idle_uses_the_gpus_own_baseline(fake_nvml, monkeypatch):
+    fake, energy = fake_nvml
+    monkeypatch.setenv(IDLE_ENV, json.dumps({"nvml_w": {"GPU-bbb": 50.0, "GPU-aaa": 1000.0}}))
+    meter = NvmlEnergyMeter("cuda:0")  # GPU-bbb
+    meter.begin()
+    energy.update(h1=energy["h1"] + 30_000)
+    reading = meter.end()
+    assert reading["idle_power_w"] == 50.0
+    assert reading["energy_above_idle_j"] == pytest.approx(30.0 - 50.0 * meter.window_s)
+
+
+@pytest.mark.parametrize("counter, power, ok, words", [
+    (True, True, True, "total-energy counter + power timeline"),
+    (False, True, True, "power timeline only (no energy counter)"),
+    (False, False, False, "not supported"),
+])
+def test_nvml_availability_says_what_it_can_read(fake_nvml, counter, power, ok, words):
     fake, _ = fake_nvml
-    fake.nvmlDeviceGetTotalEnergyConsumption.side_effect = fake.NVMLError(3)  # NVML_ERROR_NOT_SUPPORTED
-    ok, why = NvmlEnergyMeter.available()
-    assert not ok and "not supported" in why.lower()
+    if not counter:
+        fake.nvmlDeviceGetTotalEnergyConsumption.side_effect = fake.NVMLError(3)  # NVML_ERROR_NOT_SUPPORTED
+    if not power:
+        fake.nvmlDeviceGetPowerUsage.side_effect = fake.NVMLError(3)
+    available, why = NvmlEnergyMeter.available()
+    assert available is ok and words in why
+
+
+def test_nvml_without_counter_or_timeline_is_an_error_when_asked_for(fake_nvml):
+    fake, _ = fake_nvml
+    fake.nvmlDeviceGetTotalEnergyConsumption.side_effect = fake.NVMLError(3)
+    fake.nvmlDeviceGetPowerUsage.side_effect = fake.NVMLError(3)
     with pytest.raises(UsageError, match="energy meter 'nvml' was asked for but is not usable here"):
         energy_meter_for("cuda", "nvml")
 
@@ -163,9 +195,25 @@ def test_estimate_follows_its_stated_model():
         np.sqrt(np.arange(10_000.0))
     reading = meter.end()
     assert reading["energy_kind"] == "estimated" and "CPU time" in reading["energy_model"]
+    assert reading["cpu_model"] in reading["energy_model"]  # the CPU is named wherever the model is
     assert reading["cpu_time_s"] >= 0.3
-    cpu_part = reading["cpu_time_s"] * 10.0
+    cpu_part = reading["cpu_time_s"] * reading["cpu_watts_per_core"]
     assert cpu_part <= reading["energy_j"] <= cpu_part + 0.375 * 64 * meter.window_s  # + DRAM, < 64 GiB
+
+
+@pytest.mark.parametrize("model_name, cores, entry, watts_per_core", [
+    ("AMD EPYC 7763 64-Core Processor", 64, "amd epyc 7763", 280 / 64),
+    ("Intel(R) Xeon(R) Platinum 8380 CPU @ 2.30GHz", 40, "intel xeon platinum 8380", 270 / 40),
+    ("Intel(R) Xeon(R) Platinum 8380H CPU @ 2.90GHz", 28, "intel xeon platinum 8380h", 250 / 28),  # longest match
+    ("AMD EPYC", 2, None, 10.0),                  # a virtual CPU without a model number: the fallback
+    (None, None, None, 10.0),                     # no /proc/cpuinfo model name
+])
+def test_estimate_power_per_core_from_the_cpu_table(tmp_path, model_name, cores, entry, watts_per_core):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\n" + (f"model name\t: {model_name}\ncpu cores\t: {cores}\n" if model_name else ""))
+    cpu = cpu_power_per_core(str(cpuinfo))
+    assert cpu["table_entry"] == entry and cpu["watts_per_core"] == pytest.approx(watts_per_core)
+    assert cpu["cpu_model"] == (model_name or "unknown CPU")
 
 
 def test_cpu_memory_meter_sees_an_allocation_and_not_the_past():
@@ -183,7 +231,7 @@ def test_cpu_memory_meter_sees_an_allocation_and_not_the_past():
 
 def test_meter_status_lists_every_meter_with_a_reason():
     rows = {name: (ok, why) for name, ok, why, _ in meter_status()}
-    assert set(rows) == {"timer", "nvml", "rapl", "estimate", "cuda-allocator", "cpu-rss"}
+    assert set(rows) == {"timer", "nvml", "rapl", "estimate", "cuda-allocator", "cpu-rss", "codecarbon", "cpu-tensors"}
     assert rows["estimate"][0] and all(why for _, why in rows.values())
 
 
@@ -200,3 +248,206 @@ def test_real_nvml_counter_advances_under_load():
         x = x / x.norm()
     reading = meter.end()
     assert reading["energy_kind"] == "measured" and reading["energy_j"] > 0
+
+
+def test_rapl_unreadable_at_read_time_says_why(tmp_path):
+    root = make_powercap(tmp_path / "powercap", {0: {"energy": 1, "max": 10}})
+    meter = RaplEnergyMeter(root=root)
+    real_read = Path.read_text
+
+    def root_only(path, *args, **kwargs):
+        if path.name == "energy_uj":
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_read(path, *args, **kwargs)
+
+    with mock.patch("pathlib.Path.read_text", autospec=True, side_effect=root_only):
+        with Window([meter]) as window:
+            pass
+    assert window.reading["energy_j"] is None
+    error = window.reading["meter_errors"][0]
+    assert "energy_uj is not readable" in error and "root-only" in error
+
+
+def test_rapl_reading_carries_provenance_and_energy_above_idle(tmp_path, monkeypatch):
+    root = make_powercap(tmp_path / "powercap", {0: {"energy": 0, "max": 2**32, "subs": {"dram": (0, 2**32)}}})
+    monkeypatch.setenv(IDLE_ENV, json.dumps({"rapl_w": 2.0}))
+    meter = RaplEnergyMeter(root=root)
+    meter.begin()
+    set_energy(root, "intel-rapl:0", 30_000_000)
+    set_energy(root, "intel-rapl:0:0", 5_000_000)
+    reading = meter.end()
+    assert reading["energy_j"] == pytest.approx(35.0)
+    assert reading["energy_above_idle_j"] == pytest.approx(35.0 - 2.0 * meter.window_s)
+    assert {k: reading[k] for k in ("energy_meter", "energy_samples", "energy_low_confidence")} == {
+        "energy_meter": "rapl", "energy_samples": 2, "energy_low_confidence": True}
+    assert reading["energy_window_s"] == meter.window_s
+
+
+def test_idle_baseline_is_skipped_with_a_reason_when_nothing_can_be_read(monkeypatch):
+    from petlprof.meters.idle import prepare_sweep_idle, sweep_idle
+
+    monkeypatch.setattr(RaplEnergyMeter, "available", classmethod(lambda cls, root=None: (False, "no RAPL here")))
+    monkeypatch.delenv(IDLE_ENV, raising=False)
+    assert "no RAPL here" in prepare_sweep_idle("cpu", "auto")
+    assert sweep_idle()["notes"] == ["no CPU idle power: no RAPL here"] and "rapl_w" not in sweep_idle()
+    assert "estimate" in prepare_sweep_idle("cpu", "estimate") and sweep_idle() == {}
+
+
+def test_extra_meters_are_checked_by_name():
+    from petlprof.meters import extra_meters_for
+
+    with pytest.raises(UsageError, match="codecarbn"):
+        extra_meters_for(["codecarbn"], "cpu")
+
+
+def test_codecarbon_meter_gives_emissions_and_its_energy_breakdown():
+    from petlprof.meters import extra_meters_for
+
+    [meter] = extra_meters_for(["codecarbon"], "cpu", country_code="fra")
+    with Window([meter, EstimateEnergyMeter("cpu")]) as window:  # alongside another energy meter
+        deadline = time.process_time() + 0.2
+        while time.process_time() < deadline:
+            np.sqrt(np.arange(10_000.0))
+    reading = window.reading
+    assert reading["co2eq_g"] > 0 and reading["co2eq_country"] == "FRA" and reading["co2eq_kind"] == "estimated"
+    parts = sum(reading[f"codecarbon_{p}_energy_j"] for p in ("cpu", "gpu", "ram"))
+    assert reading["codecarbon_energy_j"] == pytest.approx(parts, rel=1e-6)
+    assert reading["energy_source"] == "estimate"  # codecarbon never replaces the energy meter's figure
+
+
+def test_cpu_tensor_meter_counts_live_tensors_not_the_past():
+    import torch
+
+    from petlprof.meters.tensors import CpuTensorMeter
+
+    before = torch.ones(20_000_000)  # 80 MB created and freed before the window: never counted
+    del before
+    layer = torch.nn.Linear(500, 500)
+    meter = CpuTensorMeter("cpu", resident_bytes=1234)
+    with Window([meter]) as window:
+        block = torch.ones(2_500_000)  # 10 MB, freed before the backward pass
+        del block
+        layer(torch.randn(64, 500)).square().sum().backward()
+    reading = window.reading
+    assert reading["tensor_peak_new_bytes"] == 10_000_000
+    assert reading["peak_tensor_bytes"] == 1234 + 10_000_000
+    with Window([CpuTensorMeter("cpu")]) as window:  # backward alone: gradients and activations are seen
+        layer.weight.grad = None
+        layer(torch.randn(64, 500)).square().sum().backward()
+    assert window.reading["tensor_peak_new_bytes"] >= 500 * 500 * 4
+
+
+def test_static_breakdown_counts_weights_gradients_and_adamw_state():
+    import torch
+
+    from petlprof.meters.memory import static_breakdown
+
+    model = torch.nn.Sequential(torch.nn.Embedding(100, 8), torch.nn.Linear(8, 100), torch.nn.BatchNorm1d(100))
+    model[1].weight = model[0].weight  # tied: counted once
+    model[0].weight.requires_grad_(False)
+    figures = static_breakdown(model)
+    trainable = (100 + 100 + 100) * 4  # linear bias, batch-norm weight and bias
+    assert figures["frozen_weights_bytes"] == 100 * 8 * 4
+    assert figures["trainable_weights_bytes"] == figures["gradients_bytes"] == trainable
+    assert figures["optimizer_state_bytes"] == 2 * trainable + 4 * 3
+    assert figures["buffers_bytes"] == (100 + 100) * 4 + 8  # running mean/var + num_batches_tracked
+    assert figures["total_bytes"] == sum(v for k, v in figures.items() if k != "total_bytes")
+
+
+def test_step_timer_on_cpu_keeps_only_the_steps_asked_for():
+    from petlprof.meters.latency import StepTimer
+
+    timer = StepTimer("cpu")
+    for step, pause in enumerate([0.05, 0.01, 0.02]):
+        timer.start()
+        time.sleep(pause)
+        timer.stop(keep=step > 0)  # the first is warm-up
+    latencies = timer.latencies_s()
+    assert timer.source == "perf-counter" and len(latencies) == 2
+    assert 0.01 <= latencies[0] < 0.05 and 0.02 <= latencies[1] < 0.05
+
+
+def test_a_run_records_inference_latency_breakdown_and_provenance():
+    from petlprof.inference import MIN_REPEATS
+    from petlprof.runner import RunSpec, execute
+
+    spec = RunSpec(method="bitfit", num_layers=1, train_size=48, eval_size=24, batch_size=8, max_steps=4,
+                   max_length=16, extra_meters=["cpu-tensors"], inference_window_s=0.2)
+    record = execute(spec)
+    assert record["status"] == "ok", record.get("error")
+    inference = record["inference"]
+    assert set(inference) >= {"batch_1", "batch_8"} and inference["target_window_s"] == 0.2
+    one = inference["batch_1"]
+    assert one["repeats"] >= MIN_REPEATS and one["time_s"] >= 0.2 and one["latency_s"]["p50"] > 0
+    assert inference["batch_8"]["latency_per_sample_s"]["p50"] == pytest.approx(
+        inference["batch_8"]["latency_s"]["p50"] / 8)
+    assert one["energy_per_sample_j"] == pytest.approx(one["energy_j"] / one["repeats"])
+    breakdown = record["memory_breakdown"]
+    assert breakdown["trainable_weights_bytes"] == 4 * record["trainable_params"]
+    for phase in ("train", "eval"):
+        assert record[phase]["latency_source"] == "perf-counter"
+        assert record[phase]["energy_meter"] in ("rapl", "estimate") and record[phase]["energy_window_s"] > 0
+        assert record[phase]["peak_tensor_bytes"] >= breakdown["frozen_weights_bytes"]
+    assert record["train"]["tensor_resident_bytes"] == breakdown["total_bytes"] - breakdown["gradients_bytes"]
+    assert "RunSpec" not in json.dumps(record, default=str)  # the record is plain JSON
+
+
+@pytest.mark.gpu
+def test_cuda_events_timer_and_memory_snapshot(tmp_path):
+    import torch
+
+    from petlprof.meters import memory_meter_for
+    from petlprof.meters.latency import StepTimer
+
+    timer = StepTimer("cuda")
+    path = tmp_path / "snap.pickle"
+    x = torch.randn(4096, 4096, device="cuda")
+    with Window([memory_meter_for("cuda", snapshot_path=str(path))], "cuda") as window:
+        for _ in range(3):
+            timer.start()
+            y = x @ x
+            timer.stop()
+    assert timer.source == "cuda-events" and all(t > 0 for t in timer.latencies_s())
+    assert path.stat().st_size > 0 and window.reading["memory_snapshot_file"] == str(path)
+    assert window.reading["peak_memory_bytes"] >= y.numel() * 4
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"meters": "codecarbon,bogus"}, "bogus"),
+    ({"meters": "codecarbon", "country_code": "FR"}, "alpha-3"),
+    ({"country_code": "FRA"}, "add --meters codecarbon"),
+    ({"inference_window_s": -1}, "--inference-window-s"),
+    ({"memory_snapshot": "yes"}, "memory_snapshot"),
+])
+def test_measurement_options_are_validated(values, message):
+    from petlprof.config import build_options
+
+    with pytest.raises(UsageError, match=message):
+        build_options({}, {"methods": "bitfit", **values})
+
+
+def test_measurement_options_reach_the_runs_without_changing_their_identity():
+    from petlprof.config import build_options, expand
+
+    plain = expand(build_options({}, {"methods": "bitfit"}), "cpu")[0]
+    measured = expand(build_options({}, {"methods": "bitfit", "meters": "codecarbon,cpu-tensors",
+                                         "country_code": "DEU", "inference_window_s": 1.5}), "cpu")[0]
+    assert measured.extra_meters == ["codecarbon", "cpu-tensors"] and measured.country_code == "DEU"
+    assert measured.inference_window_s == 1.5 and measured.run_key == plain.run_key
+
+
+def test_memory_snapshot_needs_cuda():
+    from petlprof.config import build_options, preflight
+
+    with pytest.raises(UsageError, match="--memory-snapshot records the CUDA allocator"):
+        preflight(build_options({}, {"methods": "bitfit", "memory_snapshot": True}), "cpu")
+
+
+def test_petlprof_meters_shows_each_meter_and_why(capsys):
+    from petlprof.cli import main
+
+    assert main(["meters"]) == 0
+    out = capsys.readouterr().out
+    for name, ok, why, _ in meter_status():
+        line = next(line for line in out.splitlines() if line.strip().startswith(name + " "))
+        assert ("unavailable" in line) is (not ok) and why in out

@@ -7,10 +7,14 @@ usable here is an error, never a silent fallback.
 
 from __future__ import annotations
 
+import os
+
 from petlprof.errors import UsageError, unknown_choice
 from petlprof.meters.base import ESTIMATED, MEASURED, Meter, Window, synchronize
+from petlprof.meters.carbon import CodecarbonMeter
 from petlprof.meters.energy import EstimateEnergyMeter, NvmlEnergyMeter, RaplEnergyMeter
 from petlprof.meters.memory import CpuMemoryMeter, CudaMemoryMeter
+from petlprof.meters.tensors import CpuTensorMeter
 
 ENERGY_METERS: dict[str, type[Meter]] = {
     "nvml": NvmlEnergyMeter,
@@ -18,23 +22,67 @@ ENERGY_METERS: dict[str, type[Meter]] = {
     "estimate": EstimateEnergyMeter,
 }
 MEMORY_METERS: dict[str, type[Meter]] = {"cuda-allocator": CudaMemoryMeter, "cpu-rss": CpuMemoryMeter}
+EXTRA_METERS: dict[str, type[Meter]] = {"codecarbon": CodecarbonMeter, "cpu-tensors": CpuTensorMeter}
 METER_HELP = {
-    "nvml": "GPU energy (J, measured) from the NVML total-energy counter",
+    "nvml": "GPU energy (J, measured) from the NVML total-energy counter, and integrated power sampled "
+            "in a separate process (both recorded)",
     "rapl": "CPU package + DRAM energy (J, measured) from /sys/class/powercap",
-    "estimate": "energy (J, estimated): " + EstimateEnergyMeter.MODEL.removeprefix("estimate: "),
-    "cuda-allocator": "peak CUDA memory (bytes, measured) from the caching allocator",
+    "cuda-allocator": "peak CUDA memory (bytes, measured) from the caching allocator, per phase",
     "cpu-rss": "peak process memory (bytes, measured) from the RSS high-water mark above the runtime baseline",
-    "timer": "wall time and per-step latency (s, measured), device-synchronised, warm-up excluded",
+    "codecarbon": "emissions (g CO2-eq, estimated) and CodeCarbon's energy breakdown; off by default",
+    "cpu-tensors": "peak live CPU tensor bytes (measured, allocator-independent); off by default, costs a "
+                   "Python call per tensor operation",
+    "timer": "wall time and per-step latency (s, measured), CUDA events on GPU, warm-up excluded",
 }
 
 
+def meter_help(name: str) -> str:
+    if name == "estimate":
+        from petlprof.meters.energy import cpu_power_per_core, estimate_model
+
+        return "energy (J, estimated): " + estimate_model(cpu_power_per_core()).removeprefix("estimate: ")
+    return METER_HELP[name]
+
+
 def meter_status() -> list[tuple[str, bool, str, str]]:
-    """(name, available, why, what it measures) for every meter, for ``petlprof list``."""
+    """(name, available, why, what it measures) for every meter, for ``petlprof meters``/``list``."""
     rows = [("timer", True, "always available", METER_HELP["timer"])]
-    for name, cls in {**ENERGY_METERS, **MEMORY_METERS}.items():
+    for name, cls in {**ENERGY_METERS, **MEMORY_METERS, **EXTRA_METERS}.items():
         ok, why = cls.available()
-        rows.append((name, ok, why, METER_HELP[name]))
+        rows.append((name, ok, why, meter_help(name)))
     return rows
+
+
+def check_extra_meters(names: list[str]) -> None:
+    for name in names:
+        if name not in EXTRA_METERS:
+            raise unknown_choice("extra meter (--meters)", name, list(EXTRA_METERS))
+
+
+def extra_meters_for(names: list[str], device: str, *, country_code: str | None = None,
+                     resident_bytes: int = 0) -> list[Meter]:
+    """The extra meters asked for by name; one that is not usable here is an error."""
+    check_extra_meters(names)
+    meters: list[Meter] = []
+    for name in names:
+        ok, why = EXTRA_METERS[name].available()
+        if not ok:
+            raise UsageError(f"meter '{name}' was asked for but is not usable here: {why}")
+        if name == "codecarbon":
+            meters.append(CodecarbonMeter(device, country_code=country_code))
+        else:
+            meters.append(CpuTensorMeter(device, resident_bytes=resident_bytes))
+    return meters
+
+
+def start_power_timeline(device: str):
+    """The power sampler process for the GPU ``device`` uses, or None off CUDA or without NVML."""
+    if not device.startswith("cuda") or not NvmlEnergyMeter.available()[0]:
+        return None
+    from petlprof.meters.energy import cuda_uuid
+    from petlprof.meters.power import NvmlPowerSource, PowerTimeline
+
+    return PowerTimeline(NvmlPowerSource([cuda_uuid(device)], os.getpid())).start()
 
 
 def check_energy_meter(name: str, need_available: bool = True) -> None:
@@ -49,32 +97,41 @@ def check_energy_meter(name: str, need_available: bool = True) -> None:
             raise UsageError(f"energy meter '{name}' was asked for but is not usable here: {why}")
 
 
-def energy_meter_for(device: str, requested: str = "auto") -> Meter:
+def _make(name: str, device: str, timeline) -> Meter:
+    return NvmlEnergyMeter(device, timeline=timeline) if name == "nvml" else ENERGY_METERS[name](device)
+
+
+def energy_meter_for(device: str, requested: str = "auto", timeline=None) -> Meter:
+    """The energy meter for ``device``; ``timeline``: a started :class:`PowerTimeline` for nvml."""
     if requested != "auto":
         check_energy_meter(requested)
-        return ENERGY_METERS[requested](device)
+        return _make(requested, device, timeline)
     order = ["nvml"] if device.startswith("cuda") else ["rapl"]
     for name in order:
         if ENERGY_METERS[name].available()[0]:
-            return ENERGY_METERS[name](device)
+            return _make(name, device, timeline)
     return EstimateEnergyMeter(device)
 
 
-def memory_meter_for(device: str, baseline_bytes: int | None = None) -> Meter:
+def memory_meter_for(device: str, baseline_bytes: int | None = None, snapshot_path: str | None = None) -> Meter:
     if device.startswith("cuda"):
-        return CudaMemoryMeter(device)
+        return CudaMemoryMeter(device, snapshot_path=snapshot_path)
     return CpuMemoryMeter(device, baseline_bytes=baseline_bytes)
 
 
 __all__ = [
     "ENERGY_METERS",
+    "EXTRA_METERS",
     "ESTIMATED",
     "MEASURED",
     "Meter",
     "Window",
     "check_energy_meter",
+    "check_extra_meters",
     "energy_meter_for",
+    "extra_meters_for",
     "memory_meter_for",
     "meter_status",
+    "start_power_timeline",
     "synchronize",
 ]

@@ -1,4 +1,5 @@
-"""Peak memory of a phase: CUDA allocator peaks on GPU, the process RSS high-water mark on CPU.
+"""Peak memory of a phase: CUDA allocator peaks on GPU, the process RSS high-water mark on CPU,
+and the static per-method breakdown (weights, gradients, optimiser state) that explains them.
 
 CPU: Linux keeps the resident-set high-water mark (``VmHWM``) per process and lets a process
 reset it by writing ``5`` to ``/proc/self/clear_refs``.  A phase's figure is the high-water mark
@@ -15,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import gc
 import re
+from pathlib import Path
 from typing import Any
 
 from petlprof.meters.base import MEASURED, Meter
@@ -97,10 +99,16 @@ class CpuMemoryMeter(Meter):
 
 
 class CudaMemoryMeter(Meter):
-    """CUDA caching-allocator peaks (allocated and reserved) during the window."""
+    """CUDA caching-allocator peaks (allocated and reserved) during the window; optionally a memory
+    snapshot of the window (``snapshot_path``, a pickle that https://pytorch.org/memory_viz opens)."""
 
     name = "cuda-allocator"
     FIGURES = ("peak_memory_bytes", "memory_kind", "memory_source")
+    SNAPSHOT_ENTRIES = 100_000
+
+    def __init__(self, device: str = "cuda", snapshot_path: str | None = None):
+        super().__init__(device)
+        self.snapshot_path = snapshot_path
 
     @classmethod
     def available(cls) -> tuple[bool, str]:
@@ -117,13 +125,48 @@ class CudaMemoryMeter(Meter):
 
         gc.collect()  # the allocator cache is kept: emptying it would undo the warm-up steps
         torch.cuda.reset_peak_memory_stats(self.device)
+        if self.snapshot_path:
+            torch.cuda.memory._record_memory_history(max_entries=self.SNAPSHOT_ENTRIES)
 
     def _end(self) -> dict[str, Any]:
         import torch
 
-        return {
+        reading = {
             "peak_memory_bytes": int(torch.cuda.max_memory_allocated(self.device)),
             "peak_reserved_bytes": int(torch.cuda.max_memory_reserved(self.device)),
             "memory_kind": MEASURED,
             "memory_source": "cuda-allocator",
         }
+        if self.snapshot_path:
+            Path(self.snapshot_path).parent.mkdir(parents=True, exist_ok=True)
+            torch.cuda.memory._dump_snapshot(str(self.snapshot_path))
+            torch.cuda.memory._record_memory_history(enabled=None)
+            reading["memory_snapshot_file"] = str(self.snapshot_path)
+        return reading
+
+
+def static_breakdown(model) -> dict[str, int]:
+    """Bytes the method's model holds whatever the batch: frozen and trainable weights, buffers,
+    the gradients of the trainable weights, and AdamW's state (``exp_avg`` and ``exp_avg_sq`` in
+    the parameter's dtype, plus a 4-byte ``step`` per trainable tensor).  Shared (tied) tensors
+    count once."""
+    seen: set[int] = set()
+    figures = dict.fromkeys(("frozen_weights_bytes", "trainable_weights_bytes", "buffers_bytes",
+                             "gradients_bytes", "optimizer_state_bytes"), 0)
+    for param in model.parameters():
+        if param.data_ptr() in seen:
+            continue
+        seen.add(param.data_ptr())
+        size = param.numel() * param.element_size()
+        if param.requires_grad:
+            figures["trainable_weights_bytes"] += size
+            figures["gradients_bytes"] += size
+            figures["optimizer_state_bytes"] += 2 * size + 4
+        else:
+            figures["frozen_weights_bytes"] += size
+    for buffer in model.buffers():
+        if buffer.data_ptr() not in seen:
+            seen.add(buffer.data_ptr())
+            figures["buffers_bytes"] += buffer.numel() * buffer.element_size()
+    figures["total_bytes"] = sum(figures.values())
+    return figures

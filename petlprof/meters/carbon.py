@@ -1,0 +1,67 @@
+"""``codecarbon``: emissions (g CO2-eq) and CodeCarbon's own energy breakdown for a window.
+
+An extra meter (``--meters codecarbon``), off by default, that runs alongside the energy meter:
+CodeCarbon's :class:`OfflineEmissionsTracker` (no network) is made in ``prepare`` (outside the
+window) and started and stopped at the window's edges.  Its energy figures are CodeCarbon's —
+from RAPL, NVML or its own TDP model, as it finds — and are recorded under ``codecarbon_*`` so
+they never replace the figures of petlprof's own energy meter.  Emissions are energy × the
+carbon intensity of the country given (``--country-code``, ISO 3166 alpha-3, default
+:data:`DEFAULT_COUNTRY`).
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from typing import Any
+
+from petlprof.meters.base import ESTIMATED, Meter
+
+DEFAULT_COUNTRY = "USA"
+J_PER_KWH = 3.6e6
+
+
+class CodecarbonMeter(Meter):
+    name = "codecarbon"
+    FIGURES = ("co2eq_g", "codecarbon_energy_j")
+
+    def __init__(self, device: str = "cpu", country_code: str | None = None):
+        super().__init__(device)
+        self.country_code = (country_code or DEFAULT_COUNTRY).upper()
+        self._tracker = None
+
+    @classmethod
+    def available(cls) -> tuple[bool, str]:
+        try:
+            import codecarbon
+        except ImportError as exc:
+            return False, f"codecarbon is not installed: {exc}"
+        return True, f"codecarbon {codecarbon.__version__} offline tracker (extra meter: --meters codecarbon)"
+
+    def prepare(self) -> None:
+        from codecarbon import OfflineEmissionsTracker
+
+        logging.getLogger("codecarbon").setLevel(logging.ERROR)
+        with warnings.catch_warnings():  # codecarbon 3 deprecates save_to_file, which 2.x needs
+            warnings.simplefilter("ignore", DeprecationWarning)
+            self._tracker = OfflineEmissionsTracker(country_iso_code=self.country_code, save_to_file=False,
+                                                    log_level="error", allow_multiple_runs=True)
+
+    def _begin(self) -> None:
+        self._tracker.start()
+
+    def _end(self) -> dict[str, Any]:
+        emissions_kg = self._tracker.stop()
+        data = self._tracker.final_emissions_data
+        return {
+            "co2eq_g": None if emissions_kg is None else emissions_kg * 1000.0,
+            "co2eq_country": self.country_code,
+            "codecarbon_energy_j": data.energy_consumed * J_PER_KWH,
+            "codecarbon_cpu_energy_j": data.cpu_energy * J_PER_KWH,
+            "codecarbon_gpu_energy_j": data.gpu_energy * J_PER_KWH,
+            "codecarbon_ram_energy_j": data.ram_energy * J_PER_KWH,
+            "codecarbon_cpu_model": data.cpu_model,
+            "codecarbon_tracking_mode": data.tracking_mode,
+            "co2eq_kind": ESTIMATED,
+            "co2eq_source": f"codecarbon {data.codecarbon_version} offline, grid intensity of {self.country_code}",
+        }

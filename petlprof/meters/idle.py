@@ -1,0 +1,99 @@
+"""Idle power measured once before a sweep, so every run can report energy above idle.
+
+``petlprof run`` calls :func:`measure_idle` before the first run, while nothing of the sweep runs
+yet: GPU idle power from the sampler process (mean of every visible GPU's power over
+:data:`IDLE_S` seconds, by UUID) and CPU package + DRAM idle power from RAPL, where readable.
+The figures travel to the runs' processes in the environment variable :data:`IDLE_ENV`, and the
+energy meters subtract ``idle power × window time`` to give ``energy_above_idle_j`` beside the
+gross ``energy_j``.  Nothing is measured for the estimate (its model counts only the process's
+own CPU time, which is already work above idle).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+IDLE_ENV = "PETLPROF_IDLE_BASELINE"
+IDLE_S = 2.0
+
+
+def sweep_idle() -> dict[str, Any]:
+    """The idle baseline of this sweep (``{}`` when none was measured)."""
+    try:
+        return json.loads(os.environ.get(IDLE_ENV, "{}"))
+    except json.JSONDecodeError:
+        return {}
+
+
+def measure_idle(device: str, seconds: float = IDLE_S) -> dict[str, Any]:
+    """Idle power of the GPUs (``nvml_w``: UUID -> W) or of the CPU (``rapl_w``), whichever this
+    device is metered by and can be read here; notes say what could not be measured."""
+    from petlprof.meters.energy import NvmlEnergyMeter, RaplEnergyMeter
+
+    idle: dict[str, Any] = {"seconds": seconds, "notes": []}
+    if device.startswith("cuda"):
+        ok, why = NvmlEnergyMeter.available()
+        if ok:
+            idle["nvml_w"] = _gpu_idle_w(seconds)
+        else:
+            idle["notes"].append(f"no GPU idle power: {why}")
+    else:
+        ok, why = RaplEnergyMeter.available()
+        if ok:
+            idle["rapl_w"] = rapl_power_w(seconds)
+        else:
+            idle["notes"].append(f"no CPU idle power: {why}")
+    return idle
+
+
+def rapl_power_w(seconds: float, root=None) -> float:
+    """Mean package + DRAM power over ``seconds`` of sleep."""
+    from petlprof.meters.energy import POWERCAP, rapl_delta_uj, rapl_domains, read_rapl
+
+    domains = rapl_domains(root or POWERCAP)
+    start = read_rapl(domains)
+    t0 = time.perf_counter()
+    time.sleep(seconds)
+    end = read_rapl(domains)
+    elapsed = time.perf_counter() - t0
+    ranges = [int((d / "max_energy_range_uj").read_text()) for d in domains]
+    return sum(rapl_delta_uj(s, e, r) for s, e, r in zip(start, end, ranges)) / 1e6 / elapsed
+
+
+def _gpu_idle_w(seconds: float) -> dict[str, float]:
+    import pynvml
+
+    from petlprof.meters.energy import visible_gpu_handles
+    from petlprof.meters.power import NvmlPowerSource, PowerTimeline
+
+    pynvml.nvmlInit()
+    try:
+        uuids = [str(pynvml.nvmlDeviceGetUUID(h)) for h in visible_gpu_handles(pynvml)]
+    finally:
+        pynvml.nvmlShutdown()
+    timeline = PowerTimeline(NvmlPowerSource(uuids, os.getpid())).start()
+    try:
+        t0 = time.perf_counter()
+        time.sleep(seconds)
+        per_gpu = timeline.window(t0, time.perf_counter())["mean_power_per_gpu_w"]
+    finally:
+        timeline.stop()
+    return dict(zip(uuids, per_gpu))
+
+
+def prepare_sweep_idle(device: str, energy_meter: str) -> str:
+    """Measure the idle baseline for this sweep, hand it to the runs (environment), and say what it is."""
+    if energy_meter == "estimate":
+        os.environ[IDLE_ENV] = "{}"
+        return "no idle baseline: the estimate counts only the run's own CPU time"
+    idle = measure_idle(device)
+    os.environ[IDLE_ENV] = json.dumps(idle)
+    parts = [f"GPU {uuid} {watts:.1f} W" for uuid, watts in idle.get("nvml_w", {}).items() if watts is not None]
+    if "rapl_w" in idle:
+        parts.append(f"CPU package + DRAM {idle['rapl_w']:.1f} W (RAPL)")
+    if not parts:
+        return "no idle baseline (energy above idle not reported): " + "; ".join(idle["notes"])
+    return f"idle power over {idle['seconds']:g} s before the sweep: " + ", ".join(parts)

@@ -1,0 +1,56 @@
+"""Per-step latency: CUDA events on a GPU, ``perf_counter`` around a synchronised step on a CPU.
+
+On CUDA a pair of timing events is recorded around each step and read only when the phase ends
+(one synchronisation for the whole phase), so the timer does not stall the queue; the figure is
+the GPU time from the first kernel queued after the start event to the last one before the end
+event.  On CPU the device is synchronised (a no-op) and the wall time of the step is taken.
+Steps started with ``keep=False`` (warm-up) are not recorded.
+"""
+
+from __future__ import annotations
+
+import time
+
+from petlprof.meters.base import synchronize
+
+
+class StepTimer:
+    def __init__(self, device: str):
+        self.device = device
+        self.cuda = device.startswith("cuda")
+        self.source = "cuda-events" if self.cuda else "perf-counter"
+        self._events: list[tuple] = []
+        self._times_s: list[float] = []
+        self._start = None
+
+    def start(self) -> None:
+        if self.cuda:
+            import torch
+
+            self._start = torch.cuda.Event(enable_timing=True)
+            self._start.record()
+        else:
+            synchronize(self.device)
+            self._start = time.perf_counter()
+
+    def stop(self, keep: bool = True) -> None:
+        if self.cuda:
+            import torch
+
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            if keep:
+                self._events.append((self._start, end))
+        else:
+            synchronize(self.device)
+            if keep:
+                self._times_s.append(time.perf_counter() - self._start)
+
+    def latencies_s(self) -> list[float]:
+        """Every kept step's latency in seconds (synchronises the device once on CUDA)."""
+        if self.cuda and self._events:
+            synchronize(self.device)
+            self._times_s.extend(start.elapsed_time(end) / 1000.0 for start, end in self._events)
+            self._events.clear()
+        return list(self._times_s)
+

@@ -1,0 +1,244 @@
+"""A GPU power timeline sampled in a separate process, and the energy it integrates to.
+
+The sampler runs in its own interpreter (``multiprocessing`` *spawn* context), never as a thread
+of the training process: it cannot steal the training loop's GIL, and a stall in the loop cannot
+stretch its sampling period.  At start it watches the NVML energy counter (or, without one, the
+power reading) for up to :data:`DETECT_S` seconds and takes the median time between changes as
+the driver's update period; it then samples at half that period, clipped to
+[:data:`MIN_PERIOD_S`, :data:`MAX_PERIOD_S`] (100 Hz or faster where the driver updates every
+20 ms or faster).  Power is read from the instantaneous field ``NVML_FI_DEV_POWER_INSTANT``
+where the driver has it, else from ``nvmlDeviceGetPowerUsage`` (on Ampere and later a 1 s
+average); which one was used is part of every reading.  Every :data:`PROCESS_EVERY` samples it
+also lists the compute processes on each GPU: the peak device memory of the run's own process
+(a cross-check of the CUDA allocator) and any other process using the same GPU.
+
+Timestamps are ``time.perf_counter()`` (CLOCK_MONOTONIC on Linux, shared by all processes), so a
+window opened in the training process selects its samples exactly.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import statistics
+import time
+import weakref
+from typing import Any
+
+import numpy as np
+
+DETECT_S = 1.0
+MIN_PERIOD_S = 0.005
+MAX_PERIOD_S = 0.05
+FALLBACK_PERIOD_S = 0.01
+PROCESS_EVERY = 10
+START_TIMEOUT_S = 60.0
+
+
+class NvmlPowerSource:
+    """Reads power, the energy counter and compute processes of GPUs named by UUID (in the child)."""
+
+    def __init__(self, uuids: list[str], own_pid: int):
+        self.uuids = list(uuids)
+        self.own_pid = own_pid
+        self.power_field = "average"
+
+    def open(self) -> None:
+        import pynvml
+
+        self._nvml = pynvml
+        pynvml.nvmlInit()
+        self._handles = [pynvml.nvmlDeviceGetHandleByUUID(u) for u in self.uuids]
+        try:
+            values = [self._instant_mw(h) for h in self._handles]
+            self.power_field = "instant" if all(v is not None for v in values) else "average"
+        except pynvml.NVMLError:
+            self.power_field = "average"
+
+    def _instant_mw(self, handle) -> int | None:
+        value = self._nvml.nvmlDeviceGetFieldValues(handle, [self._nvml.NVML_FI_DEV_POWER_INSTANT])[0]
+        return None if value.nvmlReturn != 0 else int(value.value.uiVal)
+
+    def read_power_w(self) -> list[float]:
+        if self.power_field == "instant":
+            return [self._instant_mw(h) / 1000.0 for h in self._handles]
+        return [self._nvml.nvmlDeviceGetPowerUsage(h) / 1000.0 for h in self._handles]
+
+    def read_energy_mj(self) -> list[int] | None:
+        try:
+            return [int(self._nvml.nvmlDeviceGetTotalEnergyConsumption(h)) for h in self._handles]
+        except self._nvml.NVMLError:
+            return None
+
+    def read_processes(self) -> tuple[int | None, list[int]]:
+        """(device bytes of the run's process summed over the GPUs, pids of other processes).
+
+        In a container with its own PID namespace NVML reports host pids and the run's process
+        cannot be told apart: its bytes are then None, and all pids count as others only when
+        there is more than one process on a GPU."""
+        own, others = None, set()
+        for handle in self._handles:
+            procs = self._nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            pids = {int(p.pid) for p in procs}
+            if self.own_pid in pids:
+                own = (own or 0) + sum(int(p.usedGpuMemory or 0) for p in procs if p.pid == self.own_pid)
+                others |= pids - {self.own_pid}
+            elif len(pids) > 1:
+                others |= pids
+        return own, sorted(others)
+
+    def close(self) -> None:
+        self._nvml.nvmlShutdown()
+
+
+def detect_update_period(read, detect_s: float = DETECT_S) -> float | None:
+    """Median seconds between changes of ``read()`` watched for ``detect_s``; None if it never
+    changed twice."""
+    changes, last = [], read()
+    deadline = time.perf_counter() + detect_s
+    while time.perf_counter() < deadline and len(changes) < 12:
+        value = read()
+        if value != last:
+            changes.append(time.perf_counter())
+            last = value
+        time.sleep(0.0005)
+    gaps = np.diff(changes)
+    return float(statistics.median(gaps)) if len(gaps) >= 2 else None
+
+
+def sampling_period(update_period_s: float | None) -> float:
+    if update_period_s is None:
+        return FALLBACK_PERIOD_S
+    return float(min(max(update_period_s / 2, MIN_PERIOD_S), MAX_PERIOD_S))
+
+
+def _sampler_main(source, conn) -> None:
+    """Child process: detect the update period, then sample until told to stop."""
+    source.open()
+    try:
+        counter = source.read_energy_mj()
+        read = source.read_energy_mj if counter is not None else source.read_power_w
+        update = detect_update_period(read)
+        period = sampling_period(update)
+        conn.send({"power_field": source.power_field, "update_period_s": update, "period_s": period,
+                   "counter": counter is not None})
+        times, powers, procs = [], [], []
+        next_t = time.perf_counter()
+        while True:
+            now = time.perf_counter()
+            if now >= next_t:
+                powers.append(source.read_power_w())
+                times.append(time.perf_counter())
+                if len(times) % PROCESS_EVERY == 1:
+                    procs.append((times[-1], *source.read_processes()))
+                next_t += period
+                if next_t < now:  # fell behind (a stalled machine): do not burst to catch up
+                    next_t = now + period
+                continue
+            if conn.poll(next_t - now):
+                try:
+                    command = conn.recv()
+                except EOFError:  # the training process is gone
+                    return
+                if command[0] == "stop":
+                    return
+                t0, t1 = command[1], command[2]
+                conn.send(_select(times, powers, procs, t0, t1))
+    finally:
+        source.close()
+
+
+def _select(times, powers, procs, t0: float, t1: float) -> dict[str, Any]:
+    """The samples of [t0, t1] plus one on each side, so the edges can be interpolated."""
+    t = np.asarray(times)
+    lo = max(int(np.searchsorted(t, t0)) - 1, 0)
+    hi = int(np.searchsorted(t, t1, side="right")) + 1
+    inside = [p for p in procs if t0 <= p[0] <= t1]
+    return {"times": times[lo:hi], "powers": powers[lo:hi],
+            "own_peak_bytes": max((p[1] for p in inside if p[1] is not None), default=None),
+            "other_pids": sorted({pid for p in inside for pid in p[2]})}
+
+
+def integrate_j(times: list[float], powers_w: list[list[float]], t0: float, t1: float) -> float | None:
+    """Energy (J) over [t0, t1]: trapezoid rule on the power summed over the GPUs, interpolated at
+    the window's edges; None with fewer than two samples."""
+    if len(times) < 2:
+        return None
+    t = np.asarray(times)
+    p = np.asarray(powers_w, dtype=float).sum(axis=1)
+    grid = np.concatenate([[t0], t[(t > t0) & (t < t1)], [t1]])
+    return float(np.trapezoid(np.interp(grid, t, p), grid))
+
+
+class PowerTimeline:
+    """Handle on the sampler process: ``start()``, ``window(t0, t1)``, ``stop()``."""
+
+    def __init__(self, source):
+        self.source = source
+        self.info: dict[str, Any] = {}
+        self._proc = None
+        self._conn = None
+
+    def start(self) -> "PowerTimeline":
+        ctx = mp.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_sampler_main, args=(self.source, child), daemon=True,
+                                 name="petlprof-power-sampler")
+        self._proc.start()
+        child.close()
+        self._finalizer = weakref.finalize(self, _stop_process, self._proc, self._conn)
+        if not self._conn.poll(START_TIMEOUT_S):
+            self.stop()
+            raise RuntimeError(f"the power sampler process did not start within {START_TIMEOUT_S:g} s")
+        try:
+            self.info = self._conn.recv()
+        except EOFError:
+            self._proc.join(5)
+            code = self._proc.exitcode
+            self.stop()
+            raise RuntimeError(f"the power sampler process died at start (exit code {code})") from None
+        return self
+
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.is_alive()
+
+    def window(self, t0: float, t1: float) -> dict[str, Any]:
+        """Integrated energy and provenance of [t0, t1] (perf_counter seconds)."""
+        if not self.alive:
+            raise RuntimeError("the power sampler process is not running")
+        self._conn.send(("window", t0, t1))
+        data = self._conn.recv()
+        times = data["times"]
+        inside = sum(1 for t in times if t0 <= t <= t1)
+        per_gpu = np.asarray(data["powers"], dtype=float).reshape(len(times), -1).mean(axis=0)
+        covered = len(times) >= 2 and times[0] <= t0 + self.info["period_s"] and times[-1] >= t1 - self.info["period_s"]
+        return {
+            "integrated_energy_j": integrate_j(times, data["powers"], t0, t1) if covered else None,
+            "mean_power_w": float(per_gpu.sum()) if times else None,
+            "mean_power_per_gpu_w": per_gpu.tolist() if times else None,
+            "samples": inside,
+            "sample_rate_hz": inside / (t1 - t0) if t1 > t0 else None,
+            "power_field": self.info["power_field"],
+            "update_period_s": self.info["update_period_s"],
+            "own_peak_bytes": data["own_peak_bytes"],
+            "other_pids": data["other_pids"],
+        }
+
+    def stop(self) -> None:
+        if self._proc is not None:
+            self._finalizer()
+            self._proc = None
+
+
+def _stop_process(proc, conn) -> None:
+    """Ask the sampler to stop; kill it if it does not within 5 s."""
+    try:
+        if proc.is_alive():
+            conn.send(("stop",))
+    except (BrokenPipeError, OSError):
+        pass
+    proc.join(5)
+    if proc.is_alive():
+        proc.kill()
+        proc.join()
+    conn.close()
