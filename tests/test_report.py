@@ -1,8 +1,10 @@
-"""Tests for Pareto fronts, the summary table, loading the run store and write_report.
+"""Tests for Pareto fronts, the summary and configuration tables, loading the run store, the
+DataFrame API and write_report.
 
-Pareto fronts are checked against a table of hand-worked cases; the report is checked on a small
-synthetic sweep holding a measured and an estimated energy figure, two seeds of one configuration,
-a dominated configuration and an out-of-memory run.
+Pareto fronts are checked against tables of hand-worked cases, per point and across seeds; the
+report is checked on a small synthetic sweep holding a measured and an estimated energy figure, two
+seeds of one configuration, a dominated configuration and an out-of-memory run, and on the stored
+fixture ``tests/fixtures/report/results.jsonl`` (two seeds of every default grid point).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import pytest
 from petlprof.errors import UsageError
 from petlprof.pareto import pareto_front
 from petlprof.report import load_records, summary_table, write_report
+from petlprof.report.frame import runs_frame
 from petlprof.report.plots import ENERGY, MEMORY, cost_label, wants_log_scale
 
 MIB = 2**20
@@ -117,10 +120,13 @@ def front_line(report_text, figure_name):
     return next(line for line in after.splitlines() if "Pareto front:" in line)
 
 
+PLOTS = [f"pareto_accuracy_vs_{cost}.{fmt}" for cost in ("energy", "memory", "params", "time") for fmt in ("png", "svg")]
+
+
 def test_write_report_writes_valid_pngs_and_report(tmp_path):
     written = write_report(sweep(), tmp_path / "out")
     names = sorted(p.name for p in written)
-    assert names == ["pareto_accuracy_vs_energy.png", "pareto_accuracy_vs_memory.png", "report.md"]
+    assert names == sorted(PLOTS + ["report.md", "report.html"])
     for path in written:
         assert path.is_file() and path.parent == tmp_path / "out"
         if path.suffix == ".png":
@@ -154,10 +160,11 @@ def test_report_md_contents(tmp_path):
 )
 def test_energy_axis_label_says_estimated(kinds, must, must_not):
     records = [record("full", {}, i, 0.9, 100.0, kind, 10) for i, kind in enumerate(kinds)]
-    label = cost_label(ENERGY, records)
+    runs = runs_frame(records)
+    label = cost_label(ENERGY, runs)
     assert all(text in label for text in must), label
     assert not any(text in label for text in must_not), label
-    assert "estimated" not in cost_label(MEMORY, records) and "MiB" in cost_label(MEMORY, records)
+    assert "estimated" not in cost_label(MEMORY, runs) and "MiB" in cost_label(MEMORY, runs)
 
 
 @pytest.mark.parametrize("values, log", [([800, 5400], False), ([100, 1001], True), ([0.0, 5000], False), ([7, 7], False)])
@@ -178,11 +185,11 @@ def test_report_without_plottable_runs_says_why(tmp_path):
         if "train" in rec:
             rec["train"]["energy_j"] = None
     names = {p.name for p in write_report(no_energy, tmp_path)}
-    assert names == {"pareto_accuracy_vs_memory.png", "report.md"}
+    assert names == {p for p in PLOTS if "energy" not in p} | {"report.md", "report.html"}
     assert "Not plotted: none of the 5 finished run(s) has both accuracy and train energy_j" in (tmp_path / "report.md").read_text()
 
     only_failed = [r for r in sweep() if r["status"] != "ok"]
-    assert [p.name for p in write_report(only_failed, tmp_path / "failed")] == ["report.md"]
+    assert [p.name for p in write_report(only_failed, tmp_path / "failed")] == ["report.md", "report.html"]
     report = (tmp_path / "failed" / "report.md").read_text()
     assert "Not plotted" in report and "CUDA out of memory" in report
 
@@ -267,3 +274,159 @@ def test_a_resumed_run_shows_as_its_last_attempt(tmp_path):
     other = {**cancelled, "run_key": "j"}
     path = write_jsonl(tmp_path / "results.jsonl", [json.dumps(r) for r in (cancelled, other, done)])
     assert load_records([path]) == [other, done]
+
+
+# --- frontiers across seeds, confidence intervals, relative columns (the DataFrame layer) -----------
+
+from pathlib import Path  # noqa: E402
+
+import pandas as pd  # noqa: E402
+
+from petlprof.api import frontier, load_results, plot_frontier, relative_to, summarise  # noqa: E402
+from petlprof.report.frame import ci_half_width  # noqa: E402
+from petlprof.report.table import configuration_tables  # noqa: E402
+
+FIXTURE = Path(__file__).parent / "fixtures" / "report" / "results.jsonl"
+
+
+def seeds_of(name, runs, method=None, **extra):
+    """Records of one configuration: ``runs`` is a list of (accuracy, energy_j) per seed."""
+    out = []
+    for seed, (acc, energy) in enumerate(runs):
+        rec = {**record(method or name, {"k": name}, seed, acc, energy or 1.0, "measured", 100), **extra}
+        rec["train"]["energy_j"] = energy
+        out.append(rec)
+    return out
+
+
+FRONT_CASES = [
+    # (id, configurations, configurations expected on the accuracy-vs-energy front)
+    ("seed means decide, not the best seed",  # B's seed 0 beats A, but B's mean (0.75) is below A's
+     {"A": [(0.8, 100), (0.8, 100)], "B": [(0.9, 100), (0.6, 100)]}, {"A"}),
+    ("equal means are both on the front",
+     {"A": [(0.9, 100), (0.7, 100)], "B": [(0.8, 100)]}, {"A", "B"}),
+    ("tie on cost, better mean wins",
+     {"A": [(0.8, 100), (0.9, 100)], "B": [(0.8, 100), (0.8, 100)]}, {"A"}),
+    ("tie on quality, cheaper mean wins",
+     {"A": [(0.8, 90), (0.8, 110)], "B": [(0.8, 80), (0.8, 100)]}, {"B"}),
+    ("a trade-off keeps both",
+     {"A": [(0.9, 200), (0.9, 200)], "B": [(0.8, 50), (0.8, 70)], "C": [(0.7, 100)]}, {"A", "B"}),
+    ("a seed missing its energy is left out of the mean",
+     {"A": [(0.8, None), (0.8, 100)], "B": [(0.8, 150)]}, {"A"}),
+    ("a configuration with no energy at all is never on the front",
+     {"A": [(0.99, None)], "B": [(0.5, 10)]}, {"B"}),
+]
+
+
+@pytest.mark.parametrize("configs, expected", [c[1:] for c in FRONT_CASES], ids=[c[0] for c in FRONT_CASES])
+def test_frontier_across_seeds(configs, expected):
+    records = [r for name, runs in configs.items() for r in seeds_of(name, runs)]
+    front = frontier(runs_frame(records), x="energy_j", y="accuracy")
+    assert set(front.loc[front["on_front"], "method"]) == expected
+    assert sorted(front["n_seeds"]) == sorted(len(v) for v in configs.values())
+
+
+def test_frontier_is_per_task_and_directions_come_from_the_table():
+    records = seeds_of("A", [(0.9, 100)], task="t1") + seeds_of("B", [(0.5, 50)], task="t2") \
+        + seeds_of("C", [(0.4, 60)], task="t2")
+    front = frontier(runs_frame(records), x="energy_j", y="quality")
+    assert set(front.loc[front["on_front"], "method"]) == {"A", "B"}
+    # time_s is better lower: the faster of two equally accurate configurations wins
+    records = seeds_of("A", [(0.8, 1)]) + seeds_of("B", [(0.8, 1)])
+    records[0]["train"]["time_s"], records[1]["train"]["time_s"] = 5.0, 9.0
+    front = frontier(runs_frame(records), x="time_s", y="accuracy")
+    assert list(front.loc[front["on_front"], "method"]) == ["A"]
+    with pytest.raises(KeyError, match="no direction known for metric 'steps'"):
+        frontier(runs_frame(records), x="steps", y="accuracy")
+    with pytest.raises(KeyError, match="no column 'no_such_metric'"):
+        frontier(runs_frame(records), x="energy_j", y="no_such_metric")
+
+
+@pytest.mark.parametrize("values, expected", [
+    ([1.0, 2.0, 3.0], 4.302652729911275 * 1.0 / math.sqrt(3)),  # t(0.975, 2) * sd / sqrt(n)
+    ([5.0, 5.0], 0.0),
+    ([0.8, 0.9], 12.706204736174707 * (0.1 / math.sqrt(2)) / math.sqrt(2)),
+    ([0.8], math.nan),
+    ([0.8, math.nan], math.nan),
+])
+def test_ci_half_width_uses_the_t_distribution(values, expected):
+    got = ci_half_width(values)
+    assert (math.isnan(got) and math.isnan(expected)) or got == pytest.approx(expected, rel=1e-9)
+
+
+def test_summarise_means_and_relative_columns():
+    records = seeds_of("full", [(0.90, 1000), (0.92, 1000)]) + seeds_of("read", [(0.89, 150), (0.91, 150)])
+    records[2]["train"]["peak_memory_bytes"] = records[3]["train"]["peak_memory_bytes"] = 28 * MIB
+    configs = relative_to(summarise(runs_frame(records)))
+    read = configs[configs["method"] == "read"].iloc[0]
+    assert read["n_seeds"] == 2 and read["accuracy"] == pytest.approx(0.90)
+    assert read["energy_j_vs_full_pct"] == pytest.approx(-85.0)
+    assert read["peak_memory_bytes_vs_full_pct"] == pytest.approx(-72.0)
+    assert read["quality_vs_full"] == pytest.approx(-0.01)
+    assert configs[configs["method"] == "full"].iloc[0]["energy_j_vs_full_pct"] == pytest.approx(0.0)
+    no_full = relative_to(summarise(runs_frame(records[2:])))
+    assert no_full["energy_j_vs_full_pct"].isna().all()
+
+
+def test_configuration_table_from_the_fixture():
+    (task, backbone, table), = configuration_tables(load_records([FIXTURE]))
+    assert (task, backbone) == ("tweets", "minilm")
+    lines = table.splitlines()
+    header = lines[0]
+    for title in ("accuracy (mean ± 95% CI)", "Δ accuracy vs full", "memory vs full", "energy vs full",
+                  "time vs full", "params vs full", "on frontier of", "train energy (J)", "train peak mem (MiB)"):
+        assert title in header
+    rows = {tuple(c.strip() for c in line.strip("|").split("|")[:2]): line for line in lines[2:]}
+    assert len(rows) == 8  # full, bitfit, 3 lora and 3 read grid points; the oom run is not a configuration
+    full = rows[("full", "-")]
+    assert full.count("| ref |") == 5 and "| 2 |" in full and " ± " in full
+    read_small = rows[("read", "hidden_size=32")]
+    assert "−71%" in read_small and "energy, memory, time" in read_small
+    assert [key[1] for key in rows if key[0] == "lora"] == ["r=2", "r=8", "r=32"]  # knob order, not text order
+
+
+def test_report_from_the_stored_fixture(tmp_path):
+    written = write_report(load_records([FIXTURE]), tmp_path)
+    assert sorted(p.name for p in written) == sorted(PLOTS + ["report.md", "report.html"])
+    for path in written:
+        if path.suffix == ".svg":
+            assert path.read_text().lstrip().startswith("<?xml") and "<svg" in path.read_text()
+    report = (tmp_path / "report.md").read_text()
+    assert "## Results per configuration" in report and "95% confidence interval" in report
+    assert "## All runs" in report and "CUDA out of memory" in report
+    line = front_line(report, "pareto_accuracy_vs_energy.png")
+    assert "read hidden_size=32" in line and "full" not in line and "bitfit" not in line
+    page = (tmp_path / "report.html").read_text()
+    assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
+    images = re.findall(r'<img[^>]*src="([^"]*)"', page)
+    assert len(images) == 4 and all(src.startswith("data:image/svg+xml;base64,") for src in images)
+    assert not re.search(r'(src|href)="(?!data:|#)', page), "the page links no other file"
+    assert "<table>" in page and "Environment" in page and "estimated" in page
+
+
+def test_api_loads_plots_and_warns_on_bad_lines(tmp_path):
+    runs = load_results(FIXTURE)
+    assert isinstance(runs, pd.DataFrame) and len(runs) == 17
+    assert {"quality", "energy_j", "peak_memory_bytes", "time_s", "trainable_params", "eval_energy_j"} <= set(runs.columns)
+    fig = plot_frontier(runs, x="peak_memory_bytes")
+    ax = fig.axes[0]
+    assert "MiB" in ax.get_xlabel() and "accuracy" in ax.get_ylabel()
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert {"bitfit", "full", "lora (r = point label)", "read (hidden_size = point label)"} <= set(legend)
+    broken = write_jsonl(tmp_path / "results.jsonl", [FIXTURE.read_text().splitlines()[0], "{torn"])
+    with pytest.warns(UserWarning, match="malformed"):
+        assert len(load_results([broken])) == 1
+
+
+def test_time_to_target_columns_appear_for_budgeted_runs():
+    records = seeds_of("read", [(0.85, 100), (0.86, 110)]) + seeds_of("lora", [(0.80, 100), (0.80, 100)])
+    for rec, (reached, step, time_s) in zip(records, [(True, 30, 12.0), (True, 40, 14.0), (False, None, None), (False, None, None)]):
+        rec["train"]["budget"] = {"reached": reached, "reached_at_step": step, "time_to_target_s": time_s,
+                                  "energy_to_target_j": time_s and time_s * 10}
+    (_, _, table), = configuration_tables(records)
+    header, _, *rows = table.splitlines()
+    assert header.endswith("| reached target (seeds) | steps to target | time to target (s) | energy to target (J) |")
+    read = next(r for r in rows if r.startswith("| read"))
+    assert read.endswith(f"| 2/2 | 35 ± {12.706204736174707 * 5:,.0f} | 13.0 ± 12.7 | 130.0 ± 127.1 |")
+    assert next(r for r in rows if r.startswith("| lora")).endswith("| 0/2 | - | - | - |")
+    assert "reached target" not in configuration_tables(seeds_of("bitfit", [(0.8, 100)]))[0][2]

@@ -1,5 +1,6 @@
-"""report.md: what was run, the results table, the Pareto plots, how every figure was obtained,
-the failed runs and the environment, written next to the plots by :func:`write_report`.
+"""report.md: what was run, a table per task of every configuration, the Pareto plots, every run,
+how each figure was obtained, warnings, failed runs and the environment; written next to the plots
+by :func:`write_report`, which also writes the same text as a self-contained report.html.
 """
 
 from __future__ import annotations
@@ -8,9 +9,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from petlprof.report.html import write_html
 from petlprof.report.plots import PlotResult, pareto_figures
 from petlprof.report.records import config_label, distinct, field, is_ok, run_label, run_warnings, sort_key, text
-from petlprof.report.table import summary_table
+from petlprof.report.table import REFERENCE, configuration_tables, summary_table
 
 REPORT_FILE = "report.md"
 PHASES = ("train", "eval")
@@ -75,7 +77,13 @@ def _what_was_run(records: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def _figures(figures: Sequence[PlotResult]) -> list[str]:
-    lines = ["## Pareto fronts", ""]
+    lines = ["## Pareto fronts", "",
+             "Each point is one configuration: the mean over its seeds, with bars for the 95% confidence "
+             "interval of the mean (Student's t) when it has several seeds.  A method's grid points are "
+             "joined in the order of its Pareto knob, whose value labels each point.  The dashed step line "
+             "is the frontier over all methods: the ringed configurations are those no other configuration "
+             "beats on both quality and the cost at once.  Up and to the left is better.  Each plot is "
+             "also written as SVG beside the PNG.", ""]
     if not figures:
         lines += ["No plots: there are no finished runs to plot.", ""]
     for fig in figures:
@@ -83,12 +91,38 @@ def _figures(figures: Sequence[PlotResult]) -> list[str]:
         if fig.path is None:
             lines += [f"Not plotted: {fig.skipped}.", ""]
             continue
+        svg = next((p.name for p in fig.paths if p.suffix == ".svg"), None)
         lines += [
             f"![{fig.metric} vs {fig.axis.title.lower()}, {fig.backbone} on {fig.task}]({fig.path.name})",
             "",
-            f"{fig.runs} finished run(s) plotted; configurations on the Pareto front: {', '.join(fig.on_front)}.",
+            f"{fig.runs} finished run(s) in {fig.configs} configuration(s) plotted"
+            + (f" ([SVG]({svg}))" if svg else "") + f"; configurations on the Pareto front: {', '.join(fig.on_front)}.",
             "",
         ]
+    return lines
+
+
+def _configurations(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    tables = configuration_tables(records)
+    lines = ["## Results per configuration", ""]
+    if not tables:
+        return lines + ["No run finished, so there is nothing to compare.", ""]
+    lines += [
+        "One row per configuration of a task: figures are the mean over its finished seeds, ± the half-width "
+        "of the 95% confidence interval of that mean (Student's t; none for one seed).  Costs are for the "
+        f"train phase, latency for the eval phase.  The `vs {REFERENCE}` columns compare the means with "
+        f"`{REFERENCE}` fine-tuning on the same task and backbone (−72% = 72% less; for the metric, the "
+        "difference).  *On frontier of* names the costs (energy, memory, time, params) for which no other "
+        "configuration is at least as good on both the metric and that cost and better on one.  Runs "
+        "with a target (time-to-accuracy) add how many seeds reached it, and the steps, time and energy "
+        "it took (means over the seeds that reached it; checks included).",
+        "",
+    ]
+    several = len(tables) > 1
+    for task, backbone, table in tables:
+        if several:
+            lines += [f"### {task} on {backbone}", ""]
+        lines += [table, ""]
     return lines
 
 
@@ -133,9 +167,9 @@ def _failed(records: Sequence[Mapping[str, Any]]) -> list[str]:
             f"- **{run_label(record)}**, seed {text(record.get('seed'))}, "
             f"{text(record.get('backbone'))} on {text(record.get('task'))}: status `{text(record.get('status'))}`",
             "",
-            "  ````text",
-            *(f"  {line}" for line in error),
-            "  ````",
+            "````text",  # not indented under the item: Python-Markdown (report.html) reads fences only at the margin
+            *error,
+            "````",
             "",
         ]
     return lines
@@ -166,8 +200,10 @@ def render_report(records: Sequence[Mapping[str, Any]], figures: Sequence[PlotRe
         return "# petlprof report\n\nNo result records were given, so there is nothing to report.\n"
     lines = [f"# petlprof report: {_names(records, 'backbone')} on {_names(records, 'task')}", ""]
     lines += _what_was_run(records)
+    lines += _configurations(records)
+    lines += _figures(figures)
     lines += [
-        "## Results",
+        "## All runs",
         "",
         "One row per run. Trainable parameters are counted and given as a share of all parameters; "
         "time, peak memory and energy are for the train phase, latency for the eval phase. "
@@ -176,7 +212,6 @@ def render_report(records: Sequence[Mapping[str, Any]], figures: Sequence[PlotRe
         summary_table(records, fmt="markdown"),
         "",
     ]
-    lines += _figures(figures)
     lines += _provenance(records)
     lines += _warnings(records)
     lines += _failed(records)
@@ -185,10 +220,12 @@ def render_report(records: Sequence[Mapping[str, Any]], figures: Sequence[PlotRe
 
 
 def write_report(records: Sequence[Mapping[str, Any]], out_dir: Path) -> list[Path]:
-    """Write the Pareto plots and report.md for ``records`` into ``out_dir``; return the written paths."""
+    """Write the Pareto plots (PNG and SVG), report.md and the self-contained report.html for
+    ``records`` into ``out_dir``; return the written paths."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     figures = pareto_figures(records, out_dir)
     report = out_dir / REPORT_FILE
-    report.write_text(render_report(records, figures), encoding="utf-8")
-    return [fig.path for fig in figures if fig.path is not None] + [report]
+    text_md = render_report(records, figures)
+    report.write_text(text_md, encoding="utf-8")
+    return [path for fig in figures for path in fig.paths] + [report, write_html(text_md, out_dir)]

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from petlprof.errors import UsageError
+from petlprof.runner import BUDGET_FIELDS
 
 SCHEMA_VERSION = 1
 RESULTS_FILE = "results.jsonl"
@@ -160,6 +161,9 @@ def run_label(record: Mapping[str, Any]) -> str:
 def config_key(record: Mapping[str, Any]) -> str:
     """What identifies a configuration across seeds: everything that defines the run except the seed."""
     parts = {key: record.get(key) for key in ("backbone", "task", "method", "method_config", "training")}
+    budget = {key: field(record, "spec", key) for key in BUDGET_FIELDS if field(record, "spec", key) is not None}
+    if budget:  # runs stopped at another target or time limit are another configuration
+        parts["budget"] = budget
     return json.dumps(parts, sort_keys=True, default=str)
 
 

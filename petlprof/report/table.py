@@ -135,3 +135,81 @@ def summary_table(records: Sequence[Mapping[str, Any]], fmt: str = "text") -> st
     rows = [[c.cell(r) for c in cols] for r in sorted(records, key=sort_key)]
     render = _render_text if fmt == "text" else _render_markdown
     return render(headers, rows, numeric)
+
+
+# --- one row per configuration (seeds merged), per task and backbone -------------------------------
+
+REFERENCE = "full"  # relative columns are against this method, as the READ paper reports them
+
+
+def _mean_ci(row: Mapping[str, Any], column: str, factor: float, decimals: int) -> str:
+    """``mean ± ci`` (the 95% CI half-width over seeds), or the mean alone for one seed."""
+    mean, ci = row.get(column), row.get(f"{column}_ci95")
+    if mean is None or mean != mean:
+        return MISSING
+    shown = f"{mean * factor:,.{decimals}f}"
+    return shown if ci is None or ci != ci else f"{shown} ± {ci * factor:,.{decimals}f}"
+
+
+def _signed(value: Any, fmt: str, suffix: str = "") -> str:
+    """``+5%`` / ``−72%`` with a real minus sign; ``-`` when missing."""
+    if value is None or value != value:
+        return MISSING
+    if suffix == "%" and abs(value) >= 99.5:  # -99.9% and -100% differ by 10x in what is left
+        fmt = ".2f" if abs(value) >= 99.95 else ".1f"
+    return f"{value:+{fmt}}{suffix}".replace("-", "−")
+
+
+def configuration_tables(records: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, str]]:
+    """(task, backbone, Markdown table) with one row per configuration: its seeds, the primary
+    metric and each cost as mean ± 95% CI, the change against ``full`` (percent for costs, difference
+    for the metric), and the costs on whose frontier it lies."""
+    from petlprof.report.frame import frontier, knob_sort_value, relative_to, runs_frame
+    from petlprof.report.plots import COST_AXES
+
+    runs = runs_frame(records)
+    ok = runs[runs["status"] == "ok"]
+    if ok.empty:
+        return []
+    configs = relative_to(frontier(ok, x=COST_AXES[0].column))
+    configs["fronts"] = [[] for _ in range(len(configs))]
+    for axis in COST_AXES:
+        marks = frontier(ok, x=axis.column)["on_front"]
+        for i in configs.index[marks.to_numpy()]:
+            configs.at[i, "fronts"].append(axis.slug)
+    out = []
+    for (task, backbone), group in configs.groupby(["task", "backbone"], sort=True, dropna=False):
+        metric = text(group["primary_metric"].iloc[0])
+        order = sorted(range(len(group)), key=lambda k: (group["method"].iloc[k], knob_sort_value(group["knob_value"].iloc[k]),
+                                                         group["config"].iloc[k]))
+        group = group.iloc[order]
+        vs = f"vs {REFERENCE}"
+        headers = ["method", "config", "seeds", f"{metric} (mean ± 95% CI)", f"Δ {metric} {vs}",
+                   "trainable params (count)", f"params {vs}", "train time (s)", f"time {vs}",
+                   "train peak mem (MiB)", f"memory {vs}", "train energy (J)", f"energy {vs}", "energy kind",
+                   "eval p50 latency (ms/batch)", "on frontier of"]
+        numeric = [False, False] + [True] * 11 + [False, True, False]
+        budget = group["target_reached"].notna().any()
+        if budget:  # time-to-accuracy runs: how many seeds reached the target, and at what cost (means over those)
+            headers += ["reached target (seeds)", "steps to target", "time to target (s)", "energy to target (J)"]
+            numeric += [True] * 4
+        rows = []
+        for _, row in group.iterrows():
+            reference = row["method"] == REFERENCE
+            rel = lambda cost: "ref" if reference else _signed(row.get(f"{cost}_vs_{REFERENCE}_pct"), ".0f", "%")  # noqa: E731
+            rows.append([
+                text(row["method"]), text(row["config"]), str(int(row["n_seeds"])),
+                _mean_ci(row, "quality", 1.0, 4),
+                "ref" if reference else _signed(row.get(f"quality_vs_{REFERENCE}"), ".4f"),
+                _fixed(row.get("trainable_params"), 0), rel("trainable_params"),
+                _mean_ci(row, "time_s", 1.0, 1), rel("time_s"),
+                _mean_ci(row, "peak_memory_bytes", 1 / BYTES_PER_MIB, 1), rel("peak_memory_bytes"),
+                _mean_ci(row, "energy_j", 1.0, 1), rel("energy_j"), text(row.get("energy_kind")),
+                _mean_ci(row, "eval_latency_p50_s", 1000.0, 1),
+                ", ".join(row["fronts"]) or MISSING,
+            ] + ([text(row.get("target_reached")), _mean_ci(row, "steps_to_target", 1.0, 0),
+                  _mean_ci(row, "time_to_target_s", 1.0, 1), _mean_ci(row, "energy_to_target_j", 1.0, 1)]
+                 if budget else []))
+        out.append((text(task), text(backbone), _render_markdown(headers, rows, numeric)))
+    return out
+

@@ -1,0 +1,221 @@
+"""Result records as pandas tables: one row per run, one row per configuration, and the frontier.
+
+:func:`runs_frame` flattens records into one row per run with the cost figures under the names of
+the metric-direction table (``energy_j``, ``peak_memory_bytes``, ``time_s``, ``trainable_params``
+for the train phase; ``eval_*`` for the eval phase) and each quality metric under its own name.
+:func:`summarise` merges a configuration's seeds into one row: the mean of every figure and the
+half-width of its 95% confidence interval (Student's t, ``n - 1`` degrees of freedom; NaN for one
+seed).  :func:`frontier` marks the configurations no other one dominates on a quality metric and a
+cost, per task and backbone, from the seed means; :func:`relative_to` adds the READ paper's
+columns against a reference method (``full``).  Missing figures are NaN, never an error.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from typing import Any, Mapping, Sequence
+
+import pandas as pd
+
+from petlprof.metrics import METRIC_DIRECTIONS, direction
+from petlprof.pareto import pareto_front
+from petlprof.report.records import config_key, config_label, field, number
+
+GROUP = ["task", "backbone"]  # a frontier is drawn within one task and backbone
+CONFIG = GROUP + ["method", "config", "config_key"]  # what identifies a configuration across seeds
+PHASE_FIGURES = {  # column suffix -> keys inside a phase
+    "time_s": ("time_s",), "energy_j": ("energy_j",), "peak_memory_bytes": ("peak_memory_bytes",),
+    "steps": ("steps",), "latency_p50_s": ("latency_s", "p50"),
+}
+PHASE_TEXT = ("energy_kind", "energy_source", "energy_model", "memory_source")
+COSTS = ("energy_j", "peak_memory_bytes", "time_s", "trainable_params")
+CONFIDENCE = 0.95
+
+
+def objective_direction(name: str) -> str:
+    """``higher``/``lower`` for a column: the direction table's entry, or that of the figure an
+    ``eval_``-prefixed column names (``eval_energy_j`` is energy)."""
+    return direction(name if name in METRIC_DIRECTIONS else name.removeprefix("eval_"))
+
+
+def _knob(record: Mapping[str, Any]) -> Any:
+    knob = record.get("pareto_knob")
+    return field(record, "method_config", knob) if knob else None
+
+
+def _row(record: Mapping[str, Any]) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "run_key": record.get("run_key"), "status": record.get("status"), "error": record.get("error"),
+        "task": record.get("task"), "backbone": record.get("backbone"), "method": record.get("method"),
+        "config": config_label(record, width=1000), "config_key": config_key(record), "seed": record.get("seed"),
+        "pareto_knob": record.get("pareto_knob"), "knob_value": _knob(record),
+        "primary_metric": record.get("primary_metric"),
+        "trainable_params": number(record, "trainable_params"), "total_params": number(record, "total_params"),
+        "stop_reason": field(record, "train", "budget", "stop_reason"),
+        "target_reached": field(record, "train", "budget", "reached"),
+        "steps_to_target": number(record, "train", "budget", "reached_at_step"),
+        "time_to_target_s": number(record, "train", "budget", "time_to_target_s"),
+        "energy_to_target_j": number(record, "train", "budget", "energy_to_target_j"),
+    }
+    metrics = record.get("metrics") if isinstance(record.get("metrics"), Mapping) else {}
+    for name in metrics:
+        row[name] = number(record, "metrics", name)
+    if row["primary_metric"] in metrics:
+        row["quality"] = row[row["primary_metric"]]
+    for phase, prefix in (("train", ""), ("eval", "eval_")):
+        for column, keys in PHASE_FIGURES.items():
+            row[prefix + column] = number(record, phase, *keys)
+        for column in PHASE_TEXT:
+            row[prefix + column] = field(record, phase, column)
+    return row
+
+
+def runs_frame(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """One row per run (every status), columns as the module docstring says."""
+    frame = pd.DataFrame([_row(r) for r in records])
+    if frame.empty:
+        frame = pd.DataFrame(columns=list(_row({})))
+    for name in ("quality", *COSTS):
+        if name not in frame:
+            frame[name] = math.nan
+    metrics = {name for r in records if isinstance(r.get("metrics"), Mapping) for name in r["metrics"]}
+    numeric = {"quality", "trainable_params", "total_params", "steps_to_target", "time_to_target_s",
+               "energy_to_target_j", *metrics,
+               *(prefix + column for prefix in ("", "eval_") for column in PHASE_FIGURES)}
+    for name in numeric & set(frame.columns):  # all-missing figures stay numeric (NaN), not objects
+        frame[name] = pd.to_numeric(frame[name], errors="coerce").astype(float)
+    return frame
+
+
+def ci_half_width(values: Sequence[float], confidence: float = CONFIDENCE) -> float:
+    """Half-width of the t-distribution confidence interval of the mean; NaN below two values."""
+    clean = [float(v) for v in values if v is not None and not math.isnan(float(v))]
+    n = len(clean)
+    if n < 2:
+        return math.nan
+    mean = math.fsum(clean) / n
+    sem = math.sqrt(math.fsum((v - mean) ** 2 for v in clean) / (n - 1) / n)  # sample sd (ddof=1) / sqrt(n)
+    return _t_quantile((1 + confidence) / 2, n - 1) * sem
+
+
+@functools.lru_cache(maxsize=None)
+def _t_quantile(p: float, dof: int) -> float:
+    from scipy import stats
+
+    return float(stats.t.ppf(p, dof))
+
+
+def _numeric_columns(frame: pd.DataFrame) -> list[str]:
+    skip = set(CONFIG) | {"seed", "knob_value", "target_reached"}
+    return [c for c in frame.columns if c not in skip and pd.api.types.is_numeric_dtype(frame[c])]
+
+
+def summarise(runs: pd.DataFrame, ok_only: bool = True) -> pd.DataFrame:
+    """One row per configuration: ``n_seeds``, ``seeds``, each figure's mean under its own name and
+    its 95% CI half-width as ``<name>_ci95``; ``energy_kind`` is ``estimated`` when any seed's is."""
+    if "n_seeds" in runs.columns:
+        return runs  # already one row per configuration
+    frame = runs[runs["status"] == "ok"] if ok_only else runs
+    if frame.empty:
+        return pd.DataFrame(columns=[*CONFIG, "n_seeds", "quality", *COSTS])
+    numeric = _numeric_columns(frame)
+    rows = []
+    for keys, group in frame.groupby(CONFIG, sort=False, dropna=False):
+        row = dict(zip(CONFIG, keys))
+        reached = group["target_reached"].dropna()
+        row.update(n_seeds=len(group), seeds=sorted(int(s) for s in group["seed"].dropna()),
+                   target_reached=f"{int(reached.sum())}/{len(reached)}" if len(reached) else None,
+                   pareto_knob=group["pareto_knob"].iloc[0], knob_value=group["knob_value"].iloc[0],
+                   primary_metric=group["primary_metric"].iloc[0])
+        for column in numeric:
+            values = group[column].dropna()
+            row[column] = float(values.mean()) if len(values) else math.nan
+            row[f"{column}_ci95"] = ci_half_width(values.tolist())
+        for column in ("energy_kind", "eval_energy_kind"):
+            kinds = set(group[column].dropna()) if column in group else set()
+            row[column] = "estimated" if "estimated" in kinds else (kinds.pop() if len(kinds) == 1 else None)
+        for column in ("energy_source", "energy_model", "memory_source"):
+            if column in group:
+                row[column] = ", ".join(sorted({str(v) for v in group[column].dropna()})) or None
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def frontier(frame: pd.DataFrame, x: str = "energy_j", y: str = "quality", by: Sequence[str] = GROUP) -> pd.DataFrame:
+    """Per-configuration rows (seeds merged by :func:`summarise`) with an ``on_front`` column: True where
+    no configuration of the same ``by`` group is at least as good on both ``x`` and ``y`` (seed means)
+    and strictly better on one.  Equal configurations are both on the front; a configuration missing
+    either figure is never on it.  ``y="quality"`` means each run's primary metric."""
+    objective_direction(x)  # a KeyError naming the known ones, before any work
+    configs = summarise(frame).copy()
+    for name in (x, y):
+        if name not in configs.columns:
+            raise KeyError(f"no column '{name}' in the results; figures: {sorted(_numeric_columns(frame))}")
+    configs["on_front"] = False
+    if configs.empty:
+        return configs
+    names = [_objective_name(configs, y), x]
+    for _, group in configs.groupby(list(by), sort=False, dropna=False):
+        points = [{names[0]: _nan_none(row[y]), names[1]: _nan_none(row[x])} for _, row in group.iterrows()]
+        front = _front(points, names)
+        configs.loc[group.index[front], "on_front"] = True
+    return configs
+
+
+def _objective_name(configs: pd.DataFrame, column: str) -> str:
+    """The direction-table name of a quality column: ``quality`` stands for the primary metric."""
+    if column != "quality":
+        return column
+    metrics = list(configs["primary_metric"].dropna().unique())
+    if not metrics:
+        return "accuracy"
+    directions = {direction(m) for m in metrics}
+    if len(directions) > 1:
+        raise ValueError(f"'quality' mixes metrics with different directions: {metrics}; pick one metric")
+    return metrics[0]
+
+
+def _front(points: list[dict[str, float | None]], names: list[str]) -> list[int]:
+    """Indices on the front; ``eval_`` columns take the direction of the figure they name."""
+    keys = [n if n in METRIC_DIRECTIONS else n.removeprefix("eval_") for n in names]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"a frontier needs two different figures, got {names}")
+    return pareto_front([{key: point[name] for key, name in zip(keys, names)} for point in points], keys)
+
+
+def _nan_none(value: Any) -> float | None:
+    return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
+
+
+def relative_to(configs: pd.DataFrame, reference: str = "full", costs: Sequence[str] = COSTS) -> pd.DataFrame:
+    """Add ``<cost>_vs_<reference>_pct`` (percent change of the mean, e.g. -72.0) and
+    ``quality_vs_<reference>`` (difference of the primary metric) against the reference method's
+    configuration in the same task and backbone (its first configuration when it has several); NaN
+    where there is no reference."""
+    configs = configs.copy()
+    columns = [f"{c}_vs_{reference}_pct" for c in costs] + [f"quality_vs_{reference}"]
+    for column in columns:
+        configs[column] = math.nan
+    for _, group in configs.groupby(GROUP, sort=False, dropna=False):
+        refs = group[group["method"] == reference]
+        if refs.empty:
+            continue
+        ref = refs.iloc[0]
+        for cost in costs:
+            if ref[cost] and not math.isnan(ref[cost]):
+                configs.loc[group.index, f"{cost}_vs_{reference}_pct"] = (group[cost] / ref[cost] - 1.0) * 100.0
+        configs.loc[group.index, f"quality_vs_{reference}"] = group["quality"] - ref["quality"]
+    return configs
+
+
+def knob_sort_value(value: Any) -> tuple:
+    """Order a method's grid points by their knob value (numbers by value, others as text)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(float(value)):
+        return (0, float(value), "")
+    return (1, 0.0, json.dumps(value, default=str))
+
+
+__all__ = ["ci_half_width", "frontier", "knob_sort_value", "objective_direction", "relative_to", "runs_frame",
+           "summarise"]

@@ -1,0 +1,66 @@
+"""report.html: the text of report.md as one self-contained web page.
+
+The Markdown is converted with Python-Markdown (tables, fenced code); every image the report links
+is replaced by its SVG (or PNG) file inlined as a base64 ``data:`` URI, links to SVG files become
+in-page anchors, and the style sheet is inline, so the page needs no other file and no network.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import re
+from pathlib import Path
+
+HTML_FILE = "report.html"
+MIME = {".svg": "image/svg+xml", ".png": "image/png"}
+
+STYLE = """
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em auto; max-width: 1200px;
+       padding: 0 1em; color: #222; line-height: 1.45; }
+h1 { border-bottom: 2px solid #444; padding-bottom: .2em; }
+h2 { border-bottom: 1px solid #bbb; margin-top: 2em; }
+table { border-collapse: collapse; font-size: 13px; margin: 1em 0; display: block; overflow-x: auto; }
+th, td { border: 1px solid #ccc; padding: 3px 7px; white-space: nowrap; }
+th { background: #f0f0f0; position: sticky; top: 0; }
+tr:nth-child(even) td { background: #fafafa; }
+img { max-width: 100%; height: auto; border: 1px solid #ddd; }
+pre, code { background: #f5f5f5; font-size: 12px; }
+pre { padding: .6em; overflow-x: auto; }
+"""
+
+
+def _data_uri(folder: Path, name: str) -> str | None:
+    """The file ``name`` in ``folder`` as a data URI, preferring its SVG twin; None when absent."""
+    path = folder / name
+    svg = path.with_name(path.stem + ".svg") if path.suffix == ".png" else path
+    for candidate in (svg, path):
+        if candidate.is_file() and candidate.suffix in MIME:
+            encoded = base64.b64encode(candidate.read_bytes()).decode("ascii")
+            return f"data:{MIME[candidate.suffix]};base64,{encoded}"
+    return None
+
+
+def render_html(markdown_text: str, folder: Path, title: str) -> str:
+    """The page for ``markdown_text`` whose images and plot links point at files in ``folder``."""
+    import markdown
+
+    body = markdown.markdown(markdown_text, extensions=["tables", "fenced_code"], output_format="html")
+
+    def inline(match: re.Match) -> str:
+        uri = _data_uri(folder, html.unescape(match.group(2)))
+        return f'{match.group(1)}{uri}{match.group(3)}' if uri else match.group(0)
+
+    body = re.sub(r'(<img[^>]*\ssrc=")([^":]+)(")', inline, body)
+    # the SVG links point at files beside report.md; in the page, the inlined figure above them is the SVG
+    body = re.sub(r'<a href="[^":]+\.svg">(SVG)</a>', r"\1 inline above", body)
+    return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+            f"<title>{html.escape(title)}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n{body}\n</body>\n</html>\n")
+
+
+def write_html(markdown_text: str, out_dir: Path) -> Path:
+    """Write report.html for the report text into ``out_dir`` (where its plots are) and return its path."""
+    first = next((line[2:].strip() for line in markdown_text.splitlines() if line.startswith("# ")), "petlprof report")
+    path = Path(out_dir) / HTML_FILE
+    path.write_text(render_html(markdown_text, Path(out_dir), first), encoding="utf-8")
+    return path
