@@ -59,11 +59,40 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--timeout", type=float, help="seconds a run may take before it is killed and recorded 'timeout'")
     run.add_argument("--max-memory", help="memory a run may allocate beyond the runtime, e.g. 2GiB (CUDA: "
                      "per-process fraction; CPU: address-space limit of the run's process); past it the run is 'oom'")
-    run.add_argument("--config", help="TOML or YAML file with the same options (underscores for dashes)")
+    run.add_argument("--cache-hidden-states", action="store_true", default=None,
+                     help="side-tuning methods (read, lst): keep the frozen backbone's hidden states after epoch 1, "
+                     "so later epochs run only the side network")
+    run.add_argument("--cache-budget", help="memory for that cache, e.g. 2GiB (default 1GiB); past it the cache "
+                     "spills to a memory-mapped file in the output folder")
+    run.add_argument("--cache-dtype", help="precision of the cached states: float16 (default), bfloat16, float32")
+    run.add_argument("--grid", action="store_true", default=None,
+                     help="sweep each method's default grid of its Pareto knob (see `petlprof list`)")
+    run.add_argument("--method-grid", action="append", metavar="METHOD.FIELD=V1,V2,...",
+                     help="values of a method hyper-parameter to sweep, e.g. lora.r=4,16,64 (repeatable; "
+                     "several fields of one method are crossed)")
+    run.add_argument("--target-value", type=float, help="stop each run's training once the target metric reaches "
+                     "this value (time-to-accuracy), checked every --eval-every steps")
+    run.add_argument("--target-metric", help="metric of --target-value (default: the task's primary metric)")
+    run.add_argument("--eval-every", type=int, help="optimiser steps between target checks (default 10)")
+    run.add_argument("--target-eval-size", type=_positive_or_none, help="first N eval examples scored at each "
+                     "target check (default 200; 'all')")
+    run.add_argument("--max-train-time", type=float, help="stop each run's training after this many seconds")
+    run.add_argument("--meters", help="extra meters beside energy and memory, comma list: codecarbon (g CO2-eq), "
+                     "cpu-tensors (peak live CPU tensor bytes; slows the run). Off by default")
+    run.add_argument("--country-code", help="ISO alpha-3 country for codecarbon's carbon intensity (default USA)")
+    run.add_argument("--memory-snapshot", action="store_true", default=None,
+                     help="CUDA: dump a memory snapshot of each phase into <output>/memory-snapshots "
+                     "(open it at https://pytorch.org/memory_viz)")
+    run.add_argument("--inference-window-s", type=float, help="seconds the inference phase repeats each batch "
+                     "size for (default 5 with a measured energy meter, 0.5 with the estimate)")
+    run.add_argument("--config", help="TOML or YAML file with the same options (underscores for dashes), "
+                     "including a sweep: [method_grid.<method>] tables of value lists")
 
     sub.add_parser("list", help="show methods, tasks, backbones and meters (and whether each meter works here)")
+    sub.add_parser("meters", help="show which meters work on this machine, and why not")
 
-    report = sub.add_parser("report", help="re-render plots and report.md from existing results.jsonl files")
+    report = sub.add_parser("report", help="Pareto plots (PNG, SVG), report.md and a self-contained report.html "
+                            "from one or more results.jsonl files")
     report.add_argument("dirs", nargs="+", help="output folders (or results.jsonl files)")
     report.add_argument("--output", help="where to write the report (default: the first folder)")
     return parser
@@ -84,10 +113,11 @@ def _on_sigterm(signum, frame):
 
 def cmd_run(args: argparse.Namespace) -> int:
     from petlprof.config import build_options, default_output_dir, expand, load_config_file, \
-        parse_bytes, parse_method_overrides, preflight, resolve_device
+        parse_bytes, parse_method_grids, parse_method_overrides, preflight, resolve_device
 
     cli_values = {k: v for k, v in vars(args).items() if k not in ("command", "config", "debug")}
     cli_values["method_config"] = parse_method_overrides(args.method_config) if args.method_config else None
+    cli_values["method_grid"] = parse_method_grids(args.method_grid) if args.method_grid else None
     file_values = load_config_file(args.config) if args.config else {}
     options = build_options(file_values, cli_values)
     device = resolve_device(options.device)
@@ -95,6 +125,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     specs = expand(options, device)
     out_dir = Path(options.output) if options.output else default_output_dir()
     max_memory = parse_bytes(options.max_memory)
+    for spec in specs:  # a cache that outgrows its budget spills next to the results
+        spec.cache_dir = str(out_dir / "cache") if spec.cache_hidden_states else None
+        spec.memory_snapshot_dir = str(out_dir / "memory-snapshots") if options.memory_snapshot else None
 
     from petlprof.runner import execute, execute_in_subprocess
     from petlprof.store import RESULTS_FILE, StoreLock, check_writable, finished_keys
@@ -108,10 +141,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         todo = [s for s in specs if s.run_key not in done]
         print(f"petlprof: {len(specs)} run(s) on {device}; {len(specs) - len(todo)} already in {store}; "
               f"writing to {out_dir}", file=sys.stderr)
+        if todo:  # idle power before the first run, for each run's energy above idle
+            from petlprof.meters.idle import prepare_sweep_idle
+
+            print(f"petlprof: {prepare_sweep_idle(device, options.energy_meter)}", file=sys.stderr)
         in_main = threading.current_thread() is threading.main_thread()
         previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main else None
         try:
-            failed = _sweep(todo, store, options, max_memory, execute, execute_in_subprocess)
+            failed = _sweep(todo, store, options, max_memory, execute, execute_in_subprocess,
+                            done=len(specs) - len(todo), total=len(specs))
         except StoreWriteError:
             return 1
         except (KeyboardInterrupt, Terminated) as exc:
@@ -126,14 +164,33 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _sweep(todo, store, options, max_memory, execute, execute_in_subprocess) -> int:
+def _progress(spec, position: int, total: int, started: float, finished: int) -> str:
+    """``[7/24] lora r=8 on minilm / tweets, seed 1 (elapsed 3m10s, about 8m left)``."""
+    import time
+
+    from petlprof.registry import get_method
+
+    knob = get_method(spec.method).pareto_knob
+    point = f" {knob}={spec.method_config.get(knob)}" if knob else ""
+    line = f"[{position}/{total}] {spec.method}{point} on {spec.backbone} / {spec.task}, seed {spec.seed}"
+    if finished:
+        elapsed = time.monotonic() - started
+        left = elapsed / finished * (total - position + 1)
+        line += f" (elapsed {elapsed // 60:.0f}m{elapsed % 60:02.0f}s, about {left // 60:.0f}m{left % 60:02.0f}s left)"
+    return line
+
+
+def _sweep(todo, store, options, max_memory, execute, execute_in_subprocess, done: int = 0, total: int | None = None) -> int:
+    """Run ``todo`` one after the other, appending each record; ``done`` runs of ``total`` were
+    recorded before (a resumed sweep), so progress counts the whole sweep."""
+    import time
+
     from petlprof.runner import cancelled_record, release_signals
     from petlprof.store import append_record
 
-    failed = 0
+    failed, started, total = 0, time.monotonic(), total if total is not None else len(todo)
     for index, spec in enumerate(todo, 1):
-        print(f"[{index}/{len(todo)}] {spec.method} on {spec.backbone} / {spec.task}, seed {spec.seed}",
-              file=sys.stderr)
+        print(_progress(spec, done + index, total, started, index - 1), file=sys.stderr)
         try:
             if options.in_process:
                 record = execute(spec, max_memory_bytes=None)
@@ -181,10 +238,12 @@ def cmd_list(args: argparse.Namespace) -> int:
     for name in method_names():
         spec = get_method(name)
         knob = f"knob {spec.pareto_knob}" if spec.pareto_knob else "no knob"
+        if spec.default_grid:
+            knob += f" (grid {', '.join(str(v) for v in spec.default_grid)})"
         side = "; side-tuning (no backbone autograd)" if spec.side_tuning else ""
-        print(f"  {name:<10} {spec.description}; {knob}; lr {spec.default_lr:g}{side}")
+        print(f"  {name:<13} {spec.description}; {knob}; lr {spec.default_lr:g}{side}")
         for field_name, default, text in config_field_help(spec.config_cls):
-            print(f"  {'':<12}{name}.{field_name}={default}  {text}")
+            print(f"  {'':<15}{name}.{field_name}={default}  {text}")
     print("\nTasks:")
     for name, text in TASKS.items():
         print(f"  {name:<10} {text}")
@@ -196,6 +255,18 @@ def cmd_list(args: argparse.Namespace) -> int:
     print("\nMeters on this machine:")
     for name, ok, why, what in meter_status():
         print(f"  {name:<15} {'available' if ok else 'unavailable':<11} {what}\n  {'':<27}({why})")
+    return 0
+
+
+def cmd_meters(args: argparse.Namespace) -> int:
+    from petlprof.meters import meter_status
+    from petlprof.meters.energy import nvml_gpu_details
+
+    print("Meters on this machine (name, status, what it gives, and why it is or is not usable):")
+    for name, ok, why, what in meter_status():
+        print(f"  {name:<15} {'available' if ok else 'unavailable':<11} {what}\n  {'':<27}({why})")
+    for line in nvml_gpu_details():
+        print(f"  {'':<27}{line}")
     return 0
 
 
@@ -231,7 +302,7 @@ def _print_summary(records: list[dict], skipped: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    handler = {"run": cmd_run, "list": cmd_list, "report": cmd_report}[args.command]
+    handler = {"run": cmd_run, "list": cmd_list, "meters": cmd_meters, "report": cmd_report}[args.command]
     try:
         return handler(args)
     except UsageError as exc:

@@ -19,6 +19,7 @@ from petlprof.errors import UsageError, unknown_choice
 from petlprof.runner import RunSpec
 
 DEVICES = ("auto", "cpu", "cuda")
+CACHE_DTYPES = ("float16", "bfloat16", "float32")  # petlprof.cache.DTYPES, named without importing torch
 
 
 @dataclass
@@ -46,7 +47,26 @@ class RunOptions:
     in_process: bool = False
     timeout: float | None = None  # seconds per run; not part of a run's identity
     max_memory: str | int | None = None  # per run, e.g. "2GiB"; not part of a run's identity
+    # measurement (petlprof.meters), not part of a run's identity: extra meters beside the energy and
+    # memory meters, codecarbon's country, CUDA memory snapshots, the inference phase's window
+    meters: list[str] = field(default_factory=list)
+    country_code: str | None = None
+    memory_snapshot: bool = False
+    inference_window_s: float | None = None
+    cache_hidden_states: bool = False  # side-tuning methods only (petlprof.cache)
+    cache_budget: str | int = "1GiB"  # in memory; the rest spills to a file in the output folder
+    cache_dtype: str = "float16"
     method_config: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # sweeps: each method's default grid of its Pareto knob, and/or explicit grids (field -> values,
+    # crossed with each other) per method; a grid point is laid over that method's method_config
+    grid: bool = False
+    method_grid: dict[str, dict[str, list]] = field(default_factory=dict)
+    # budget (petlprof.budget): stop a run at a target metric value (time-to-accuracy) or a time limit
+    target_value: float | None = None
+    target_metric: str | None = None  # default: the task's primary metric
+    eval_every: int = 10  # optimiser steps between target checks
+    target_eval_size: int | None = 200  # first N eval examples scored per check (None: all)
+    max_train_time: float | None = None  # seconds of training per run
 
     @classmethod
     def field_names(cls) -> list[str]:
@@ -111,9 +131,22 @@ def parse_method_overrides(items: list[str]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def parse_method_grids(items: list[str]) -> dict[str, dict[str, list]]:
+    """``["lora.r=2,8,32", "read.cell=[gru,lstm]"]`` -> ``{"lora": {"r": [2, 8, 32]}, "read": {"cell": ["gru", "lstm"]}}``."""
+    grids: dict[str, dict[str, list]] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if sep and not value.strip().startswith("["):
+            item = f"{key}=[{value}]"
+        for method, fields in parse_method_overrides([item]).items():
+            for name, values in fields.items():
+                grids.setdefault(method, {})[name] = values if isinstance(values, list) else [values]
+    return grids
+
+
 def build_options(file_values: dict[str, Any], cli_values: dict[str, Any]) -> RunOptions:
     values = {**file_values, **{k: v for k, v in cli_values.items() if v is not None}}
-    for key in ("methods", "backbone", "task", "seeds"):
+    for key in ("methods", "backbone", "task", "seeds", "meters"):
         if key in values:
             values[key] = _as_list(values[key])
     if "seeds" in values:
@@ -124,6 +157,11 @@ def build_options(file_values: dict[str, Any], cli_values: dict[str, Any]) -> Ru
                 raise UsageError(f"option '{key}' must name strings, got {item!r}")
     if "methods" in values:
         values["methods"] = list(dict.fromkeys(values["methods"]))  # a method named twice runs once
+    if cli_values.get("method_grid"):
+        grids = {m: dict(v) for m, v in (file_values.get("method_grid") or {}).items()}
+        for method, fields in cli_values["method_grid"].items():
+            grids.setdefault(method, {}).update(fields)
+        values["method_grid"] = grids
     if cli_values.get("method_config"):
         merged = {m: dict(v) for m, v in (file_values.get("method_config") or {}).items()}
         for method, fields in cli_values["method_config"].items():
@@ -147,7 +185,8 @@ def _check_int(name: str, value: Any, minimum: int, allow_none: bool = False) ->
 _TYPES = {"methods": list, "backbone": list, "task": list, "seeds": list, "device": str, "energy_meter": str,
           "in_process": bool, "method_config": dict, "output": (str, type(None)), "data_dir": (str, type(None)),
           "text_column": (str, type(None)), "text_pair_column": (str, type(None)),
-          "label_column": (str, type(None))}
+          "label_column": (str, type(None)), "grid": bool, "method_grid": dict,
+          "target_metric": (str, type(None))}
 
 
 def validate(options: RunOptions) -> None:
@@ -172,6 +211,18 @@ def validate(options: RunOptions) -> None:
         if name not in options.methods:
             raise unknown_choice("method in method_config", name, options.methods)
         get_method(name).make_config(fields)
+    for name, fields in options.method_grid.items():
+        if name not in options.methods:
+            raise unknown_choice("method in method_grid", name, options.methods)
+        if not isinstance(fields, dict) or not fields:
+            raise UsageError(f"method_grid.{name} must be a table of FIELD = [values], got {fields!r}")
+        for key, values in fields.items():
+            if not isinstance(values, list) or not values:
+                raise UsageError(f"method_grid.{name}.{key} must be a non-empty list of values, got {values!r}")
+    for method in options.methods:
+        for point in grid_points(options, method):
+            get_method(method).make_config(point)
+    _validate_budget(options)
     for spec in options.backbone:
         check_backbone(str(spec))
     for spec in options.task:
@@ -187,6 +238,11 @@ def validate(options: RunOptions) -> None:
                                         or options.timeout <= 0):
         raise UsageError(f"--timeout must be a positive number of seconds, got {options.timeout!r}")
     parse_bytes(options.max_memory)
+    if not isinstance(options.cache_hidden_states, bool):
+        raise UsageError(f"option 'cache_hidden_states' must be true or false, got {options.cache_hidden_states!r}")
+    parse_bytes(options.cache_budget, option="--cache-budget")
+    if options.cache_dtype not in CACHE_DTYPES:
+        raise unknown_choice("cache dtype", options.cache_dtype, CACHE_DTYPES)
     if options.in_process and (options.timeout is not None or options.max_memory is not None):
         raise UsageError("--timeout and --max-memory act on a run's own process; they cannot be used with --in-process")
     if options.lr is not None and not (isinstance(options.lr, (int, float)) and options.lr > 0):
@@ -194,20 +250,74 @@ def validate(options: RunOptions) -> None:
     if options.device not in DEVICES and not options.device.startswith("cuda:"):
         raise unknown_choice("device", options.device, DEVICES)
     check_energy_meter(options.energy_meter, need_available=False)
+    _validate_measurement(options)
+
+
+def _validate_measurement(options: RunOptions) -> None:
+    from petlprof.meters import check_extra_meters
+
+    check_extra_meters(options.meters)
+    if options.country_code is not None and not re.fullmatch(r"[A-Za-z]{3}", str(options.country_code)):
+        raise UsageError(f"--country-code must be an ISO 3166 alpha-3 code such as USA, FRA or DEU, "
+                         f"got {options.country_code!r}")
+    if options.country_code is not None and "codecarbon" not in options.meters:
+        raise UsageError("--country-code sets codecarbon's carbon intensity; add --meters codecarbon")
+    if not isinstance(options.memory_snapshot, bool):
+        raise UsageError(f"option 'memory_snapshot' must be true or false, got {options.memory_snapshot!r}")
+    window = options.inference_window_s
+    if window is not None and (isinstance(window, bool) or not isinstance(window, (int, float)) or window < 0):
+        raise UsageError(f"--inference-window-s must be a number of seconds >= 0, got {window!r}")
+
+
+def _validate_budget(options: RunOptions) -> None:
+    from petlprof.metrics import METRIC_DIRECTIONS
+
+    for name in ("target_value", "max_train_time"):
+        value = getattr(options, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise UsageError(f"--{name.replace('_', '-')} must be a number, got {value!r}")
+    if options.max_train_time is not None and options.max_train_time <= 0:
+        raise UsageError(f"--max-train-time must be a positive number of seconds, got {options.max_train_time!r}")
+    _check_int("eval_every", options.eval_every, 1)
+    _check_int("target_eval_size", options.target_eval_size, 1, allow_none=True)
+    if options.target_metric is not None:
+        if options.target_value is None:
+            raise UsageError(f"--target-metric {options.target_metric} needs --target-value")
+        if options.target_metric not in METRIC_DIRECTIONS:
+            raise unknown_choice("target metric", options.target_metric, METRIC_DIRECTIONS)
+
+
+def grid_points(options: RunOptions, method: str) -> list[dict[str, Any]]:
+    """The method-config overrides one method runs with: its explicit grid (the cartesian product of
+    the listed values) or, with ``grid``, its default grid, each laid over its ``method_config``."""
+    import itertools
+
+    from petlprof.registry import get_method
+
+    base = options.method_config.get(method, {})
+    explicit = options.method_grid.get(method)
+    if explicit:
+        names = list(explicit)
+        points = [dict(zip(names, values)) for values in itertools.product(*(explicit[n] for n in names))]
+    elif options.grid:
+        points = [p for p in get_method(method).grid_configs() if not set(p) & set(base)] or [{}]
+    else:
+        points = [{}]
+    return [{**base, **point} for point in points]
 
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 
 
-def parse_bytes(value: str | int | None) -> int | None:
+def parse_bytes(value: str | int | None, option: str = "--max-memory") -> int | None:
     """``"2GiB"``, ``"500MB"``, ``"1.5g"`` or a plain number of bytes; None stays None."""
     if value is None:
         return None
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
     unit = match.group(2).lower() if match else None
     if not match or unit not in _UNITS or float(match.group(1)) <= 0:
-        raise UsageError(f"--max-memory '{value}' is not a positive size; use e.g. 2GiB, 500MB or a number of bytes")
+        raise UsageError(f"{option} '{value}' is not a positive size; use e.g. 2GiB, 500MB or a number of bytes")
     return int(float(match.group(1)) * _UNITS[unit])
 
 
@@ -235,12 +345,15 @@ def preflight(options: RunOptions, device: str) -> None:
     from petlprof.tasks import load_task
 
     check_energy_meter(options.energy_meter)
+    if options.memory_snapshot and not device.startswith("cuda"):
+        raise UsageError(f"--memory-snapshot records the CUDA allocator; the runs are on {device}")
     for spec in options.backbone:
         width = backbone_width(spec)  # loads the config of a folder or hub id: a bad one fails here
         for method in options.methods:
-            config = get_method(method).make_config(options.method_config.get(method, {}))
-            if hasattr(config, "check_width"):
-                config.check_width(width, spec)
+            for point in grid_points(options, method):  # every grid point, e.g. a LoRA rank wider than the model
+                config = get_method(method).make_config(point)
+                if hasattr(config, "check_width"):
+                    config.check_width(width, spec)
     for task in options.task:
         load_task(task, train_size=options.train_size, eval_size=options.eval_size, data_dir=options.data_dir,
                   text_column=options.text_column, text_pair_column=options.text_pair_column,
@@ -252,23 +365,41 @@ def default_output_dir() -> Path:
 
 
 def expand(options: RunOptions, device: str) -> list[RunSpec]:
-    """One :class:`RunSpec` per (backbone, task, method, seed), in that nesting order."""
+    """One :class:`RunSpec` per (backbone, task, method, grid point, seed), in that nesting order; a
+    grid point that resolves to a configuration already listed runs once."""
     shared = {name: getattr(options, name) for name in (
         "num_layers", "data_dir", "text_column", "text_pair_column", "label_column", "epochs", "max_steps",
         "train_size", "eval_size", "batch_size", "lr", "max_length", "warmup_steps", "energy_meter")}
     from petlprof.registry import get_method
 
+    if options.target_value is not None or options.max_train_time is not None:
+        target = options.target_value is not None
+        shared.update(target_value=options.target_value, target_metric=options.target_metric,
+                      eval_every=options.eval_every if target else None,
+                      target_eval_size=options.target_eval_size if target else None,
+                      max_train_time_s=options.max_train_time)
+
     shared.pop("lr")
-    resolved = {}  # the full config and learning rate, so an explicit default gives the same run key
+    shared.update(extra_meters=list(options.meters), country_code=options.country_code,
+                  inference_window_s=options.inference_window_s)
+    resolved = {}  # the full configs and learning rate, so an explicit default gives the same run key
     for method in options.methods:
         spec = get_method(method)
-        config = dataclasses.asdict(spec.make_config(options.method_config.get(method, {})))
-        resolved[method] = (config, options.lr if options.lr is not None else spec.default_lr)
-    return [
+        configs = [dataclasses.asdict(spec.make_config(point)) for point in grid_points(options, method)]
+        resolved[method] = (configs, options.lr if options.lr is not None else spec.default_lr)
+    def cache(method: str) -> dict[str, Any]:  # the cache serves side-tuning methods; the others run as usual
+        if not (options.cache_hidden_states and get_method(method).side_tuning):
+            return {}
+        return {"cache_hidden_states": True, "cache_dtype": options.cache_dtype,
+                "cache_budget_bytes": parse_bytes(options.cache_budget, option="--cache-budget")}
+
+    specs = [
         RunSpec(method=method, backbone=str(backbone), task=str(task), seed=int(seed), device=device,
-                method_config=resolved[method][0], lr=resolved[method][1], **shared)
+                method_config=config, lr=resolved[method][1], **shared, **cache(method))
         for backbone in options.backbone
         for task in options.task
         for method in options.methods
+        for config in resolved[method][0]
         for seed in options.seeds
     ]
+    return list({spec.run_key: spec for spec in specs}.values())

@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 SCHEMA_VERSION = 1
+MEASUREMENT_FIELDS = ("extra_meters", "country_code", "memory_snapshot_dir", "inference_window_s")
+BUDGET_FIELDS = ("target_value", "target_metric", "eval_every", "target_eval_size", "max_train_time_s")
 
 
 @dataclass
@@ -52,13 +54,40 @@ class RunSpec:
     warmup_steps: int = 2
     device: str = "cpu"
     energy_meter: str = "auto"
+    # measurement options (petlprof.meters): what is measured alongside, not part of the identity
+    extra_meters: list[str] = field(default_factory=list)  # codecarbon, cpu-tensors
+    country_code: str | None = None  # for codecarbon's carbon intensity
+    memory_snapshot_dir: str | None = None  # CUDA memory snapshots of each phase go here
+    inference_window_s: float | None = None  # None: 5 s with a measured energy meter, else 0.5 s
+    cache_hidden_states: bool = False  # side-tuning fast path (petlprof.cache)
+    cache_budget_bytes: int | None = None  # in memory; past it the cache spills to cache_dir
+    cache_dtype: str = "float16"
+    cache_dir: str | None = None  # where the cache spills (the output folder); not part of the identity
+    # budget (petlprof.budget): stop at a target value of a metric (None: the task's primary metric),
+    # checked every eval_every steps on the first target_eval_size eval examples (None: all), or after
+    # max_train_time_s seconds of training
+    target_value: float | None = None
+    target_metric: str | None = None
+    eval_every: int | None = None
+    target_eval_size: int | None = None
+    max_train_time_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @property
     def run_key(self) -> str:
-        canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        identity = self.to_dict()
+        identity.pop("cache_dir")
+        for name in MEASUREMENT_FIELDS:
+            identity.pop(name)
+        if not self.cache_hidden_states:  # keys of runs without the cache are those from before it existed
+            for name in ("cache_hidden_states", "cache_budget_bytes", "cache_dtype"):
+                identity.pop(name)
+        for name in BUDGET_FIELDS:  # runs without a budget keep the keys they had before budgets existed
+            if identity[name] is None:
+                identity.pop(name)
+        canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
@@ -170,9 +199,12 @@ def _execute(spec: RunSpec, max_memory_bytes: int | None) -> dict[str, Any]:
     import transformers  # noqa: F401
 
     from petlprof.backbones import load_backbone
+    from petlprof.budget import make_budget
     from petlprof.errors import UsageError
-    from petlprof.meters import energy_meter_for, memory_meter_for
-    from petlprof.meters.memory import release_free_memory, rss_bytes
+    from petlprof.inference import measure_inference, target_window_s
+    from petlprof.meters import energy_meter_for, extra_meters_for, memory_meter_for, start_power_timeline
+    from petlprof.meters.idle import sweep_idle
+    from petlprof.meters.memory import release_free_memory, rss_bytes, static_breakdown
     from petlprof.modeling import SequenceClassifier
     from petlprof.registry import get_method
     from petlprof.tasks import load_task
@@ -202,19 +234,51 @@ def _execute(spec: RunSpec, max_memory_bytes: int | None) -> dict[str, Any]:
     make = lambda split: Batches.from_split(split, backbone.tokenizer, spec.batch_size, spec.max_length,  # noqa: E731
                                             task.is_regression)
     train_batches, eval_batches = make(task.train), make(task.eval)
-    meters = lambda: [energy_meter_for(spec.device, spec.energy_meter),  # noqa: E731
-                      memory_meter_for(spec.device, runtime_baseline)]
+    timeline = start_power_timeline(spec.device)  # GPU power sampled in its own process; None off CUDA
+    breakdown = static_breakdown(model)
+
+    def meters(phase: str = "eval") -> list:
+        resident = breakdown["total_bytes"] - breakdown["gradients_bytes"]  # tensors alive as a window opens
+        resident -= breakdown["optimizer_state_bytes"] if phase != "train" else 0
+        snapshot = f"{spec.memory_snapshot_dir}/{spec.run_key}-{phase}.pickle" if spec.memory_snapshot_dir else None
+        return [energy_meter_for(spec.device, spec.energy_meter, timeline),
+                memory_meter_for(spec.device, runtime_baseline, snapshot),
+                *extra_meters_for(spec.extra_meters, spec.device, country_code=spec.country_code,
+                                  resident_bytes=resident)]
     label = f"{spec.method} s{spec.seed}"
-    train_meters, eval_meters = meters(), meters()
+    train_meters, eval_meters = meters("train"), meters()
+    cache = None
+    if spec.cache_hidden_states:
+        from petlprof.cache import DEFAULT_BUDGET_BYTES, HiddenStateCache
+
+        if not method.side_tuning:
+            raise UsageError(f"--cache-hidden-states needs a side-tuning method; '{spec.method}' back-propagates "
+                             "through its backbone")
+        cache = HiddenStateCache(spec.cache_budget_bytes if spec.cache_budget_bytes is not None else DEFAULT_BUDGET_BYTES,
+                                 spec.cache_dir, spec.cache_dtype)
+    budget = make_budget(spec, task, model, make)  # stop at a target metric value or a maximum time
     try:
+        if budget is not None:
+            budget.start()
         train_phase = train(model, train_batches, epochs=spec.epochs, max_steps=spec.max_steps, lr=lr,
                             seed=spec.seed, device=spec.device, meters=train_meters,
-                            warmup_steps=spec.warmup_steps, desc=f"{label} train")
+                            warmup_steps=spec.warmup_steps, desc=f"{label} train", cache=cache, stop=budget)
+        if budget is not None:
+            train_phase["budget"] = budget.summary(train_phase)
         eval_phase, preds, golds = evaluate(model, eval_batches, device=spec.device, meters=eval_meters,
                                             warmup_steps=spec.warmup_steps, desc=f"{label} eval")
+        inference_phase = measure_inference(
+            model, eval_batches, device=spec.device, batch_sizes=[1, spec.batch_size],
+            make_meters=lambda: meters("inference"), warmup_steps=spec.warmup_steps,
+            min_window_s=target_window_s(eval_phase.get("energy_kind"), spec.inference_window_s))
     finally:
         for meter in train_meters + eval_meters:
             meter.close()
+        if cache is not None:
+            cache.close()
+    merged = _evaluate_merged(method, model, eval_batches, preds, spec, meters(), label) if method.merge else None
+    if timeline is not None:  # on a failure the sampler stops when ``timeline`` is collected
+        timeline.stop()
     if not task.is_regression:
         preds, golds = preds.astype(int), golds.astype(int)
     defaults = dataclasses.asdict(method.config_cls())
@@ -243,7 +307,34 @@ def _execute(spec: RunSpec, max_memory_bytes: int | None) -> dict[str, Any]:
         "metrics": task.compute_metrics(preds, golds),
         "train": train_phase,
         "eval": eval_phase,
+        "inference": inference_phase,
+        "memory_breakdown": breakdown,
+        "idle_baseline": sweep_idle() or None,
+        **({"eval_merged": merged} if merged is not None else {}),
     }
+
+
+def _evaluate_merged(method, model, eval_batches, preds, spec: RunSpec, meters: list, label: str) -> dict[str, Any]:
+    """Phase ``eval_merged``: the same evaluation after the method folds its weights into the backbone.
+
+    Also records the fraction of predictions equal to the unmerged ones.  A merge that fails is
+    recorded as this phase's error; the unmerged results stand.
+    """
+    import numpy as np
+
+    from petlprof.train import evaluate
+
+    try:
+        merged_model = method.build_merge()(model)
+        phase, merged_preds, _ = evaluate(merged_model, eval_batches, device=spec.device, meters=meters,
+                                          warmup_steps=spec.warmup_steps, desc=f"{label} eval merged")
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {exc}".strip()}
+    finally:
+        for meter in meters:
+            meter.close()
+    phase["predictions_agree_fraction"] = float(np.isclose(merged_preds, preds, rtol=1e-3, atol=1e-4).mean())
+    return phase
 
 
 def execute_in_subprocess(spec: RunSpec, *, timeout_s: float | None = None,
