@@ -13,10 +13,11 @@ The model provides the interface of :class:`petlprof.methods.side_tuning.SideTun
 
 Only real token positions are kept, so an example fits any batch it is shuffled into: the cache
 scatters them into the batch's padded layout and leaves zeros at padding positions, which a side
-network never reads into a real position.  A decoder stack of an encoder-decoder sees one more
-position when its example is not the longest of the batch; an entry with more positions than a
-batch asks for serves the first ones (the decoder is causal), one with fewer is a miss and is
-refreshed.  Entries go to memory until ``budget_bytes`` is used, then to a memory-mapped file in
+network never reads into a real position.  A model whose real positions per example depended on
+the batch would be served the first positions of a longer entry, and a shorter entry is a miss
+that is refreshed; the built-in families do not do that (the T5 decoder reads the unshifted input
+mask).  Entries live on the model's device (on CUDA they count in the train phase's peak memory)
+and go to memory until ``budget_bytes`` is used, then to a memory-mapped file in
 ``spill_dir`` (deleted by :meth:`HiddenStateCache.close`).
 """
 

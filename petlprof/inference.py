@@ -18,6 +18,7 @@ from typing import Any, Callable
 import torch
 
 from petlprof.meters import ESTIMATED, Meter, Window
+from petlprof.meters.base import phase_warnings
 from petlprof.meters.energy import SHORT_WINDOW_S
 from petlprof.meters.latency import StepTimer
 from petlprof.train import PROGRESS, Batches, percentiles
@@ -36,7 +37,7 @@ def target_window_s(energy_kind: str | None, requested: float | None) -> float:
 
 @torch.no_grad()
 def measure_inference(model, batches: Batches, *, device: str, batch_sizes: list[int],
-                      make_meters: Callable[[], list[Meter]], min_window_s: float,
+                      make_meters: Callable[[int], list[Meter]], min_window_s: float,
                       warmup_steps: int) -> dict[str, Any]:
     """``{"batch_1": {...}, "batch_32": {...}}``: per batch size the repeats, window time, latency
     percentiles per batch and per sample, throughput, and the meters' readings (energy per sample)."""
@@ -48,7 +49,7 @@ def measure_inference(model, batches: Batches, *, device: str, batch_sizes: list
         inputs, _ = next(fixed.iterate(device))
         for _ in range(warmup_steps):
             model(**inputs)
-        timer, repeats, meters = StepTimer(device), 0, make_meters()
+        timer, repeats, meters = StepTimer(device), 0, make_meters(size)
         try:
             with Window(meters, device) as window:
                 t0 = time.perf_counter()
@@ -62,7 +63,7 @@ def measure_inference(model, batches: Batches, *, device: str, batch_sizes: list
                 meter.close()
         latencies = timer.latencies_s()
         reading = dict(window.reading)
-        warnings = list(reading.pop("energy_warnings", None) or []) + reading.pop("meter_errors", [])
+        warnings = phase_warnings(reading)
         energy = reading.get("energy_j")
         phase[f"batch_{size}"] = {
             "batch_size": size,

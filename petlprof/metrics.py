@@ -24,6 +24,12 @@ METRIC_DIRECTIONS: dict[str, str] = {
     "peak_memory_bytes": LOWER,
     "time_s": LOWER,
     "trainable_params": LOWER,
+    "energy_above_idle_j": LOWER,
+    "co2eq_g": LOWER,
+    "latency_p50_s": LOWER,
+    "infer_b1_latency_p50_s": LOWER,
+    "infer_latency_per_sample_p50_s": LOWER,
+    "merged_latency_p50_s": LOWER,
 }
 
 

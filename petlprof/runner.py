@@ -75,20 +75,33 @@ class RunSpec:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def identity(self, include_seed: bool = True) -> dict[str, Any]:
+        return spec_identity(self.to_dict(), include_seed)
+
     @property
     def run_key(self) -> str:
-        identity = self.to_dict()
-        identity.pop("cache_dir")
-        for name in MEASUREMENT_FIELDS:
-            identity.pop(name)
-        if not self.cache_hidden_states:  # keys of runs without the cache are those from before it existed
-            for name in ("cache_hidden_states", "cache_budget_bytes", "cache_dtype"):
-                identity.pop(name)
-        for name in BUDGET_FIELDS:  # runs without a budget keep the keys they had before budgets existed
-            if identity[name] is None:
-                identity.pop(name)
-        canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"))
+        canonical = json.dumps(self.identity(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def spec_identity(spec: dict[str, Any], include_seed: bool = True) -> dict[str, Any]:
+    """What defines a run (its ``run_key``), from a spec's dict; without the seed it names the
+    configuration a report averages over seeds.  Fields added after the first release enter only
+    when set, so earlier runs keep their keys."""
+    identity = dict(spec)
+    identity.pop("cache_dir", None)  # where the cache spills, not what runs
+    identity.pop("cache_budget_bytes", None)  # memory or disk for the cache: same states, same steps
+    for name in MEASUREMENT_FIELDS:  # measured alongside; their cost is a warning in the record
+        identity.pop(name, None)
+    if not identity.get("cache_hidden_states"):
+        for name in ("cache_hidden_states", "cache_dtype"):
+            identity.pop(name, None)
+    for name in BUDGET_FIELDS:
+        if identity.get(name) is None:
+            identity.pop(name, None)
+    if not include_seed:
+        identity.pop("seed", None)
+    return identity
 
 
 def _now() -> str:
@@ -234,19 +247,27 @@ def _execute(spec: RunSpec, max_memory_bytes: int | None) -> dict[str, Any]:
     make = lambda split: Batches.from_split(split, backbone.tokenizer, spec.batch_size, spec.max_length,  # noqa: E731
                                             task.is_regression)
     train_batches, eval_batches = make(task.train), make(task.eval)
-    timeline = start_power_timeline(spec.device)  # GPU power sampled in its own process; None off CUDA
+    timeline_warnings = []
+    try:  # GPU power sampled in its own process; None off CUDA
+        timeline = start_power_timeline(spec.device, spec.energy_meter)
+    except Exception as error:  # the energy counter still measures; only the timeline is missing
+        timeline = None
+        timeline_warnings.append(f"the NVML power timeline did not start ({type(error).__name__}: {error}): "
+                                 "energy comes from the counter alone, integrated power is missing")
     breakdown = static_breakdown(model)
 
-    def meters(phase: str = "eval") -> list:
+    def meters(phase: str) -> list:
+        """Extra meters first: a window begins meters in order and ends them in reverse, so CodeCarbon's
+        start and stop (and the tensor tracker's) fall outside the energy and memory readings."""
         resident = breakdown["total_bytes"] - breakdown["gradients_bytes"]  # tensors alive as a window opens
         resident -= breakdown["optimizer_state_bytes"] if phase != "train" else 0
         snapshot = f"{spec.memory_snapshot_dir}/{spec.run_key}-{phase}.pickle" if spec.memory_snapshot_dir else None
-        return [energy_meter_for(spec.device, spec.energy_meter, timeline),
+        return [*extra_meters_for(spec.extra_meters, spec.device, country_code=spec.country_code,
+                                  resident_bytes=resident),
                 memory_meter_for(spec.device, runtime_baseline, snapshot),
-                *extra_meters_for(spec.extra_meters, spec.device, country_code=spec.country_code,
-                                  resident_bytes=resident)]
+                energy_meter_for(spec.device, spec.energy_meter, timeline)]
     label = f"{spec.method} s{spec.seed}"
-    train_meters, eval_meters = meters("train"), meters()
+    train_meters, eval_meters = meters("train"), meters("eval")
     cache = None
     if spec.cache_hidden_states:
         from petlprof.cache import DEFAULT_BUDGET_BYTES, HiddenStateCache
@@ -267,16 +288,18 @@ def _execute(spec: RunSpec, max_memory_bytes: int | None) -> dict[str, Any]:
             train_phase["budget"] = budget.summary(train_phase)
         eval_phase, preds, golds = evaluate(model, eval_batches, device=spec.device, meters=eval_meters,
                                             warmup_steps=spec.warmup_steps, desc=f"{label} eval")
+        for phase in (train_phase, eval_phase):
+            phase["warnings"] = timeline_warnings + phase["warnings"]
         inference_phase = measure_inference(
             model, eval_batches, device=spec.device, batch_sizes=[1, spec.batch_size],
-            make_meters=lambda: meters("inference"), warmup_steps=spec.warmup_steps,
+            make_meters=lambda size: meters(f"inference-batch{size}"), warmup_steps=spec.warmup_steps,
             min_window_s=target_window_s(eval_phase.get("energy_kind"), spec.inference_window_s))
     finally:
         for meter in train_meters + eval_meters:
             meter.close()
         if cache is not None:
             cache.close()
-    merged = _evaluate_merged(method, model, eval_batches, preds, spec, meters(), label) if method.merge else None
+    merged = _evaluate_merged(method, model, eval_batches, preds, spec, meters("eval_merged"), label) if method.merge else None
     if timeline is not None:  # on a failure the sampler stops when ``timeline`` is collected
         timeline.stop()
     if not task.is_regression:

@@ -19,6 +19,7 @@ import torch
 from tqdm.auto import tqdm
 
 from petlprof.meters import Window
+from petlprof.meters.base import phase_warnings
 from petlprof.meters.latency import StepTimer
 
 # Where the run is, for the record of a run that fails: {"phase": "train"|"eval", "step": int}
@@ -72,7 +73,7 @@ def percentiles(latencies: list[float]) -> dict[str, float | None]:
 
 
 def _phase_summary(window: Window, timer: StepTimer, steps, samples, warmup, requested_warmup) -> dict[str, Any]:
-    warnings = list(window.reading.pop("energy_warnings", None) or []) + window.reading.pop("meter_errors", [])
+    warnings = phase_warnings(window.reading)
     if warmup < requested_warmup:
         warnings.append(f"only {warmup} of the {requested_warmup} requested warm-up steps were excluded: the "
                         "phase is too short, so its figures include start-up costs")

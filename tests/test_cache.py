@@ -77,12 +77,8 @@ def test_cached_training_matches_uncached_in_fp32(tmp_path, preset, method, conf
     for (name, a), b in zip(plain_model.named_parameters(), cached_model.parameters()):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
     assert cached["cache_examples"] == len(TEXTS) and cached["cache_disk_bytes"] == 0
-    # epoch 1 misses everything and later epochs hit, except that a T5 decoder entry stored from a batch in
-    # which its example was the longest is one position short for other batches: that batch misses once
-    if preset == "tiny-t5":
-        assert 1 / EPOCHS <= cached["cache_hit_rate"] <= (EPOCHS - 1) / EPOCHS
-    else:
-        assert cached["cache_hit_rate"] == pytest.approx((EPOCHS - 1) / EPOCHS)
+    # epoch 1 misses everything and every later epoch hits (T5 too: its decoder reads the unshifted mask)
+    assert cached["cache_hit_rate"] == pytest.approx((EPOCHS - 1) / EPOCHS)
     assert "cache_bytes" not in plain
     cache.close()
 
@@ -135,7 +131,8 @@ def test_cache_options_are_identity_only_when_the_cache_is_on():
     assert dataclasses.replace(spec, cache_budget_bytes=5, cache_dtype="float32").run_key == spec.run_key
     cached = dataclasses.replace(spec, cache_hidden_states=True, cache_budget_bytes=1)
     assert cached.run_key != spec.run_key
-    assert dataclasses.replace(cached, cache_budget_bytes=2).run_key != cached.run_key
+    # memory or disk, the cache serves the same states: a resume with another budget reruns nothing
+    assert dataclasses.replace(cached, cache_budget_bytes=2).run_key == cached.run_key
     assert dataclasses.replace(cached, cache_dir="/elsewhere").run_key == cached.run_key  # where it spills
 
 

@@ -206,6 +206,8 @@ def test_estimate_follows_its_stated_model():
     ("Intel(R) Xeon(R) Platinum 8380 CPU @ 2.30GHz", 40, "intel xeon platinum 8380", 270 / 40),
     ("Intel(R) Xeon(R) Platinum 8380H CPU @ 2.90GHz", 28, "intel xeon platinum 8380h", 250 / 28),  # longest match
     ("AMD EPYC", 2, None, 10.0),                  # a virtual CPU without a model number: the fallback
+    ("AMD EPYC 7763 64-Core Processor", 2, "amd epyc 7763", 280 / 64),  # VM slice: cores from the name
+    ("Intel(R) Xeon(R) Platinum 8175M CPU @ 2.50GHz", 1, None, 10.0),  # VM slice, 240 W / 1 core: implausible
     (None, None, None, 10.0),                     # no /proc/cpuinfo model name
 ])
 def test_estimate_power_per_core_from_the_cpu_table(tmp_path, model_name, cores, entry, watts_per_core):

@@ -75,9 +75,10 @@ def extra_meters_for(names: list[str], device: str, *, country_code: str | None 
     return meters
 
 
-def start_power_timeline(device: str):
-    """The power sampler process for the GPU ``device`` uses, or None off CUDA or without NVML."""
-    if not device.startswith("cuda") or not NvmlEnergyMeter.available()[0]:
+def start_power_timeline(device: str, energy_meter: str = "auto"):
+    """The power sampler process for the GPU ``device`` uses, or None off CUDA, without NVML, or when
+    another energy meter was asked for."""
+    if energy_meter not in ("auto", "nvml") or not device.startswith("cuda") or not NvmlEnergyMeter.available()[0]:
         return None
     from petlprof.meters.energy import cuda_uuid
     from petlprof.meters.power import NvmlPowerSource, PowerTimeline

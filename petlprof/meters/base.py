@@ -70,6 +70,13 @@ class Meter:
                 "meter_errors": [f"{self.name} failed: {type(error).__name__}: {error}; its figures are missing"]}
 
 
+def phase_warnings(reading: dict[str, Any]) -> list[str]:
+    """Pop every meter's warnings (``*_warnings`` lists and ``meter_errors``) out of a window's
+    reading, as one list for the phase's ``warnings``."""
+    keys = [key for key in reading if key.endswith("_warnings") or key == "meter_errors"]
+    return [text for key in keys for text in (reading.pop(key) or [])]
+
+
 class Window:
     """Runs several meters over one stretch of work; ``reading`` merges their results.
 

@@ -41,11 +41,15 @@ SHORT_WINDOW_S = 5.0
 RAPL_MAX_WATTS = 400.0  # for the wrap-around check: a counter can wrap at most once per window
 POWERCAP = Path("/sys/class/powercap")
 CPU_WATTS_PER_CORE = 10.0  # a busy server core: ~4-7 W (EPYC/Xeon TDP / cores), desktop cores more
+MAX_PLAUSIBLE_WATTS_PER_CORE = 30.0  # above this, TDP / visible cores means a VM slice of a big chip
 DRAM_WATTS_PER_GIB = 0.375  # CodeCarbon's DRAM figure: 3 W per 8 GiB
 
 
-def provenance(meter: Meter, source: str, kind: str, samples: int, warnings: list[str]) -> dict[str, Any]:
-    """The provenance fields every energy reading carries."""
+def provenance(meter: Meter, source: str, kind: str, samples: int, warnings: list[str],
+               sample_rate_hz: float | None = None) -> dict[str, Any]:
+    """The provenance fields every energy reading carries.  ``sample_rate_hz``: how often the source
+    updates or was sampled (a counter's update rate, the power timeline's achieved rate); None where
+    the figure is a difference of two readings of a source whose rate is not known."""
     window_s = meter.window_s
     low = window_s < SHORT_WINDOW_S
     if low and kind == MEASURED:
@@ -56,7 +60,7 @@ def provenance(meter: Meter, source: str, kind: str, samples: int, warnings: lis
         "energy_source": source,
         "energy_meter": meter.name,
         "energy_samples": samples,
-        "energy_sample_rate_hz": samples / window_s if window_s else None,
+        "energy_sample_rate_hz": sample_rate_hz,
         "energy_window_s": window_s,
         "energy_low_confidence": low,
         "energy_warnings": warnings,
@@ -132,10 +136,13 @@ class NvmlEnergyMeter(Meter):
                 warnings.append("the energy counter went back (driver reloaded?): counted from zero")
         timeline = self._timeline_window(self._t0, t1, warnings)
         integrated_j = timeline.get("integrated_energy_j")
+        period = timeline.get("update_period_s")
         if counter_j is not None:
             energy, source, samples = counter_j, "nvml-energy-counter", 2
+            rate = 1.0 / period if period else None  # the counter's own update rate, when detected
         else:
             energy, source, samples = integrated_j, "nvml-power-integrated", timeline.get("samples", 0)
+            rate = timeline.get("sample_rate_hz")
             if energy is None:
                 raise RuntimeError("no energy counter and the power timeline does not cover the window")
         reading = {
@@ -148,7 +155,7 @@ class NvmlEnergyMeter(Meter):
             "mean_power_w": timeline.get("mean_power_w"),
             "counter_update_period_s": timeline.get("update_period_s"),
             "nvml_peak_process_memory_bytes": timeline.get("own_peak_bytes"),
-            **provenance(self, source, MEASURED, samples, warnings),
+            **provenance(self, source, MEASURED, samples, warnings, rate),
         }
         idle = sweep_idle().get("nvml_w", {}).get(self.uuid)
         return {**reading, **above_idle(energy, idle, self.window_s)}
@@ -382,17 +389,29 @@ def cpu_power_table() -> dict[str, float]:
 
 def cpu_power_per_core(cpuinfo: str = "/proc/cpuinfo") -> dict[str, Any]:
     """Per-core power of this CPU: its TDP over its cores where the model is in the table (longest
-    whole-word match), else :data:`CPU_WATTS_PER_CORE`."""
+    whole-word match), else :data:`CPU_WATTS_PER_CORE`.
+
+    The core count comes from the model name (``24-Core``) where it says so: in a VM or container
+    ``cpu cores`` counts only the cores given to the guest, and dividing the whole chip's TDP by
+    them would inflate the figure many times.  A quotient above
+    :data:`MAX_PLAUSIBLE_WATTS_PER_CORE` is taken as that case and falls back to the generic figure."""
     name, cores = cpu_model_name(cpuinfo)
+    fallback = {"cpu_model": name or "unknown CPU", "watts_per_core": CPU_WATTS_PER_CORE, "table_entry": None,
+                "tdp_w": None, "cores": cores, "fallback_reason": None}
+    named_cores = re.search(r"(\d+)-Core", name or "")
+    cores = int(named_cores.group(1)) if named_cores else cores
     if name and cores:
         text = f" {_normalise(name)} "
         matches = [key for key in cpu_power_table() if f" {key} " in text]
         if matches:
             key = max(matches, key=len)
             tdp = cpu_power_table()[key]
-            return {"cpu_model": name, "watts_per_core": tdp / cores, "table_entry": key, "tdp_w": tdp, "cores": cores}
-    return {"cpu_model": name or "unknown CPU", "watts_per_core": CPU_WATTS_PER_CORE, "table_entry": None,
-            "tdp_w": None, "cores": cores}
+            if tdp / cores > MAX_PLAUSIBLE_WATTS_PER_CORE:
+                return {**fallback, "fallback_reason": f"TDP {tdp:g} W / {cores} visible cores is implausible per "
+                        "core (a VM sees only part of the chip)"}
+            return {"cpu_model": name, "watts_per_core": tdp / cores, "table_entry": key, "tdp_w": tdp,
+                    "cores": cores, "fallback_reason": None}
+    return fallback
 
 
 def estimate_model(cpu: dict[str, Any]) -> str:
@@ -401,7 +420,8 @@ def estimate_model(cpu: dict[str, Any]) -> str:
         core = (f"{cpu['watts_per_core']:.2f} W per busy core ({cpu['cpu_model']}: TDP {cpu['tdp_w']:g} W / "
                 f"{cpu['cores']} cores, CodeCarbon CPU power table)")
     else:
-        core = (f"{cpu['watts_per_core']:g} W per busy core ({cpu['cpu_model']} not in CodeCarbon's CPU power "
-                "table: generic server-core figure)")
+        reason = cpu.get("fallback_reason")
+        why = f": {reason}" if reason else " not in CodeCarbon's CPU power table"
+        core = f"{cpu['watts_per_core']:g} W per busy core ({cpu['cpu_model']}{why}: generic server-core figure)"
     return (f"estimate: process CPU time x {core} + {DRAM_WATTS_PER_GIB:g} W/GiB x mean resident memory "
             "x wall time")

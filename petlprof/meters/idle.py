@@ -89,7 +89,10 @@ def prepare_sweep_idle(device: str, energy_meter: str) -> str:
     if energy_meter == "estimate":
         os.environ[IDLE_ENV] = "{}"
         return "no idle baseline: the estimate counts only the run's own CPU time"
-    idle = measure_idle(device)
+    try:
+        idle = measure_idle(device)
+    except Exception as error:  # the baseline is an extra: a sweep must not die for it
+        idle = {"seconds": 0, "notes": [f"idle measurement failed: {type(error).__name__}: {error}"]}
     os.environ[IDLE_ENV] = json.dumps(idle)
     parts = [f"GPU {uuid} {watts:.1f} W" for uuid, watts in idle.get("nvml_w", {}).items() if watts is not None]
     if "rapl_w" in idle:

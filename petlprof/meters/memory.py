@@ -142,6 +142,8 @@ class CudaMemoryMeter(Meter):
             torch.cuda.memory._dump_snapshot(str(self.snapshot_path))
             torch.cuda.memory._record_memory_history(enabled=None)
             reading["memory_snapshot_file"] = str(self.snapshot_path)
+            reading["memory_warnings"] = ["--memory-snapshot was on: recording allocation stacks slows every "
+                                          "allocation, so this phase's time, latency and energy include it"]
         return reading
 
 

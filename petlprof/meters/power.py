@@ -59,8 +59,10 @@ class NvmlPowerSource:
         return None if value.nvmlReturn != 0 else int(value.value.uiVal)
 
     def read_power_w(self) -> list[float]:
-        if self.power_field == "instant":
-            return [self._instant_mw(h) / 1000.0 for h in self._handles]
+        if self.power_field == "instant":  # a transient failed field read falls back to the average field
+            values = [self._instant_mw(h) for h in self._handles]
+            return [v / 1000.0 if v is not None else self._nvml.nvmlDeviceGetPowerUsage(h) / 1000.0
+                    for v, h in zip(values, self._handles)]
         return [self._nvml.nvmlDeviceGetPowerUsage(h) / 1000.0 for h in self._handles]
 
     def read_energy_mj(self) -> list[int] | None:
@@ -166,7 +168,8 @@ def integrate_j(times: list[float], powers_w: list[list[float]], t0: float, t1: 
     t = np.asarray(times)
     p = np.asarray(powers_w, dtype=float).sum(axis=1)
     grid = np.concatenate([[t0], t[(t > t0) & (t < t1)], [t1]])
-    return float(np.trapezoid(np.interp(grid, t, p), grid))
+    trapezoid = getattr(np, "trapezoid", None) or np.trapz  # numpy < 2 has only trapz
+    return float(trapezoid(np.interp(grid, t, p), grid))
 
 
 class PowerTimeline:

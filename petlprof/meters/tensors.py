@@ -103,4 +103,6 @@ class CpuTensorMeter(Meter):
             "tensor_peak_new_bytes": self._mode.peak_bytes,
             "tensor_kind": MEASURED,
             "tensor_source": "torch-dispatch-mode live CPU tensor storages",
+            "tensor_warnings": ["cpu-tensors was on: this phase's time, latency and energy include its "
+                                "per-operation bookkeeping"],
         }

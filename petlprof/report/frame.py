@@ -27,7 +27,8 @@ GROUP = ["task", "backbone"]  # a frontier is drawn within one task and backbone
 CONFIG = GROUP + ["method", "config", "config_key"]  # what identifies a configuration across seeds
 PHASE_FIGURES = {  # column suffix -> keys inside a phase
     "time_s": ("time_s",), "energy_j": ("energy_j",), "peak_memory_bytes": ("peak_memory_bytes",),
-    "steps": ("steps",), "latency_p50_s": ("latency_s", "p50"),
+    "steps": ("steps",), "latency_p50_s": ("latency_s", "p50"), "energy_above_idle_j": ("energy_above_idle_j",),
+    "co2eq_g": ("co2eq_g",),
 }
 PHASE_TEXT = ("energy_kind", "energy_source", "energy_model", "memory_source")
 COSTS = ("energy_j", "peak_memory_bytes", "time_s", "trainable_params")
@@ -59,6 +60,12 @@ def _row(record: Mapping[str, Any]) -> dict[str, Any]:
         "time_to_target_s": number(record, "train", "budget", "time_to_target_s"),
         "energy_to_target_j": number(record, "train", "budget", "energy_to_target_j"),
     }
+    batch = field(record, "spec", "batch_size")
+    row.update({  # inference phase (batch 1 and the training batch) and the merged model's evaluation
+        "infer_b1_latency_p50_s": number(record, "inference", "batch_1", "latency_s", "p50"),
+        "infer_latency_per_sample_p50_s": number(record, "inference", f"batch_{batch}", "latency_per_sample_s", "p50"),
+        "merged_latency_p50_s": number(record, "eval_merged", "latency_s", "p50"),
+    })
     metrics = record.get("metrics") if isinstance(record.get("metrics"), Mapping) else {}
     for name in metrics:
         row[name] = number(record, "metrics", name)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from petlprof.errors import UsageError
-from petlprof.runner import BUDGET_FIELDS
+from petlprof.runner import spec_identity
 
 SCHEMA_VERSION = 1
 RESULTS_FILE = "results.jsonl"
@@ -159,11 +159,13 @@ def run_label(record: Mapping[str, Any]) -> str:
 
 
 def config_key(record: Mapping[str, Any]) -> str:
-    """What identifies a configuration across seeds: everything that defines the run except the seed."""
+    """What identifies a configuration across seeds: everything that defines the run (its run key's
+    fields: backbone, task, method and its config, data, training budget, cache, meters that cost
+    time) except the seed."""
+    spec = record.get("spec")
+    if isinstance(spec, Mapping):
+        return json.dumps(spec_identity(dict(spec), include_seed=False), sort_keys=True, default=str)
     parts = {key: record.get(key) for key in ("backbone", "task", "method", "method_config", "training")}
-    budget = {key: field(record, "spec", key) for key in BUDGET_FIELDS if field(record, "spec", key) is not None}
-    if budget:  # runs stopped at another target or time limit are another configuration
-        parts["budget"] = budget
     return json.dumps(parts, sort_keys=True, default=str)
 
 
@@ -206,8 +208,17 @@ def run_warnings(records: Sequence[Mapping[str, Any]]) -> list[str]:
     """Every measurement warning a run recorded, as ``<run>, seed N, <phase>: <warning>``."""
     out = []
     for record in sorted(records, key=sort_key):
-        for phase in ("train", "eval"):
-            figures = record.get(phase)
-            for warning in (figures.get("warnings") or []) if isinstance(figures, Mapping) else []:
+        inference = record.get("inference") if isinstance(record.get("inference"), Mapping) else {}
+        phases = [("train", record.get("train")), ("eval", record.get("eval")),
+                  ("merged eval", record.get("eval_merged")),
+                  *((f"inference {key.replace('_', ' ')}", value) for key, value in inference.items()
+                    if key.startswith("batch_"))]
+        for phase, figures in phases:
+            if not isinstance(figures, Mapping):
+                continue
+            notes = list(figures.get("warnings") or [])
+            if figures.get("error"):  # a merge that failed: the unmerged results stand
+                notes.append(f"failed: {figures['error']}")
+            for warning in notes:
                 out.append(f"{run_label(record)}, seed {text(record.get('seed'))}, {phase}: {warning}")
     return out

@@ -160,6 +160,16 @@ def _signed(value: Any, fmt: str, suffix: str = "") -> str:
     return f"{value:+{fmt}}{suffix}".replace("-", "−")
 
 
+# figures shown only where some run has them: (column, header, unit factor, decimals)
+OPTIONAL_COLUMNS = (
+    ("energy_above_idle_j", "train energy above idle (J)", 1.0, 1),
+    ("co2eq_g", "train CO2-eq (g, CodeCarbon)", 1.0, 3),
+    ("infer_b1_latency_p50_s", "inference p50, batch 1 (ms)", 1000.0, 2),
+    ("infer_latency_per_sample_p50_s", "inference p50 per sample, train batch (ms)", 1000.0, 2),
+    ("merged_latency_p50_s", "merged eval p50 (ms/batch)", 1000.0, 1),
+)
+
+
 def configuration_tables(records: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, str]]:
     """(task, backbone, Markdown table) with one row per configuration: its seeds, the primary
     metric and each cost as mean ± 95% CI, the change against ``full`` (percent for costs, difference
@@ -189,6 +199,10 @@ def configuration_tables(records: Sequence[Mapping[str, Any]]) -> list[tuple[str
                    "train peak mem (MiB)", f"memory {vs}", "train energy (J)", f"energy {vs}", "energy kind",
                    "eval p50 latency (ms/batch)", "on frontier of"]
         numeric = [False, False] + [True] * 11 + [False, True, False]
+        optional = [(column, title, factor, decimals) for column, title, factor, decimals in OPTIONAL_COLUMNS
+                    if column in group and group[column].notna().any()]
+        headers += [title for _, title, _, _ in optional]
+        numeric += [True] * len(optional)
         budget = group["target_reached"].notna().any()
         if budget:  # time-to-accuracy runs: how many seeds reached the target, and at what cost (means over those)
             headers += ["reached target (seeds)", "steps to target", "time to target (s)", "energy to target (J)"]
@@ -207,7 +221,7 @@ def configuration_tables(records: Sequence[Mapping[str, Any]]) -> list[tuple[str
                 _mean_ci(row, "energy_j", 1.0, 1), rel("energy_j"), text(row.get("energy_kind")),
                 _mean_ci(row, "eval_latency_p50_s", 1000.0, 1),
                 ", ".join(row["fronts"]) or MISSING,
-            ] + ([text(row.get("target_reached")), _mean_ci(row, "steps_to_target", 1.0, 0),
+            ] + [_mean_ci(row, column, factor, decimals) for column, _, factor, decimals in optional] + ([text(row.get("target_reached")), _mean_ci(row, "steps_to_target", 1.0, 0),
                   _mean_ci(row, "time_to_target_s", 1.0, 1), _mean_ci(row, "energy_to_target_j", 1.0, 1)]
                  if budget else []))
         out.append((text(task), text(backbone), _render_markdown(headers, rows, numeric)))
