@@ -47,19 +47,13 @@ def _is_number(value) -> bool:
 def apply(classifier, config: LoraConfig):
     import peft
 
+    from petlprof.methods.peft_common import wrap_backbone
+
     peft_config = peft.LoraConfig(
         r=config.r, lora_alpha=config.alpha, lora_dropout=config.dropout,
         target_modules=config.target_modules, bias="none",
     )
-    for param in classifier.backbone.parameters():
-        param.requires_grad_(False)
-    try:
-        classifier.backbone = peft.get_peft_model(classifier.backbone, peft_config)
-    except ValueError as exc:
-        raise UsageError(f"lora cannot adapt this backbone: {exc}") from None
-    for param in classifier.head.parameters():
-        param.requires_grad_(True)
-    return classifier
+    return wrap_backbone(classifier, peft_config, "lora")
 
 
 register_method(MethodSpec(

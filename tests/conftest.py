@@ -25,6 +25,23 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models gain nothing from a thread pool, and on a shared 2-core machine its spinning costs
+    up to 10x: modules of tiny-model tests use this (``pytestmark = pytest.mark.usefixtures(...)``)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def trainable(model) -> int:
+    """Number of parameters that receive gradients."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
 @pytest.fixture(autouse=True)
 def _quiet_known_warnings():
     with warnings.catch_warnings():

@@ -26,12 +26,7 @@ TEXTS = ["what a wonderful day", "this is terrible and I hate it", "love it", "w
 EPOCHS = 3
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def run(preset: str, method: str, config: dict, cache: HiddenStateCache | None, padding_side: str = "right"):

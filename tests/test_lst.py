@@ -14,6 +14,7 @@ import torch
 from petlprof.backbones import load_backbone
 from petlprof.errors import UsageError
 from petlprof.modeling import SequenceClassifier
+from conftest import trainable
 from petlprof.registry import get_method
 
 TEXTS = ["what a wonderful day", "this is terrible and I hate it", "love it", "worst thing ever made"]
@@ -31,17 +32,8 @@ def build(preset: str, num_layers: int | None = None, **config):
     return classifier, model, {k: batch[k] for k in ("input_ids", "attention_mask")}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """These models are tiny: one thread is fastest, and on a shared CPU it does not oversubscribe."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
-
-def trainable(model) -> int:
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
 def step(model, inputs, optimizer=None):

@@ -36,13 +36,7 @@ LABELS = torch.tensor([1, 0, 1, 0])
 NUM_LABELS = 2
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Width-64 models gain nothing from a thread pool, and on a shared machine its spinning costs 10x."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def build(preset: str, method: str, **config):
