@@ -70,6 +70,11 @@ def _what_was_run(records: Sequence[Mapping[str, Any]]) -> list[str]:
     settings = []
     for key in distinct(k for r in records for k in (r.get("training") or {})):
         values = distinct(field(r, "training", key) for r in records)
+        if key in ("lr", "lr_source") and len(values) > 1:  # per-method defaults: say whose is whose
+            if key == "lr":
+                per_method = distinct(f"{r.get('method')} {field(r, 'training', 'lr')}" for r in records)
+                settings.append("lr per method: " + ", ".join(per_method))
+            continue  # each method's learning-rate source is in the README's table of defaults
         shown = " / ".join(str(v) for v in values) if values else "null"
         settings.append(f"{key} {shown}" + (" (varies)" if len(values) > 1 else ""))
     lines.append("- **Training settings:** " + (", ".join(settings) or "-"))
