@@ -37,11 +37,6 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def trainable(model) -> int:
-    """Number of parameters that receive gradients."""
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
-
-
 @pytest.fixture(autouse=True)
 def _quiet_known_warnings():
     with warnings.catch_warnings():

@@ -14,7 +14,6 @@ import torch
 from petlprof.backbones import load_backbone
 from petlprof.errors import UsageError
 from petlprof.modeling import SequenceClassifier
-from conftest import trainable
 from petlprof.registry import get_method
 
 TEXTS = ["what a wonderful day", "this is terrible and I hate it", "love it", "worst thing ever made"]
@@ -33,6 +32,10 @@ def build(preset: str, num_layers: int | None = None, **config):
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def trainable(model) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
 

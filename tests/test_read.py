@@ -17,7 +17,6 @@ from petlprof.backbones import load_backbone
 from petlprof.bench import MethodStep
 from petlprof.methods.read import AGGREGATIONS, CELLS, INIT_STATES
 from petlprof.modeling import SequenceClassifier
-from conftest import trainable
 from petlprof.registry import get_method
 
 TEXTS = ["what a wonderful day", "this is terrible and I hate it", "love it", "worst thing ever made"]
@@ -38,6 +37,10 @@ def build(preset: str, num_layers: int | None = None, padding_side: str = "right
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def trainable(model) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
 
