@@ -18,11 +18,7 @@ class LinearProbeConfig:
 
 
 def apply(classifier, config: LinearProbeConfig):
-    for param in classifier.backbone.parameters():
-        param.requires_grad_(False)
-    for param in classifier.head.parameters():
-        param.requires_grad_(True)
-    return classifier
+    return classifier.freeze_backbone()
 
 
 register_method(MethodSpec(

@@ -14,14 +14,11 @@ def wrap_backbone(classifier, peft_config, method: str):
     """Freeze the backbone, wrap it with ``peft_config`` (PEFT decides what trains) and free the head."""
     import peft
 
-    for param in classifier.backbone.parameters():
-        param.requires_grad_(False)
+    classifier.freeze_backbone()
     try:
         classifier.backbone = peft.get_peft_model(classifier.backbone, peft_config)
     except ValueError as exc:
         raise UsageError(f"{method} cannot adapt this backbone: {exc}") from None
-    for param in classifier.head.parameters():
-        param.requires_grad_(True)
     return classifier
 
 

@@ -29,10 +29,7 @@ class SideTunedModel(nn.Module):
     def __init__(self, classifier):
         super().__init__()
         self.classifier = classifier
-        for param in classifier.backbone.parameters():
-            param.requires_grad_(False)
-        for param in classifier.head.parameters():
-            param.requires_grad_(True)
+        classifier.freeze_backbone()
         self.width = int(classifier.backbone.config.hidden_size)
         self.encoder_decoder = classifier.family == ENCODER_DECODER
 

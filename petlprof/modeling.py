@@ -55,6 +55,14 @@ class SequenceClassifier(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.head = nn.Linear(backbone.hidden_size, num_labels)
 
+    def freeze_backbone(self) -> "SequenceClassifier":
+        """No backbone weight trains; the task head does (what every parameter-efficient method starts from)."""
+        for param in self.backbone.parameters():
+            param.requires_grad_(False)
+        for param in self.head.parameters():
+            param.requires_grad_(True)
+        return self
+
     def model_inputs(self, input_ids, attention_mask) -> dict:
         """Keyword arguments for the backbone; the decoder of an encoder-decoder reads the input shifted right."""
         kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}

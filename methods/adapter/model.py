@@ -33,8 +33,7 @@ class Bottleneck(nn.Module):
 
 def add_adapters(classifier, module_names: list[str], config):
     """Freeze the backbone, hook one adapter after each named module, keep the head trainable."""
-    for param in classifier.backbone.parameters():
-        param.requires_grad_(False)
+    classifier.freeze_backbone()
     width = classifier.backbone.config.hidden_size
     dtype = next(classifier.backbone.parameters()).dtype
     modules = dict(classifier.backbone.named_modules())
@@ -43,6 +42,4 @@ def add_adapters(classifier, module_names: list[str], config):
         adapter = Bottleneck(width, config.reduction_factor, config.activation, dtype)
         classifier.adapters[name.replace(".", "_")] = adapter
         modules[name].register_forward_hook(adapter.hook)
-    for param in classifier.head.parameters():
-        param.requires_grad_(True)
     return classifier
