@@ -54,6 +54,7 @@ class RunSpec:
     warmup_steps: int = 2
     device: str = "cpu"
     energy_meter: str = "auto"
+    nproc: int = 1  # data-parallel ranks of this one run (torchrun semantics; petlprof.distributed)
     # measurement options (petlprof.meters): what is measured alongside, not part of the identity
     extra_meters: list[str] = field(default_factory=list)  # codecarbon, cpu-tensors
     country_code: str | None = None  # for codecarbon's carbon intensity
@@ -93,6 +94,8 @@ def spec_identity(spec: dict[str, Any], include_seed: bool = True) -> dict[str, 
     identity.pop("cache_budget_bytes", None)  # memory or disk for the cache: same states, same steps
     for name in MEASUREMENT_FIELDS:  # measured alongside; their cost is a warning in the record
         identity.pop(name, None)
+    if identity.get("nproc", 1) == 1:
+        identity.pop("nproc", None)
     if not identity.get("cache_hidden_states"):
         for name in ("cache_hidden_states", "cache_dtype"):
             identity.pop(name, None)
@@ -124,11 +127,16 @@ def _base_record(spec: RunSpec) -> dict[str, Any]:
     }
 
 
+def failed_record(spec: RunSpec, error: str, status: str = "failed", **fields: Any) -> dict[str, Any]:
+    """The record of a run that gave no record of its own (its process or node was lost, ...)."""
+    record = _base_record(spec)
+    record.update(status=status, error=error, finished_at=_now(), **fields)
+    return record
+
+
 def cancelled_record(spec: RunSpec, signal_name: str) -> dict[str, Any]:
     """The record of a run stopped by the user; ``petlprof run`` retries it on resume."""
-    record = _base_record(spec)
-    record.update(status="cancelled", error=f"stopped by {signal_name}; not finished", finished_at=_now())
-    return record
+    return failed_record(spec, f"stopped by {signal_name}; not finished", status="cancelled")
 
 
 def execute(spec: RunSpec, max_memory_bytes: int | None = None) -> dict[str, Any]:
@@ -385,10 +393,8 @@ def execute_in_subprocess(spec: RunSpec, *, timeout_s: float | None = None,
         except subprocess.TimeoutExpired:
             _stop(proc)
             pump.join(5)
-            record = _base_record(spec)
-            record.update(status="timeout", error=f"run exceeded --timeout {timeout_s:g} s and was killed",
-                          finished_at=_now(), wall_time_s=time.perf_counter() - t0)
-            return record
+            return failed_record(spec, f"run exceeded --timeout {timeout_s:g} s and was killed", status="timeout",
+                                 wall_time_s=time.perf_counter() - t0)
         except BaseException:
             if proc is not None:
                 _stop(proc)
@@ -396,14 +402,11 @@ def execute_in_subprocess(spec: RunSpec, *, timeout_s: float | None = None,
         pump.join(5)
         if out_path.exists():
             return json.loads(out_path.read_text())
-        record = _base_record(spec)
         text = tail.decode(errors="replace").strip().splitlines()
         killed = returncode in (-9, 137) or (max_memory_bytes is not None and _memory_words(text))
         reason = f"worker ended with code {returncode}" + (" (out of memory?)" if killed else "")
-        record.update(error=f"{reason}: {text[-1] if text else 'no output'}", stderr_tail="\n".join(text[-30:]),
-                      status="oom" if killed else "failed", finished_at=_now(),
-                      wall_time_s=time.perf_counter() - t0)
-        return record
+        return failed_record(spec, f"{reason}: {text[-1] if text else 'no output'}", status="oom" if killed else "failed",
+                             stderr_tail="\n".join(text[-30:]), wall_time_s=time.perf_counter() - t0)
 
 
 _HELD = {signal.SIGINT, signal.SIGTERM}
