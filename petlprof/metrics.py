@@ -33,6 +33,13 @@ METRIC_DIRECTIONS: dict[str, str] = {
 }
 
 
+# the range a quality metric can take: a confidence interval is drawn only within it
+METRIC_RANGES: dict[str, tuple[float, float]] = {
+    "accuracy": (0.0, 1.0), "f1": (0.0, 1.0), "f1_macro": (0.0, 1.0),
+    "matthews_correlation": (-1.0, 1.0), "pearson": (-1.0, 1.0), "spearman": (-1.0, 1.0),
+}
+
+
 def direction(metric: str) -> str:
     """``higher`` or ``lower`` for a known metric; a KeyError names the unknown one."""
     try:

@@ -430,3 +430,18 @@ def test_time_to_target_columns_appear_for_budgeted_runs():
     assert read.endswith(f"| 2/2 | 35 ± {12.706204736174707 * 5:,.0f} | 13.0 ± 12.7 | 130.0 ± 127.1 |")
     assert next(r for r in rows if r.startswith("| lora")).endswith("| 0/2 | - | - | - |")
     assert "reached target" not in configuration_tables(seeds_of("bitfit", [(0.8, 100)]))[0][2]
+
+
+@pytest.mark.parametrize("y, half, metric, below, above", [
+    (0.98, 0.10, "accuracy", 0.10, 0.02),        # cut at 1: accuracy cannot pass it
+    (0.03, 0.10, "f1", 0.03, 0.10),              # cut at 0
+    (0.50, 0.10, "accuracy", 0.10, 0.10),        # inside the range: untouched
+    (-0.95, 0.2, "matthews_correlation", 0.05, 0.2),
+    (0.50, None, "accuracy", 0.0, 0.0),          # one seed: no bar
+    (5.0, 2.0, "unbounded_metric", 2.0, 2.0),
+])
+def test_error_bars_stay_inside_the_metric_range(y, half, metric, below, above):
+    from petlprof.report.plots import _bounded_ci
+
+    [[low], [high]] = _bounded_ci(y, half, metric)
+    assert (low, high) == (pytest.approx(below), pytest.approx(above))

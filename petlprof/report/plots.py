@@ -24,7 +24,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from petlprof.metrics import direction
+from petlprof.metrics import METRIC_RANGES, direction
 from petlprof.report.frame import frontier, knob_sort_value, runs_frame
 from petlprof.report.records import BYTES_PER_MIB, MISSING, distinct, text
 
@@ -121,6 +121,14 @@ def _ci(value: Any, factor: float) -> float:
     return 0.0 if value is None or math.isnan(value) else float(value) * factor
 
 
+def _bounded_ci(y: float, half_width: Any, metric: str) -> Any:
+    """The interval y ± half_width cut to the metric's range (accuracy cannot pass 1 however few the
+    seeds), as matplotlib's [[below], [above]]."""
+    half = _ci(half_width, 1.0)
+    low, high = METRIC_RANGES.get(metric, (-math.inf, math.inf))
+    return [[max(min(half, y - low), 0.0)], [max(min(half, high - y), 0.0)]]
+
+
 def _place_labels(fig: Figure, ax, items: list[tuple[float, float, str, str]], rings: list[tuple[float, float]]) -> None:
     """Annotate points so labels overlap neither each other nor any marker or frontier ring, trying
     offsets in turn (the least-overlapping one when none is free)."""
@@ -183,7 +191,7 @@ def draw(configs: pd.DataFrame, y: str, metric: str, axis: CostAxis, xlabel: str
             ax.plot(xs, ys, "-", color=colour, alpha=0.55, linewidth=1.2, zorder=1)
         for (_, row), x, y in zip(rows.iterrows(), xs, ys):
             hollow = mixed and row.get(axis.kind_column) == "estimated"
-            ax.errorbar(x, y, xerr=_ci(row.get(x_ci), axis.factor), yerr=_ci(row.get(f"{y_col}_ci95"), 1.0),
+            ax.errorbar(x, y, xerr=_ci(row.get(x_ci), axis.factor), yerr=_bounded_ci(y, row.get(f"{y_col}_ci95"), metric),
                         fmt=marker, color=colour, markersize=7, capsize=3, elinewidth=1, zorder=2,
                         markerfacecolor="none" if hollow else colour)
             note = point_label(row)
