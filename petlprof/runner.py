@@ -145,14 +145,18 @@ def execute(spec: RunSpec, max_memory_bytes: int | None = None) -> dict[str, Any
     ``max_memory_bytes`` caps what the run may allocate beyond the imported runtime (CUDA: a
     per-process memory fraction; CPU: the address-space limit of this process, so use it in a
     worker process only).  A KeyboardInterrupt is not caught: the caller records ``cancelled``.
+    A run of ``spec.nproc`` > 1 ranks executes here only as one rank started by torchrun (see
+    :mod:`petlprof.distributed`), else this raises a UsageError; rank 0's record is the run's.
     """
+    from petlprof import distributed
     from petlprof.train import PROGRESS
 
+    ranks = distributed.rank_context(spec.nproc)
     record = _base_record(spec)
     PROGRESS.update(phase="setup", step=None)
     t0 = time.perf_counter()
     try:
-        record.update(_execute(spec, max_memory_bytes))
+        record.update(_execute(spec, max_memory_bytes, ranks))
         record["status"] = "ok"
     except Exception as exc:  # a failed run is a result, not a crash of the sweep
         record["status"] = "oom" if _is_oom(exc) else "failed"
@@ -162,6 +166,8 @@ def execute(spec: RunSpec, max_memory_bytes: int | None = None) -> dict[str, Any
             record["failed_at"] = {**PROGRESS, **_memory_now(spec.device)}
         except Exception:  # the figures at failure are a bonus; the record must come back
             record["failed_at"] = dict(PROGRESS)
+    if record["status"] == "ok":  # a failed rank exits without the collective teardown (petlprof.worker)
+        distributed.destroy()
     record["finished_at"] = _now()
     record["wall_time_s"] = time.perf_counter() - t0
     from petlprof.envinfo import environment
@@ -211,7 +217,9 @@ def _cap_memory(device: str, max_memory_bytes: int) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (address_space + max_memory_bytes, resource.RLIM_INFINITY))
 
 
-def _execute(spec: RunSpec, max_memory_bytes: int | None) -> dict[str, Any]:
+def _execute(spec: RunSpec, max_memory_bytes: int | None, ranks=None) -> dict[str, Any]:
+    """The run's record fields; ``ranks``: this process's :class:`~petlprof.distributed.RankContext` in
+    a run of several ranks (rank 0 returns the aggregated record, the others only their own part)."""
     # library code is imported before the memory baseline: it is the runtime's memory, not the run's
     import datasets  # noqa: F401
     import pandas  # noqa: F401
@@ -219,6 +227,7 @@ def _execute(spec: RunSpec, max_memory_bytes: int | None) -> dict[str, Any]:
     import torch
     import transformers  # noqa: F401
 
+    from petlprof import distributed
     from petlprof.backbones import load_backbone
     from petlprof.budget import make_budget
     from petlprof.errors import UsageError
@@ -231,6 +240,10 @@ def _execute(spec: RunSpec, max_memory_bytes: int | None) -> dict[str, Any]:
     from petlprof.tasks import load_task
     from petlprof.train import Batches, evaluate, train
 
+    key = spec.run_key + (f"-rank{ranks.rank}" if ranks is not None else "")
+    if ranks is not None:  # each rank on its own device; the process group is runtime, not the run
+        spec = dataclasses.replace(spec, device=ranks.device(spec.device))
+        backend = distributed.init(spec.device)
     release_free_memory()
     runtime_baseline = rss_bytes()  # Python + torch/transformers/peft code, before any model or data exists
     if max_memory_bytes is not None:
@@ -269,7 +282,7 @@ def _execute(spec: RunSpec, max_memory_bytes: int | None) -> dict[str, Any]:
         start and stop (and the tensor tracker's) fall outside the energy and memory readings."""
         resident = breakdown["total_bytes"] - breakdown["gradients_bytes"]  # tensors alive as a window opens
         resident -= breakdown["optimizer_state_bytes"] if phase != "train" else 0
-        snapshot = f"{spec.memory_snapshot_dir}/{spec.run_key}-{phase}.pickle" if spec.memory_snapshot_dir else None
+        snapshot = f"{spec.memory_snapshot_dir}/{key}-{phase}.pickle" if spec.memory_snapshot_dir else None
         return [*extra_meters_for(spec.extra_meters, spec.device, country_code=spec.country_code,
                                   resident_bytes=resident),
                 memory_meter_for(spec.device, runtime_baseline, snapshot),
@@ -283,21 +296,34 @@ def _execute(spec: RunSpec, max_memory_bytes: int | None) -> dict[str, Any]:
         if not method.side_tuning:
             raise UsageError(f"--cache-hidden-states needs a side-tuning method; '{spec.method}' back-propagates "
                              "through its backbone")
+        if ranks is not None:
+            raise UsageError(f"--cache-hidden-states cannot be used with --nproc-per-run {spec.nproc}: a cached step "
+                             "runs the side network outside DistributedDataParallel, so its gradients would not be "
+                             "averaged over the ranks")
         cache = HiddenStateCache(spec.cache_budget_bytes if spec.cache_budget_bytes is not None else DEFAULT_BUDGET_BYTES,
                                  spec.cache_dir, spec.cache_dtype)
     budget = make_budget(spec, task, model, make)  # stop at a target metric value or a maximum time
+    stop = distributed.agreed_stop(budget) if ranks is not None and budget is not None else budget
     try:
         if budget is not None:
             budget.start()
-        train_phase = train(model, train_batches, epochs=spec.epochs, max_steps=spec.max_steps, lr=lr,
-                            seed=spec.seed, device=spec.device, meters=train_meters,
-                            warmup_steps=spec.warmup_steps, desc=f"{label} train", cache=cache, stop=budget)
-        if budget is not None:
-            train_phase["budget"] = budget.summary(train_phase)
+        train_phase = train(model if ranks is None else distributed.wrap(model, spec.device), train_batches,
+                            epochs=spec.epochs, max_steps=spec.max_steps, lr=lr, seed=spec.seed, device=spec.device,
+                            meters=train_meters, warmup_steps=spec.warmup_steps, desc=f"{label} train", cache=cache,
+                            stop=stop, ranks=ranks)
         eval_phase, preds, golds = evaluate(model, eval_batches, device=spec.device, meters=eval_meters,
-                                            warmup_steps=spec.warmup_steps, desc=f"{label} eval")
+                                            warmup_steps=spec.warmup_steps, desc=f"{label} eval", ranks=ranks)
         for phase in (train_phase, eval_phase):
             phase["warnings"] = timeline_warnings + phase["warnings"]
+        if ranks is not None:
+            per_rank = distributed.gather({**ranks.describe(spec.device), "train": train_phase, "eval": eval_phase})
+            if not ranks.is_main:  # rank 0 alone measures the per-device phases and writes the record
+                distributed.done()
+                return {"distributed": {"rank": ranks.rank, "world_size": ranks.world_size}}
+            aggregated = distributed.aggregate_ranks(per_rank)
+            train_phase, eval_phase = aggregated["train"], aggregated["eval"]
+        if budget is not None:
+            train_phase["budget"] = budget.summary(train_phase)
         inference_phase = measure_inference(
             model, eval_batches, device=spec.device, batch_sizes=[1, spec.batch_size],
             make_meters=lambda size: meters(f"inference-batch{size}"), warmup_steps=spec.warmup_steps,
@@ -307,9 +333,16 @@ def _execute(spec: RunSpec, max_memory_bytes: int | None) -> dict[str, Any]:
             meter.close()
         if cache is not None:
             cache.close()
+        if timeline is not None and ranks is not None and not ranks.is_main:
+            timeline.stop()
     merged = _evaluate_merged(method, model, eval_batches, preds, spec, meters("eval_merged"), label) if method.merge else None
     if timeline is not None:  # on a failure the sampler stops when ``timeline`` is collected
         timeline.stop()
+    if ranks is not None:
+        distributed.done()
+        inference_phase["measured_on"] = f"rank 0 alone ({spec.device}): a per-device figure"
+        if merged is not None:
+            merged["measured_on"] = f"rank 0 alone ({spec.device}), the whole evaluation split: a per-device figure"
     if not task.is_regression:
         preds, golds = preds.astype(int), golds.astype(int)
     defaults = dataclasses.asdict(method.config_cls())
@@ -342,6 +375,8 @@ def _execute(spec: RunSpec, max_memory_bytes: int | None) -> dict[str, Any]:
         "memory_breakdown": breakdown,
         "idle_baseline": sweep_idle() or None,
         **({"eval_merged": merged} if merged is not None else {}),
+        **({"distributed": distributed.summary(ranks, backend, spec.batch_size, aggregated["nodes"], per_rank)}
+           if ranks is not None else {}),
     }
 
 
@@ -375,12 +410,15 @@ def execute_in_subprocess(spec: RunSpec, *, timeout_s: float | None = None,
     A crash becomes ``failed`` (``oom`` when the kernel killed it), a run past ``timeout_s`` is
     killed and recorded ``timeout``.  If this process is interrupted (KeyboardInterrupt, or the
     exception a SIGTERM handler raises), the child is stopped before the exception propagates; the
-    child also dies with this process if it is killed outright.
+    child also dies with this process if it is killed outright.  A run of ``spec.nproc`` > 1 ranks
+    runs under torchrun (:func:`petlprof.distributed.launch`); when a rank fails, the record names the
+    rank and its cause.
     """
     with tempfile.TemporaryDirectory(prefix="petlprof-run-") as tmp:
         spec_path, out_path = Path(tmp) / "spec.json", Path(tmp) / "record.json"
         spec_path.write_text(json.dumps({"spec": spec.to_dict(), "max_memory_bytes": max_memory_bytes}))
-        cmd = [sys.executable, "-m", "petlprof.worker", str(spec_path), str(out_path)]
+        ranks = ["--nproc", str(spec.nproc)] if spec.nproc > 1 else []
+        cmd = [sys.executable, "-m", "petlprof.worker", *ranks, str(spec_path), str(out_path)]
         t0 = time.perf_counter()
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "PETLPROF_PARENT_PID": str(os.getpid())}
         proc, tail = None, bytearray()
@@ -403,6 +441,12 @@ def execute_in_subprocess(spec: RunSpec, *, timeout_s: float | None = None,
         if out_path.exists():
             return json.loads(out_path.read_text())
         text = tail.decode(errors="replace").strip().splitlines()
+        if spec.nproc > 1:  # a failed rank left its record, or torchrun its exit code
+            from petlprof.distributed import read_failure
+
+            if (fields := read_failure(out_path, spec.nproc)) is not None:
+                return failed_record(spec, fields.pop("error"), fields.pop("status"), **fields,
+                                     stderr_tail="\n".join(text[-30:]), wall_time_s=time.perf_counter() - t0)
         killed = returncode in (-9, 137) or (max_memory_bytes is not None and _memory_words(text))
         reason = f"worker ended with code {returncode}" + (" (out of memory?)" if killed else "")
         return failed_record(spec, f"{reason}: {text[-1] if text else 'no output'}", status="oom" if killed else "failed",

@@ -1,0 +1,420 @@
+"""Data-parallel runs: one configuration fine-tuned on several ranks with torchrun semantics, and the
+one record that sums up what every rank measured.
+
+A run of ``nproc`` > 1 ranks (``RunSpec.nproc``) starts with :func:`launch`, torch's elastic launcher
+(``torchrun --standalone --nproc-per-node N``) run inside the worker process, so the ranks die with the
+sweep and a failed rank's exit code or signal reaches the record.  Each rank reads its place from the
+environment torchrun sets (:class:`RankContext`), joins the process group (gloo on CPU, nccl on CUDA,
+rank *i* of a node on ``cuda:LOCAL_RANK``; every collective times out after
+:data:`COLLECTIVE_TIMEOUT_S`, so a lost peer ends the run instead of hanging it), and then:
+
+* trains the model wrapped in ``DistributedDataParallel``.  ``batch_size`` stays the *global* batch:
+  each optimiser step takes the same batch as a one-rank run and rank *r* computes positions
+  ``r::world`` of it (:func:`my_part`); each rank's loss is weighted by its share of the batch, so the
+  averaged gradient is the global batch's mean gradient and a 2-rank run is the same optimisation as
+  a 1-rank run — only its costs differ.  Reported losses are the global batch's (:func:`sum_over_ranks`).
+  Budget checks stop every rank at the same step (:func:`agreed_stop`);
+* evaluates its part of every batch; predictions are gathered (:func:`gather_in_order`) so the
+  metrics cover the evaluation split exactly once;
+* measures with its own meters: its own process's memory and device, its own GPU's energy counter
+  (NVML, by UUID), its own process's CPU time for the estimate.
+
+Rank 0 combines the ranks' train and eval phases (:func:`aggregate_ranks`): energy summed over ranks
+(their devices), except a meter that reads a node-wide counter (RAPL package/DRAM, CodeCarbon in
+machine mode) which counts once per node; peak memory the maximum over ranks, with the per-rank list;
+time from the slowest rank; samples summed.  The inference phase and the merged evaluation are
+per-device figures, measured on rank 0 alone while the other ranks wait (:func:`done`).  Budget
+checks score the held-out slice on every rank (the weights are the same), so their cost is in every
+rank's train figures.
+
+The ranks of one run start on one node (``--standalone``); the aggregation also handles ranks on
+several nodes.  torchrun gives each rank ``OMP_NUM_THREADS=1`` unless it is set.  The hidden-state
+cache is refused (its cached steps run outside DistributedDataParallel).
+
+Not counted: the interconnect (NVLink/NVSwitch, PCIe switches, network cards and switches) beyond
+what a GPU's own counter includes; with NVML, the host CPUs and DRAM of every node (as in one-rank GPU
+runs); the launcher process; with RAPL, nothing is split per process — a node's counter includes
+everything that ran on the node.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from petlprof.errors import UsageError
+from petlprof.meters.base import ESTIMATED, MEASURED
+
+COLLECTIVE_TIMEOUT_S = 600.0
+# how long the other ranks wait for rank 0's per-device phases (inference, merged evaluation) before the
+# group is torn down together; a rank 0 that dies ends them sooner (torchrun stops them)
+RANK0_PHASES_WAIT_S = 6 * 3600.0
+_GROUPS: dict[str, Any] = {}
+PHASES = ("train", "eval")
+RANK0_ONLY_PHASES = ("inference", "eval_merged")
+NODE_WIDE_ENERGY_METERS = frozenset({"rapl"})  # their counter covers the node, not one process or device
+ENERGY_FIELDS = ("energy_j", "energy_counter_j", "energy_integrated_j", "energy_above_idle_j", "idle_power_w",
+                 "mean_power_w", "cpu_time_s")
+CODECARBON_FIELDS = ("codecarbon_energy_j", "codecarbon_cpu_energy_j", "codecarbon_gpu_energy_j",
+                     "codecarbon_ram_energy_j", "co2eq_g")
+MAX_FIELDS = ("time_s", "peak_memory_bytes", "peak_reserved_bytes", "energy_window_s")
+KIND_FIELDS = ("energy_kind", "memory_kind", "co2eq_kind")
+PER_RANK_FIELDS = ("time_s", "samples", "energy_j", "peak_memory_bytes")
+COMMUNICATION_ERRORS = ("DistError", "DistBackendError", "DistNetworkError", "DistStoreError")
+# what a rank's error says when a peer went away under a collective (gloo raises a plain RuntimeError)
+COMMUNICATION_MARKERS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "gloo/transport",
+                         "NCCL communicator was aborted", "ProcessGroupNCCL", "ProcessGroupGloo")
+
+
+@dataclass(frozen=True)
+class RankContext:
+    """Where this process sits in a run of several ranks, as torchrun's environment says."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    host: str
+
+    @classmethod
+    def from_env(cls, environ=os.environ) -> "RankContext | None":
+        """The context torchrun's variables describe, None outside torchrun."""
+        if "RANK" not in environ or "WORLD_SIZE" not in environ:
+            return None
+        world = int(environ["WORLD_SIZE"])
+        return cls(rank=int(environ["RANK"]), world_size=world, local_rank=int(environ.get("LOCAL_RANK", 0)),
+                   local_world_size=int(environ.get("LOCAL_WORLD_SIZE", world)), host=socket.gethostname())
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def device(self, requested: str) -> str:
+        """The device of this rank: ``cuda:LOCAL_RANK`` for a CUDA run, else ``requested``."""
+        return f"cuda:{self.local_rank}" if requested.startswith("cuda") else requested
+
+    def describe(self, device: str) -> dict[str, Any]:
+        return {"rank": self.rank, "local_rank": self.local_rank, "host": self.host, "device": device,
+                "pid": os.getpid()}
+
+
+def rank_context(nproc: int) -> RankContext | None:
+    """This process's context in a run of ``nproc`` ranks (None for one rank); a UsageError when the
+    run was not started by torchrun with that many ranks (``--in-process``, a plain ``execute``)."""
+    if nproc == 1:
+        return None
+    ranks = RankContext.from_env()
+    if ranks is None:
+        raise UsageError(f"a run of nproc={nproc} ranks needs one process per rank, started by torchrun "
+                         "(execute_in_subprocess does that); it cannot run in this process (--in-process)")
+    if ranks.world_size != nproc:
+        raise UsageError(f"the run asks for nproc={nproc} ranks but torchrun started WORLD_SIZE={ranks.world_size}")
+    return ranks
+
+
+def init(device: str) -> str:
+    """Join the process group (gloo on CPU, nccl on CUDA, this rank on ``device``); returns the backend."""
+    cuda = device.startswith("cuda")
+    backend = "nccl" if cuda else "gloo"
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, timeout=dt.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
+                            device_id=torch.device(device) if cuda else None)
+    _GROUPS["wait"] = dist.new_group(backend="gloo", timeout=dt.timedelta(seconds=RANK0_PHASES_WAIT_S))
+    return backend
+
+
+def done() -> None:
+    """Every rank waits here until rank 0 has measured its per-device phases, so that all of them tear
+    the group down together (NCCL needs that)."""
+    dist.monitored_barrier(group=_GROUPS["wait"], timeout=dt.timedelta(seconds=RANK0_PHASES_WAIT_S))
+
+
+def destroy() -> None:
+    """Leave the process group (after :func:`done`: every rank at the same time)."""
+    _GROUPS.clear()
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def wrap(model: torch.nn.Module, device: str) -> torch.nn.Module:
+    """``model`` in DistributedDataParallel; only its trainable parameters are synchronised."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    device_ids = [torch.device(device).index] if device.startswith("cuda") else None
+    return DistributedDataParallel(model, device_ids=device_ids)
+
+
+def my_part(indices: np.ndarray, ranks: RankContext) -> np.ndarray:
+    """This rank's positions of a global batch: ``rank::world_size``."""
+    return indices[ranks.rank::ranks.world_size]
+
+
+def _tensor(values, dtype) -> torch.Tensor:
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+    return torch.tensor(values, dtype=dtype, device=device)
+
+
+def sum_over_ranks(values: list[float]) -> list[float]:
+    """Element-wise sum of every rank's ``values`` (the same length on every rank)."""
+    total = _tensor(values, torch.float64)
+    dist.all_reduce(total, op=dist.ReduceOp.SUM)
+    return total.cpu().tolist()
+
+
+def gather(obj: Any) -> list[Any]:
+    """Every rank's ``obj`` (picklable), in rank order, on every rank."""
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def agree(reason: str | None) -> str | None:
+    """The same stop decision on every rank: stop if any rank would (an all-reduce MAX of the flag
+    each check); the reason is the lowest such rank's."""
+    flag = _tensor([reason is not None], torch.int32)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    if not flag.item():
+        return None
+    return next(r for r in gather(reason) if r is not None)
+
+
+def agreed_stop(stop: Callable[[int], str | None]) -> Callable[[int], str | None]:
+    """``stop`` (a :class:`petlprof.budget.Budget`) answered the same on every rank; a rank stopped by
+    another's decision records that reason as its own."""
+    def check(step: int) -> str | None:
+        mine = stop(step)
+        reason = agree(mine)
+        if reason is not None and mine is None and hasattr(stop, "stop_reason"):
+            stop.stop_reason = reason
+        return reason
+
+    return check
+
+
+def gather_in_order(positions: np.ndarray, preds: np.ndarray, golds: np.ndarray,
+                    size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every rank's predictions and labels of its ``positions`` of a split of ``size`` examples, as
+    whole-split arrays in split order; each example must come from exactly one rank."""
+    parts = gather((positions, preds, golds))
+    where = np.concatenate([p[0] for p in parts]).astype(int)
+    if not np.array_equal(np.sort(where), np.arange(size)):
+        raise RuntimeError(f"the ranks scored {len(where)} positions of a {size}-example split, not each once")
+    order = np.argsort(where)
+    return np.concatenate([p[1] for p in parts])[order], np.concatenate([p[2] for p in parts])[order]
+
+
+def summary(ranks: RankContext, backend: str, batch_size: int, nodes: int, per_rank: list[dict]) -> dict[str, Any]:
+    """The record's ``distributed`` entry: how the run was split and how its figures are to be read."""
+    return {
+        "world_size": ranks.world_size, "backend": backend, "nodes": nodes,
+        "batch": f"batch_size {batch_size} is the global batch: at each step rank r computes positions "
+                 f"r::{ranks.world_size} of it",
+        "aggregation": "train/eval: energy summed over ranks (a node-wide meter such as RAPL once per node), peak "
+                       "memory the max over ranks, time the slowest rank's, samples summed; "
+                       f"{' and '.join(RANK0_ONLY_PHASES)} measured on rank 0 alone",
+        "not_counted": "the interconnect (NVLink, PCIe/network switches) beyond each GPU's own counter; with NVML, "
+                       "the nodes' CPUs and DRAM; the launcher process",
+        "ranks": per_rank,
+    }
+
+
+# --- aggregation at rank 0 -------------------------------------------------------------------------
+
+
+def aggregate_ranks(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """One figure per phase from every rank's own: ``records`` holds, per rank, ``rank``, ``host``,
+    ``device`` and its ``train``/``eval`` phase dicts; returns ``{"train": ..., "eval": ..., "nodes": n}``.
+
+    Per phase: energy (``energy_j`` and its companions) summed over ranks, or once per node for a
+    node-wide meter (RAPL; CodeCarbon in machine mode), from the rank whose window was longest;
+    ``peak_memory_bytes`` the maximum, with ``per_rank`` lists; ``time_s`` the slowest rank's;
+    ``samples`` summed and ``samples_per_s`` = samples / slowest time; latency percentiles from the
+    slowest rank; a kind ``estimated`` if any rank's was; warnings merged, each naming its ranks.
+    Other fields are kept where every rank has the same value and left to the per-rank dicts otherwise.
+    """
+    records = sorted(records, key=lambda r: r["rank"])
+    hosts = [r["host"] for r in records]
+    out: dict[str, Any] = {"nodes": len(set(hosts))}
+    for phase in PHASES:
+        if all(isinstance(r.get(phase), dict) for r in records):
+            out[phase] = _aggregate_phase([r[phase] for r in records], [r["rank"] for r in records], hosts,
+                                          [r.get("device") for r in records])
+    return out
+
+
+def _aggregate_phase(phases: list[dict], ranks: list[int], hosts: list[str], devices: list) -> dict[str, Any]:
+    warnings: list[str] = []
+    out = {key: phases[0][key] for key in dict.fromkeys(k for p in phases for k in p)
+           if key != "warnings" and all(key in p and p[key] == phases[0][key] for p in phases)}
+    times = [p.get("time_s") for p in phases]
+    slowest = max(range(len(phases)), key=lambda i: times[i] if times[i] is not None else -1.0)
+    for key in MAX_FIELDS:
+        out.pop(key, None)
+        if any(key in p for p in phases):
+            out[key] = _total([p.get(key) for p in phases], ranks, key, max, warnings)
+    out["samples"] = _total([p.get("samples") for p in phases], ranks, "samples", sum, warnings)
+    out["samples_per_s"] = out["samples"] / out["time_s"] if out["samples"] is not None and out.get("time_s") else None
+    out["latency_s"] = phases[slowest].get("latency_s")
+    out["latency_rank"] = ranks[slowest]
+    node_wide = phases[0].get("energy_meter") in NODE_WIDE_ENERGY_METERS
+    _energy(out, phases, ranks, hosts, ENERGY_FIELDS, node_wide, warnings)
+    _energy(out, phases, ranks, hosts, CODECARBON_FIELDS, phases[0].get("codecarbon_tracking_mode") == "machine",
+            warnings)
+    for key in KIND_FIELDS:
+        kinds = [p.get(key) for p in phases]
+        if any(k is not None for k in kinds):
+            out[key] = ESTIMATED if ESTIMATED in kinds else MEASURED if all(k == MEASURED for k in kinds) else None
+    if any("energy_low_confidence" in p for p in phases):
+        out["energy_low_confidence"] = any(p.get("energy_low_confidence") for p in phases)
+    out["per_rank"] = {"rank": ranks, "host": hosts, "device": devices,
+                       **{key: [p.get(key) for p in phases] for key in PER_RANK_FIELDS}}
+    out["aggregation"] = {
+        "energy_j": (f"once per node ({phases[0].get('energy_meter')} reads a node-wide counter), summed over nodes"
+                     if node_wide else "sum over ranks (each rank's own devices/process)"),
+        "peak_memory_bytes": "max over ranks (per_rank: each rank's device/process)",
+        "time_s": "slowest rank", "samples": "sum over ranks", "latency_s": f"rank {ranks[slowest]}, the slowest",
+    }
+    out["warnings"] = warnings + _merge_warnings([p.get("warnings") or [] for p in phases], ranks)
+    return out
+
+
+def _total(values: list, ranks: list[int], key: str, how, warnings: list[str]):
+    """``how`` (sum or max) of the ranks' values; None, with a warning, when a rank has none."""
+    missing = [r for r, v in zip(ranks, values) if v is None]
+    if missing:
+        warnings.append(f"{key} is missing on rank(s) {', '.join(map(str, missing))}: no figure over all ranks")
+        return None
+    return how(values)
+
+
+def _energy(out: dict, phases: list[dict], ranks: list[int], hosts: list[str], fields: tuple[str, ...],
+            node_wide: bool, warnings: list[str]) -> None:
+    """Sum ``fields`` over ranks, or for a node-wide source over nodes, each node's figure from its
+    rank with the longest energy window."""
+    chosen = list(range(len(phases)))
+    if node_wide:
+        best: dict[str, int] = {}
+        for i, host in enumerate(hosts):
+            if host not in best or (phases[i].get("energy_window_s") or 0) > (phases[best[host]].get("energy_window_s") or 0):
+                best[host] = i
+        chosen = sorted(best.values())
+    for key in fields:
+        out.pop(key, None)
+        if any(key in p for p in phases):
+            out[key] = _total([phases[i].get(key) for i in chosen], [ranks[i] for i in chosen], key, sum, warnings)
+
+
+def _merge_warnings(lists: list[list[str]], ranks: list[int]) -> list[str]:
+    """Each distinct warning once, prefixed with the ranks that gave it."""
+    seen: dict[str, list[int]] = {}
+    for rank, texts in zip(ranks, lists):
+        for text in texts:
+            seen.setdefault(text, []).append(rank)
+    merged = []
+    for text, where in seen.items():
+        who = "all ranks" if where == ranks else ("rank " if len(where) == 1 else "ranks ") + ", ".join(map(str, where))
+        merged.append(f"{who}: {text}")
+    return merged
+
+
+# --- launching and failures ----------------------------------------------------------------------
+
+
+def rank_record_path(out_path: str | Path, rank: int) -> Path:
+    """Where rank ``rank`` of a failed run leaves its own (failed) record, beside the run's record file."""
+    out_path = Path(out_path)
+    return out_path.with_name(f"{out_path.stem}.rank{rank}.json")
+
+
+def launch_failures_path(out_path: str | Path) -> Path:
+    out_path = Path(out_path)
+    return out_path.with_name(f"{out_path.stem}.launch.json")
+
+
+def launch(nproc: int, spec_path: str, out_path: str) -> int:
+    """Run ``python -m petlprof.worker SPEC OUT`` on ``nproc`` local ranks with torch's elastic launcher
+    (``torchrun --standalone``) in this process; when a rank fails, torchrun stops the others and each
+    failed rank's exit code and signal go to :func:`launch_failures_path`.  Returns the exit code."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    os.environ["PETLPROF_PARENT_PID"] = str(os.getpid())  # the ranks' parent: they die with this launcher
+    args = parse_args(["--standalone", f"--nproc-per-node={nproc}", "-m", "petlprof.worker", spec_path, out_path])
+    try:
+        run(args)
+    except ChildFailedError as error:
+        failures = {rank: {"exitcode": f.exitcode, "signal": f.signal_name() if f.exitcode < 0 else None,
+                           "pid": f.pid} for rank, f in error.failures.items()}
+        launch_failures_path(out_path).write_text(json.dumps(failures))
+        return 1
+    except SignalException as stop:  # the sweep stopped this run: torchrun has stopped the ranks
+        return 128 + int(stop.sigval)
+    return 0
+
+
+def read_failure(out_path: str | Path, world_size: int) -> dict[str, Any] | None:
+    """:func:`failure` of the run whose record was to be ``out_path``, from the files its ranks and
+    launcher left beside it."""
+    records = {rank: json.loads(path.read_text()) for rank in range(world_size)
+               if (path := rank_record_path(out_path, rank)).exists()}
+    launched_path = launch_failures_path(out_path)
+    launched = {int(r): info for r, info in json.loads(launched_path.read_text()).items()} if launched_path.exists() else {}
+    return failure(world_size, records, launched)
+
+
+def failure(world_size: int, rank_records: dict[int, dict], launched: dict[int, dict]) -> dict[str, Any] | None:
+    """The cause of a failed multi-rank run, as record fields (``status``, ``error`` naming the rank, its
+    traceback and ``failed_at``, ``distributed``), from the failed ranks' own records and the launcher's
+    exit codes; None when neither names a failure.
+
+    The cause is, in this order: an error a rank raised that is not a communication error (a peer gone
+    under a collective), the earliest by the ranks' ``failed_unix_s``; a rank ended by a signal other
+    than the SIGTERM with which torchrun stops the survivors (SIGKILL: status ``oom``, as for a one-rank
+    run the kernel killed); a communication error; any other exit."""
+    def own(rank: int) -> bool:
+        return rank in rank_records
+
+    def communication(rank: int) -> bool:
+        error = rank_records[rank].get("error") or ""
+        return error.split(":")[0] in COMMUNICATION_ERRORS or any(m in error for m in COMMUNICATION_MARKERS)
+
+    def first(ranks) -> list[int]:
+        return sorted(ranks, key=lambda r: (rank_records[r].get("failed_unix_s", float("inf")), r))
+
+    def ended(rank: int) -> str:
+        info = launched[rank]
+        if info.get("signal"):
+            return f"killed by {info['signal']} (exit code {info['exitcode']})"
+        return f"ended with exit code {info['exitcode']} and no error of its own"
+
+    summary = {**{r: rec.get("error") for r, rec in rank_records.items()},
+               **{r: ended(r) for r in launched if not own(r)}}
+    if not summary:
+        return None
+    raised = first(r for r in rank_records if not communication(r))
+    signalled = sorted(r for r in launched if not own(r) and launched[r].get("signal") not in (None, "SIGTERM"))
+    talking = first(r for r in rank_records if communication(r))
+    rest = sorted(r for r in launched if not own(r))
+    rank = (raised or signalled or talking or rest)[0]
+    failed_ranks = {str(r): summary[r] for r in sorted(summary)}  # string keys, as the record's JSON has them
+    fields: dict[str, Any] = {"distributed": {"world_size": world_size, "failed_ranks": failed_ranks}}
+    if own(rank):
+        record = rank_records[rank]
+        fields.update(status=record.get("status", "failed"), error=f"rank {rank} of {world_size}: {record.get('error')}",
+                      **{k: record[k] for k in ("traceback", "failed_at") if k in record})
+    else:
+        killed = launched[rank].get("signal") == "SIGKILL"
+        fields.update(status="oom" if killed else "failed",
+                      error=f"rank {rank} of {world_size} {summary[rank]}" + ("; out of memory?" if killed else ""))
+    return fields
