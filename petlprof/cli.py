@@ -59,6 +59,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--timeout", type=float, help="seconds a run may take before it is killed and recorded 'timeout'")
     run.add_argument("--max-memory", help="memory a run may allocate beyond the runtime, e.g. 2GiB (CUDA: "
                      "per-process fraction; CPU: address-space limit of the run's process); past it the run is 'oom'")
+    run.add_argument("--executor", help="where runs execute: local (default: one after the other on this machine, "
+                     "a fresh process each) or ray (each run a Ray task on a cluster; pip install 'petlprof[ray]')")
+    run.add_argument("--address", help="--executor ray: the cluster to join, e.g. auto or ray://head:10001 "
+                     "(default: start a Ray instance on this machine)")
+    run.add_argument("--retries", type=int, help="--executor ray: times a run whose worker or node was lost is "
+                     "retried before it is recorded 'failed' (default 0)")
+    run.add_argument("--cpus-per-run", type=float, help="--executor ray: CPUs each run's task asks for, per rank "
+                     "(default 1; Ray sets OMP_NUM_THREADS to it)")
+    run.add_argument("--nproc-per-run", type=int, help="data-parallel ranks of each run (torchrun semantics: one "
+                     "process per rank, one GPU each on CUDA; --batch-size stays the global batch). Default 1")
     run.add_argument("--cache-hidden-states", action="store_true", default=None,
                      help="side-tuning methods (read, lst): keep the frozen backbone's hidden states after epoch 1, "
                      "so later epochs run only the side network")
@@ -112,26 +122,39 @@ def _on_sigterm(signum, frame):
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from petlprof.config import build_options, default_output_dir, expand, load_config_file, \
-        parse_bytes, parse_method_grids, parse_method_overrides, preflight, resolve_device
+    from petlprof.config import build_options, default_output_dir, load_config_file, parse_bytes, \
+        parse_method_grids, parse_method_overrides
 
     cli_values = {k: v for k, v in vars(args).items() if k not in ("command", "config", "debug")}
     cli_values["method_config"] = parse_method_overrides(args.method_config) if args.method_config else None
     cli_values["method_grid"] = parse_method_grids(args.method_grid) if args.method_grid else None
     file_values = load_config_file(args.config) if args.config else {}
     options = build_options(file_values, cli_values)
-    device = resolve_device(options.device)
-    preflight(options, device)
-    specs = expand(options, device)
     out_dir = Path(options.output) if options.output else default_output_dir()
     max_memory = parse_bytes(options.max_memory)
+
+    from petlprof.executors import make_executor
+
+    # made first: a Ray driver may have no GPU of its own, so the device is checked against the cluster's
+    executor = make_executor(options.executor, address=options.address, in_process=options.in_process,
+                             timeout_s=options.timeout, max_memory_bytes=max_memory, retries=options.retries,
+                             cpus_per_run=options.cpus_per_run)
+    try:
+        return _run_sweep(options, executor, out_dir)
+    finally:
+        executor.close()
+
+
+def _run_sweep(options, executor, out_dir: Path) -> int:
+    from petlprof.config import expand, preflight, resolve_device
+    from petlprof.store import RESULTS_FILE, StoreLock, check_writable, finished_keys
+
+    device = resolve_device(options.device, options.nproc_per_run, executor.cluster_gpus())
+    preflight(options, device)
+    specs = expand(options, device)
     for spec in specs:  # a cache that outgrows its budget spills next to the results
         spec.cache_dir = str(out_dir / "cache") if spec.cache_hidden_states else None
         spec.memory_snapshot_dir = str(out_dir / "memory-snapshots") if options.memory_snapshot else None
-
-    from petlprof.runner import execute, execute_in_subprocess
-    from petlprof.store import RESULTS_FILE, StoreLock, check_writable, finished_keys
-
     check_writable(out_dir)
     store = out_dir / RESULTS_FILE
     with StoreLock(out_dir) as lock:
@@ -140,16 +163,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         done = finished_keys(store)
         todo = [s for s in specs if s.run_key not in done]
         print(f"petlprof: {len(specs)} run(s) on {device}; {len(specs) - len(todo)} already in {store}; "
-              f"writing to {out_dir}", file=sys.stderr)
+              f"writing to {out_dir}; runs execute on {executor.describe()}", file=sys.stderr)
         if todo:  # idle power before the first run, for each run's energy above idle
-            from petlprof.meters.idle import prepare_sweep_idle
-
-            print(f"petlprof: {prepare_sweep_idle(device, options.energy_meter)}", file=sys.stderr)
+            print(f"petlprof: {executor.prepare_idle(device, options.energy_meter)}", file=sys.stderr)
         in_main = threading.current_thread() is threading.main_thread()
         previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main else None
         try:
-            failed = _sweep(todo, store, options, max_memory, execute, execute_in_subprocess,
-                            done=len(specs) - len(todo), total=len(specs))
+            failed = _sweep(todo, store, executor, done=len(specs) - len(todo), total=len(specs))
         except StoreWriteError:
             return 1
         except (KeyboardInterrupt, Terminated) as exc:
@@ -180,40 +200,46 @@ def _progress(spec, position: int, total: int, started: float, finished: int) ->
     return line
 
 
-def _sweep(todo, store, options, max_memory, execute, execute_in_subprocess, done: int = 0, total: int | None = None) -> int:
-    """Run ``todo`` one after the other, appending each record; ``done`` runs of ``total`` were
-    recorded before (a resumed sweep), so progress counts the whole sweep."""
+def _sweep(todo, store, executor, done: int = 0, total: int | None = None) -> int:
+    """Run ``todo`` on ``executor``, appending each record as it comes back; ``done`` runs of
+    ``total`` were recorded before (a resumed sweep), so progress counts the whole sweep.  On an
+    interrupt the runs in flight are recorded ``cancelled`` and stopped."""
     import time
 
     from petlprof.runner import cancelled_record, release_signals
     from petlprof.store import append_record
 
-    failed, started, total = 0, time.monotonic(), total if total is not None else len(todo)
-    for index, spec in enumerate(todo, 1):
-        print(_progress(spec, done + index, total, started, index - 1), file=sys.stderr)
-        try:
-            if options.in_process:
-                record = execute(spec, max_memory_bytes=None)
-            else:
-                record = execute_in_subprocess(spec, timeout_s=options.timeout, max_memory_bytes=max_memory)
-        except (KeyboardInterrupt, Terminated) as exc:
+    failed, finished, started, total = 0, 0, time.monotonic(), total if total is not None else len(todo)
+    position = iter(range(done + 1, total + 1))
+
+    def on_start(spec) -> None:
+        print(_progress(spec, next(position), total, started, finished), file=sys.stderr)
+
+    try:
+        for spec, record in executor.results(todo, on_start=on_start):
             try:
-                append_record(store, cancelled_record(spec, "SIGINT" if isinstance(exc, KeyboardInterrupt) else "SIGTERM"))
+                append_record(store, record)
+            except OSError as exc:  # disk full, folder removed, ...: say so, and keep the result on the terminal
+                print(f"petlprof: error: could not write to {store}: {exc.strerror or exc}. Runs recorded before "
+                      f"are intact; this run's record follows so it is not lost:\n{json.dumps(record, default=str)}",
+                      file=sys.stderr)
+                raise StoreWriteError() from None
+            finally:
+                release_signals()  # a signal held while the finished run was stored is delivered now
+            finished += 1
+            if record["status"] != "ok":
+                failed += 1
+                print(f"  {spec.method} seed {spec.seed} {record['status']}: {record['error']}", file=sys.stderr)
+    except (KeyboardInterrupt, Terminated) as exc:
+        name = "SIGINT" if isinstance(exc, KeyboardInterrupt) else "SIGTERM"
+        in_flight = list(executor.in_flight)
+        executor.cancel()
+        for spec in in_flight:
+            try:
+                append_record(store, cancelled_record(spec, name))
             except OSError as error:
                 print(f"petlprof: could not record the cancelled run in {store}: {error}", file=sys.stderr)
-            raise
-        try:
-            append_record(store, record)
-        except OSError as exc:  # disk full, folder removed, ...: say so, and keep the result on the terminal
-            print(f"petlprof: error: could not write to {store}: {exc.strerror or exc}. Runs recorded before "
-                  f"are intact; this run's record follows so it is not lost:\n{json.dumps(record, default=str)}",
-                  file=sys.stderr)
-            raise StoreWriteError() from None
-        finally:
-            release_signals()  # a signal held while the finished run was stored is delivered now
-        if record["status"] != "ok":
-            failed += 1
-            print(f"  {record['status']}: {record['error']}", file=sys.stderr)
+        raise
     return failed
 
 

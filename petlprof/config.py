@@ -47,6 +47,13 @@ class RunOptions:
     in_process: bool = False
     timeout: float | None = None  # seconds per run; not part of a run's identity
     max_memory: str | int | None = None  # per run, e.g. "2GiB"; not part of a run's identity
+    # where runs execute (petlprof.executors), not part of a run's identity: this machine or a Ray
+    # cluster (its address, retries of a lost task, CPUs each run's task asks for)
+    executor: str = "local"
+    address: str | None = None
+    retries: int = 0
+    cpus_per_run: float = 1.0
+    nproc_per_run: int = 1  # data-parallel ranks of each run (petlprof.distributed); part of the identity
     # measurement (petlprof.meters), not part of a run's identity: extra meters beside the energy and
     # memory meters, codecarbon's country, CUDA memory snapshots, the inference phase's window
     meters: list[str] = field(default_factory=list)
@@ -186,7 +193,7 @@ _TYPES = {"methods": list, "backbone": list, "task": list, "seeds": list, "devic
           "in_process": bool, "method_config": dict, "output": (str, type(None)), "data_dir": (str, type(None)),
           "text_column": (str, type(None)), "text_pair_column": (str, type(None)),
           "label_column": (str, type(None)), "grid": bool, "method_grid": dict,
-          "target_metric": (str, type(None))}
+          "target_metric": (str, type(None)), "executor": str, "address": (str, type(None))}
 
 
 def validate(options: RunOptions) -> None:
@@ -251,6 +258,34 @@ def validate(options: RunOptions) -> None:
         raise unknown_choice("device", options.device, DEVICES)
     check_energy_meter(options.energy_meter, need_available=False)
     _validate_measurement(options)
+    _validate_executor(options)
+
+
+def _validate_executor(options: RunOptions) -> None:
+    from petlprof.executors import EXECUTORS
+
+    if options.executor not in EXECUTORS:
+        raise unknown_choice("executor", options.executor, EXECUTORS)
+    _check_int("retries", options.retries, 0)
+    _check_int("nproc_per_run", options.nproc_per_run, 1)
+    cpus = options.cpus_per_run
+    if isinstance(cpus, bool) or not isinstance(cpus, (int, float)) or cpus <= 0:
+        raise UsageError(f"--cpus-per-run must be a positive number of CPUs, got {cpus!r}")
+    if options.executor != "ray":
+        for name, default in (("address", None), ("retries", 0), ("cpus_per_run", 1.0)):
+            if getattr(options, name) != default:
+                raise UsageError(f"--{name.replace('_', '-')} applies to --executor ray; the runs execute "
+                                 f"on this machine ('{options.executor}')")
+    if options.in_process and options.executor == "ray":
+        raise UsageError("--in-process runs everything in the sweep's own process; it cannot be combined "
+                         "with --executor ray")
+    if options.cache_hidden_states and options.nproc_per_run > 1:
+        raise UsageError(f"--cache-hidden-states cannot be used with --nproc-per-run {options.nproc_per_run}: a cached "
+                         "step runs the side network outside DistributedDataParallel, so its gradients would not be "
+                         "averaged over the ranks")
+    if options.in_process and options.nproc_per_run > 1:
+        raise UsageError(f"--nproc-per-run {options.nproc_per_run} starts one process per rank; it cannot be "
+                         "combined with --in-process")
 
 
 def _validate_measurement(options: RunOptions) -> None:
@@ -321,18 +356,33 @@ def parse_bytes(value: str | int | None, option: str = "--max-memory") -> int | 
     return int(float(match.group(1)) * _UNITS[unit])
 
 
-def resolve_device(device: str) -> str:
+def resolve_device(device: str, nproc: int = 1, cluster_gpus: float | None = None) -> str:
+    """``auto``/``cuda``/``cuda:N`` checked against the GPUs torch sees here, or, for runs on a Ray
+    cluster (``cluster_gpus``: the cluster's GPU count), against the cluster's."""
+    if nproc > 1 and device.startswith("cuda:"):
+        raise UsageError(f"--device {device} names one GPU; a run of --nproc-per-run {nproc} ranks puts rank i on "
+                         "cuda:i of the GPUs it is given: use --device cuda (and CUDA_VISIBLE_DEVICES)")
     if device == "cpu":
+        return device
+    if cluster_gpus is not None:
+        if device == "auto":
+            return "cuda" if cluster_gpus >= 1 else "cpu"
+        if cluster_gpus < 1:
+            raise UsageError(f"--device {device} was asked for but the Ray cluster has no GPU; use --device cpu")
         return device
     import torch
 
     if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        return device
     if not torch.cuda.is_available():
         raise UsageError(f"--device {device} was asked for but torch sees no CUDA device; use --device cpu")
     index = device.partition(":")[2]
     if index and not (index.isdigit() and int(index) < torch.cuda.device_count()):
         raise UsageError(f"--device {device}: torch sees CUDA devices 0..{torch.cuda.device_count() - 1}")
+    if device == "cuda" and nproc > torch.cuda.device_count():
+        raise UsageError(f"--nproc-per-run {nproc} needs {nproc} GPUs; torch sees {torch.cuda.device_count()} here")
     return device
 
 
@@ -381,7 +431,7 @@ def expand(options: RunOptions, device: str) -> list[RunSpec]:
 
     shared.pop("lr")
     shared.update(extra_meters=list(options.meters), country_code=options.country_code,
-                  inference_window_s=options.inference_window_s)
+                  inference_window_s=options.inference_window_s, nproc=options.nproc_per_run)
     resolved = {}  # the full configs and learning rate, so an explicit default gives the same run key
     for method in options.methods:
         spec = get_method(method)

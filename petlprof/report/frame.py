@@ -66,6 +66,11 @@ def _row(record: Mapping[str, Any]) -> dict[str, Any]:
         "infer_latency_per_sample_p50_s": number(record, "inference", f"batch_{batch}", "latency_per_sample_s", "p50"),
         "merged_latency_p50_s": number(record, "eval_merged", "latency_s", "p50"),
     })
+    row.update({  # where it ran: its meters read this host's devices (petlprof.executors)
+        "executor": field(record, "node", "executor") or "local",
+        "hostname": field(record, "node", "hostname") or field(record, "env", "hostname"),
+        "world_size": number(record, "distributed", "world_size") or 1,
+    })
     metrics = record.get("metrics") if isinstance(record.get("metrics"), Mapping) else {}
     for name in metrics:
         row[name] = number(record, "metrics", name)

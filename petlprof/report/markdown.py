@@ -196,7 +196,19 @@ def _environment(records: Sequence[Mapping[str, Any]]) -> list[str]:
     differing = distinct(k for r in records[1:] for k, v in (r.get("env") or {}).items() if env.get(k) != v)
     if differing:
         lines += ["", f"Other records differ in: {', '.join(map(str, differing))}."]
-    return lines + [""]
+    return lines + [""] + _where_run(records)
+
+
+def _where_run(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Runs per executor and host (each run's meters read the devices of the host it ran on)."""
+    places: Counter = Counter()
+    for record in records:
+        host = field(record, "node", "hostname") or field(record, "env", "hostname") or "an unrecorded host"
+        where = f"{field(record, 'node', 'executor') or 'local'} executor on {host}"
+        ranks = field(record, "distributed", "world_size")
+        places[where + (f", {ranks} ranks per run" if isinstance(ranks, int) and ranks > 1 else "")] += 1
+    lines = ["Where the runs executed (each run's meters read the devices of its own host):", ""]
+    return lines + [f"- {where}: {count} run(s)" for where, count in sorted(places.items())] + [""]
 
 
 def render_report(records: Sequence[Mapping[str, Any]], figures: Sequence[PlotResult]) -> str:

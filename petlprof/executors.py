@@ -1,0 +1,283 @@
+"""Where the runs of a sweep execute: one after the other on this machine, or as tasks on a Ray cluster.
+
+An executor takes the runs still to do and yields ``(spec, record)`` as each one finishes.  The
+sweep process (the *driver*) alone appends records to the store, so resume, the store lock and
+"nothing lost" hold the same way whatever the executor.  ``in_flight`` lists the runs started and
+not yet yielded, so an interrupted sweep can record them as ``cancelled``; ``cancel()`` stops them.
+
+* ``local``: each run in a fresh process on this machine (:func:`petlprof.runner.execute_in_subprocess`),
+  or in the sweep's own process with ``--in-process``.
+* ``ray``: each run becomes a Ray task that asks for the CPUs and GPUs the run declares
+  (``--cpus-per-run``; one GPU per rank of a CUDA run) and runs the same fresh worker process on the
+  node it lands on, so the meters read that node's devices (Ray sets ``CUDA_VISIBLE_DEVICES`` for
+  the task).  The task adds where it ran to the record and returns it to the driver.  A task whose
+  worker or node is lost becomes a ``failed`` record naming the cause, after ``retries`` retries;
+  a task that outlives ``--timeout`` by :data:`DRIVER_GRACE_S` is cancelled by the driver (the
+  node's own timeout should have ended it), so the driver never waits forever; cancelling the
+  driver cancels the tasks.
+
+Every record carries ``node``: the executor, host, and for Ray the node id and address, the GPUs Ray
+gave the task and the CPUs it asked for.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from typing import Any, Callable, Iterable, Iterator
+
+from petlprof.errors import UsageError, unknown_choice
+
+EXECUTORS = ("local", "ray")
+DRIVER_GRACE_S = 120.0  # past --timeout, the driver cancels a task its node failed to stop
+RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0"}  # no usage report to a server these machines cannot reach
+
+OnStart = Callable[[Any], None]
+
+
+def node_fields(executor: str, **extra: Any) -> dict[str, Any]:
+    """Where a run executed (the meters measured this host's devices)."""
+    return {"executor": executor, "hostname": socket.gethostname(),
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), **extra}
+
+
+class LocalExecutor:
+    """Runs one after the other on this machine."""
+
+    name = "local"
+
+    def __init__(self, *, in_process: bool = False, timeout_s: float | None = None,
+                 max_memory_bytes: int | None = None):
+        self.in_process, self.timeout_s, self.max_memory_bytes = in_process, timeout_s, max_memory_bytes
+        self.in_flight: list = []
+
+    def describe(self) -> str:
+        return "this machine, " + ("in this process" if self.in_process else "a fresh process per run")
+
+    def cluster_gpus(self) -> None:
+        """None: devices are checked against what torch sees on this machine."""
+        return None
+
+    def prepare_idle(self, device: str, energy_meter: str) -> str:
+        from petlprof.meters.idle import prepare_sweep_idle
+
+        return prepare_sweep_idle(device, energy_meter)
+
+    def results(self, specs: Iterable, on_start: OnStart | None = None) -> Iterator[tuple[Any, dict]]:
+        from petlprof.runner import execute, execute_in_subprocess
+
+        for spec in specs:
+            self.in_flight = [spec]
+            if on_start is not None:
+                on_start(spec)
+            if self.in_process:
+                record = execute(spec, max_memory_bytes=None)
+            else:
+                record = execute_in_subprocess(spec, timeout_s=self.timeout_s, max_memory_bytes=self.max_memory_bytes)
+            record["node"] = node_fields("local")
+            self.in_flight = []
+            yield spec, record
+
+    def cancel(self) -> None:
+        """Nothing to do: an interrupt stops the run's process inside ``execute_in_subprocess``."""
+        self.in_flight = []
+
+    def close(self) -> None:
+        pass
+
+
+def _ray_task(spec_dict: dict, timeout_s: float | None, max_memory_bytes: int | None, cpus: float) -> dict:
+    """Body of one Ray task: the run in a fresh worker process on this node, plus where it ran."""
+    import ray
+
+    from petlprof.runner import RunSpec, execute_in_subprocess
+
+    context = ray.get_runtime_context()
+    started = time.time()
+    spec = RunSpec(**spec_dict)
+    _prepare_node_idle(spec)
+    record = execute_in_subprocess(spec, timeout_s=timeout_s, max_memory_bytes=max_memory_bytes)
+    record["node"] = node_fields("ray", node_id=context.get_node_id(), node_ip=ray.util.get_node_ip_address(),
+                                 gpu_ids=[str(g) for g in ray.get_gpu_ids()], cpus=cpus,
+                                 omp_num_threads=os.environ.get("OMP_NUM_THREADS"), task_started_unix=started)
+    return record
+
+
+def _prepare_node_idle(spec) -> None:
+    """The idle baseline of a Ray task, measured where it runs: the GPUs Ray gave the task are its
+    own, so their power just before the run is their idle power; a CPU package is shared with the
+    node's other tasks, so no CPU idle power is taken (the run then reports gross energy only)."""
+    from petlprof.meters.idle import IDLE_ENV, prepare_sweep_idle
+
+    if spec.device.startswith("cuda"):
+        prepare_sweep_idle(spec.device, spec.energy_meter)
+    else:
+        os.environ[IDLE_ENV] = json.dumps({"seconds": 0, "notes": [
+            "no CPU idle power on a Ray node: its CPU package is shared with the node's other tasks"]})
+
+
+class RayExecutor:
+    """Runs as Ray tasks, at most as many in flight as the cluster has CPUs and GPUs for."""
+
+    name = "ray"
+
+    def __init__(self, *, address: str | None = None, timeout_s: float | None = None,
+                 max_memory_bytes: int | None = None, cpus_per_run: float = 1.0, retries: int = 0,
+                 init_kwargs: dict | None = None):
+        try:
+            import ray
+        except ImportError:
+            raise UsageError("--executor ray needs Ray on this machine and on every node of the cluster: "
+                             "pip install 'petlprof[ray]'") from None
+        self._ray = ray
+        self.timeout_s, self.max_memory_bytes = timeout_s, max_memory_bytes
+        self.cpus_per_run, self.retries = cpus_per_run, retries
+        self._owns_ray = not ray.is_initialized()
+        if self._owns_ray:
+            for key, value in RAY_ENV.items():
+                os.environ.setdefault(key, value)
+            kwargs = {"include_dashboard": False, **(init_kwargs or {})}
+            if address:
+                kwargs["address"] = address
+            try:
+                ray.init(**kwargs)
+            except (ConnectionError, ValueError, RuntimeError) as exc:
+                raise UsageError(f"could not connect to the Ray cluster at '{address or 'a new local instance'}': "
+                                 f"{' '.join(str(exc).split())[:300]}") from None
+        self._task = ray.remote(_ray_task)
+        self._refs: dict = {}  # ObjectRef -> (spec, submitted monotonic time)
+        self.in_flight: list = []
+
+    def describe(self) -> str:
+        resources = self._ray.cluster_resources()
+        return (f"Ray cluster of {len(self._ray.nodes())} node(s), {resources.get('CPU', 0):g} CPU(s), "
+                f"{resources.get('GPU', 0):g} GPU(s); {self.cpus_per_run:g} CPU(s) per run")
+
+    def cluster_gpus(self) -> float:
+        return float(self._ray.cluster_resources().get("GPU", 0))
+
+    def prepare_idle(self, device: str, energy_meter: str) -> str:
+        if device.startswith("cuda"):
+            return "idle power is measured by each Ray task on its own GPUs for 2 s before its run"
+        return "no idle baseline: a Ray node's CPU package is shared by its tasks (gross energy only)"
+
+    @staticmethod
+    def gpus_for(spec) -> int:
+        return max(1, spec.nproc) if spec.device.startswith("cuda") else 0
+
+    def check_fits(self, specs: list) -> None:
+        """A run that asks for more than any one node has would wait forever: refuse it up front."""
+        nodes = [n.get("Resources", {}) for n in self._ray.nodes() if n.get("Alive")]
+        for spec in specs:
+            cpus, gpus = self.cpus_per_run * max(1, spec.nproc), self.gpus_for(spec)
+            if not any(n.get("CPU", 0) >= cpus and n.get("GPU", 0) >= gpus for n in nodes):
+                largest = max(((n.get("CPU", 0), n.get("GPU", 0)) for n in nodes), default=(0, 0))
+                raise UsageError(f"run '{spec.method}' (seed {spec.seed}) needs {cpus:g} CPU(s) and {gpus} GPU(s) "
+                                 f"on one node; the largest node of the Ray cluster has {largest[0]:g} CPU(s) and "
+                                 f"{largest[1]:g} GPU(s) (see --cpus-per-run, --nproc-per-run)")
+
+    def _capacity(self, specs: list) -> int:
+        """Runs that fit side by side, node by node: a task waiting in Ray's queue would otherwise
+        count as started (progress, ``in_flight``, the driver's timeout)."""
+        cpus = max(self.cpus_per_run * max(1, s.nproc) for s in specs)
+        gpus = max(self.gpus_for(s) for s in specs)
+        fits = 0
+        for node in (n.get("Resources", {}) for n in self._ray.nodes() if n.get("Alive")):
+            by_gpu = int(node.get("GPU", 0) // gpus) if gpus else len(specs)
+            fits += min(int(node.get("CPU", 0) // cpus), by_gpu)
+        return max(1, fits)
+
+    def _submit(self, spec) -> None:
+        cpus = self.cpus_per_run * max(1, spec.nproc)
+        task = self._task.options(num_cpus=cpus, num_gpus=self.gpus_for(spec), max_retries=self.retries,
+                                  retry_exceptions=False, name=f"petlprof:{spec.method}:{spec.run_key}")
+        ref = task.remote(spec.to_dict(), self.timeout_s, self.max_memory_bytes, cpus)
+        self._refs[ref] = (spec, time.monotonic())
+
+    def results(self, specs: Iterable, on_start: OnStart | None = None) -> Iterator[tuple[Any, dict]]:
+        pending = list(specs)
+        if not pending:
+            return
+        self.check_fits(pending)
+        capacity = self._capacity(pending)
+        while pending or self._refs:
+            while pending and len(self._refs) < capacity:
+                spec = pending.pop(0)
+                self._submit(spec)
+                if on_start is not None:
+                    on_start(spec)
+            self.in_flight = [spec for spec, _ in self._refs.values()]
+            ready = self._wait()
+            if not ready:
+                yield from self._overdue()
+                continue
+            spec, _ = self._refs.pop(ready[0])
+            record = self._record(ready[0], spec)
+            self.in_flight = [spec for spec, _ in self._refs.values()]
+            yield spec, record
+
+    def _wait(self) -> list:
+        """The first finished task, or none within 5 s.  A signal handler that raises while Ray's
+        C++ wait checks for signals (the sweep's SIGTERM, Ctrl-C) surfaces as a SystemError whose
+        cause is the real exception: re-raise that, so the sweep records the cancel."""
+        try:
+            return self._ray.wait(list(self._refs), num_returns=1, timeout=5.0)[0]
+        except SystemError as exc:
+            if isinstance(exc.__cause__, BaseException) and not isinstance(exc.__cause__, Exception):
+                raise exc.__cause__ from None
+            raise
+
+    def _overdue(self) -> Iterator[tuple[Any, dict]]:
+        """Tasks past ``--timeout`` + grace: the node did not end them (lost, or hung): cancel, record."""
+        from petlprof.runner import failed_record
+
+        if self.timeout_s is None:
+            return
+        now = time.monotonic()
+        for ref, (spec, submitted) in list(self._refs.items()):
+            if now - submitted > self.timeout_s + DRIVER_GRACE_S:
+                self._ray.cancel(ref, force=True)
+                del self._refs[ref]
+                self.in_flight = [s for s, _ in self._refs.values()]
+                yield spec, failed_record(spec, f"the Ray task did not return within --timeout {self.timeout_s:g} s "
+                                          f"+ {DRIVER_GRACE_S:g} s and was cancelled by the driver", status="timeout",
+                                          node=node_fields("ray", node_id=None, lost=True))
+
+    def _record(self, ref, spec) -> dict:
+        from petlprof.runner import failed_record
+
+        try:
+            return self._ray.get(ref)
+        except self._ray.exceptions.RayError as exc:  # worker or node lost, task cancelled, ...
+            text = " ".join(str(exc).split())
+            tried = f" (tried {self.retries + 1} times)" if self.retries else ""
+            return failed_record(spec, f"the Ray task was lost{tried}: {type(exc).__name__}: {text[:500]}",
+                                 node=node_fields("ray", node_id=None, lost=True))
+
+    def cancel(self) -> None:
+        """Cancel the tasks in flight; ``force`` kills each task's worker, and the run's process
+        dies with it (the worker sets PR_SET_PDEATHSIG)."""
+        for ref in list(self._refs):
+            try:
+                self._ray.cancel(ref, force=True)
+            except Exception:  # an already finished task: nothing to cancel
+                pass
+        self._refs.clear()
+        self.in_flight = []
+
+    def close(self) -> None:
+        if self._owns_ray and self._ray.is_initialized():
+            self._ray.shutdown()
+
+
+def make_executor(name: str, *, address: str | None = None, in_process: bool = False,
+                  timeout_s: float | None = None, max_memory_bytes: int | None = None, retries: int = 0,
+                  cpus_per_run: float = 1.0):
+    if name == "local":
+        return LocalExecutor(in_process=in_process, timeout_s=timeout_s, max_memory_bytes=max_memory_bytes)
+    if name == "ray":
+        return RayExecutor(address=address, timeout_s=timeout_s, max_memory_bytes=max_memory_bytes,
+                           retries=retries, cpus_per_run=cpus_per_run)
+    raise unknown_choice("executor", name, EXECUTORS)

@@ -1,0 +1,244 @@
+"""Executors: the same sweep on this machine and on a local Ray instance (2 CPUs, no GPU).
+
+The Ray tests start a real Ray instance; runs are tiny-bert with a few steps.  A run's figures do
+not depend on where it ran: with the same thread count (Ray sets OMP_NUM_THREADS to the CPUs a task
+asks for; the local runs are given the same), the records agree exactly apart from timings, energy
+and node fields.  The fault tests kill real processes: the Ray worker under a run (its run dies
+with it and the record says the task was lost), and the sweep driver itself (the resume then skips
+exactly the runs recorded).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from petlprof.cli import main
+from petlprof.config import build_options, resolve_device
+from petlprof.errors import UsageError
+from petlprof.executors import LocalExecutor
+from petlprof.runner import RunSpec
+
+ray = pytest.importorskip("ray", reason="the ray executor's tests need Ray: pip install 'petlprof[ray]'")
+
+TINY = dict(backbone="tiny-bert", train_size=32, eval_size=16, batch_size=16, warmup_steps=1)
+TINY_CLI = ["--backbone", "tiny-bert", "--train-size", "32", "--eval-size", "16", "--batch-size", "16"]
+
+
+BAD_OPTIONS = [
+    ({"executor": "slurm"}, "unknown executor 'slurm'"),
+    ({"address": "auto"}, "--address applies to --executor ray"),
+    ({"retries": 1}, "--retries applies to --executor ray"),
+    ({"cpus_per_run": 4}, "--cpus-per-run applies to --executor ray"),
+    ({"executor": "ray", "retries": -1}, "--retries must be an integer >= 0, got -1"),
+    ({"executor": "ray", "cpus_per_run": 0}, "--cpus-per-run must be a positive number of CPUs, got 0"),
+    ({"executor": "ray", "in_process": True}, "cannot be combined with --executor ray"),
+    ({"nproc_per_run": 0}, "--nproc-per-run must be an integer >= 1, got 0"),
+    ({"nproc_per_run": 2, "in_process": True}, "cannot be combined with --in-process"),
+    ({"nproc_per_run": 2, "cache_hidden_states": True, "methods": ["read"]}, "cannot be used with --nproc-per-run 2"),
+]
+
+
+@pytest.mark.parametrize("values, message", BAD_OPTIONS, ids=[m for _, m in BAD_OPTIONS])
+def test_bad_executor_options_are_named(values, message):
+    with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        build_options({}, {"methods": ["bitfit"], **values})
+
+
+@pytest.mark.parametrize("device, nproc, gpus, expected", [
+    ("auto", 1, 0.0, "cpu"), ("auto", 1, 4.0, "cuda"), ("cuda", 2, 8.0, "cuda"),
+    ("cuda", 1, 0.0, "the Ray cluster has no GPU"), ("cuda:1", 2, 8.0, "names one GPU"),
+])
+def test_device_is_checked_against_the_cluster_not_the_driver(device, nproc, gpus, expected):
+    if expected in ("cpu", "cuda"):
+        assert resolve_device(device, nproc, cluster_gpus=gpus) == expected
+    else:
+        with pytest.raises(UsageError, match=expected):
+            resolve_device(device, nproc, cluster_gpus=gpus)
+
+
+def test_ray_options_without_ray_installed_say_how_to_get_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
+    from petlprof.executors import make_executor
+
+    with pytest.raises(UsageError, match=r"pip install 'petlprof\[ray\]'"):
+        make_executor("ray")
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """One Ray instance for the module: 2 CPUs, no GPU, as on the CI machine."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def comparable(record: dict) -> dict:
+    """What a run computed, without where it ran and how long it took."""
+    keep = ("run_key", "status", "error", "method", "method_config", "seed", "spec", "metrics", "trainable_params",
+            "total_params", "task_info", "memory_breakdown", "training", "primary_metric")
+    out = {k: record.get(k) for k in keep}
+    for phase in ("train", "eval"):
+        out[phase] = {k: record[phase].get(k) for k in ("steps", "samples", "warmup_steps", "first_loss",
+                                                        "final_loss", "epochs_run")}
+    return out
+
+
+def test_ray_records_are_the_local_records_apart_from_timings_and_node(local_ray, monkeypatch):
+    from petlprof.executors import RayExecutor
+
+    specs = [RunSpec(method="bitfit", seed=0, max_steps=3, **TINY), RunSpec(method="lora", seed=1, max_steps=3, **TINY)]
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # what Ray gives a task of 1 CPU
+    local = dict((s.run_key, r) for s, r in LocalExecutor().results(specs))
+    executor = RayExecutor(cpus_per_run=1)
+    started = []
+    remote = dict((s.run_key, r) for s, r in executor.results(specs, on_start=started.append))
+    executor.close()  # not the owner: the module's instance stays up
+    assert ray.is_initialized()
+    assert started == specs and set(remote) == set(local) == {s.run_key for s in specs}
+    for key in local:
+        assert local[key]["status"] == "ok", local[key]["error"]
+        assert comparable(remote[key]) == comparable(local[key])
+        assert local[key]["node"]["executor"] == "local"
+        node = remote[key]["node"]
+        assert node["executor"] == "ray" and node["node_id"] == ray.get_runtime_context().get_node_id()
+        assert node["cpus"] == 1 and node["gpu_ids"] == [] and node["omp_num_threads"] == "1"
+        assert remote[key]["train"]["energy_j"] > 0 and remote[key]["train"]["peak_memory_bytes"] > 0
+
+
+def test_a_two_rank_run_is_one_ray_task_with_the_cpus_of_both_ranks(local_ray):
+    from petlprof.executors import RayExecutor
+
+    spec = RunSpec(method="bitfit", seed=0, max_steps=3, nproc=2, **TINY)
+    [(_, record)] = list(RayExecutor(cpus_per_run=1).results([spec]))
+    assert record["status"] == "ok", record.get("error")
+    assert record["distributed"]["world_size"] == 2 and record["node"]["cpus"] == 2
+    ranks = record["distributed"]["ranks"]
+    assert len(ranks) == 2 and record["train"]["energy_j"] == pytest.approx(sum(r["train"]["energy_j"] for r in ranks))
+
+
+def run_processes() -> dict[int, int]:
+    """pid -> parent pid of every ``petlprof.worker`` process on this machine."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if b"petlprof.worker" not in (entry / "cmdline").read_bytes():
+                continue
+            status = (entry / "status").read_text()
+        except OSError:
+            continue
+        found[int(entry.name)] = int(next(line.split()[1] for line in status.splitlines() if line.startswith("PPid:")))
+    return found
+
+
+def kill_ray_worker_under_the_run(killed: list, timeout=120.0) -> None:
+    """Once a run's process has started, SIGKILL its parent: the Ray worker executing the task."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        for pid, parent in run_processes().items():
+            if b"ray::" in Path(f"/proc/{parent}/cmdline").read_bytes():
+                time.sleep(2.0)  # let the run get going
+                os.kill(parent, signal.SIGKILL)
+                killed.append((parent, pid))
+                return
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("retries, expected", [(0, "failed"), (1, "ok")])
+def test_a_ray_worker_killed_mid_run_is_a_failed_record_or_one_retry(local_ray, retries, expected):
+    from petlprof.executors import RayExecutor
+
+    spec = RunSpec(method="bitfit", seed=0, max_steps=400 if retries == 0 else 30, **TINY)
+    killed: list = []
+    killer = threading.Thread(target=kill_ray_worker_under_the_run, args=(killed,), daemon=True)
+    killer.start()
+    executor = RayExecutor(retries=retries)
+    t0 = time.monotonic()
+    [(_, record)] = list(executor.results([spec]))
+    killer.join(5)
+    assert killed, "no run process under a Ray worker was seen"
+    assert record["status"] == expected, record.get("error")
+    if expected == "failed":
+        assert "the Ray task was lost" in record["error"] and "Worker" in record["error"], record["error"]
+        assert record["node"] == {**record["node"], "executor": "ray", "lost": True}
+        assert time.monotonic() - t0 < 120  # the driver did not wait for the 400 steps
+    else:
+        assert record["node"]["executor"] == "ray" and record["train"]["steps"] > 0
+    worker, run = killed[0]
+    time.sleep(1.0)
+    assert not Path(f"/proc/{run}").exists() or b"Z" in Path(f"/proc/{run}/stat").read_bytes().split()[2]
+    # the run's process died with its Ray worker (PR_SET_PDEATHSIG)
+
+
+def ray_sweep_cmd(out: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "petlprof.cli", "run", "--methods", "linear_probe,bitfit", "--seeds", "0,1",
+            *TINY_CLI, "--max-steps", "20", "--executor", "ray", "--cpus-per-run", "2", "--output", str(out), *extra]
+
+
+def stored(out: Path) -> list[dict]:
+    path = out / "results.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def raylets() -> list[int]:
+    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _cmd(p).startswith(b"/")
+            and b"raylet" in _cmd(p).split(b"\0")[0]]
+
+
+def _cmd(entry: Path) -> bytes:
+    try:
+        return (entry / "cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT], ids=["SIGKILL", "SIGTERM", "SIGINT"])
+def test_a_killed_ray_driver_resumes_without_losing_or_repeating_a_run(tmp_path, sig):
+    """Four runs, one at a time (2 CPUs per run on a 2-CPU instance); the driver is killed once the
+    first is stored.  SIGTERM or Ctrl-C records the run in flight as ``cancelled`` and cancels its task;
+    SIGKILL leaves no record for it; either way the resume runs exactly the runs not stored ``ok``."""
+    out = tmp_path / "out"
+    before = set(raylets())
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    proc = subprocess.Popen(ray_sweep_cmd(out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    deadline = time.time() + 240
+    while time.time() < deadline and not any(r["status"] == "ok" for r in stored(out)):
+        assert proc.poll() is None, "the sweep ended before it could be killed"
+        time.sleep(0.2)
+    assert any(r["status"] == "ok" for r in stored(out)), "no run finished in time"
+    proc.send_signal(sig)
+    assert proc.wait(60) == {signal.SIGKILL: -9, signal.SIGTERM: 143, signal.SIGINT: 130}[sig]
+    first = stored(out)
+    done = [r["run_key"] for r in first if r["status"] == "ok"]
+    if sig != signal.SIGKILL:
+        assert [r["status"] for r in first if r["status"] != "ok"] == ["cancelled"] * (len(first) - len(done))
+        assert len(first) > len(done)  # the run in flight was recorded as cancelled
+    deadline = time.time() + 60
+    while time.time() < deadline and set(raylets()) - before:
+        time.sleep(0.5)
+    assert not set(raylets()) - before, "the killed driver left its Ray instance running"
+
+    resumed = subprocess.run(ray_sweep_cmd(out), capture_output=True, text=True, env=env, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"{len(done)} already in" in resumed.stderr
+    ok = [r["run_key"] for r in stored(out) if r["status"] == "ok"]
+    assert len(ok) == len(set(ok)) == 4 and set(done) <= set(ok)  # none lost, none repeated
+    assert all(r["node"]["executor"] == "ray" for r in stored(out) if r["status"] == "ok")
+
+
+def test_local_executor_is_what_petlprof_run_uses_by_default(tmp_path):
+    out = tmp_path / "out"
+    assert main(["run", "--methods", "bitfit", *TINY_CLI, "--max-steps", "2", "--output", str(out), "--in-process"]) == 0
+    [record] = stored(out)
+    assert record["status"] == "ok" and record["node"]["executor"] == "local"
