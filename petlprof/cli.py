@@ -150,7 +150,7 @@ def _run_sweep(options, executor, out_dir: Path) -> int:
     from petlprof.store import RESULTS_FILE, StoreLock, check_writable, finished_keys
 
     device = resolve_device(options.device, options.nproc_per_run, executor.cluster_gpus())
-    preflight(options, device)
+    preflight(options, device, meters_here=executor.name == "local")
     specs = expand(options, device)
     for spec in specs:  # a cache that outgrows its budget spills next to the results
         spec.cache_dir = str(out_dir / "cache") if spec.cache_hidden_states else None

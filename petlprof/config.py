@@ -369,7 +369,10 @@ def resolve_device(device: str, nproc: int = 1, cluster_gpus: float | None = Non
             return "cuda" if cluster_gpus >= 1 else "cpu"
         if cluster_gpus < 1:
             raise UsageError(f"--device {device} was asked for but the Ray cluster has no GPU; use --device cpu")
-        return device
+        if device not in ("cuda", "cuda:0"):
+            raise UsageError(f"--device {device}: a Ray task sees only the GPUs Ray gives it, as cuda:0 onwards; "
+                             "use --device cuda")
+        return "cuda"
     import torch
 
     if device == "auto":
@@ -386,15 +389,18 @@ def resolve_device(device: str, nproc: int = 1, cluster_gpus: float | None = Non
     return device
 
 
-def preflight(options: RunOptions, device: str) -> None:
+def preflight(options: RunOptions, device: str, meters_here: bool = True) -> None:
     """Checks that need the libraries (a named meter, a hub backbone, the data itself), run once in
-    the parent before any run starts, so a bad value is one error line and nothing is written."""
+    the parent before any run starts, so a bad value is one error line and nothing is written.
+    ``meters_here``: the runs measure on this machine (not on a cluster's nodes), so a named energy
+    meter must work here."""
     from petlprof.backbones import backbone_width
     from petlprof.meters import check_energy_meter
     from petlprof.registry import get_method
     from petlprof.tasks import load_task
 
-    check_energy_meter(options.energy_meter)
+    if meters_here:
+        check_energy_meter(options.energy_meter)
     if options.memory_snapshot and not device.startswith("cuda"):
         raise UsageError(f"--memory-snapshot records the CUDA allocator; the runs are on {device}")
     for spec in options.backbone:

@@ -11,10 +11,11 @@ not yet yielded, so an interrupted sweep can record them as ``cancelled``; ``can
   (``--cpus-per-run``; one GPU per rank of a CUDA run) and runs the same fresh worker process on the
   node it lands on, so the meters read that node's devices (Ray sets ``CUDA_VISIBLE_DEVICES`` for
   the task).  The task adds where it ran to the record and returns it to the driver.  A task whose
-  worker or node is lost becomes a ``failed`` record naming the cause, after ``retries`` retries;
-  a task that outlives ``--timeout`` by :data:`DRIVER_GRACE_S` is cancelled by the driver (the
-  node's own timeout should have ended it), so the driver never waits forever; cancelling the
-  driver cancels the tasks.
+  worker or node is lost becomes a ``failed`` record naming the cause, after ``retries`` retries.
+  The driver never waits forever: a task that no live node can take any more (its node was lost)
+  is recorded ``failed`` after :data:`DRIVER_GRACE_S`, and one that outlives (retries + 1) x
+  (``--timeout`` + :data:`DRIVER_GRACE_S`) is cancelled and recorded ``timeout`` (the node's own
+  timeout should have ended it).  Cancelling the driver cancels the tasks.
 
 Every record carries ``node``: the executor, host, and for Ray the node id and address, the GPUs Ray
 gave the task and the CPUs it asked for.
@@ -22,6 +23,7 @@ gave the task and the CPUs it asked for.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -94,14 +96,27 @@ def _ray_task(spec_dict: dict, timeout_s: float | None, max_memory_bytes: int | 
 
     from petlprof.runner import RunSpec, execute_in_subprocess
 
+    from petlprof.runner import release_signals
+
     context = ray.get_runtime_context()
     started = time.time()
     spec = RunSpec(**spec_dict)
-    _prepare_node_idle(spec)
-    record = execute_in_subprocess(spec, timeout_s=timeout_s, max_memory_bytes=max_memory_bytes)
-    record["node"] = node_fields("ray", node_id=context.get_node_id(), node_ip=ray.util.get_node_ip_address(),
-                                 gpu_ids=[str(g) for g in ray.get_gpu_ids()], cpus=cpus,
-                                 omp_num_threads=os.environ.get("OMP_NUM_THREADS"), task_started_unix=started)
+    threads = os.environ.get("OMP_NUM_THREADS")
+    if spec.nproc > 1:  # Ray sets the task's whole CPU count; torchrun keeps a set value for every rank
+        os.environ["OMP_NUM_THREADS"] = str(max(1, int(cpus // spec.nproc)))
+    try:
+        _prepare_node_idle(spec)
+        record = execute_in_subprocess(spec, timeout_s=timeout_s, max_memory_bytes=max_memory_bytes)
+        record["node"] = node_fields("ray", node_id=context.get_node_id(), node_ip=ray.util.get_node_ip_address(),
+                                     gpu_ids=[str(g) for g in ray.get_gpu_ids()], cpus=cpus,
+                                     omp_num_threads_per_rank=os.environ.get("OMP_NUM_THREADS"),
+                                     task_started_unix=started)
+    finally:  # this worker runs later tasks: leave its environment and signal mask as they were
+        release_signals()  # execute_in_subprocess holds SIGINT/SIGTERM once the run has finished
+        if threads is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = threads
     return record
 
 
@@ -148,7 +163,12 @@ class RayExecutor:
                                  f"{' '.join(str(exc).split())[:300]}") from None
         self._task = ray.remote(_ray_task)
         self._refs: dict = {}  # ObjectRef -> (spec, submitted monotonic time)
-        self.in_flight: list = []
+        self._unplaceable: dict = {}  # ObjectRef -> monotonic time it was first seen to fit no live node
+
+    @property
+    def in_flight(self) -> list:
+        """Runs submitted and not yet yielded (recorded ``cancelled`` if the sweep is interrupted)."""
+        return [spec for spec, _ in self._refs.values()]
 
     def describe(self) -> str:
         resources = self._ray.cluster_resources()
@@ -208,53 +228,77 @@ class RayExecutor:
                 self._submit(spec)
                 if on_start is not None:
                     on_start(spec)
-            self.in_flight = [spec for spec, _ in self._refs.values()]
             ready = self._wait()
+            if ready:
+                spec, _ = self._refs.pop(ready[0])
+                self._unplaceable.pop(ready[0], None)
+                yield spec, self._record(ready[0], spec)
+            yield from self._overdue()
             if not ready:
-                yield from self._overdue()
-                continue
-            spec, _ = self._refs.pop(ready[0])
-            record = self._record(ready[0], spec)
-            self.in_flight = [spec for spec, _ in self._refs.values()]
-            yield spec, record
+                yield from self._stranded()
 
     def _wait(self) -> list:
-        """The first finished task, or none within 5 s.  A signal handler that raises while Ray's
-        C++ wait checks for signals (the sweep's SIGTERM, Ctrl-C) surfaces as a SystemError whose
-        cause is the real exception: re-raise that, so the sweep records the cancel."""
-        try:
+        """The first finished task, or none within 5 s."""
+        with _signals_surface():
             return self._ray.wait(list(self._refs), num_returns=1, timeout=5.0)[0]
-        except SystemError as exc:
-            if isinstance(exc.__cause__, BaseException) and not isinstance(exc.__cause__, Exception):
-                raise exc.__cause__ from None
-            raise
+
+    def _drop(self, ref) -> Any:
+        self._ray.cancel(ref, force=True)
+        self._unplaceable.pop(ref, None)
+        return self._refs.pop(ref)[0]
 
     def _overdue(self) -> Iterator[tuple[Any, dict]]:
-        """Tasks past ``--timeout`` + grace: the node did not end them (lost, or hung): cancel, record."""
+        """Tasks past (retries + 1) × (``--timeout`` + grace) since submission: the node did not end
+        them (hung, or lost without Ray noticing): cancel and record them."""
         from petlprof.runner import failed_record
 
         if self.timeout_s is None:
             return
+        limit = (self.retries + 1) * (self.timeout_s + DRIVER_GRACE_S)
         now = time.monotonic()
         for ref, (spec, submitted) in list(self._refs.items()):
-            if now - submitted > self.timeout_s + DRIVER_GRACE_S:
-                self._ray.cancel(ref, force=True)
-                del self._refs[ref]
-                self.in_flight = [s for s, _ in self._refs.values()]
-                yield spec, failed_record(spec, f"the Ray task did not return within --timeout {self.timeout_s:g} s "
-                                          f"+ {DRIVER_GRACE_S:g} s and was cancelled by the driver", status="timeout",
-                                          node=node_fields("ray", node_id=None, lost=True))
+            if now - submitted > limit:
+                self._drop(ref)
+                yield spec, failed_record(spec, f"the Ray task did not return within {limit:g} s ((retries + 1) x "
+                                          f"(--timeout {self.timeout_s:g} s + {DRIVER_GRACE_S:g} s)) and was cancelled "
+                                          "by the driver", status="timeout", node=node_fields("ray", node_id=None, lost=True))
+
+    def _stranded(self) -> Iterator[tuple[Any, dict]]:
+        """Tasks that no live node can take (their node was lost and none like it is left): after
+        :data:`DRIVER_GRACE_S` (time for a node to come back), cancel and record them ``failed``
+        instead of waiting forever."""
+        from petlprof.runner import failed_record
+
+        nodes = [n.get("Resources", {}) for n in self._ray.nodes() if n.get("Alive")]
+        now = time.monotonic()
+        for ref, (spec, _) in list(self._refs.items()):
+            cpus, gpus = self.cpus_per_run * max(1, spec.nproc), self.gpus_for(spec)
+            if any(n.get("CPU", 0) >= cpus and n.get("GPU", 0) >= gpus for n in nodes):
+                self._unplaceable.pop(ref, None)
+                continue
+            since = self._unplaceable.setdefault(ref, now)
+            if now - since > DRIVER_GRACE_S:
+                self._drop(ref)
+                yield spec, failed_record(spec, f"no live node of the Ray cluster has the {cpus:g} CPU(s) and {gpus} "
+                                          f"GPU(s) this run needs (for {DRIVER_GRACE_S:g} s): the node(s) that had them "
+                                          "were lost", node=node_fields("ray", node_id=None, lost=True))
 
     def _record(self, ref, spec) -> dict:
         from petlprof.runner import failed_record
 
         try:
-            return self._ray.get(ref)
+            with _signals_surface():
+                return self._ray.get(ref)
+        except self._ray.exceptions.RayTaskError as exc:  # petlprof's task code raised on the node
+            text = " ".join(str(exc.cause if exc.cause is not None else exc).split())
+            return failed_record(spec, f"the Ray task raised on its node: {text[:500]}",
+                                 node=node_fields("ray", node_id=None))
         except self._ray.exceptions.RayError as exc:  # worker or node lost, task cancelled, ...
             text = " ".join(str(exc).split())
             tried = f" (tried {self.retries + 1} times)" if self.retries else ""
+            memory = isinstance(exc, self._ray.exceptions.OutOfMemoryError)  # Ray's memory monitor killed it
             return failed_record(spec, f"the Ray task was lost{tried}: {type(exc).__name__}: {text[:500]}",
-                                 node=node_fields("ray", node_id=None, lost=True))
+                                 status="oom" if memory else "failed", node=node_fields("ray", node_id=None, lost=True))
 
     def cancel(self) -> None:
         """Cancel the tasks in flight; ``force`` kills each task's worker, and the run's process
@@ -265,11 +309,24 @@ class RayExecutor:
             except Exception:  # an already finished task: nothing to cancel
                 pass
         self._refs.clear()
-        self.in_flight = []
+        self._unplaceable.clear()
 
     def close(self) -> None:
         if self._owns_ray and self._ray.is_initialized():
             self._ray.shutdown()
+
+
+@contextlib.contextmanager
+def _signals_surface():
+    """A signal handler that raises while Ray's C++ code checks for signals (the sweep's SIGTERM
+    handler, Ctrl-C) surfaces as a SystemError whose cause is the real exception: re-raise that, so
+    the sweep records the cancel."""
+    try:
+        yield
+    except SystemError as exc:
+        if isinstance(exc.__cause__, BaseException) and not isinstance(exc.__cause__, Exception):
+            raise exc.__cause__ from None
+        raise
 
 
 def make_executor(name: str, *, address: str | None = None, in_process: bool = False,

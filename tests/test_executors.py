@@ -54,8 +54,9 @@ def test_bad_executor_options_are_named(values, message):
 
 
 @pytest.mark.parametrize("device, nproc, gpus, expected", [
-    ("auto", 1, 0.0, "cpu"), ("auto", 1, 4.0, "cuda"), ("cuda", 2, 8.0, "cuda"),
+    ("auto", 1, 0.0, "cpu"), ("auto", 1, 4.0, "cuda"), ("cuda", 2, 8.0, "cuda"), ("cuda:0", 1, 1.0, "cuda"),
     ("cuda", 1, 0.0, "the Ray cluster has no GPU"), ("cuda:1", 2, 8.0, "names one GPU"),
+    ("cuda:3", 1, 8.0, "a Ray task sees only the GPUs Ray gives it"),
 ])
 def test_device_is_checked_against_the_cluster_not_the_driver(device, nproc, gpus, expected):
     if expected in ("cpu", "cuda"):
@@ -73,9 +74,67 @@ def test_ray_options_without_ray_installed_say_how_to_get_it(monkeypatch):
         make_executor("ray")
 
 
+def ray_sweep_cmd(out: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "petlprof.cli", "run", "--methods", "linear_probe", "--seeds", "0,1,2",
+            *TINY_CLI, "--max-steps", "20", "--executor", "ray", "--cpus-per-run", "2", "--output", str(out), *extra]
+
+
+def stored(out: Path) -> list[dict]:
+    path = out / "results.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def raylets() -> list[int]:
+    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _cmd(p).startswith(b"/")
+            and b"raylet" in _cmd(p).split(b"\0")[0]]
+
+
+def _cmd(entry: Path) -> bytes:
+    try:
+        return (entry / "cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT], ids=["SIGKILL", "SIGTERM", "SIGINT"])
+def test_a_killed_ray_driver_resumes_without_losing_or_repeating_a_run(tmp_path, sig):
+    """Three runs, one at a time (2 CPUs per run on a 2-CPU instance); the driver is killed once the
+    first is stored.  SIGTERM or Ctrl-C records the run in flight as ``cancelled`` and cancels its task;
+    SIGKILL leaves no record for it; either way the resume runs exactly the runs not stored ``ok``."""
+    out = tmp_path / "out"
+    before = set(raylets())
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    proc = subprocess.Popen(ray_sweep_cmd(out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    deadline = time.time() + 240
+    while time.time() < deadline and not any(r["status"] == "ok" for r in stored(out)):
+        assert proc.poll() is None, "the sweep ended before it could be killed"
+        time.sleep(0.2)
+    assert any(r["status"] == "ok" for r in stored(out)), "no run finished in time"
+    time.sleep(1.5)  # the driver submits the next run right after storing one; a run lasts several seconds
+    proc.send_signal(sig)
+    assert proc.wait(60) == {signal.SIGKILL: -9, signal.SIGTERM: 143, signal.SIGINT: 130}[sig]
+    first = stored(out)
+    done = [r["run_key"] for r in first if r["status"] == "ok"]
+    if sig != signal.SIGKILL:
+        assert [r["status"] for r in first if r["status"] != "ok"] == ["cancelled"] * (len(first) - len(done))
+        assert len(first) > len(done)  # the run in flight was recorded as cancelled
+    deadline = time.time() + 60
+    while time.time() < deadline and set(raylets()) - before:
+        time.sleep(0.5)
+    assert not set(raylets()) - before, "the killed driver left its Ray instance running"
+
+    resumed = subprocess.run(ray_sweep_cmd(out), capture_output=True, text=True, env=env, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"{len(done)} already in" in resumed.stderr
+    ok = [r["run_key"] for r in stored(out) if r["status"] == "ok"]
+    assert len(ok) == len(set(ok)) == 3 and set(done) <= set(ok)  # none lost, none repeated
+    assert all(r["node"]["executor"] == "ray" for r in stored(out) if r["status"] == "ok")
+
+
 @pytest.fixture(scope="module")
 def local_ray():
-    """One Ray instance for the module: 2 CPUs, no GPU, as on the CI machine."""
+    """One Ray instance for the tests below (the driver tests above start their own): 2 CPUs, no
+    GPU, as on the CI machine."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, log_to_driver=False)
     yield ray
@@ -111,7 +170,7 @@ def test_ray_records_are_the_local_records_apart_from_timings_and_node(local_ray
         assert local[key]["node"]["executor"] == "local"
         node = remote[key]["node"]
         assert node["executor"] == "ray" and node["node_id"] == ray.get_runtime_context().get_node_id()
-        assert node["cpus"] == 1 and node["gpu_ids"] == [] and node["omp_num_threads"] == "1"
+        assert node["cpus"] == 1 and node["gpu_ids"] == [] and node["omp_num_threads_per_rank"] == "1"
         assert remote[key]["train"]["energy_j"] > 0 and remote[key]["train"]["peak_memory_bytes"] > 0
 
 
@@ -122,6 +181,7 @@ def test_a_two_rank_run_is_one_ray_task_with_the_cpus_of_both_ranks(local_ray):
     [(_, record)] = list(RayExecutor(cpus_per_run=1).results([spec]))
     assert record["status"] == "ok", record.get("error")
     assert record["distributed"]["world_size"] == 2 and record["node"]["cpus"] == 2
+    assert record["node"]["omp_num_threads_per_rank"] == "1"  # 2 CPUs over 2 ranks, not 2 threads each
     ranks = record["distributed"]["ranks"]
     assert len(ranks) == 2 and record["train"]["energy_j"] == pytest.approx(sum(r["train"]["energy_j"] for r in ranks))
 
@@ -150,7 +210,7 @@ def kill_ray_worker_under_the_run(killed: list, timeout=120.0) -> None:
             if b"ray::" in Path(f"/proc/{parent}/cmdline").read_bytes():
                 time.sleep(2.0)  # let the run get going
                 os.kill(parent, signal.SIGKILL)
-                killed.append((parent, pid))
+                killed.append((parent, pid, time.time()))
                 return
         time.sleep(0.2)
 
@@ -173,68 +233,13 @@ def test_a_ray_worker_killed_mid_run_is_a_failed_record_or_one_retry(local_ray, 
         assert "the Ray task was lost" in record["error"] and "Worker" in record["error"], record["error"]
         assert record["node"] == {**record["node"], "executor": "ray", "lost": True}
         assert time.monotonic() - t0 < 120  # the driver did not wait for the 400 steps
-    else:
+    else:  # the retry started after the kill and finished
         assert record["node"]["executor"] == "ray" and record["train"]["steps"] > 0
-    worker, run = killed[0]
+        assert record["node"]["task_started_unix"] > killed[0][2]
+    worker, run, _ = killed[0]
     time.sleep(1.0)
     assert not Path(f"/proc/{run}").exists() or b"Z" in Path(f"/proc/{run}/stat").read_bytes().split()[2]
     # the run's process died with its Ray worker (PR_SET_PDEATHSIG)
-
-
-def ray_sweep_cmd(out: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "petlprof.cli", "run", "--methods", "linear_probe,bitfit", "--seeds", "0,1",
-            *TINY_CLI, "--max-steps", "20", "--executor", "ray", "--cpus-per-run", "2", "--output", str(out), *extra]
-
-
-def stored(out: Path) -> list[dict]:
-    path = out / "results.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
-def raylets() -> list[int]:
-    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _cmd(p).startswith(b"/")
-            and b"raylet" in _cmd(p).split(b"\0")[0]]
-
-
-def _cmd(entry: Path) -> bytes:
-    try:
-        return (entry / "cmdline").read_bytes()
-    except OSError:
-        return b""
-
-
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT], ids=["SIGKILL", "SIGTERM", "SIGINT"])
-def test_a_killed_ray_driver_resumes_without_losing_or_repeating_a_run(tmp_path, sig):
-    """Four runs, one at a time (2 CPUs per run on a 2-CPU instance); the driver is killed once the
-    first is stored.  SIGTERM or Ctrl-C records the run in flight as ``cancelled`` and cancels its task;
-    SIGKILL leaves no record for it; either way the resume runs exactly the runs not stored ``ok``."""
-    out = tmp_path / "out"
-    before = set(raylets())
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-    proc = subprocess.Popen(ray_sweep_cmd(out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    deadline = time.time() + 240
-    while time.time() < deadline and not any(r["status"] == "ok" for r in stored(out)):
-        assert proc.poll() is None, "the sweep ended before it could be killed"
-        time.sleep(0.2)
-    assert any(r["status"] == "ok" for r in stored(out)), "no run finished in time"
-    proc.send_signal(sig)
-    assert proc.wait(60) == {signal.SIGKILL: -9, signal.SIGTERM: 143, signal.SIGINT: 130}[sig]
-    first = stored(out)
-    done = [r["run_key"] for r in first if r["status"] == "ok"]
-    if sig != signal.SIGKILL:
-        assert [r["status"] for r in first if r["status"] != "ok"] == ["cancelled"] * (len(first) - len(done))
-        assert len(first) > len(done)  # the run in flight was recorded as cancelled
-    deadline = time.time() + 60
-    while time.time() < deadline and set(raylets()) - before:
-        time.sleep(0.5)
-    assert not set(raylets()) - before, "the killed driver left its Ray instance running"
-
-    resumed = subprocess.run(ray_sweep_cmd(out), capture_output=True, text=True, env=env, timeout=600)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"{len(done)} already in" in resumed.stderr
-    ok = [r["run_key"] for r in stored(out) if r["status"] == "ok"]
-    assert len(ok) == len(set(ok)) == 4 and set(done) <= set(ok)  # none lost, none repeated
-    assert all(r["node"]["executor"] == "ray" for r in stored(out) if r["status"] == "ok")
 
 
 def test_local_executor_is_what_petlprof_run_uses_by_default(tmp_path):
