@@ -439,6 +439,7 @@ def test_time_to_target_columns_appear_for_budgeted_runs():
     (-0.95, 0.2, "matthews_correlation", 0.05, 0.2),
     (0.50, None, "accuracy", 0.0, 0.0),          # one seed: no bar
     (5.0, 2.0, "unbounded_metric", 2.0, 2.0),
+    (120.0, 300.0, "cost", 120.0, 300.0),         # an energy interval stops at 0 J
 ])
 def test_error_bars_stay_inside_the_metric_range(y, half, metric, below, above):
     from petlprof.report.plots import _bounded_ci

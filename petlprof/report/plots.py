@@ -121,11 +121,14 @@ def _ci(value: Any, factor: float) -> float:
     return 0.0 if value is None or math.isnan(value) else float(value) * factor
 
 
+COST = "cost"  # energy, memory, time and parameter counts are never negative
+
+
 def _bounded_ci(y: float, half_width: Any, metric: str) -> Any:
-    """The interval y ± half_width cut to the metric's range (accuracy cannot pass 1 however few the
-    seeds), as matplotlib's [[below], [above]]."""
+    """The interval y ± half_width cut to the metric's range (accuracy cannot pass 1, nor energy fall
+    below 0, however few the seeds), as matplotlib's [[below], [above]]."""
     half = _ci(half_width, 1.0)
-    low, high = METRIC_RANGES.get(metric, (-math.inf, math.inf))
+    low, high = (0.0, math.inf) if metric == COST else METRIC_RANGES.get(metric, (-math.inf, math.inf))
     return [[max(min(half, y - low), 0.0)], [max(min(half, high - y), 0.0)]]
 
 
@@ -191,7 +194,8 @@ def draw(configs: pd.DataFrame, y: str, metric: str, axis: CostAxis, xlabel: str
             ax.plot(xs, ys, "-", color=colour, alpha=0.55, linewidth=1.2, zorder=1)
         for (_, row), x, y in zip(rows.iterrows(), xs, ys):
             hollow = mixed and row.get(axis.kind_column) == "estimated"
-            ax.errorbar(x, y, xerr=_ci(row.get(x_ci), axis.factor), yerr=_bounded_ci(y, row.get(f"{y_col}_ci95"), metric),
+            ax.errorbar(x, y, xerr=_bounded_ci(x, _ci(row.get(x_ci), axis.factor), COST),
+                        yerr=_bounded_ci(y, row.get(f"{y_col}_ci95"), metric),
                         fmt=marker, color=colour, markersize=7, capsize=3, elinewidth=1, zorder=2,
                         markerfacecolor="none" if hollow else colour)
             note = point_label(row)
