@@ -186,6 +186,23 @@ def test_a_two_rank_run_is_one_ray_task_with_the_cpus_of_both_ranks(local_ray):
     assert len(ranks) == 2 and record["train"]["energy_j"] == pytest.approx(sum(r["train"]["energy_j"] for r in ranks))
 
 
+def test_a_run_no_live_node_can_take_is_failed_not_waited_for(local_ray, monkeypatch):
+    """The state a lost GPU node leaves: a CUDA run's task pending on a cluster with no GPU left.
+    After the grace period the driver cancels it and records why, instead of waiting forever."""
+    import petlprof.executors as executors
+
+    monkeypatch.setattr(executors, "DRIVER_GRACE_S", 0.5)
+    executor = executors.RayExecutor()
+    spec = RunSpec(method="bitfit", seed=0, max_steps=3, **{**TINY, "device": "cuda"})
+    executor._submit(spec)  # past check_fits, as when the node is lost after the sweep began
+    assert executor.in_flight == [spec] and not list(executor._stranded())  # first seen: grace starts
+    time.sleep(1.0)
+    [(stranded, record)] = list(executor._stranded())
+    assert stranded is spec and record["status"] == "failed" and executor.in_flight == []
+    assert "no live node of the Ray cluster has the 1 CPU(s) and 1 GPU(s)" in record["error"]
+    assert record["node"]["lost"] is True
+
+
 def run_processes() -> dict[int, int]:
     """pid -> parent pid of every ``petlprof.worker`` process on this machine."""
     found = {}
