@@ -62,11 +62,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--executor", help="where runs execute: local (default: one after the other on this machine, "
                      "a fresh process each) or ray (each run a Ray task on a cluster; pip install 'petlprof[ray]')")
     run.add_argument("--address", help="--executor ray: the cluster to join, e.g. auto or ray://head:10001 "
-                     "(default: start a Ray instance on this machine)")
+                     "(default: RAY_ADDRESS, or a cluster `ray start` began on this machine, else a new local instance)")
     run.add_argument("--retries", type=int, help="--executor ray: times a run whose worker or node was lost is "
                      "retried before it is recorded 'failed' (default 0)")
     run.add_argument("--cpus-per-run", type=float, help="--executor ray: CPUs each run's task asks for, per rank "
-                     "(default 1; Ray sets OMP_NUM_THREADS to it)")
+                     "(default 1; each rank's OMP_NUM_THREADS is set to it)")
     run.add_argument("--nproc-per-run", type=int, help="data-parallel ranks of each run (torchrun semantics: one "
                      "process per rank, one GPU each on CUDA; --batch-size stays the global batch). Default 1")
     run.add_argument("--cache-hidden-states", action="store_true", default=None,

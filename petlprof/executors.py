@@ -183,16 +183,24 @@ class RayExecutor:
             return "idle power is measured by each Ray task on its own GPUs for 2 s before its run"
         return "no idle baseline: a Ray node's CPU package is shared by its tasks (gross energy only)"
 
+    def needs(self, spec) -> tuple[float, int]:
+        """(CPUs, GPUs) the run's task asks for: ``--cpus-per-run`` and, on CUDA, one GPU per rank."""
+        ranks = max(1, spec.nproc)
+        return self.cpus_per_run * ranks, ranks if spec.device.startswith("cuda") else 0
+
+    def _live_nodes(self) -> list[dict]:
+        return [n.get("Resources", {}) for n in self._ray.nodes() if n.get("Alive")]
+
     @staticmethod
-    def gpus_for(spec) -> int:
-        return max(1, spec.nproc) if spec.device.startswith("cuda") else 0
+    def _fits_somewhere(nodes: list[dict], cpus: float, gpus: int) -> bool:
+        return any(n.get("CPU", 0) >= cpus and n.get("GPU", 0) >= gpus for n in nodes)
 
     def check_fits(self, specs: list) -> None:
         """A run that asks for more than any one node has would wait forever: refuse it up front."""
-        nodes = [n.get("Resources", {}) for n in self._ray.nodes() if n.get("Alive")]
+        nodes = self._live_nodes()
         for spec in specs:
-            cpus, gpus = self.cpus_per_run * max(1, spec.nproc), self.gpus_for(spec)
-            if not any(n.get("CPU", 0) >= cpus and n.get("GPU", 0) >= gpus for n in nodes):
+            cpus, gpus = self.needs(spec)
+            if not self._fits_somewhere(nodes, cpus, gpus):
                 largest = max(((n.get("CPU", 0), n.get("GPU", 0)) for n in nodes), default=(0, 0))
                 raise UsageError(f"run '{spec.method}' (seed {spec.seed}) needs {cpus:g} CPU(s) and {gpus} GPU(s) "
                                  f"on one node; the largest node of the Ray cluster has {largest[0]:g} CPU(s) and "
@@ -201,17 +209,17 @@ class RayExecutor:
     def _capacity(self, specs: list) -> int:
         """Runs that fit side by side, node by node: a task waiting in Ray's queue would otherwise
         count as started (progress, ``in_flight``, the driver's timeout)."""
-        cpus = max(self.cpus_per_run * max(1, s.nproc) for s in specs)
-        gpus = max(self.gpus_for(s) for s in specs)
+        cpus = max(self.needs(s)[0] for s in specs)
+        gpus = max(self.needs(s)[1] for s in specs)
         fits = 0
-        for node in (n.get("Resources", {}) for n in self._ray.nodes() if n.get("Alive")):
+        for node in self._live_nodes():
             by_gpu = int(node.get("GPU", 0) // gpus) if gpus else len(specs)
             fits += min(int(node.get("CPU", 0) // cpus), by_gpu)
         return max(1, fits)
 
     def _submit(self, spec) -> None:
-        cpus = self.cpus_per_run * max(1, spec.nproc)
-        task = self._task.options(num_cpus=cpus, num_gpus=self.gpus_for(spec), max_retries=self.retries,
+        cpus, gpus = self.needs(spec)
+        task = self._task.options(num_cpus=cpus, num_gpus=gpus, max_retries=self.retries,
                                   retry_exceptions=False, name=f"petlprof:{spec.method}:{spec.run_key}")
         ref = task.remote(spec.to_dict(), self.timeout_s, self.max_memory_bytes, cpus)
         self._refs[ref] = (spec, time.monotonic())
@@ -269,11 +277,11 @@ class RayExecutor:
         instead of waiting forever."""
         from petlprof.runner import failed_record
 
-        nodes = [n.get("Resources", {}) for n in self._ray.nodes() if n.get("Alive")]
+        nodes = self._live_nodes()
         now = time.monotonic()
         for ref, (spec, _) in list(self._refs.items()):
-            cpus, gpus = self.cpus_per_run * max(1, spec.nproc), self.gpus_for(spec)
-            if any(n.get("CPU", 0) >= cpus and n.get("GPU", 0) >= gpus for n in nodes):
+            cpus, gpus = self.needs(spec)
+            if self._fits_somewhere(nodes, cpus, gpus):
                 self._unplaceable.pop(ref, None)
                 continue
             since = self._unplaceable.setdefault(ref, now)
