@@ -17,6 +17,7 @@ a tolerance per figure; ``petlprof.pytest_plugin`` exposes all this to a user's 
 from __future__ import annotations
 
 import json
+import random
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -125,19 +126,35 @@ class MethodStep:
         return total
 
 
-def time_alternating(functions: dict[str, Callable[[], None]], rounds: int = 10,
-                     warmup: int = 2) -> dict[str, float]:
-    """Median seconds per call of each function, called in alternation so drift hits all alike."""
+def time_rounds(functions: dict[str, Callable[[], None]], rounds: int = 10,
+                warmup: int = 2) -> dict[str, list[float]]:
+    """Seconds of each call of each function, called once per round so that drift in the machine's
+    speed hits all alike, in a new (seeded) order each round so that none always runs after the same
+    one; index ``i`` of every list is round ``i``."""
     for _ in range(warmup):
         for fn in functions.values():
             fn()
     samples: dict[str, list[float]] = {name: [] for name in functions}
+    order = random.Random(0)
     for _ in range(rounds):
-        for name, fn in functions.items():
+        for name in order.sample(list(functions), len(functions)):
+            fn = functions[name]
             t0 = time.perf_counter()
             fn()
             samples[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(values) for name, values in samples.items()}
+    return samples
+
+
+def time_alternating(functions: dict[str, Callable[[], None]], rounds: int = 10,
+                     warmup: int = 2) -> dict[str, float]:
+    """Median seconds per call of each function, timed by :func:`time_rounds`."""
+    return {name: statistics.median(values) for name, values in time_rounds(functions, rounds, warmup).items()}
+
+
+def paired_ratio(samples: dict[str, list[float]], name: str, reference: str) -> float:
+    """Median over rounds of ``name``'s time over ``reference``'s time in the same round: a slow
+    stretch of a shared machine falls on both sides of each ratio instead of on one median."""
+    return statistics.median(a / b for a, b in zip(samples[name], samples[reference], strict=True))
 
 
 class Baseline:

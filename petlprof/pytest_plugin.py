@@ -67,11 +67,11 @@ class PetlprofBench:
     def check_ratio(self, method: str, reference: str = "full", backbone: str = "tiny-bert", rounds: int = 10,
                     rtol: float | None = None, **kwargs) -> float:
         """Time one training step of ``method`` and of ``reference`` in alternation; check the ratio."""
-        from petlprof.bench import MethodStep, time_alternating
+        from petlprof.bench import MethodStep, paired_ratio, time_rounds
 
         steps = {name: MethodStep(name, backbone, **kwargs) for name in (method, reference)}
-        times = time_alternating({name: step.train_step for name, step in steps.items()}, rounds=rounds)
-        ratio = times[method] / times[reference]
+        samples = time_rounds({name: step.train_step for name, step in steps.items()}, rounds=rounds)
+        ratio = paired_ratio(samples, method, reference)
         self._compare(f"{method}/{reference}/{backbone}/step_time_ratio", ratio, rtol, RATIO_RTOL)
         self._raise_failures()
         return ratio

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from petlprof.bench import Baseline, MethodStep
+from petlprof.bench import Baseline, MethodStep, paired_ratio, time_rounds
 
 pytest_plugins = ["pytester"]
 
@@ -28,6 +28,25 @@ def test_missing_entries_never_fail_and_save_round_trips(tmp_path):
     baseline.record("b", 2, 0.1)
     baseline.save()
     assert json.loads((tmp_path / "nope" / "b.json").read_text()) == {"figures": {"b": {"value": 2, "rtol": 0.1}}}
+
+
+def test_rounds_vary_the_order_and_keep_rounds_aligned():
+    calls: list[str] = []
+    samples = time_rounds({name: (lambda name=name: calls.append(name)) for name in "abc"}, rounds=6, warmup=1)
+    assert calls[:3] == list("abc") and len(calls) == 3 + 6 * 3
+    rounds = [calls[3 + 3 * i: 6 + 3 * i] for i in range(6)]
+    assert all(sorted(r) == list("abc") for r in rounds)  # every function once per round
+    assert len({tuple(r) for r in rounds}) > 1  # not always the same order
+    assert {name: len(values) for name, values in samples.items()} == {"a": 6, "b": 6, "c": 6}
+
+
+def test_paired_ratio_compares_within_rounds():
+    # the machine slows down tenfold during round 3, after x ran: the ratio of the two medians
+    # (1 / 20) would set x's fast rounds against ref's slow ones
+    samples = {"x": [1, 1, 1, 10, 10], "ref": [2, 2, 20, 20, 20]}
+    assert paired_ratio(samples, "x", "ref") == 0.5
+    with pytest.raises(ValueError):
+        paired_ratio({"x": [1, 2], "ref": [1]}, "x", "ref")
 
 
 def test_read_saves_far_fewer_activations_than_full():

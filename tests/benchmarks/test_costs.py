@@ -8,14 +8,10 @@ Refresh the baseline: ``pytest tests/benchmarks --petlprof-update-baseline``.
 
 from __future__ import annotations
 
-import statistics
-import time
-
 import pytest
 
-from petlprof.bench import MethodStep, time_alternating
+from petlprof.bench import MethodStep
 from petlprof.meters import Window, energy_meter_for, memory_meter_for
-from petlprof.meters.memory import release_free_memory
 from petlprof.registry import method_names
 
 METHODS = method_names()
@@ -63,37 +59,6 @@ def test_read_step_time_ratio_to_full(petlprof_bench, record_property):
     ratio = petlprof_bench.check_ratio("read", "full", backbone="minilm", rounds=8, **real)
     record_property("read/full step time", ratio)
     assert ratio < 1.0, f"READ's step is not cheaper than full fine-tuning's: {ratio:.2f}x"
-
-
-def test_meter_overhead(petlprof_bench, record_property):
-    """Time inside a 3-step training window with the energy and memory meters on, against off.
-
-    The meters' preparation (garbage collection, returning freed memory to the OS, resetting the
-    RSS peak) runs before the window opens; it is recorded here but is not part of any figure.
-    """
-    step = MethodStep("full", **REAL)
-    inside: dict[str, list[float]] = {"on": [], "off": []}
-    prepare_s = []
-
-    def phase(mode: str):
-        def run():
-            meters = [energy_meter_for(step.device), memory_meter_for(step.device)] if mode == "on" else []
-            release_free_memory()  # both modes start from the same heap: the comparison is of the meters alone
-            window = Window(meters, step.device)
-            t0 = time.perf_counter()
-            with window:
-                for _ in range(3):
-                    step.train_step()
-            inside[mode].append(window.time_s)
-            if mode == "on":
-                prepare_s.append(time.perf_counter() - t0 - window.time_s)
-        return run
-
-    time_alternating({"on": phase("on"), "off": phase("off")}, rounds=4, warmup=1)
-    ratio = statistics.median(inside["on"]) / statistics.median(inside["off"])
-    record_property("meters on/off (time inside the window)", ratio)
-    record_property("meter preparation before the window (s)", statistics.median(prepare_s))
-    petlprof_bench.check_value("meters/on_over_off/window_time_ratio", ratio, rtol=0.25)
 
 
 def test_read_side_network_step(benchmark):
