@@ -133,54 +133,63 @@ def cmd_run(args: argparse.Namespace) -> int:
     out_dir = Path(options.output) if options.output else default_output_dir()
     max_memory = parse_bytes(options.max_memory)
 
+    from petlprof.config import preflight, resolve_device
     from petlprof.executors import make_executor
+    from petlprof.store import StoreLock, check_writable
 
-    # made first: a Ray driver may have no GPU of its own, so the device is checked against the cluster's
-    executor = make_executor(options.executor, address=options.address, in_process=options.in_process,
-                             timeout_s=options.timeout, max_memory_bytes=max_memory, retries=options.retries,
-                             cpus_per_run=options.cpus_per_run)
-    try:
-        return _run_sweep(options, executor, out_dir)
-    finally:
-        executor.close()
+    # every check of the input and the output folder before an executor starts: a bad data path or
+    # a folder another sweep holds is one error line, not a Ray start-up followed by one
+    local = options.executor == "local"
+    preflight(options, meters_here=local)
+    if local:  # checked here too, so a bad --device leaves no output folder behind (a cluster's needs Ray)
+        resolve_device(options.device, options.nproc_per_run, memory_snapshot=options.memory_snapshot)
+    check_writable(out_dir)
+    with StoreLock(out_dir) as lock:
+        if lock.taken_over is not None:
+            print(f"petlprof: took over the lock of a petlprof run that is gone ({lock.taken_over})", file=sys.stderr)
+        executor = make_executor(options.executor, address=options.address, in_process=options.in_process,
+                                 timeout_s=options.timeout, max_memory_bytes=max_memory, retries=options.retries,
+                                 cpus_per_run=options.cpus_per_run)
+        try:
+            return _run_sweep(options, executor, out_dir)
+        finally:
+            executor.close()
 
 
 def _run_sweep(options, executor, out_dir: Path) -> int:
-    from petlprof.config import expand, preflight, resolve_device
-    from petlprof.store import RESULTS_FILE, StoreLock, check_writable, finished_keys
+    """The sweep, with ``out_dir`` locked: the device (a Ray driver may have no GPU of its own, so it
+    is checked against the cluster's), the runs not yet recorded, each run's record as it finishes."""
+    from petlprof.config import expand, resolve_device
+    from petlprof.store import RESULTS_FILE, finished_keys
 
-    device = resolve_device(options.device, options.nproc_per_run, executor.cluster_gpus())
-    preflight(options, device, meters_here=executor.name == "local")
+    device = resolve_device(options.device, options.nproc_per_run, executor.cluster_gpus(),
+                            memory_snapshot=options.memory_snapshot)
     specs = expand(options, device)
     for spec in specs:  # a cache that outgrows its budget spills next to the results
         spec.cache_dir = str(out_dir / "cache") if spec.cache_hidden_states else None
         spec.memory_snapshot_dir = str(out_dir / "memory-snapshots") if options.memory_snapshot else None
-    check_writable(out_dir)
     store = out_dir / RESULTS_FILE
-    with StoreLock(out_dir) as lock:
-        if lock.taken_over is not None:
-            print(f"petlprof: took over the lock of a petlprof run that is gone ({lock.taken_over})", file=sys.stderr)
-        done = finished_keys(store)
-        todo = [s for s in specs if s.run_key not in done]
-        print(f"petlprof: {len(specs)} run(s) on {device}; {len(specs) - len(todo)} already in {store}; "
-              f"writing to {out_dir}; runs execute on {executor.describe()}", file=sys.stderr)
-        if todo:  # idle power before the first run, for each run's energy above idle
-            print(f"petlprof: {executor.prepare_idle(device, options.energy_meter)}", file=sys.stderr)
-        in_main = threading.current_thread() is threading.main_thread()
-        previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main else None
-        try:
-            failed = _sweep(todo, store, executor, done=len(specs) - len(todo), total=len(specs))
-        except StoreWriteError:
-            return 1
-        except (KeyboardInterrupt, Terminated) as exc:
-            code = 130 if isinstance(exc, KeyboardInterrupt) else 143
-            print(f"\npetlprof: interrupted; finished runs are in {store}. Resume with the same command "
-                  f"(with --output {out_dir}): recorded runs are skipped.", file=sys.stderr)
-            return code
-        finally:
-            if in_main:
-                signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
-        _finish(store, out_dir)
+    done = finished_keys(store)
+    todo = [s for s in specs if s.run_key not in done]
+    print(f"petlprof: {len(specs)} run(s) on {device}; {len(specs) - len(todo)} already in {store}; "
+          f"writing to {out_dir}; runs execute on {executor.describe()}", file=sys.stderr)
+    if todo:  # idle power before the first run, for each run's energy above idle
+        print(f"petlprof: {executor.prepare_idle(device, options.energy_meter)}", file=sys.stderr)
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main else None
+    try:
+        failed = _sweep(todo, store, executor, done=len(specs) - len(todo), total=len(specs))
+    except StoreWriteError:
+        return 1
+    except (KeyboardInterrupt, Terminated) as exc:
+        code = 130 if isinstance(exc, KeyboardInterrupt) else 143
+        print(f"\npetlprof: interrupted; finished runs are in {store}. Resume with the same command "
+              f"(with --output {out_dir}): recorded runs are skipped.", file=sys.stderr)
+        return code
+    finally:
+        if in_main:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+    _finish(store, out_dir)
     return 1 if failed else 0
 
 

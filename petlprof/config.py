@@ -356,9 +356,18 @@ def parse_bytes(value: str | int | None, option: str = "--max-memory") -> int | 
     return int(float(match.group(1)) * _UNITS[unit])
 
 
-def resolve_device(device: str, nproc: int = 1, cluster_gpus: float | None = None) -> str:
+def resolve_device(device: str, nproc: int = 1, cluster_gpus: float | None = None,
+                   memory_snapshot: bool = False) -> str:
     """``auto``/``cuda``/``cuda:N`` checked against the GPUs torch sees here, or, for runs on a Ray
-    cluster (``cluster_gpus``: the cluster's GPU count), against the cluster's."""
+    cluster (``cluster_gpus``: the cluster's GPU count), against the cluster's; ``memory_snapshot``
+    (of the CUDA allocator) needs the runs on CUDA."""
+    resolved = _resolve_device(device, nproc, cluster_gpus)
+    if memory_snapshot and not resolved.startswith("cuda"):
+        raise UsageError(f"--memory-snapshot records the CUDA allocator; the runs are on {resolved}")
+    return resolved
+
+
+def _resolve_device(device: str, nproc: int, cluster_gpus: float | None) -> str:
     if nproc > 1 and device.startswith("cuda:"):
         raise UsageError(f"--device {device} names one GPU; a run of --nproc-per-run {nproc} ranks puts rank i on "
                          "cuda:i of the GPUs it is given: use --device cuda (and CUDA_VISIBLE_DEVICES)")
@@ -389,11 +398,11 @@ def resolve_device(device: str, nproc: int = 1, cluster_gpus: float | None = Non
     return device
 
 
-def preflight(options: RunOptions, device: str, meters_here: bool = True) -> None:
+def preflight(options: RunOptions, meters_here: bool = True) -> None:
     """Checks that need the libraries (a named meter, a hub backbone, the data itself), run once in
-    the parent before any run starts, so a bad value is one error line and nothing is written.
-    ``meters_here``: the runs measure on this machine (not on a cluster's nodes), so a named energy
-    meter must work here."""
+    the parent before any run or executor starts, so a bad value is one error line and nothing is
+    written.  ``meters_here``: the runs measure on this machine (not on a cluster's nodes), so a
+    named energy meter must work here."""
     from petlprof.backbones import backbone_width
     from petlprof.meters import check_energy_meter
     from petlprof.registry import get_method
@@ -401,8 +410,6 @@ def preflight(options: RunOptions, device: str, meters_here: bool = True) -> Non
 
     if meters_here:
         check_energy_meter(options.energy_meter)
-    if options.memory_snapshot and not device.startswith("cuda"):
-        raise UsageError(f"--memory-snapshot records the CUDA allocator; the runs are on {device}")
     for spec in options.backbone:
         width = backbone_width(spec)  # loads the config of a folder or hub id: a bad one fails here
         for method in options.methods:

@@ -74,6 +74,36 @@ def test_ray_options_without_ray_installed_say_how_to_get_it(monkeypatch):
         make_executor("ray")
 
 
+@pytest.mark.parametrize("problem", ["data", "lock", "device"])
+def test_bad_input_fails_before_any_executor_starts(tmp_path, monkeypatch, capsys, problem):
+    """A bad data path or a held output folder costs no Ray start-up (seconds on a cluster), and a
+    bad device leaves no output folder behind."""
+    from petlprof import executors
+    from petlprof.store import StoreLock
+
+    made = []
+    monkeypatch.setattr(executors, "make_executor", lambda *a, **k: made.append(a) or pytest.fail("executor made"))
+    out = tmp_path / "out"
+    args = ["run", "--methods", "linear_probe", *TINY_CLI, "--output", str(out)]
+    if problem == "data":
+        args += ["--executor", "ray", "--data-dir", str(tmp_path / "no-such-folder")]
+    if problem == "device":
+        args += ["--device", "cuda:7"]
+    if problem == "lock":
+        out.mkdir()
+        holder = StoreLock(out).__enter__()
+        args += ["--executor", "ray"]
+    try:
+        assert main(args) == 2
+    finally:
+        if problem == "lock":
+            holder.__exit__(None, None, None)
+    error = capsys.readouterr().err
+    assert made == [] and error.startswith("petlprof: error:"), error
+    assert {"data": "no-such-folder", "lock": "another petlprof run", "device": "cuda:7"}[problem] in error
+    assert out.exists() == (problem == "lock")
+
+
 def ray_sweep_cmd(out: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "petlprof.cli", "run", "--methods", "linear_probe", "--seeds", "0,1,2",
             *TINY_CLI, "--max-steps", "20", "--executor", "ray", "--cpus-per-run", "2", "--output", str(out), *extra]

@@ -439,10 +439,13 @@ def test_measurement_options_reach_the_runs_without_changing_their_identity():
 
 
 def test_memory_snapshot_needs_cuda():
-    from petlprof.config import build_options, preflight
+    from petlprof.config import resolve_device
 
+    with pytest.raises(UsageError, match="--memory-snapshot records the CUDA allocator; the runs are on cpu"):
+        resolve_device("cpu", memory_snapshot=True)
     with pytest.raises(UsageError, match="--memory-snapshot records the CUDA allocator"):
-        preflight(build_options({}, {"methods": "bitfit", "memory_snapshot": True}), "cpu")
+        resolve_device("auto", cluster_gpus=0, memory_snapshot=True)
+    assert resolve_device("auto", cluster_gpus=2, memory_snapshot=True) == "cuda"
 
 
 def test_petlprof_meters_shows_each_meter_and_why(capsys):
