@@ -298,7 +298,8 @@ class RayExecutor:
             with _signals_surface():
                 return self._ray.get(ref)
         except self._ray.exceptions.RayTaskError as exc:  # petlprof's task code raised on the node
-            text = " ".join(str(exc.cause if exc.cause is not None else exc).split())
+            cause = exc.cause if exc.cause is not None else exc
+            text = f"{type(cause).__name__}: {' '.join(str(cause).split())}"
             return failed_record(spec, f"the Ray task raised on its node: {text[:500]}",
                                  node=node_fields("ray", node_id=None))
         except self._ray.exceptions.RayError as exc:  # worker or node lost, task cancelled, ...

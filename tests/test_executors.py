@@ -233,6 +233,33 @@ def test_a_run_no_live_node_can_take_is_failed_not_waited_for(local_ray, monkeyp
     assert record["node"]["lost"] is True
 
 
+@pytest.mark.parametrize("behaviour, status, message", [
+    ("hang", "timeout", "the Ray task did not return within 1 s ((retries + 1) x (--timeout 0.5 s + 0.5 s)) "
+                       "and was cancelled by the driver"),
+    ("raise", "failed", "the Ray task raised on its node: ValueError: the run's code broke on the node"),
+], ids=["hung task", "task raises"])
+def test_a_task_that_hangs_or_raises_becomes_a_record_naming_why(local_ray, monkeypatch, behaviour, status, message):
+    """A task its node did not stop (hung, or its node lost without Ray noticing) is cancelled once
+    past the driver's limit; an exception in the task's own code is a failed record, not a crash of
+    the sweep.  (The task body is swapped for one that misbehaves: the run code has its own tests.)"""
+    import petlprof.executors as executors
+
+    def misbehave(*args):  # defined here so Ray ships it by value: the workers cannot import tests/
+        if behaviour == "hang":
+            time.sleep(600)
+        raise ValueError("the run's code broke on the node")
+
+    monkeypatch.setattr(executors, "DRIVER_GRACE_S", 0.5)
+    executor = executors.RayExecutor(timeout_s=0.5)
+    executor._task = local_ray.remote(misbehave)
+    spec = RunSpec(method="bitfit", seed=0, max_steps=3, **TINY)
+    t0 = time.monotonic()
+    [(done, record)] = list(executor.results([spec]))
+    assert done is spec and record["status"] == status and message in record["error"], record["error"]
+    assert record["run_key"] == spec.run_key and executor.in_flight == []
+    assert time.monotonic() - t0 < 60  # the driver's next check after the limit, not the hung task's 600 s
+
+
 def run_processes() -> dict[int, int]:
     """pid -> parent pid of every ``petlprof.worker`` process on this machine."""
     found = {}
