@@ -78,22 +78,21 @@ class Budget:
 
 def slice_scorer(task, batches, metric: str, device: str) -> Callable[[Any], float]:
     """A function scoring a model's predictions on ``batches`` (a held-out slice) with ``metric``;
-    the model is put back in training mode afterwards."""
+    the model is put back in training mode afterwards.  Unlike the evaluation phase it opens no
+    meter window and shows no progress bar: its time is the budget's ``check_time_s``."""
     import torch
+
+    from petlprof.train import predict
 
     def score(model) -> float:
         model.eval()
         preds, golds = [], []
         with torch.no_grad():
             for inputs, labels in batches.iterate(device):
-                logits = model(**inputs)
-                preds.append(logits.squeeze(-1) if logits.shape[-1] == 1 else logits.argmax(-1))
+                preds.append(predict(model(**inputs)))
                 golds.append(labels)
         model.train()
-        p, g = torch.cat(preds).float().cpu().numpy(), torch.cat(golds).float().cpu().numpy()
-        if not task.is_regression:
-            p, g = p.astype(int), g.astype(int)
-        return task.compute_metrics(p, g)[metric]
+        return task.compute_metrics(torch.cat(preds).float().cpu().numpy(), torch.cat(golds).float().cpu().numpy())[metric]
 
     return score
 

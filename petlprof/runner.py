@@ -343,8 +343,6 @@ def _execute(spec: RunSpec, max_memory_bytes: int | None, ranks=None) -> dict[st
         inference_phase["measured_on"] = f"rank 0 alone ({spec.device}): a per-device figure"
         if merged is not None:
             merged["measured_on"] = f"rank 0 alone ({spec.device}), the whole evaluation split: a per-device figure"
-    if not task.is_regression:
-        preds, golds = preds.astype(int), golds.astype(int)
     defaults = dataclasses.asdict(method.config_cls())
     config = dataclasses.asdict(method_config)
     return {

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from petlprof import metrics
 from petlprof.errors import UsageError, unknown_choice
 
@@ -71,7 +73,10 @@ class TaskData:
         return self.num_labels == 1
 
     def compute_metrics(self, predictions, labels) -> dict[str, float]:
-        """Score predicted class ids (floats for regression) against the true labels."""
+        """Score predicted class ids (floats for regression) against the true labels; class ids
+        may come as floats (as a float tensor gathered from the model holds them)."""
+        if not self.is_regression:
+            predictions, labels = np.asarray(predictions).astype(int), np.asarray(labels).astype(int)
         return metrics.compute(self.metric_names, predictions, labels)
 
 

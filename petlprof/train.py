@@ -183,6 +183,11 @@ def train(model, batches: Batches, *, epochs: int, max_steps: int | None, lr: fl
     return summary
 
 
+def predict(logits: torch.Tensor) -> torch.Tensor:
+    """The prediction of a task head: the class id, or the value of a one-output regression head."""
+    return logits.squeeze(-1) if logits.shape[-1] == 1 else logits.argmax(-1)
+
+
 def _as_array(tensors: list[torch.Tensor]) -> np.ndarray:
     return torch.cat(tensors).float().cpu().numpy() if tensors else np.zeros(0, dtype=np.float32)
 
@@ -211,7 +216,7 @@ def evaluate(model, batches: Batches, *, device: str, meters: list, warmup_steps
         timer.stop(keep=step >= warmup)
         if step >= warmup:
             samples += len(labels)
-        preds.append(logits.squeeze(-1) if logits.shape[-1] == 1 else logits.argmax(-1))
+        preds.append(predict(logits))
         golds.append(labels)
         positions.append(idx)
     window.__exit__(None, None, None)
