@@ -17,8 +17,14 @@ from petlprof import __version__
 from petlprof.errors import UsageError
 
 
-def _positive_or_none(text: str):
-    return None if text.lower() in ("none", "all") else int(text)
+def _size_or_all(text: str):
+    """A number of examples, or ``all`` (kept as the word, so that it is not mistaken for "not given")."""
+    if text.lower() in ("all", "none"):
+        return "all"
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of examples or 'all', got {text!r}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,8 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seeds", help="comma list of seeds (default 0)")
     run.add_argument("--epochs", type=int, help="training epochs (default 1)")
     run.add_argument("--max-steps", type=int, help="train exactly N optimiser steps (overrides --epochs)")
-    run.add_argument("--train-size", type=_positive_or_none, help="training examples (default 2000; 'all')")
-    run.add_argument("--eval-size", type=_positive_or_none, help="evaluation examples (default 1000; 'all')")
+    run.add_argument("--train-size", type=_size_or_all, help="training examples (default 2000; 'all')")
+    run.add_argument("--eval-size", type=_size_or_all, help="evaluation examples (default 1000; 'all')")
     run.add_argument("--batch-size", type=int, help="batch size (default 32)")
     run.add_argument("--lr", type=float, help="learning rate for every method (default: each method's own)")
     run.add_argument("--max-length", type=int, help="truncate inputs to N tokens (default 64)")
@@ -84,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "this value (time-to-accuracy), checked every --eval-every steps")
     run.add_argument("--target-metric", help="metric of --target-value (default: the task's primary metric)")
     run.add_argument("--eval-every", type=int, help="optimiser steps between target checks (default 10)")
-    run.add_argument("--target-eval-size", type=_positive_or_none, help="first N eval examples scored at each "
+    run.add_argument("--target-eval-size", type=_size_or_all, help="first N eval examples scored at each "
                      "target check (default 200; 'all')")
     run.add_argument("--max-train-time", type=float, help="stop each run's training after this many seconds")
     run.add_argument("--meters", help="extra meters beside energy and memory, comma list: codecarbon (g CO2-eq), "

@@ -151,6 +151,9 @@ def parse_method_grids(items: list[str]) -> dict[str, dict[str, list]]:
     return grids
 
 
+ALL_SIZES = ("train_size", "eval_size", "target_eval_size")  # options that take 'all'
+
+
 def build_options(file_values: dict[str, Any], cli_values: dict[str, Any]) -> RunOptions:
     values = {**file_values, **{k: v for k, v in cli_values.items() if v is not None}}
     for key in ("methods", "backbone", "task", "seeds", "meters"):
@@ -164,6 +167,9 @@ def build_options(file_values: dict[str, Any], cli_values: dict[str, Any]) -> Ru
                 raise UsageError(f"option '{key}' must name strings, got {item!r}")
     if "methods" in values:
         values["methods"] = list(dict.fromkeys(values["methods"]))  # a method named twice runs once
+    for key in ALL_SIZES:  # 'all' (TOML has no null): every example of the split
+        if isinstance(values.get(key), str) and values[key].lower() == "all":
+            values[key] = None
     if cli_values.get("method_grid"):
         grids = {m: dict(v) for m, v in (file_values.get("method_grid") or {}).items()}
         for method, fields in cli_values["method_grid"].items():

@@ -83,6 +83,34 @@ def test_toml_and_yaml_give_the_same_options_and_cli_wins(tmp_path):
     assert c.epochs == 3 and c.method_config == {"lora": {"r": 4, "alpha": 8}}
 
 
+@pytest.mark.parametrize("file_text, argv, expected", [
+    (None, ["--train-size", "all", "--eval-size", "ALL", "--target-eval-size", "all"], (None, None, None)),
+    (None, ["--train-size", "64"], (64, 1000, 200)),
+    (None, [], (2000, 1000, 200)),
+    ('train_size = "all"\neval_size = 50\ntarget_eval_size = "all"\n', [], (None, 50, None)),
+    ('train_size = "all"\n', ["--train-size", "64"], (64, 1000, 200)),  # the command line wins over the file
+    ("train_size = 64\n", ["--train-size", "all"], (None, 1000, 200)),
+])
+def test_sizes_take_all_on_the_command_line_and_in_files(tmp_path, file_text, argv, expected):
+    from petlprof.cli import build_parser
+
+    files = {}
+    if file_text is not None:
+        (tmp_path / "s.toml").write_text(file_text)
+        files = load_config_file(str(tmp_path / "s.toml"))
+    args = vars(build_parser().parse_args(["run", "--methods", "read", *argv]))
+    cli = {k: v for k, v in args.items() if k not in ("command", "config", "debug", "method_config", "method_grid")}
+    options = build_options(files, cli)
+    assert (options.train_size, options.eval_size, options.target_eval_size) == expected
+
+
+def test_a_size_that_is_not_a_number_is_named(capsys):
+    with pytest.raises(SystemExit) as exit_:  # argparse's own usage error
+        main(["run", "--methods", "read", "--train-size", "lots"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "--train-size: expected a number of examples or 'all', got 'lots'" in err
+
+
 def test_expand_makes_one_run_per_method_and_seed():
     from petlprof.config import expand
 
