@@ -14,7 +14,7 @@ def unknown_choice(kind: str, value: str, choices: Iterable[str], extra: str = "
     """Build the standard error for an unknown name: the bad value, a "did you mean", the choices."""
     choices = sorted(choices)
     close = difflib.get_close_matches(str(value), choices, n=1, cutoff=0.6)
-    hint = f"; did you mean '{close[0]}'?" if close else ""
+    hint = f"; did you mean '{close[0]}'?" if close else "."
     listed = ", ".join(choices)
     tail = f" {extra}" if extra else ""
-    return UsageError(f"unknown {kind} '{value}'{hint} Valid {kind}s: {listed}.{tail}")
+    return UsageError(f"unknown {kind} '{value}'{hint} Valid choices: {listed}.{tail}")
