@@ -102,15 +102,30 @@ def pretrained_config(spec: str):
         return AutoConfig.from_pretrained(path)
     except (OSError, ValueError) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise UsageError(f"cannot load backbone '{spec}': {first}. Valid presets: {', '.join(BACKBONES)}; "
-                         "or a local model folder.") from None
+        raise UsageError(f"cannot load backbone '{spec}': {first.rstrip('.')}. A backbone is a preset "
+                         f"({', '.join(BACKBONES)}), a local model folder or a Hugging Face id.") from None
 
 
-def backbone_width(spec: str) -> int:
-    """Hidden size of a backbone, read from its config only (no weights)."""
+def backbone_config(spec: str):
+    """The transformers config a run of ``spec`` starts from, without loading weights."""
     if spec in BACKBONES and spec != "minilm":
-        return int(_TINY_WIDTH)
-    return int(pretrained_config(spec).hidden_size)
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(minilm_path())
+        return _tiny_config(spec, len(tokenizer), tokenizer)
+    return pretrained_config(spec)
+
+
+def check_shape(spec: str, config, *, num_layers: int | None = None, max_length: int | None = None) -> None:
+    """``--num-layers`` within a pretrained backbone's layers (a tiny preset is built with that many)
+    and ``--max-length`` within its positions; checked before any run and again when a run loads it."""
+    pretrained = spec not in BACKBONES or spec == "minilm"
+    if pretrained and num_layers is not None and num_layers > config.num_hidden_layers:
+        raise UsageError(f"--num-layers {num_layers} exceeds the {config.num_hidden_layers} pretrained layers "
+                         f"of backbone '{spec}'")
+    positions = getattr(config, "max_position_embeddings", None)
+    if max_length is not None and positions is not None and max_length > positions:
+        raise UsageError(f"--max-length {max_length} exceeds the {positions} positions of backbone '{spec}'")
 
 
 def family_of(config) -> str:
@@ -149,9 +164,7 @@ def load_backbone(spec: str = DEFAULT_BACKBONE, *, num_layers: int | None = None
         path = str(minilm_path()) if spec == "minilm" else spec
         config = pretrained_config(spec)
         tokenizer = AutoTokenizer.from_pretrained(path)
-        if num_layers is not None and num_layers > config.num_hidden_layers:
-            raise UsageError(f"--num-layers {num_layers} exceeds the {config.num_hidden_layers} pretrained layers "
-                             f"of backbone '{spec}'")
+        check_shape(spec, config, num_layers=num_layers)
         _set_depth(config, num_layers)
         model = _from_pretrained_quiet(path, config) if num_layers else AutoModel.from_pretrained(path, config=config)
         source = f"pretrained from {path}" + (f", first {num_layers} layers" if num_layers else "")

@@ -97,19 +97,30 @@ def slice_scorer(task, batches, metric: str, device: str) -> Callable[[Any], flo
     return score
 
 
+def check_target(task, name: str, metric: str, value: float) -> None:
+    """A target is a metric the task scores, within that metric's range."""
+    from petlprof.errors import UsageError
+    from petlprof.metrics import METRIC_RANGES
+
+    if metric not in task.metric_names:
+        raise UsageError(f"target metric '{metric}' is not scored on task '{name}'; it scores "
+                         f"{', '.join(task.metric_names)}")
+    low, high = METRIC_RANGES[metric]
+    if not low <= value <= high:
+        raise UsageError(f"--target-value {value:g} is outside the range of {metric} on task '{name}', "
+                         f"[{low:g}, {high:g}]")
+
+
 def make_budget(spec, task, model, make_batches) -> Budget | None:
     """The budget a :class:`~petlprof.runner.RunSpec` asks for (None without one); ``make_batches``
     turns a task split into batches the way the run does."""
-    from petlprof.errors import UsageError
     from petlprof.tasks import Split
 
     if spec.target_value is None and spec.max_train_time_s is None:
         return None
     metric, score, size = spec.target_metric or task.primary_metric, None, spec.target_eval_size
     if spec.target_value is not None:
-        if metric not in task.metric_names:
-            raise UsageError(f"target metric '{metric}' is not scored on task '{spec.task}'; it scores "
-                             f"{', '.join(task.metric_names)}")
+        check_target(task, spec.task, metric, spec.target_value)
         held_out = task.eval
         if size is not None and size < len(held_out):
             held_out = Split(held_out.texts[:size], held_out.pairs[:size] if held_out.pairs else None,

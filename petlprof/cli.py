@@ -38,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--methods", help="comma list of methods, e.g. read,lora (see `petlprof list`)")
     run.add_argument("--backbone", help="minilm (offline default), tiny-bert|tiny-t5|tiny-gpt2|tiny-llama, "
                      "a local model folder or a Hugging Face id; comma list for several")
-    run.add_argument("--num-layers", type=int, help="keep only the first N layers of the backbone")
+    run.add_argument("--num-layers", type=int, help="keep only the first N layers of a pretrained backbone (a tiny-* "
+                     "preset is built with N layers)")
     run.add_argument("--task", help="tweets (offline default), a GLUE task (sst2, cola, ...), or a CSV/TSV/"
                      "JSONL/Parquet file or folder of your own; comma list for several")
     run.add_argument("--data-dir", help="local files for a GLUE task (same columns as the hub dataset)")
@@ -317,6 +318,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     paths = [Path(d) for d in args.dirs]
     skipped: list[str] = []
     records = load_records(paths, skipped)
+    if not records:
+        why = f" ({len(skipped)} unusable line(s) skipped, e.g. {skipped[0]})" if skipped else ""
+        raise UsageError(f"no result records in {', '.join(repr(str(p)) for p in paths)}{why}; nothing to report")
     first = paths[0] if paths[0].is_dir() else paths[0].parent
     out_dir = Path(args.output) if args.output else first
     _print_summary(records, skipped)

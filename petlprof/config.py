@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import math
 import re
 import sys
 from dataclasses import dataclass, field
@@ -114,6 +115,10 @@ def load_config_file(path: str) -> dict[str, Any]:
         raise UsageError(f"config file '{path}' is malformed: {detail}") from None
     if not isinstance(data, dict):
         raise UsageError(f"config file '{path}' must hold a table of options, not {type(data).__name__}")
+    for key in data:
+        if not isinstance(key, str):
+            raise UsageError(f"config file '{path}': option name {key!r} is not text; options are named, e.g. "
+                             "methods, seeds, train_size")
     data = {k.replace("-", "_"): v for k, v in data.items()}
     for key in data:
         if key not in RunOptions.field_names():
@@ -121,33 +126,33 @@ def load_config_file(path: str) -> dict[str, Any]:
     return data
 
 
-def parse_method_overrides(items: list[str]) -> dict[str, dict[str, Any]]:
+def parse_method_overrides(items: list[str], option: str = "--method-config",
+                           example: str = "METHOD.FIELD=VALUE, e.g. lora.r=16") -> dict[str, dict[str, Any]]:
     """``["lora.r=4", "read.cell=lstm"]`` -> ``{"lora": {"r": 4}, "read": {"cell": "lstm"}}``."""
     import yaml
 
     out: dict[str, dict[str, Any]] = {}
     for item in items:
-        key, sep, value = item.partition("=")
+        key, sep, text = item.partition("=")
         method, dot, name = key.partition(".")
         if not (sep and dot and method and name):
-            raise UsageError(f"--method-config '{item}' must look like METHOD.FIELD=VALUE, e.g. lora.r=16")
+            raise UsageError(f"{option} '{item}' must look like {example}")
+        if option == "--method-grid" and not text.strip().startswith("["):
+            text = f"[{text}]"  # 2,8,32 is the list [2, 8, 32]
         try:
-            out.setdefault(method, {})[name] = yaml.safe_load(value)
+            out.setdefault(method, {})[name] = yaml.safe_load(text)
         except yaml.YAMLError as exc:
-            raise UsageError(f"--method-config '{item}': the value is not valid: {' '.join(str(exc).split())}") from None
+            raise UsageError(f"{option} '{item}': the value is not valid: {' '.join(str(exc).split())}") from None
     return out
 
 
 def parse_method_grids(items: list[str]) -> dict[str, dict[str, list]]:
     """``["lora.r=2,8,32", "read.cell=[gru,lstm]"]`` -> ``{"lora": {"r": [2, 8, 32]}, "read": {"cell": ["gru", "lstm"]}}``."""
     grids: dict[str, dict[str, list]] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if sep and not value.strip().startswith("["):
-            item = f"{key}=[{value}]"
-        for method, fields in parse_method_overrides([item]).items():
-            for name, values in fields.items():
-                grids.setdefault(method, {})[name] = values if isinstance(values, list) else [values]
+    parsed = parse_method_overrides(items, "--method-grid", "METHOD.FIELD=V1,V2,..., e.g. lora.r=4,16,64")
+    for method, fields in parsed.items():
+        for name, values in fields.items():
+            grids.setdefault(method, {})[name] = values if isinstance(values, list) else [values]
     return grids
 
 
@@ -188,6 +193,12 @@ def build_options(file_values: dict[str, Any], cli_values: dict[str, Any]) -> Ru
     return options
 
 
+def _is_positive_number(value: Any, allow_zero: bool = False) -> bool:
+    """A real, finite number above zero (or zero too): not a bool, not inf, not nan."""
+    return (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+            and (value >= 0 if allow_zero else value > 0))
+
+
 def _check_int(name: str, value: Any, minimum: int, allow_none: bool = False) -> None:
     if value is None and allow_none:
         return
@@ -218,6 +229,9 @@ def validate(options: RunOptions) -> None:
             raise UsageError(f"method_config.{name} must be a table of fields, got {fields!r}")
     if not options.methods:
         raise UsageError("no method given: use --methods, e.g. --methods read,lora (see `petlprof list`)")
+    for name, example in (("seeds", "--seeds 0,1"), ("backbone", "--backbone minilm"), ("task", "--task tweets")):
+        if not getattr(options, name):
+            raise UsageError(f"no {name.rstrip('s')} given (an empty --{name}): give at least one, e.g. {example}")
     for name in options.methods:
         get_method(name)
     for name, fields in options.method_config.items():
@@ -247,8 +261,7 @@ def validate(options: RunOptions) -> None:
     for name in ("max_steps", "train_size", "eval_size", "num_layers"):
         _check_int(name, getattr(options, name), 1, allow_none=True)
     _check_int("warmup_steps", options.warmup_steps, 0)
-    if options.timeout is not None and (isinstance(options.timeout, bool) or not isinstance(options.timeout, (int, float))
-                                        or options.timeout <= 0):
+    if options.timeout is not None and not _is_positive_number(options.timeout):
         raise UsageError(f"--timeout must be a positive number of seconds, got {options.timeout!r}")
     parse_bytes(options.max_memory)
     if not isinstance(options.cache_hidden_states, bool):
@@ -258,7 +271,7 @@ def validate(options: RunOptions) -> None:
         raise unknown_choice("cache dtype", options.cache_dtype, CACHE_DTYPES)
     if options.in_process and (options.timeout is not None or options.max_memory is not None):
         raise UsageError("--timeout and --max-memory act on a run's own process; they cannot be used with --in-process")
-    if options.lr is not None and not (isinstance(options.lr, (int, float)) and options.lr > 0):
+    if options.lr is not None and not _is_positive_number(options.lr):
         raise UsageError(f"--lr must be a positive number, got {options.lr!r}")
     if options.device not in DEVICES and not options.device.startswith("cuda:"):
         raise unknown_choice("device", options.device, DEVICES)
@@ -275,7 +288,7 @@ def _validate_executor(options: RunOptions) -> None:
     _check_int("retries", options.retries, 0)
     _check_int("nproc_per_run", options.nproc_per_run, 1)
     cpus = options.cpus_per_run
-    if isinstance(cpus, bool) or not isinstance(cpus, (int, float)) or cpus <= 0:
+    if not _is_positive_number(cpus):
         raise UsageError(f"--cpus-per-run must be a positive number of CPUs, got {cpus!r}")
     if options.executor != "ray":
         for name, default in (("address", None), ("retries", 0), ("cpus_per_run", 1.0)):
@@ -306,16 +319,16 @@ def _validate_measurement(options: RunOptions) -> None:
     if not isinstance(options.memory_snapshot, bool):
         raise UsageError(f"option 'memory_snapshot' must be true or false, got {options.memory_snapshot!r}")
     window = options.inference_window_s
-    if window is not None and (isinstance(window, bool) or not isinstance(window, (int, float)) or window < 0):
+    if window is not None and not _is_positive_number(window, allow_zero=True):
         raise UsageError(f"--inference-window-s must be a number of seconds >= 0, got {window!r}")
 
 
 def _validate_budget(options: RunOptions) -> None:
-    from petlprof.metrics import METRIC_DIRECTIONS
+    from petlprof.metrics import METRIC_FUNCTIONS
 
     for name in ("target_value", "max_train_time"):
         value = getattr(options, name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)):
             raise UsageError(f"--{name.replace('_', '-')} must be a number, got {value!r}")
     if options.max_train_time is not None and options.max_train_time <= 0:
         raise UsageError(f"--max-train-time must be a positive number of seconds, got {options.max_train_time!r}")
@@ -324,8 +337,8 @@ def _validate_budget(options: RunOptions) -> None:
     if options.target_metric is not None:
         if options.target_value is None:
             raise UsageError(f"--target-metric {options.target_metric} needs --target-value")
-        if options.target_metric not in METRIC_DIRECTIONS:
-            raise unknown_choice("target metric", options.target_metric, METRIC_DIRECTIONS)
+        if options.target_metric not in METRIC_FUNCTIONS:  # a task metric, not a cost
+            raise unknown_choice("target metric", options.target_metric, METRIC_FUNCTIONS)
 
 
 def grid_points(options: RunOptions, method: str) -> list[dict[str, Any]]:
@@ -359,7 +372,10 @@ def parse_bytes(value: str | int | None, option: str = "--max-memory") -> int | 
     unit = match.group(2).lower() if match else None
     if not match or unit not in _UNITS or float(match.group(1)) <= 0:
         raise UsageError(f"{option} '{value}' is not a positive size; use e.g. 2GiB, 500MB or a number of bytes")
-    return int(float(match.group(1)) * _UNITS[unit])
+    size = int(float(match.group(1)) * _UNITS[unit])
+    if size < 1:
+        raise UsageError(f"{option} '{value}' is less than one byte; use e.g. 2GiB, 500MB or a number of bytes")
+    return size
 
 
 def resolve_device(device: str, nproc: int = 1, cluster_gpus: float | None = None,
@@ -409,24 +425,29 @@ def preflight(options: RunOptions, meters_here: bool = True) -> None:
     the parent before any run or executor starts, so a bad value is one error line and nothing is
     written.  ``meters_here``: the runs measure on this machine (not on a cluster's nodes), so a
     named energy meter must work here."""
-    from petlprof.backbones import backbone_width
+    from petlprof.backbones import backbone_config, check_shape
     from petlprof.meters import check_energy_meter
+    from petlprof.budget import check_target
     from petlprof.registry import get_method
     from petlprof.tasks import load_task
 
     if meters_here:
         check_energy_meter(options.energy_meter)
     for spec in options.backbone:
-        width = backbone_width(spec)  # loads the config of a folder or hub id: a bad one fails here
+        config = backbone_config(spec)  # the config of a folder or hub id: a bad one fails here
+        check_shape(spec, config, num_layers=options.num_layers, max_length=options.max_length)
+        width = int(config.hidden_size)
         for method in options.methods:
             for point in grid_points(options, method):  # every grid point, e.g. a LoRA rank wider than the model
                 config = get_method(method).make_config(point)
                 if hasattr(config, "check_width"):
                     config.check_width(width, spec)
-    for task in options.task:
-        load_task(task, train_size=options.train_size, eval_size=options.eval_size, data_dir=options.data_dir,
-                  text_column=options.text_column, text_pair_column=options.text_pair_column,
-                  label_column=options.label_column)
+    for name in options.task:
+        task = load_task(name, train_size=options.train_size, eval_size=options.eval_size, data_dir=options.data_dir,
+                         text_column=options.text_column, text_pair_column=options.text_pair_column,
+                         label_column=options.label_column)
+        if options.target_value is not None:
+            check_target(task, name, options.target_metric or task.primary_metric, options.target_value)
 
 
 def default_output_dir() -> Path:

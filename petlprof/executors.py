@@ -145,7 +145,7 @@ class RayExecutor:
             import ray
         except ImportError:
             raise UsageError("--executor ray needs Ray on this machine and on every node of the cluster: "
-                             "pip install 'petlprof[ray]'") from None
+                             "pip install 'petlprof[ray]' (from a checkout: pip install -e '.[ray]')") from None
         self._ray = ray
         self.timeout_s, self.max_memory_bytes = timeout_s, max_memory_bytes
         self.cpus_per_run, self.retries = cpus_per_run, retries

@@ -228,7 +228,7 @@ def _execute(spec: RunSpec, max_memory_bytes: int | None, ranks=None) -> dict[st
     import transformers  # noqa: F401
 
     from petlprof import distributed
-    from petlprof.backbones import load_backbone
+    from petlprof.backbones import check_shape, load_backbone
     from petlprof.budget import make_budget
     from petlprof.errors import UsageError
     from petlprof.inference import measure_inference, target_window_s
@@ -256,10 +256,7 @@ def _execute(spec: RunSpec, max_memory_bytes: int | None, ranks=None) -> dict[st
                      label_column=spec.label_column)
     torch.manual_seed(spec.seed)
     backbone = load_backbone(spec.backbone, num_layers=spec.num_layers, seed=spec.seed)
-    positions = getattr(backbone.config, "max_position_embeddings", None)
-    if positions is not None and spec.max_length > positions:
-        raise UsageError(f"--max-length {spec.max_length} exceeds the {positions} positions of backbone "
-                         f"'{spec.backbone}'")
+    check_shape(spec.backbone, backbone.config, max_length=spec.max_length)
     classifier = SequenceClassifier(backbone, task.num_labels)
     model = method.build()(classifier, method_config).to(spec.device)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -38,6 +38,24 @@ def run_cli(args, capsys):
     (["--methods", "read", "--max-memory", "lots"], "--max-memory 'lots' is not a positive size"),
     (["--methods", "read", "--timeout", "-3"], "--timeout must be a positive number of seconds, got -3.0"),
     (["--methods", "read", "--timeout", "60", "--in-process"], "cannot be used with --in-process"),
+    # found by a review: each of these ran, or failed inside every run, or left a folder behind
+    (["--methods", "read", "--seeds", ""], "no seed given (an empty --seeds)"),
+    (["--methods", "read", "--backbone", ","], "no backbone given (an empty --backbone)"),
+    (["--methods", "read", "--task", ""], "no task given (an empty --task)"),
+    (["--methods", "read", "--lr", "inf"], "--lr must be a positive number, got inf"),
+    (["--methods", "read", "--timeout", "nan"], "--timeout must be a positive number of seconds, got nan"),
+    (["--methods", "read", "--max-train-time", "inf"], "--max-train-time must be a number, got inf"),
+    (["--methods", "read", "--max-memory", "0.5"], "--max-memory '0.5' is less than one byte"),
+    (["--methods", "read", "--method-grid", "lora=4,8"], "--method-grid 'lora=4,8' must look like METHOD.FIELD=V1,V2"),
+    (["--methods", "bitfit", "--method-config", "bitfit.x=1"], "method 'bitfit' has no options (got 'x')"),
+    (["--methods", "read", "--target-value", "0.5", "--target-metric", "energy_j"], "unknown target metric 'energy_j'"),
+    (["--methods", "read", "--backbone", "tiny-bert", "--target-value", "0.5", "--target-metric", "pearson"],
+     "target metric 'pearson' is not scored on task 'tweets'; it scores accuracy, f1"),
+    (["--methods", "read", "--backbone", "tiny-bert", "--target-value", "5"],
+     "--target-value 5 is outside the range of accuracy on task 'tweets', [0, 1]"),
+    (["--methods", "read", "--num-layers", "100"], "--num-layers 100 exceeds the 6 pretrained layers of backbone 'minilm'"),
+    (["--methods", "read", "--backbone", "tiny-gpt2", "--max-length", "100000"],
+     "--max-length 100000 exceeds the 512 positions of backbone 'tiny-gpt2'"),
 ])
 def test_bad_input_is_one_line_exit_2_nothing_written(args, expected, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -54,6 +72,7 @@ def test_bad_input_is_one_line_exit_2_nothing_written(args, expected, capsys, tm
     (".yaml", "methods: [read\n  - x: ]", "is malformed"),
     (".toml", 'metods = ["read"]\n', "unknown option in"),
     (".json", "{}", "must end in .toml, .yaml or .yml"),
+    (".yaml", "methods: [read]\n1: 2\n", "option name 1 is not text"),
 ])
 def test_bad_config_file(suffix, text, expected, capsys, tmp_path):
     config = tmp_path / f"sweep{suffix}"
@@ -109,6 +128,14 @@ def test_a_size_that_is_not_a_number_is_named(capsys):
         main(["run", "--methods", "read", "--train-size", "lots"])
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and "--train-size: expected a number of examples or 'all', got 'lots'" in err
+
+
+@pytest.mark.parametrize("content", ["", "{\"status\": \"ok\", \"meth", "not a record\n"])
+def test_report_with_no_usable_record_is_an_error_and_writes_nothing(content, capsys, tmp_path):
+    (tmp_path / "results.jsonl").write_text(content)
+    code, _, err = run_cli(["report", str(tmp_path)], capsys)
+    assert code == 2 and "no result records in" in err and "nothing to report" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.jsonl"]
 
 
 def test_expand_makes_one_run_per_method_and_seed():

@@ -58,7 +58,7 @@ def _problem(line: str) -> str | None:
     try:
         record = json.loads(line)
     except json.JSONDecodeError as exc:
-        return f"malformed result record ({exc.msg} at column {exc.colno})"
+        return f"malformed result record ({exc.msg}, column {exc.colno})"
     if not isinstance(record, dict):
         return f"a result record must be a JSON object, not {type(record).__name__}"
     if record.get("schema_version") != SCHEMA_VERSION:
