@@ -216,7 +216,7 @@ _TYPES = {"methods": list, "backbone": list, "task": list, "seeds": list, "devic
 def validate(options: RunOptions) -> None:
     from petlprof.backbones import check_backbone
     from petlprof.meters import check_energy_meter
-    from petlprof.registry import get_method
+    from petlprof.registry import get_method, method_names
     from petlprof.tasks import check_task
 
     for name, kind in _TYPES.items():
@@ -269,6 +269,11 @@ def validate(options: RunOptions) -> None:
     parse_bytes(options.cache_budget, option="--cache-budget")
     if options.cache_dtype not in CACHE_DTYPES:
         raise unknown_choice("cache dtype", options.cache_dtype, CACHE_DTYPES)
+    _only_with(options, "cache_hidden_states", ("cache_budget", "cache_dtype"))
+    if options.cache_hidden_states and not any(get_method(m).side_tuning for m in options.methods):
+        side = sorted(name for name in method_names() if get_method(name).side_tuning)
+        raise UsageError(f"--cache-hidden-states serves side-tuning methods ({', '.join(side)}); none of "
+                         f"--methods {','.join(options.methods)} is one")
     if options.in_process and (options.timeout is not None or options.max_memory is not None):
         raise UsageError("--timeout and --max-memory act on a run's own process; they cannot be used with --in-process")
     if options.lr is not None and not _is_positive_number(options.lr):
@@ -278,6 +283,18 @@ def validate(options: RunOptions) -> None:
     check_energy_meter(options.energy_meter, need_available=False)
     _validate_measurement(options)
     _validate_executor(options)
+
+
+def _only_with(options: RunOptions, needed: str, names: tuple[str, ...]) -> None:
+    """Options that act only together with ``needed``: given without it, they would do nothing."""
+    given = getattr(options, needed)
+    if given is not None and given is not False:  # a target of 0 is given
+        return
+    defaults = {f.name: f.default for f in dataclasses.fields(RunOptions)}
+    for name in names:
+        if getattr(options, name) != defaults[name]:
+            raise UsageError(f"--{name.replace('_', '-')} acts only with --{needed.replace('_', '-')}, "
+                             "which was not given")
 
 
 def _validate_executor(options: RunOptions) -> None:
@@ -334,6 +351,7 @@ def _validate_budget(options: RunOptions) -> None:
         raise UsageError(f"--max-train-time must be a positive number of seconds, got {options.max_train_time!r}")
     _check_int("eval_every", options.eval_every, 1)
     _check_int("target_eval_size", options.target_eval_size, 1, allow_none=True)
+    _only_with(options, "target_value", ("eval_every", "target_eval_size"))
     if options.target_metric is not None:
         if options.target_value is None:
             raise UsageError(f"--target-metric {options.target_metric} needs --target-value")

@@ -56,6 +56,12 @@ def run_cli(args, capsys):
     (["--methods", "read", "--num-layers", "100"], "--num-layers 100 exceeds the 6 pretrained layers of backbone 'minilm'"),
     (["--methods", "read", "--backbone", "tiny-gpt2", "--max-length", "100000"],
      "--max-length 100000 exceeds the 512 positions of backbone 'tiny-gpt2'"),
+    (["--methods", "read", "--eval-every", "5"], "--eval-every acts only with --target-value, which was not given"),
+    (["--methods", "read", "--target-eval-size", "all"], "--target-eval-size acts only with --target-value"),
+    (["--methods", "read", "--cache-budget", "2GiB"], "--cache-budget acts only with --cache-hidden-states"),
+    (["--methods", "read", "--cache-dtype", "float32"], "--cache-dtype acts only with --cache-hidden-states"),
+    (["--methods", "lora,full", "--cache-hidden-states"],
+     "--cache-hidden-states serves side-tuning methods (lst, read); none of --methods lora,full is one"),
 ])
 def test_bad_input_is_one_line_exit_2_nothing_written(args, expected, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -103,10 +109,11 @@ def test_toml_and_yaml_give_the_same_options_and_cli_wins(tmp_path):
 
 
 @pytest.mark.parametrize("file_text, argv, expected", [
-    (None, ["--train-size", "all", "--eval-size", "ALL", "--target-eval-size", "all"], (None, None, None)),
+    (None, ["--train-size", "all", "--eval-size", "ALL", "--target-value", "0.8", "--target-eval-size", "all"],
+     (None, None, None)),
     (None, ["--train-size", "64"], (64, 1000, 200)),
     (None, [], (2000, 1000, 200)),
-    ('train_size = "all"\neval_size = 50\ntarget_eval_size = "all"\n', [], (None, 50, None)),
+    ('train_size = "all"\neval_size = 50\ntarget_value = 0.8\ntarget_eval_size = "all"\n', [], (None, 50, None)),
     ('train_size = "all"\n', ["--train-size", "64"], (64, 1000, 200)),  # the command line wins over the file
     ("train_size = 64\n", ["--train-size", "all"], (None, 1000, 200)),
 ])
