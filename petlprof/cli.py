@@ -147,7 +147,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     # every check of the input and the output folder before an executor starts: a bad data path or
     # a folder another sweep holds is one error line, not a Ray start-up followed by one
     local = options.executor == "local"
-    preflight(options, meters_here=local)
+    for note in preflight(options, meters_here=local):
+        print(f"petlprof: note: {note}", file=sys.stderr)
     if local:  # checked here too, so a bad --device leaves no output folder behind (a cluster's needs Ray)
         resolve_device(options.device, options.nproc_per_run, memory_snapshot=options.memory_snapshot)
     check_writable(out_dir)

@@ -438,11 +438,12 @@ def _resolve_device(device: str, nproc: int, cluster_gpus: float | None) -> str:
     return device
 
 
-def preflight(options: RunOptions, meters_here: bool = True) -> None:
+def preflight(options: RunOptions, meters_here: bool = True) -> list[str]:
     """Checks that need the libraries (a named meter, a hub backbone, the data itself), run once in
     the parent before any run or executor starts, so a bad value is one error line and nothing is
     written.  ``meters_here``: the runs measure on this machine (not on a cluster's nodes), so a
-    named energy meter must work here."""
+    named energy meter must work here.  Returns notes for the user: sizes asked for that the data
+    cannot give."""
     from petlprof.backbones import backbone_config, check_shape
     from petlprof.meters import check_energy_meter
     from petlprof.budget import check_target
@@ -451,6 +452,7 @@ def preflight(options: RunOptions, meters_here: bool = True) -> None:
 
     if meters_here:
         check_energy_meter(options.energy_meter)
+    notes: list[str] = []
     for spec in options.backbone:
         config = backbone_config(spec)  # the config of a folder or hub id: a bad one fails here
         check_shape(spec, config, num_layers=options.num_layers, max_length=options.max_length)
@@ -466,6 +468,12 @@ def preflight(options: RunOptions, meters_here: bool = True) -> None:
                          label_column=options.label_column)
         if options.target_value is not None:
             check_target(task, name, options.target_metric or task.primary_metric, options.target_value)
+        for split, asked, option in ((task.train, options.train_size, "--train-size"),
+                                     (task.eval, options.eval_size, "--eval-size")):
+            if asked is not None and len(split) < asked:
+                notes.append(f"task '{name}' has {len(split)} {'training' if split is task.train else 'evaluation'} "
+                             f"examples; {option} {asked} uses those")
+    return notes
 
 
 def default_output_dir() -> Path:

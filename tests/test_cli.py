@@ -257,3 +257,14 @@ def test_memory_sizes(text, expected):
     from petlprof.config import parse_bytes
 
     assert parse_bytes(text) == expected
+
+
+def test_sizes_the_data_cannot_give_are_noted_before_the_runs(tmp_path):
+    from petlprof.config import preflight
+
+    data = tmp_path / "reviews.csv"
+    data.write_text("text,label\n" + "".join(f"review number {i},{i % 2}\n" for i in range(10)))
+    options = build_options({}, {"methods": "bitfit", "backbone": "tiny-bert", "task": str(data),
+                                 "train_size": 100, "eval_size": 2})
+    assert preflight(options) == [f"task '{data}' has 8 training examples; --train-size 100 uses those"]
+    assert preflight(build_options({}, {"methods": "bitfit", "backbone": "tiny-bert", "train_size": 64})) == []
