@@ -112,13 +112,26 @@ def _now() -> str:
 
 
 def _base_record(spec: RunSpec) -> dict[str, Any]:
+    """What every record holds, a failed one too: the run, its method's knob and the fields changed
+    from the method's defaults (so a failed configuration reads like its finished seeds)."""
+    from petlprof.errors import UsageError
+    from petlprof.registry import get_method
+
+    try:
+        method = get_method(spec.method)
+        knob, defaults = method.pareto_knob, dataclasses.asdict(method.config_cls())
+    except UsageError:  # an unknown method: its run fails, and the record says why
+        knob, defaults = None, {}
+    config = {**defaults, **spec.method_config}
     return {
         "schema_version": SCHEMA_VERSION,
         "run_key": spec.run_key,
         "status": "failed",
         "error": None,
         "method": spec.method,
-        "method_config": dict(spec.method_config),
+        "method_config": config,
+        "method_config_changed": sorted(k for k in config if k not in defaults or config[k] != defaults[k]),
+        "pareto_knob": knob,
         "backbone": spec.backbone,
         "task": spec.task,
         "seed": spec.seed,
@@ -340,12 +353,8 @@ def _execute(spec: RunSpec, max_memory_bytes: int | None, ranks=None) -> dict[st
         inference_phase["measured_on"] = f"rank 0 alone ({spec.device}): a per-device figure"
         if merged is not None:
             merged["measured_on"] = f"rank 0 alone ({spec.device}), the whole evaluation split: a per-device figure"
-    defaults = dataclasses.asdict(method.config_cls())
-    config = dataclasses.asdict(method_config)
     return {
-        "method_config": config,
-        "method_config_changed": sorted(k for k in config if config[k] != defaults[k]),
-        "pareto_knob": method.pareto_knob,
+        "method_config": dataclasses.asdict(method_config),
         "backbone_info": backbone.info(),
         "task_info": {
             "num_labels": task.num_labels,

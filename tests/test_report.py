@@ -228,6 +228,20 @@ def test_summary_table_tolerates_bare_failed_record():
     assert "failed" in table and "boom" in table
 
 
+@pytest.mark.parametrize("method, config, label", [
+    ("lora", {"r": 8, "alpha": 16, "dropout": 0.1, "target_modules": None}, "r=8"),  # the defaults: the knob only
+    ("lora", {"r": 4, "alpha": 32, "dropout": 0.1, "target_modules": None}, "r=4 alpha=32"),
+    ("bitfit", {}, "-"),
+])
+def test_a_failed_run_is_labelled_like_the_finished_runs_of_its_configuration(method, config, label):
+    from petlprof.report.records import config_label
+    from petlprof.runner import RunSpec, failed_record
+
+    failed = failed_record(RunSpec(method=method, method_config=config), "lost with its node")
+    assert config_label(failed) == label
+    assert failed["method_config"] == config
+
+
 def write_jsonl(path, lines):
     path.write_text("".join(line + "\n" for line in lines))
     return path
