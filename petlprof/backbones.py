@@ -106,13 +106,18 @@ def pretrained_config(spec: str):
                          f"({', '.join(BACKBONES)}), a local model folder or a Hugging Face id.") from None
 
 
+def _tiny_parts(spec: str):
+    """(tokenizer, config) of a tiny random preset: all-MiniLM-L6-v2's tokenizer and a small config."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(minilm_path())
+    return tokenizer, _tiny_config(spec, len(tokenizer), tokenizer)
+
+
 def backbone_config(spec: str):
     """The transformers config a run of ``spec`` starts from, without loading weights."""
     if spec in BACKBONES and spec != "minilm":
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(minilm_path())
-        return _tiny_config(spec, len(tokenizer), tokenizer)
+        return _tiny_parts(spec)[1]
     return pretrained_config(spec)
 
 
@@ -154,8 +159,7 @@ def load_backbone(spec: str = DEFAULT_BACKBONE, *, num_layers: int | None = None
     if num_layers is not None and num_layers < 1:
         raise UsageError(f"--num-layers must be a positive integer, got {num_layers}")
     if spec in BACKBONES and spec != "minilm":
-        tokenizer = AutoTokenizer.from_pretrained(minilm_path())
-        config = _tiny_config(spec, len(tokenizer), tokenizer)
+        tokenizer, config = _tiny_parts(spec)
         _set_depth(config, num_layers)
         torch.manual_seed(seed)
         model = AutoModel.from_config(config)

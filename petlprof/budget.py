@@ -92,7 +92,8 @@ def slice_scorer(task, batches, metric: str, device: str) -> Callable[[Any], flo
                 preds.append(predict(model(**inputs)))
                 golds.append(labels)
         model.train()
-        return task.compute_metrics(torch.cat(preds).float().cpu().numpy(), torch.cat(golds).float().cpu().numpy())[metric]
+        scores = task.compute_metrics(torch.cat(preds).float().cpu().numpy(), torch.cat(golds).float().cpu().numpy())
+        return scores[metric]
 
     return score
 

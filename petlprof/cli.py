@@ -149,8 +149,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     local = options.executor == "local"
     for note in preflight(options, meters_here=local):
         print(f"petlprof: note: {note}", file=sys.stderr)
-    if local:  # checked here too, so a bad --device leaves no output folder behind (a cluster's needs Ray)
-        resolve_device(options.device, options.nproc_per_run, memory_snapshot=options.memory_snapshot)
+    # a local device is checked here, so a bad --device leaves no output folder; a cluster's needs Ray
+    device = resolve_device(options.device, options.nproc_per_run, memory_snapshot=options.memory_snapshot) \
+        if local else None
     check_writable(out_dir)
     with StoreLock(out_dir) as lock:
         if lock.taken_over is not None:
@@ -159,19 +160,20 @@ def cmd_run(args: argparse.Namespace) -> int:
                                  timeout_s=options.timeout, max_memory_bytes=max_memory, retries=options.retries,
                                  cpus_per_run=options.cpus_per_run)
         try:
-            return _run_sweep(options, executor, out_dir)
+            return _run_sweep(options, executor, out_dir, device)
         finally:
             executor.close()
 
 
-def _run_sweep(options, executor, out_dir: Path) -> int:
-    """The sweep, with ``out_dir`` locked: the device (a Ray driver may have no GPU of its own, so it
-    is checked against the cluster's), the runs not yet recorded, each run's record as it finishes."""
+def _run_sweep(options, executor, out_dir: Path, device: str | None) -> int:
+    """The sweep, with ``out_dir`` locked: the device (``None``: check it against the Ray cluster's,
+    as a driver may have no GPU of its own), the runs not yet recorded, each record as it finishes."""
     from petlprof.config import expand, resolve_device
     from petlprof.store import RESULTS_FILE, finished_keys
 
-    device = resolve_device(options.device, options.nproc_per_run, executor.cluster_gpus(),
-                            memory_snapshot=options.memory_snapshot)
+    if device is None:
+        device = resolve_device(options.device, options.nproc_per_run, executor.cluster_gpus(),
+                                memory_snapshot=options.memory_snapshot)
     specs = expand(options, device)
     for spec in specs:  # a cache that outgrows its budget spills next to the results
         spec.cache_dir = str(out_dir / "cache") if spec.cache_hidden_states else None

@@ -193,10 +193,13 @@ def build_options(file_values: dict[str, Any], cli_values: dict[str, Any]) -> Ru
     return options
 
 
+def _is_number(value: Any) -> bool:
+    """A real, finite number: not a bool, not inf, not nan."""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+
 def _is_positive_number(value: Any, allow_zero: bool = False) -> bool:
-    """A real, finite number above zero (or zero too): not a bool, not inf, not nan."""
-    return (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-            and (value >= 0 if allow_zero else value > 0))
+    return _is_number(value) and (value >= 0 if allow_zero else value > 0)
 
 
 def _check_int(name: str, value: Any, minimum: int, allow_none: bool = False) -> None:
@@ -345,7 +348,7 @@ def _validate_budget(options: RunOptions) -> None:
 
     for name in ("target_value", "max_train_time"):
         value = getattr(options, name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)):
+        if value is not None and not _is_number(value):
             raise UsageError(f"--{name.replace('_', '-')} must be a number, got {value!r}")
     if options.max_train_time is not None and options.max_train_time <= 0:
         raise UsageError(f"--max-train-time must be a positive number of seconds, got {options.max_train_time!r}")
@@ -456,12 +459,11 @@ def preflight(options: RunOptions, meters_here: bool = True) -> list[str]:
     for spec in options.backbone:
         config = backbone_config(spec)  # the config of a folder or hub id: a bad one fails here
         check_shape(spec, config, num_layers=options.num_layers, max_length=options.max_length)
-        width = int(config.hidden_size)
         for method in options.methods:
             for point in grid_points(options, method):  # every grid point, e.g. a LoRA rank wider than the model
-                config = get_method(method).make_config(point)
-                if hasattr(config, "check_width"):
-                    config.check_width(width, spec)
+                method_config = get_method(method).make_config(point)
+                if hasattr(method_config, "check_width"):
+                    method_config.check_width(int(config.hidden_size), spec)
     for name in options.task:
         task = load_task(name, train_size=options.train_size, eval_size=options.eval_size, data_dir=options.data_dir,
                          text_column=options.text_column, text_pair_column=options.text_pair_column,
