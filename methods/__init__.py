@@ -5,5 +5,14 @@ learning rate); each method's torch/peft code is imported only when a run applie
 """
 
 from petlprof.methods import (  # noqa: F401  (self-registering)
-    adapter, bitfit, full, ia3, linear_probe, lora, lst, prefix_tuning, prompt_tuning, read,
+    adapter,
+    bitfit,
+    full,
+    ia3,
+    linear_probe,
+    lora,
+    lst,
+    prefix_tuning,
+    prompt_tuning,
+    read,
 )

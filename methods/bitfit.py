@@ -25,16 +25,21 @@ def apply(classifier, config: BitFitConfig):
     for param in classifier.head.parameters():
         param.requires_grad_(True)
     if biases == 0:
-        warnings.warn(f"BitFit: the {classifier.backbone.config.model_type} backbone has no bias terms; "
-                      "only the task head trains", stacklevel=2)
+        warnings.warn(
+            f"BitFit: the {classifier.backbone.config.model_type} backbone has no bias terms; "
+            "only the task head trains",
+            stacklevel=2,
+        )
     return classifier
 
 
-register_method(MethodSpec(
-    name="bitfit",
-    description="backbone bias terms + task head",
-    config_cls=BitFitConfig,
-    apply="petlprof.methods.bitfit:apply",
-    default_lr=1e-3,
-    lr_source="BitFit paper grid 1e-4..1e-3 (Ben Zaken et al. 2022)",
-))
+register_method(
+    MethodSpec(
+        name="bitfit",
+        description="backbone bias terms + task head",
+        config_cls=BitFitConfig,
+        apply="petlprof.methods.bitfit:apply",
+        default_lr=1e-3,
+        lr_source="BitFit paper grid 1e-4..1e-3 (Ben Zaken et al. 2022)",
+    )
+)

@@ -18,11 +18,13 @@ def apply(classifier, config: FullConfig):
     return classifier
 
 
-register_method(MethodSpec(
-    name="full",
-    description="all backbone weights + task head",
-    config_cls=FullConfig,
-    apply="petlprof.methods.full:apply",
-    default_lr=5e-5,
-    lr_source="BERT fine-tuning range 2e-5..5e-5 (Devlin et al. 2019); upper end for short budgets",
-))
+register_method(
+    MethodSpec(
+        name="full",
+        description="all backbone weights + task head",
+        config_cls=FullConfig,
+        apply="petlprof.methods.full:apply",
+        default_lr=5e-5,
+        lr_source="BERT fine-tuning range 2e-5..5e-5 (Devlin et al. 2019); upper end for short budgets",
+    )
+)

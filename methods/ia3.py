@@ -24,9 +24,11 @@ _BERT_TARGETS = r".*\.(key|value)|" + _BERT_FEEDFORWARD
 @dataclass
 class Ia3Config:
     target_modules: list[str] | None = help_field(
-        None, "modules to rescale; default: keys, values and feed-forward (PEFT's table, BERT narrowed)")
+        None, "modules to rescale; default: keys, values and feed-forward (PEFT's table, BERT narrowed)"
+    )
     feedforward_modules: list[str] | None = help_field(
-        None, "the subset of target_modules whose input (not output) is rescaled; default: the feed-forward layer")
+        None, "the subset of target_modules whose input (not output) is rescaled; default: the feed-forward layer"
+    )
 
     def __post_init__(self):
         for name in ("target_modules", "feedforward_modules"):
@@ -34,9 +36,11 @@ class Ia3Config:
             if value is not None and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
                 raise UsageError(f"ia3 {name} must be a list of module names, got {value!r}")
         if (self.feedforward_modules is None) != (self.target_modules is None):
-            raise UsageError("ia3 target_modules and feedforward_modules must be given together "
-                             f"(got target_modules={self.target_modules!r}, "
-                             f"feedforward_modules={self.feedforward_modules!r})")
+            raise UsageError(
+                "ia3 target_modules and feedforward_modules must be given together "
+                f"(got target_modules={self.target_modules!r}, "
+                f"feedforward_modules={self.feedforward_modules!r})"
+            )
 
 
 def apply(classifier, config: Ia3Config):
@@ -51,12 +55,14 @@ def apply(classifier, config: Ia3Config):
     return wrap_backbone(classifier, peft_config, "ia3")
 
 
-register_method(MethodSpec(
-    name="ia3",
-    description="learned rescaling vectors on keys, values and feed-forward activations (PEFT) + task head",
-    config_cls=Ia3Config,
-    apply="petlprof.methods.ia3:apply",
-    default_lr=3e-3,
-    lr_source="T-Few recipe (Liu et al. 2022): 3e-3; PEFT's IA3 seq2seq example uses 8e-3",
-    merge="petlprof.methods.peft_common:merge",
-))
+register_method(
+    MethodSpec(
+        name="ia3",
+        description="learned rescaling vectors on keys, values and feed-forward activations (PEFT) + task head",
+        config_cls=Ia3Config,
+        apply="petlprof.methods.ia3:apply",
+        default_lr=3e-3,
+        lr_source="T-Few recipe (Liu et al. 2022): 3e-3; PEFT's IA3 seq2seq example uses 8e-3",
+        merge="petlprof.methods.peft_common:merge",
+    )
+)

@@ -21,12 +21,14 @@ def apply(classifier, config: LinearProbeConfig):
     return classifier.freeze_backbone()
 
 
-register_method(MethodSpec(
-    name="linear_probe",
-    description="task head only, on the frozen backbone's pooled states",
-    config_cls=LinearProbeConfig,
-    apply="petlprof.methods.linear_probe:apply",
-    default_lr=1e-2,
-    lr_source="a head trained from scratch on frozen features takes a larger step than any backbone update; "
-    "checked on the offline default: 85.3% after one 2000-example epoch (300 eval examples)",
-))
+register_method(
+    MethodSpec(
+        name="linear_probe",
+        description="task head only, on the frozen backbone's pooled states",
+        config_cls=LinearProbeConfig,
+        apply="petlprof.methods.linear_probe:apply",
+        default_lr=1e-2,
+        lr_source="a head trained from scratch on frozen features takes a larger step than any backbone update; "
+        "checked on the offline default: 85.3% after one 2000-example epoch (300 eval examples)",
+    )
+)

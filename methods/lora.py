@@ -17,7 +17,9 @@ class LoraConfig:
     r: int = help_field(8, "rank of the low-rank update (the Pareto knob)")
     alpha: float = help_field(16.0, "scaling numerator: updates are scaled by alpha / r")
     dropout: float = help_field(0.1, "dropout on the LoRA input")
-    target_modules: list[str] | None = help_field(None, "module names to adapt; default: PEFT's table for the architecture")
+    target_modules: list[str] | None = help_field(
+        None, "module names to adapt; default: PEFT's table for the architecture"
+    )
 
     def __post_init__(self):
         if not _is_int(self.r) or self.r < 1:
@@ -32,8 +34,9 @@ class LoraConfig:
 
     def check_width(self, width: int, backbone: str) -> None:
         if self.r > width:
-            raise UsageError(f"lora r {self.r} is larger than the width {width} of backbone '{backbone}'; "
-                             f"use r <= {width}")
+            raise UsageError(
+                f"lora r {self.r} is larger than the width {width} of backbone '{backbone}'; use r <= {width}"
+            )
 
 
 def _is_int(value) -> bool:
@@ -50,21 +53,26 @@ def apply(classifier, config: LoraConfig):
     from petlprof.methods.peft_common import wrap_backbone
 
     peft_config = peft.LoraConfig(
-        r=config.r, lora_alpha=config.alpha, lora_dropout=config.dropout,
-        target_modules=config.target_modules, bias="none",
+        r=config.r,
+        lora_alpha=config.alpha,
+        lora_dropout=config.dropout,
+        target_modules=config.target_modules,
+        bias="none",
     )
     return wrap_backbone(classifier, peft_config, "lora")
 
 
-register_method(MethodSpec(
-    name="lora",
-    description="low-rank updates of the attention projections (PEFT) + task head",
-    config_cls=LoraConfig,
-    apply="petlprof.methods.lora:apply",
-    default_lr=2e-3,
-    lr_source="tuned on the offline default for short budgets (1e-3: 83.3%, 2e-3: 84.6%, 5e-4: 73.8% after one "
-    "2000-example epoch); the LoRA paper's 4e-4..5e-4 assumes 30+ epochs",
-    pareto_knob="r",
-    default_grid=(2, 8, 32),
-    merge="petlprof.methods.peft_common:merge",
-))
+register_method(
+    MethodSpec(
+        name="lora",
+        description="low-rank updates of the attention projections (PEFT) + task head",
+        config_cls=LoraConfig,
+        apply="petlprof.methods.lora:apply",
+        default_lr=2e-3,
+        lr_source="tuned on the offline default for short budgets (1e-3: 83.3%, 2e-3: 84.6%, 5e-4: 73.8% after one "
+        "2000-example epoch); the LoRA paper's 4e-4..5e-4 assumes 30+ epochs",
+        pareto_knob="r",
+        default_grid=(2, 8, 32),
+        merge="petlprof.methods.peft_common:merge",
+    )
+)

@@ -21,7 +21,8 @@ from petlprof.registry import MethodSpec, help_field, register_method
 class PrefixTuningConfig:
     num_virtual_tokens: int = help_field(20, "prefix length in virtual tokens per layer (the Pareto knob)")
     projection_size: int | None = help_field(
-        None, "hidden size of the paper's MLP reparametrisation of the prefix; none: train the prefix directly")
+        None, "hidden size of the paper's MLP reparametrisation of the prefix; none: train the prefix directly"
+    )
 
     def __post_init__(self):
         for name in ("num_virtual_tokens", "projection_size"):
@@ -43,21 +44,29 @@ def apply(classifier, config: PrefixTuningConfig):
         # model's generation hooks when built; a headless T5 has none, and classification never generates.
         classifier.backbone.prepare_inputs_for_generation = None
         classifier.backbone._prepare_encoder_decoder_kwargs_for_generation = None
-    projection = {} if config.projection_size is None else {
-        "prefix_projection": True, "encoder_hidden_size": config.projection_size}
-    peft_config = peft.PrefixTuningConfig(task_type="SEQ_2_SEQ_LM" if seq2seq else "FEATURE_EXTRACTION",
-                                          num_virtual_tokens=config.num_virtual_tokens, **projection)
+    projection = (
+        {}
+        if config.projection_size is None
+        else {"prefix_projection": True, "encoder_hidden_size": config.projection_size}
+    )
+    peft_config = peft.PrefixTuningConfig(
+        task_type="SEQ_2_SEQ_LM" if seq2seq else "FEATURE_EXTRACTION",
+        num_virtual_tokens=config.num_virtual_tokens,
+        **projection,
+    )
     return wrap_backbone(classifier, peft_config, "prefix_tuning")
 
 
-register_method(MethodSpec(
-    name="prefix_tuning",
-    description="trained key/value prefixes in every attention layer (PEFT) + task head",
-    config_cls=PrefixTuningConfig,
-    apply="petlprof.methods.prefix_tuning:apply",
-    default_lr=1e-2,
-    lr_source="PEFT's prefix-tuning seq2seq example: 1e-2; 86.7% on the offline default after one 2000-example "
-    "epoch (300 eval examples)",
-    pareto_knob="num_virtual_tokens",
-    default_grid=(5, 20, 50),
-))
+register_method(
+    MethodSpec(
+        name="prefix_tuning",
+        description="trained key/value prefixes in every attention layer (PEFT) + task head",
+        config_cls=PrefixTuningConfig,
+        apply="petlprof.methods.prefix_tuning:apply",
+        default_lr=1e-2,
+        lr_source="PEFT's prefix-tuning seq2seq example: 1e-2; 86.7% on the offline default after one 2000-example "
+        "epoch (300 eval examples)",
+        pareto_knob="num_virtual_tokens",
+        default_grid=(5, 20, 50),
+    )
+)

@@ -22,9 +22,11 @@ INITS = {"text": "TEXT", "vocab": "SAMPLE_VOCAB", "random": "RANDOM"}
 class PromptTuningConfig:
     num_virtual_tokens: int = help_field(20, "number of trained prompt tokens (the Pareto knob)")
     init: str = help_field("text", f"prompt initialisation, one of {', '.join(INITS)}")
-    init_text: str = help_field("Classify the sentiment of this text as positive or negative:",
-                                "text whose token embeddings initialise the prompt (init=text), cycled to length; "
-                                "the default suits sentiment tasks: give your task's instruction otherwise")
+    init_text: str = help_field(
+        "Classify the sentiment of this text as positive or negative:",
+        "text whose token embeddings initialise the prompt (init=text), cycled to length; "
+        "the default suits sentiment tasks: give your task's instruction otherwise",
+    )
 
     def __post_init__(self):
         n = self.num_virtual_tokens
@@ -44,21 +46,27 @@ def apply(classifier, config: PromptTuningConfig):
     extra = {}
     if config.init == "text":
         extra = {"prompt_tuning_init_text": config.init_text, "tokenizer_name_or_path": classifier.tokenizer_path}
-    peft_config = peft.PromptTuningConfig(task_type="FEATURE_EXTRACTION", num_virtual_tokens=config.num_virtual_tokens,
-                                          prompt_tuning_init=INITS[config.init], **extra)
+    peft_config = peft.PromptTuningConfig(
+        task_type="FEATURE_EXTRACTION",
+        num_virtual_tokens=config.num_virtual_tokens,
+        prompt_tuning_init=INITS[config.init],
+        **extra,
+    )
     wrap_backbone(classifier, peft_config, "prompt_tuning")
     classifier.virtual_tokens = config.num_virtual_tokens
     return classifier
 
 
-register_method(MethodSpec(
-    name="prompt_tuning",
-    description="trained virtual-token embeddings before the input (PEFT) + task head",
-    config_cls=PromptTuningConfig,
-    apply="petlprof.methods.prompt_tuning:apply",
-    default_lr=3e-2,
-    lr_source="PEFT's prompt-tuning example: 3e-2 (the paper's 0.3 is for Adafactor); 84.0% on the offline default "
-    "after one 2000-example epoch (300 eval examples)",
-    pareto_knob="num_virtual_tokens",
-    default_grid=(5, 20, 50),
-))
+register_method(
+    MethodSpec(
+        name="prompt_tuning",
+        description="trained virtual-token embeddings before the input (PEFT) + task head",
+        config_cls=PromptTuningConfig,
+        apply="petlprof.methods.prompt_tuning:apply",
+        default_lr=3e-2,
+        lr_source="PEFT's prompt-tuning example: 3e-2 (the paper's 0.3 is for Adafactor); 84.0% on the offline default "
+        "after one 2000-example epoch (300 eval examples)",
+        pareto_knob="num_virtual_tokens",
+        default_grid=(5, 20, 50),
+    )
+)

@@ -43,15 +43,18 @@ class SideTunedModel(nn.Module):
         """Every layer's hidden states from one no-autograd pass of the frozen backbone."""
         out = self.classifier.backbone_outputs(input_ids, attention_mask, output_hidden_states=True)
         if self.encoder_decoder:
-            return {"encoder": torch.stack(out.encoder_hidden_states, dim=2),
-                    "decoder": torch.stack(out.decoder_hidden_states, dim=2)}
+            return {
+                "encoder": torch.stack(out.encoder_hidden_states, dim=2),
+                "decoder": torch.stack(out.decoder_hidden_states, dim=2),
+            }
         return {"layers": torch.stack(out.hidden_states, dim=2)}
 
     @torch.no_grad()
     def encoder_states(self, input_ids, attention_mask) -> dict[str, torch.Tensor]:
         """The encoder stack's hidden states only (for wirings that re-run the frozen decoder)."""
-        out = self.classifier.backbone.get_encoder()(input_ids=input_ids, attention_mask=attention_mask,
-                                                     output_hidden_states=True, return_dict=True)
+        out = self.classifier.backbone.get_encoder()(
+            input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, return_dict=True
+        )
         return {"encoder": torch.stack(out.hidden_states, dim=2)}
 
     def state_masks(self, attention_mask) -> dict[str, torch.Tensor]:

@@ -19,8 +19,8 @@ same for the eval phase prefixed ``eval_``, ``trainable_params``, ``total_params
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import pandas as pd
 
@@ -40,8 +40,15 @@ def load_results(paths: str | Path | Sequence[str | Path]) -> pd.DataFrame:
     return runs_frame(records)
 
 
-def plot_frontier(frame: pd.DataFrame, x: str = "energy_j", y: str = "quality", *, task: str | None = None,
-                  backbone: str | None = None, ax=None):
+def plot_frontier(
+    frame: pd.DataFrame,
+    x: str = "energy_j",
+    y: str = "quality",
+    *,
+    task: str | None = None,
+    backbone: str | None = None,
+    ax=None,
+):
     """Draw ``y`` against cost ``x`` for one task and backbone (the only ones in ``frame`` unless
     named) as in the report: methods joined along their grid, mean ± 95% CI over seeds, the
     frontier ringed.  Draws into ``ax`` when given; returns the matplotlib Figure."""
@@ -52,7 +59,9 @@ def plot_frontier(frame: pd.DataFrame, x: str = "energy_j", y: str = "quality", 
         if value is not None:
             runs = runs[runs[column] == value]
         elif runs[column].nunique() > 1:
-            raise ValueError(f"the results hold several {column}s {sorted(runs[column].unique())}; pick one with {column}=")
+            raise ValueError(
+                f"the results hold several {column}s {sorted(runs[column].unique())}; pick one with {column}="
+            )
     ok = runs[runs["status"] == "ok"] if "status" in runs else runs
     configs = frontier(ok, x=x, y=y)
     configs = configs[configs[x].notna() & configs[y].notna()]

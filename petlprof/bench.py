@@ -20,9 +20,10 @@ import json
 import random
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -55,24 +56,36 @@ class StepProfile:
         return self.weight_bytes + self.grad_bytes + self.optimizer_state_bytes + self.saved_activation_bytes
 
     def figures(self) -> dict[str, int]:
-        return {**{k: v for k, v in asdict(self).items() if isinstance(v, int)},
-                "training_tensor_bytes": self.training_tensor_bytes}
+        return {
+            **{k: v for k, v in asdict(self).items() if isinstance(v, int)},
+            "training_tensor_bytes": self.training_tensor_bytes,
+        }
 
 
 class MethodStep:
     """A method applied to a backbone, with a fixed batch, ready to time or profile."""
 
-    def __init__(self, method: str, backbone: str = "tiny-bert", *, batch_size: int = 16, seq_len: int = 64,
-                 num_layers: int | None = None, device: str = "cpu", method_config: dict | None = None,
-                 lr: float = 1e-4):
+    def __init__(
+        self,
+        method: str,
+        backbone: str = "tiny-bert",
+        *,
+        batch_size: int = 16,
+        seq_len: int = 64,
+        num_layers: int | None = None,
+        device: str = "cpu",
+        method_config: dict | None = None,
+        lr: float = 1e-4,
+    ):
         spec = get_method(method)
         torch.manual_seed(0)
         self.backbone = load_backbone(backbone, num_layers=num_layers)
         classifier = SequenceClassifier(self.backbone, num_labels=2)
         self.model = spec.build()(classifier, spec.make_config(method_config or {})).to(device)
         self.method, self.backbone_name, self.device = method, backbone, device
-        batch = self.backbone.tokenizer([SENTENCE] * batch_size, padding="max_length", truncation=True,
-                                        max_length=seq_len, return_tensors="pt")
+        batch = self.backbone.tokenizer(
+            [SENTENCE] * batch_size, padding="max_length", truncation=True, max_length=seq_len, return_tensors="pt"
+        )
         self.inputs = {k: batch[k].to(device) for k in ("input_ids", "attention_mask")}
         self.labels = torch.arange(batch_size, device=device) % 2
         self.params = [p for p in self.model.parameters() if p.requires_grad]
@@ -96,14 +109,24 @@ class MethodStep:
     def profile(self) -> StepProfile:
         self.train_step()  # materialise the optimiser state
         trainable = sum(p.numel() for p in self.params)
-        state = sum(t.numel() * t.element_size() for s in self.optimizer.state.values()
-                    for t in s.values() if torch.is_tensor(t) and t.dim() > 0)
+        state = sum(
+            t.numel() * t.element_size()
+            for s in self.optimizer.state.values()
+            for t in s.values()
+            if torch.is_tensor(t) and t.dim() > 0
+        )
         return StepProfile(
-            method=self.method, backbone=self.backbone_name, batch_size=self.batch_size, seq_len=self.seq_len,
-            trainable_params=trainable, total_params=sum(p.numel() for p in self.model.parameters()),
+            method=self.method,
+            backbone=self.backbone_name,
+            batch_size=self.batch_size,
+            seq_len=self.seq_len,
+            trainable_params=trainable,
+            total_params=sum(p.numel() for p in self.model.parameters()),
             weight_bytes=sum(p.numel() * p.element_size() for p in self.model.parameters()),
             grad_bytes=sum(p.numel() * p.element_size() for p in self.params),
-            optimizer_state_bytes=state, saved_activation_bytes=self.saved_activation_bytes())
+            optimizer_state_bytes=state,
+            saved_activation_bytes=self.saved_activation_bytes(),
+        )
 
     def saved_activation_bytes(self) -> int:
         """Bytes of the tensors autograd keeps for backward in one training forward, each storage once,
@@ -126,8 +149,7 @@ class MethodStep:
         return total
 
 
-def time_rounds(functions: dict[str, Callable[[], None]], rounds: int = 10,
-                warmup: int = 2) -> dict[str, list[float]]:
+def time_rounds(functions: dict[str, Callable[[], None]], rounds: int = 10, warmup: int = 2) -> dict[str, list[float]]:
     """Seconds of each call of each function, called once per round so that drift in the machine's
     speed hits all alike, in a new (seeded) order each round so that none always runs after the same
     one; index ``i`` of every list is round ``i``."""
@@ -145,8 +167,7 @@ def time_rounds(functions: dict[str, Callable[[], None]], rounds: int = 10,
     return samples
 
 
-def time_alternating(functions: dict[str, Callable[[], None]], rounds: int = 10,
-                     warmup: int = 2) -> dict[str, float]:
+def time_alternating(functions: dict[str, Callable[[], None]], rounds: int = 10, warmup: int = 2) -> dict[str, float]:
     """Median seconds per call of each function, timed by :func:`time_rounds`."""
     return {name: statistics.median(values) for name, values in time_rounds(functions, rounds, warmup).items()}
 
@@ -180,10 +201,14 @@ class Baseline:
         rtol = entry["rtol"] if rtol is None else rtol
         base = entry["value"]
         if value > base * (1 + rtol):
-            return f"{key} = {value:g} exceeds the baseline {base:g} by more than {rtol:.0%} (limit {base * (1 + rtol):g})"
+            return (
+                f"{key} = {value:g} exceeds the baseline {base:g} by more than {rtol:.0%} (limit {base * (1 + rtol):g})"
+            )
         if two_sided and value < base * (1 - rtol):
-            return (f"{key} = {value:g} is below the baseline {base:g} by more than {rtol:.0%}: did the method "
-                    "stop training or saving what it should? Refresh the baseline if the change is intended")
+            return (
+                f"{key} = {value:g} is below the baseline {base:g} by more than {rtol:.0%}: did the method "
+                "stop training or saving what it should? Refresh the baseline if the change is intended"
+            )
         return None
 
     def has(self, key: str) -> bool:

@@ -12,7 +12,8 @@ energy and steps *are* the cost of reaching it, checks included.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from petlprof.metrics import HIGHER, direction
 
@@ -27,9 +28,17 @@ class Budget:
     ``eval_every`` steps when a target is set.
     """
 
-    def __init__(self, *, metric: str | None, target_value: float | None, eval_every: int,
-                 score: Callable[[Any], float] | None, model: Any, max_time_s: float | None,
-                 eval_size: int | None):
+    def __init__(
+        self,
+        *,
+        metric: str | None,
+        target_value: float | None,
+        eval_every: int,
+        score: Callable[[Any], float] | None,
+        model: Any,
+        max_time_s: float | None,
+        eval_size: int | None,
+    ):
         self.metric, self.target_value, self.eval_every = metric, target_value, eval_every
         self.score, self.model, self.max_time_s, self.eval_size = score, model, max_time_s, eval_size
         self.higher = direction(metric) == HIGHER if metric else True
@@ -66,13 +75,18 @@ class Budget:
         (window) figures when the target was reached, None otherwise."""
         reached = self.stop_reason == TARGET
         return {
-            "target_metric": self.metric, "target_value": self.target_value, "eval_every_steps": self.eval_every,
-            "check_eval_size": self.eval_size, "max_time_s": self.max_time_s,
-            "stop_reason": self.stop_reason, "reached": reached if self.target_value is not None else None,
+            "target_metric": self.metric,
+            "target_value": self.target_value,
+            "eval_every_steps": self.eval_every,
+            "check_eval_size": self.eval_size,
+            "max_time_s": self.max_time_s,
+            "stop_reason": self.stop_reason,
+            "reached": reached if self.target_value is not None else None,
             "reached_at_step": self.reached_at_step,
             "time_to_target_s": train_phase.get("time_s") if reached else None,
             "energy_to_target_j": train_phase.get("energy_j") if reached else None,
-            "check_time_s": self.check_time_s, "checks": self.checks,
+            "check_time_s": self.check_time_s,
+            "checks": self.checks,
         }
 
 
@@ -104,12 +118,14 @@ def check_target(task, name: str, metric: str, value: float) -> None:
     from petlprof.metrics import METRIC_RANGES
 
     if metric not in task.metric_names:
-        raise UsageError(f"target metric '{metric}' is not scored on task '{name}'; it scores "
-                         f"{', '.join(task.metric_names)}")
+        raise UsageError(
+            f"target metric '{metric}' is not scored on task '{name}'; it scores {', '.join(task.metric_names)}"
+        )
     low, high = METRIC_RANGES[metric]
     if not low <= value <= high:
-        raise UsageError(f"--target-value {value:g} is outside the range of {metric} on task '{name}', "
-                         f"[{low:g}, {high:g}]")
+        raise UsageError(
+            f"--target-value {value:g} is outside the range of {metric} on task '{name}', [{low:g}, {high:g}]"
+        )
 
 
 def make_budget(spec, task, model, make_batches) -> Budget | None:
@@ -124,10 +140,17 @@ def make_budget(spec, task, model, make_batches) -> Budget | None:
         check_target(task, spec.task, metric, spec.target_value)
         held_out = task.eval
         if size is not None and size < len(held_out):
-            held_out = Split(held_out.texts[:size], held_out.pairs[:size] if held_out.pairs else None,
-                             held_out.labels[:size])
+            held_out = Split(
+                held_out.texts[:size], held_out.pairs[:size] if held_out.pairs else None, held_out.labels[:size]
+            )
         size = len(held_out)
         score = slice_scorer(task, make_batches(held_out), metric, spec.device)
-    return Budget(metric=metric if spec.target_value is not None else None, target_value=spec.target_value,
-                  eval_every=spec.eval_every or 1, score=score, model=model, max_time_s=spec.max_train_time_s,
-                  eval_size=size if spec.target_value is not None else None)
+    return Budget(
+        metric=metric if spec.target_value is not None else None,
+        target_value=spec.target_value,
+        eval_every=spec.eval_every or 1,
+        score=score,
+        model=model,
+        max_time_s=spec.max_train_time_s,
+        eval_size=size if spec.target_value is not None else None,
+    )

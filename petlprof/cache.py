@@ -77,7 +77,7 @@ class HiddenStateCache:
                 stored = self._read(entry[name])
                 if stored.shape[0] < counts[name][row]:
                     return None
-                rows[name].append(stored[:counts[name][row]])
+                rows[name].append(stored[: counts[name][row]])
         states = {}
         for name, mask in masks.items():
             real = torch.cat(rows[name]).to(device, non_blocking=True)
@@ -128,7 +128,7 @@ class HiddenStateCache:
         if self._mapped is None or self._mapped.shape[0] < self.disk_bytes:  # map again once the file grew
             self._mapped = np.memmap(self.spill_path, dtype=np.uint8, mode="c", shape=(self.disk_bytes,))
         nbytes = int(np.prod(shape)) * torch.empty((), dtype=self.dtype).element_size()
-        raw = torch.from_numpy(self._mapped[offset:offset + nbytes])
+        raw = torch.from_numpy(self._mapped[offset : offset + nbytes])
         return raw.view(self.dtype).reshape(shape)
 
     def summary(self) -> dict[str, Any]:

@@ -28,20 +28,30 @@ def _size_or_all(text: str):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="petlprof", description="Energy, memory and latency profiling of "
-                                     "parameter-efficient fine-tuning methods.")
+    parser = argparse.ArgumentParser(
+        prog="petlprof", description="Energy, memory and latency profiling of parameter-efficient fine-tuning methods."
+    )
     parser.add_argument("--version", action="version", version=f"petlprof {__version__}")
     parser.add_argument("--debug", action="store_true", help="show the traceback of an input error")
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="train and evaluate methods under the meters; write results and a report")
     run.add_argument("--methods", help="comma list of methods, e.g. read,lora (see `petlprof list`)")
-    run.add_argument("--backbone", help="minilm (offline default), tiny-bert|tiny-t5|tiny-gpt2|tiny-llama, "
-                     "a local model folder or a Hugging Face id; comma list for several")
-    run.add_argument("--num-layers", type=int, help="keep only the first N layers of a pretrained backbone (a tiny-* "
-                     "preset is built with N layers)")
-    run.add_argument("--task", help="tweets (offline default), a GLUE task (sst2, cola, ...), or a CSV/TSV/"
-                     "JSONL/Parquet file or folder of your own; comma list for several")
+    run.add_argument(
+        "--backbone",
+        help="minilm (offline default), tiny-bert|tiny-t5|tiny-gpt2|tiny-llama, "
+        "a local model folder or a Hugging Face id; comma list for several",
+    )
+    run.add_argument(
+        "--num-layers",
+        type=int,
+        help="keep only the first N layers of a pretrained backbone (a tiny-* preset is built with N layers)",
+    )
+    run.add_argument(
+        "--task",
+        help="tweets (offline default), a GLUE task (sst2, cola, ...), or a CSV/TSV/"
+        "JSONL/Parquet file or folder of your own; comma list for several",
+    )
     run.add_argument("--data-dir", help="local files for a GLUE task (same columns as the hub dataset)")
     run.add_argument("--text-column", help="text column of your own data (default: text/sentence)")
     run.add_argument("--text-pair-column", help="second text column of a pair task")
@@ -55,61 +65,130 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--lr", type=float, help="learning rate for every method (default: each method's own)")
     run.add_argument("--max-length", type=int, help="truncate inputs to N tokens (default 64)")
     run.add_argument("--warmup-steps", type=int, help="steps per phase excluded from the figures (default 2)")
-    run.add_argument("--method-config", action="append", metavar="METHOD.FIELD=VALUE",
-                     help="a method hyper-parameter, e.g. lora.r=16 (repeatable)")
+    run.add_argument(
+        "--method-config",
+        action="append",
+        metavar="METHOD.FIELD=VALUE",
+        help="a method hyper-parameter, e.g. lora.r=16 (repeatable)",
+    )
     run.add_argument("--device", help="auto (default), cpu, cuda or cuda:N")
     run.add_argument("--energy-meter", help="auto (default: best measured source, else estimate), nvml, rapl, estimate")
-    run.add_argument("--output", help="output folder (default petlprof-out/run-<time>); re-running into it "
-                     "skips runs already recorded")
-    run.add_argument("--in-process", action="store_true", default=None,
-                     help="run everything in this process (debugging; memory figures then depend on run order)")
+    run.add_argument(
+        "--output",
+        help="output folder (default petlprof-out/run-<time>); re-running into it skips runs already recorded",
+    )
+    run.add_argument(
+        "--in-process",
+        action="store_true",
+        default=None,
+        help="run everything in this process (debugging; memory figures then depend on run order)",
+    )
     run.add_argument("--timeout", type=float, help="seconds a run may take before it is killed and recorded 'timeout'")
-    run.add_argument("--max-memory", help="memory a run may allocate beyond the runtime, e.g. 2GiB (CUDA: "
-                     "per-process fraction; CPU: address-space limit of the run's process); past it the run is 'oom'")
-    run.add_argument("--executor", help="where runs execute: local (default: one after the other on this machine, "
-                     "a fresh process each) or ray (each run a Ray task on a cluster; pip install 'petlprof[ray]')")
-    run.add_argument("--address", help="--executor ray: the cluster to join, e.g. auto or ray://head:10001 "
-                     "(default: RAY_ADDRESS, or a cluster `ray start` began on this machine, else a new local instance)")
-    run.add_argument("--retries", type=int, help="--executor ray: times a run whose worker or node was lost is "
-                     "retried before it is recorded 'failed' (default 0)")
-    run.add_argument("--cpus-per-run", type=float, help="--executor ray: CPUs each run's task asks for, per rank "
-                     "(default 1; each rank's OMP_NUM_THREADS is set to it)")
-    run.add_argument("--nproc-per-run", type=int, help="data-parallel ranks of each run (torchrun semantics: one "
-                     "process per rank, one GPU each on CUDA; --batch-size stays the global batch). Default 1")
-    run.add_argument("--cache-hidden-states", action="store_true", default=None,
-                     help="side-tuning methods (read, lst): keep the frozen backbone's hidden states after epoch 1, "
-                     "so later epochs run only the side network")
-    run.add_argument("--cache-budget", help="memory for that cache, e.g. 2GiB (default 1GiB); past it the cache "
-                     "spills to a memory-mapped file in the output folder")
+    run.add_argument(
+        "--max-memory",
+        help="memory a run may allocate beyond the runtime, e.g. 2GiB (CUDA: "
+        "per-process fraction; CPU: address-space limit of the run's process); past it the run is 'oom'",
+    )
+    run.add_argument(
+        "--executor",
+        help="where runs execute: local (default: one after the other on this machine, "
+        "a fresh process each) or ray (each run a Ray task on a cluster; pip install 'petlprof[ray]')",
+    )
+    run.add_argument(
+        "--address",
+        help="--executor ray: the cluster to join, e.g. auto or ray://head:10001 "
+        "(default: RAY_ADDRESS, or a cluster `ray start` began on this machine, else a new local instance)",
+    )
+    run.add_argument(
+        "--retries",
+        type=int,
+        help="--executor ray: times a run whose worker or node was lost is "
+        "retried before it is recorded 'failed' (default 0)",
+    )
+    run.add_argument(
+        "--cpus-per-run",
+        type=float,
+        help="--executor ray: CPUs each run's task asks for, per rank "
+        "(default 1; each rank's OMP_NUM_THREADS is set to it)",
+    )
+    run.add_argument(
+        "--nproc-per-run",
+        type=int,
+        help="data-parallel ranks of each run (torchrun semantics: one "
+        "process per rank, one GPU each on CUDA; --batch-size stays the global batch). Default 1",
+    )
+    run.add_argument(
+        "--cache-hidden-states",
+        action="store_true",
+        default=None,
+        help="side-tuning methods (read, lst): keep the frozen backbone's hidden states after epoch 1, "
+        "so later epochs run only the side network",
+    )
+    run.add_argument(
+        "--cache-budget",
+        help="memory for that cache, e.g. 2GiB (default 1GiB); past it the cache "
+        "spills to a memory-mapped file in the output folder",
+    )
     run.add_argument("--cache-dtype", help="precision of the cached states: float16 (default), bfloat16, float32")
-    run.add_argument("--grid", action="store_true", default=None,
-                     help="sweep each method's default grid of its Pareto knob (see `petlprof list`)")
-    run.add_argument("--method-grid", action="append", metavar="METHOD.FIELD=V1,V2,...",
-                     help="values of a method hyper-parameter to sweep, e.g. lora.r=4,16,64 (repeatable; "
-                     "several fields of one method are crossed)")
-    run.add_argument("--target-value", type=float, help="stop each run's training once the target metric reaches "
-                     "this value (time-to-accuracy), checked every --eval-every steps")
+    run.add_argument(
+        "--grid",
+        action="store_true",
+        default=None,
+        help="sweep each method's default grid of its Pareto knob (see `petlprof list`)",
+    )
+    run.add_argument(
+        "--method-grid",
+        action="append",
+        metavar="METHOD.FIELD=V1,V2,...",
+        help="values of a method hyper-parameter to sweep, e.g. lora.r=4,16,64 (repeatable; "
+        "several fields of one method are crossed)",
+    )
+    run.add_argument(
+        "--target-value",
+        type=float,
+        help="stop each run's training once the target metric reaches "
+        "this value (time-to-accuracy), checked every --eval-every steps",
+    )
     run.add_argument("--target-metric", help="metric of --target-value (default: the task's primary metric)")
     run.add_argument("--eval-every", type=int, help="optimiser steps between target checks (default 10)")
-    run.add_argument("--target-eval-size", type=_size_or_all, help="first N eval examples scored at each "
-                     "target check (default 200; 'all')")
+    run.add_argument(
+        "--target-eval-size",
+        type=_size_or_all,
+        help="first N eval examples scored at each target check (default 200; 'all')",
+    )
     run.add_argument("--max-train-time", type=float, help="stop each run's training after this many seconds")
-    run.add_argument("--meters", help="extra meters beside energy and memory, comma list: codecarbon (g CO2-eq), "
-                     "cpu-tensors (peak live CPU tensor bytes; slows the run). Off by default")
+    run.add_argument(
+        "--meters",
+        help="extra meters beside energy and memory, comma list: codecarbon (g CO2-eq), "
+        "cpu-tensors (peak live CPU tensor bytes; slows the run). Off by default",
+    )
     run.add_argument("--country-code", help="ISO alpha-3 country for codecarbon's carbon intensity (default USA)")
-    run.add_argument("--memory-snapshot", action="store_true", default=None,
-                     help="CUDA: dump a memory snapshot of each phase into <output>/memory-snapshots "
-                     "(open it at https://pytorch.org/memory_viz)")
-    run.add_argument("--inference-window-s", type=float, help="seconds the inference phase repeats each batch "
-                     "size for (default 5 with a measured energy meter, 0.5 with the estimate)")
-    run.add_argument("--config", help="TOML or YAML file with the same options (underscores for dashes), "
-                     "including a sweep: [method_grid.<method>] tables of value lists")
+    run.add_argument(
+        "--memory-snapshot",
+        action="store_true",
+        default=None,
+        help="CUDA: dump a memory snapshot of each phase into <output>/memory-snapshots "
+        "(open it at https://pytorch.org/memory_viz)",
+    )
+    run.add_argument(
+        "--inference-window-s",
+        type=float,
+        help="seconds the inference phase repeats each batch "
+        "size for (default 5 with a measured energy meter, 0.5 with the estimate)",
+    )
+    run.add_argument(
+        "--config",
+        help="TOML or YAML file with the same options (underscores for dashes), "
+        "including a sweep: [method_grid.<method>] tables of value lists",
+    )
 
     sub.add_parser("list", help="show methods, tasks, backbones and meters (and whether each meter works here)")
     sub.add_parser("meters", help="show which meters work on this machine, and why not")
 
-    report = sub.add_parser("report", help="Pareto plots (PNG, SVG), report.md and a self-contained report.html "
-                            "from one or more results.jsonl files")
+    report = sub.add_parser(
+        "report",
+        help="Pareto plots (PNG, SVG), report.md and a self-contained report.html from one or more results.jsonl files",
+    )
     report.add_argument("dirs", nargs="+", help="output folders (or results.jsonl files)")
     report.add_argument("--output", help="where to write the report (default: the first folder)")
     return parser
@@ -129,8 +208,14 @@ def _on_sigterm(signum, frame):
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from petlprof.config import build_options, default_output_dir, load_config_file, parse_bytes, \
-        parse_method_grids, parse_method_overrides
+    from petlprof.config import (
+        build_options,
+        default_output_dir,
+        load_config_file,
+        parse_bytes,
+        parse_method_grids,
+        parse_method_overrides,
+    )
 
     cli_values = {k: v for k, v in vars(args).items() if k not in ("command", "config", "debug")}
     cli_values["method_config"] = parse_method_overrides(args.method_config) if args.method_config else None
@@ -150,15 +235,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     for note in preflight(options, meters_here=local):
         print(f"petlprof: note: {note}", file=sys.stderr)
     # a local device is checked here, so a bad --device leaves no output folder; a cluster's needs Ray
-    device = resolve_device(options.device, options.nproc_per_run, memory_snapshot=options.memory_snapshot) \
-        if local else None
+    device = (
+        resolve_device(options.device, options.nproc_per_run, memory_snapshot=options.memory_snapshot)
+        if local
+        else None
+    )
     check_writable(out_dir)
     with StoreLock(out_dir) as lock:
         if lock.taken_over is not None:
             print(f"petlprof: took over the lock of a petlprof run that is gone ({lock.taken_over})", file=sys.stderr)
-        executor = make_executor(options.executor, address=options.address, in_process=options.in_process,
-                                 timeout_s=options.timeout, max_memory_bytes=max_memory, retries=options.retries,
-                                 cpus_per_run=options.cpus_per_run)
+        executor = make_executor(
+            options.executor,
+            address=options.address,
+            in_process=options.in_process,
+            timeout_s=options.timeout,
+            max_memory_bytes=max_memory,
+            retries=options.retries,
+            cpus_per_run=options.cpus_per_run,
+        )
         try:
             return _run_sweep(options, executor, out_dir, device)
         finally:
@@ -172,8 +266,9 @@ def _run_sweep(options, executor, out_dir: Path, device: str | None) -> int:
     from petlprof.store import RESULTS_FILE, finished_keys
 
     if device is None:
-        device = resolve_device(options.device, options.nproc_per_run, executor.cluster_gpus(),
-                                memory_snapshot=options.memory_snapshot)
+        device = resolve_device(
+            options.device, options.nproc_per_run, executor.cluster_gpus(), memory_snapshot=options.memory_snapshot
+        )
     specs = expand(options, device)
     for spec in specs:  # a cache that outgrows its budget spills next to the results
         spec.cache_dir = str(out_dir / "cache") if spec.cache_hidden_states else None
@@ -181,8 +276,11 @@ def _run_sweep(options, executor, out_dir: Path, device: str | None) -> int:
     store = out_dir / RESULTS_FILE
     done = finished_keys(store)
     todo = [s for s in specs if s.run_key not in done]
-    print(f"petlprof: {len(specs)} run(s) on {device}; {len(specs) - len(todo)} already in {store}; "
-          f"writing to {out_dir}; runs execute on {executor.describe()}", file=sys.stderr)
+    print(
+        f"petlprof: {len(specs)} run(s) on {device}; {len(specs) - len(todo)} already in {store}; "
+        f"writing to {out_dir}; runs execute on {executor.describe()}",
+        file=sys.stderr,
+    )
     if todo:  # idle power before the first run, for each run's energy above idle
         print(f"petlprof: {executor.prepare_idle(device, options.energy_meter)}", file=sys.stderr)
     in_main = threading.current_thread() is threading.main_thread()
@@ -193,8 +291,11 @@ def _run_sweep(options, executor, out_dir: Path, device: str | None) -> int:
         return 1
     except (KeyboardInterrupt, Terminated) as exc:
         code = 130 if isinstance(exc, KeyboardInterrupt) else 143
-        print(f"\npetlprof: interrupted; finished runs are in {store}. Resume with the same command "
-              f"(with --output {out_dir}): recorded runs are skipped.", file=sys.stderr)
+        print(
+            f"\npetlprof: interrupted; finished runs are in {store}. Resume with the same command "
+            f"(with --output {out_dir}): recorded runs are skipped.",
+            file=sys.stderr,
+        )
         return code
     finally:
         if in_main:
@@ -239,9 +340,11 @@ def _sweep(todo, store, executor, done: int = 0, total: int | None = None) -> in
             try:
                 append_record(store, record)
             except OSError as exc:  # disk full, folder removed, ...: say so, and keep the result on the terminal
-                print(f"petlprof: error: could not write to {store}: {exc.strerror or exc}. Runs recorded before "
-                      f"are intact; this run's record follows so it is not lost:\n{json.dumps(record, default=str)}",
-                      file=sys.stderr)
+                print(
+                    f"petlprof: error: could not write to {store}: {exc.strerror or exc}. Runs recorded before "
+                    f"are intact; this run's record follows so it is not lost:\n{json.dumps(record, default=str)}",
+                    file=sys.stderr,
+                )
                 raise StoreWriteError() from None
             finally:
                 release_signals()  # a signal held while the finished run was stored is delivered now
@@ -340,8 +443,11 @@ def _print_summary(records: list[dict], skipped: list[str]) -> None:
         for line in skipped[:10]:
             print(f"  {line}", file=sys.stderr)
     print(summary_table(records, fmt="text"))
-    estimated = {r["train"].get("energy_model") for r in records
-                 if isinstance(r.get("train"), dict) and r["train"].get("energy_kind") == "estimated"}
+    estimated = {
+        r["train"].get("energy_model")
+        for r in records
+        if isinstance(r.get("train"), dict) and r["train"].get("energy_kind") == "estimated"
+    }
     for model in sorted(m for m in estimated if m):
         print(f"energy marked 'estimated' is a model, not a measurement: {model}")
     for warning in run_warnings(records):

@@ -117,8 +117,10 @@ def load_config_file(path: str) -> dict[str, Any]:
         raise UsageError(f"config file '{path}' must hold a table of options, not {type(data).__name__}")
     for key in data:
         if not isinstance(key, str):
-            raise UsageError(f"config file '{path}': option name {key!r} is not text; options are named, e.g. "
-                             "methods, seeds, train_size")
+            raise UsageError(
+                f"config file '{path}': option name {key!r} is not text; options are named, e.g. "
+                "methods, seeds, train_size"
+            )
     data = {k.replace("-", "_"): v for k, v in data.items()}
     for key in data:
         if key not in RunOptions.field_names():
@@ -126,8 +128,9 @@ def load_config_file(path: str) -> dict[str, Any]:
     return data
 
 
-def parse_method_overrides(items: list[str], option: str = "--method-config",
-                           example: str = "METHOD.FIELD=VALUE, e.g. lora.r=16") -> dict[str, dict[str, Any]]:
+def parse_method_overrides(
+    items: list[str], option: str = "--method-config", example: str = "METHOD.FIELD=VALUE, e.g. lora.r=16"
+) -> dict[str, dict[str, Any]]:
     """``["lora.r=4", "read.cell=lstm"]`` -> ``{"lora": {"r": 4}, "read": {"cell": "lstm"}}``."""
     import yaml
 
@@ -147,7 +150,8 @@ def parse_method_overrides(items: list[str], option: str = "--method-config",
 
 
 def parse_method_grids(items: list[str]) -> dict[str, dict[str, list]]:
-    """``["lora.r=2,8,32", "read.cell=[gru,lstm]"]`` -> ``{"lora": {"r": [2, 8, 32]}, "read": {"cell": ["gru", "lstm"]}}``."""
+    """``["lora.r=2,8,32", "read.cell=[gru,lstm]"]``
+    -> ``{"lora": {"r": [2, 8, 32]}, "read": {"cell": ["gru", "lstm"]}}``."""
     grids: dict[str, dict[str, list]] = {}
     parsed = parse_method_overrides(items, "--method-grid", "METHOD.FIELD=V1,V2,..., e.g. lora.r=4,16,64")
     for method, fields in parsed.items():
@@ -209,11 +213,26 @@ def _check_int(name: str, value: Any, minimum: int, allow_none: bool = False) ->
         raise UsageError(f"--{name.replace('_', '-')} must be an integer >= {minimum}, got {value!r}")
 
 
-_TYPES = {"methods": list, "backbone": list, "task": list, "seeds": list, "device": str, "energy_meter": str,
-          "in_process": bool, "method_config": dict, "output": (str, type(None)), "data_dir": (str, type(None)),
-          "text_column": (str, type(None)), "text_pair_column": (str, type(None)),
-          "label_column": (str, type(None)), "grid": bool, "method_grid": dict,
-          "target_metric": (str, type(None)), "executor": str, "address": (str, type(None))}
+_TYPES = {
+    "methods": list,
+    "backbone": list,
+    "task": list,
+    "seeds": list,
+    "device": str,
+    "energy_meter": str,
+    "in_process": bool,
+    "method_config": dict,
+    "output": (str, type(None)),
+    "data_dir": (str, type(None)),
+    "text_column": (str, type(None)),
+    "text_pair_column": (str, type(None)),
+    "label_column": (str, type(None)),
+    "grid": bool,
+    "method_grid": dict,
+    "target_metric": (str, type(None)),
+    "executor": str,
+    "address": (str, type(None)),
+}
 
 
 def validate(options: RunOptions) -> None:
@@ -275,8 +294,10 @@ def validate(options: RunOptions) -> None:
     _only_with(options, "cache_hidden_states", ("cache_budget", "cache_dtype"))
     if options.cache_hidden_states and not any(get_method(m).side_tuning for m in options.methods):
         side = sorted(name for name in method_names() if get_method(name).side_tuning)
-        raise UsageError(f"--cache-hidden-states serves side-tuning methods ({', '.join(side)}); none of "
-                         f"--methods {','.join(options.methods)} is one")
+        raise UsageError(
+            f"--cache-hidden-states serves side-tuning methods ({', '.join(side)}); none of "
+            f"--methods {','.join(options.methods)} is one"
+        )
     if options.in_process and (options.timeout is not None or options.max_memory is not None):
         raise UsageError("--timeout and --max-memory act on a run's own process; they cannot be used with --in-process")
     if options.lr is not None and not _is_positive_number(options.lr):
@@ -296,8 +317,9 @@ def _only_with(options: RunOptions, needed: str, names: tuple[str, ...]) -> None
     defaults = {f.name: f.default for f in dataclasses.fields(RunOptions)}
     for name in names:
         if getattr(options, name) != defaults[name]:
-            raise UsageError(f"--{name.replace('_', '-')} acts only with --{needed.replace('_', '-')}, "
-                             "which was not given")
+            raise UsageError(
+                f"--{name.replace('_', '-')} acts only with --{needed.replace('_', '-')}, which was not given"
+            )
 
 
 def _validate_executor(options: RunOptions) -> None:
@@ -313,18 +335,25 @@ def _validate_executor(options: RunOptions) -> None:
     if options.executor != "ray":
         for name, default in (("address", None), ("retries", 0), ("cpus_per_run", 1.0)):
             if getattr(options, name) != default:
-                raise UsageError(f"--{name.replace('_', '-')} applies to --executor ray; the runs execute "
-                                 f"on this machine ('{options.executor}')")
+                raise UsageError(
+                    f"--{name.replace('_', '-')} applies to --executor ray; the runs execute "
+                    f"on this machine ('{options.executor}')"
+                )
     if options.in_process and options.executor == "ray":
-        raise UsageError("--in-process runs everything in the sweep's own process; it cannot be combined "
-                         "with --executor ray")
+        raise UsageError(
+            "--in-process runs everything in the sweep's own process; it cannot be combined with --executor ray"
+        )
     if options.cache_hidden_states and options.nproc_per_run > 1:
-        raise UsageError(f"--cache-hidden-states cannot be used with --nproc-per-run {options.nproc_per_run}: a cached "
-                         "step runs the side network outside DistributedDataParallel, so its gradients would not be "
-                         "averaged over the ranks")
+        raise UsageError(
+            f"--cache-hidden-states cannot be used with --nproc-per-run {options.nproc_per_run}: a cached "
+            "step runs the side network outside DistributedDataParallel, so its gradients would not be "
+            "averaged over the ranks"
+        )
     if options.in_process and options.nproc_per_run > 1:
-        raise UsageError(f"--nproc-per-run {options.nproc_per_run} starts one process per rank; it cannot be "
-                         "combined with --in-process")
+        raise UsageError(
+            f"--nproc-per-run {options.nproc_per_run} starts one process per rank; it cannot be "
+            "combined with --in-process"
+        )
 
 
 def _validate_measurement(options: RunOptions) -> None:
@@ -332,8 +361,9 @@ def _validate_measurement(options: RunOptions) -> None:
 
     check_extra_meters(options.meters)
     if options.country_code is not None and not re.fullmatch(r"[A-Za-z]{3}", str(options.country_code)):
-        raise UsageError(f"--country-code must be an ISO 3166 alpha-3 code such as USA, FRA or DEU, "
-                         f"got {options.country_code!r}")
+        raise UsageError(
+            f"--country-code must be an ISO 3166 alpha-3 code such as USA, FRA or DEU, got {options.country_code!r}"
+        )
     if options.country_code is not None and "codecarbon" not in options.meters:
         raise UsageError("--country-code sets codecarbon's carbon intensity; add --meters codecarbon")
     if not isinstance(options.memory_snapshot, bool):
@@ -381,8 +411,22 @@ def grid_points(options: RunOptions, method: str) -> list[dict[str, Any]]:
     return [{**base, **point} for point in points]
 
 
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+    "k": 2**10,
+    "m": 2**20,
+    "g": 2**30,
+    "t": 2**40,
+}
 
 
 def parse_bytes(value: str | int | None, option: str = "--max-memory") -> int | None:
@@ -399,8 +443,9 @@ def parse_bytes(value: str | int | None, option: str = "--max-memory") -> int | 
     return size
 
 
-def resolve_device(device: str, nproc: int = 1, cluster_gpus: float | None = None,
-                   memory_snapshot: bool = False) -> str:
+def resolve_device(
+    device: str, nproc: int = 1, cluster_gpus: float | None = None, memory_snapshot: bool = False
+) -> str:
     """``auto``/``cuda``/``cuda:N`` checked against the GPUs torch sees here, or, for runs on a Ray
     cluster (``cluster_gpus``: the cluster's GPU count), against the cluster's; ``memory_snapshot``
     (of the CUDA allocator) needs the runs on CUDA."""
@@ -412,8 +457,10 @@ def resolve_device(device: str, nproc: int = 1, cluster_gpus: float | None = Non
 
 def _resolve_device(device: str, nproc: int, cluster_gpus: float | None) -> str:
     if nproc > 1 and device.startswith("cuda:"):
-        raise UsageError(f"--device {device} names one GPU; a run of --nproc-per-run {nproc} ranks puts rank i on "
-                         "cuda:i of the GPUs it is given: use --device cuda (and CUDA_VISIBLE_DEVICES)")
+        raise UsageError(
+            f"--device {device} names one GPU; a run of --nproc-per-run {nproc} ranks puts rank i on "
+            "cuda:i of the GPUs it is given: use --device cuda (and CUDA_VISIBLE_DEVICES)"
+        )
     if device == "cpu":
         return device
     if cluster_gpus is not None:
@@ -422,8 +469,9 @@ def _resolve_device(device: str, nproc: int, cluster_gpus: float | None) -> str:
         if cluster_gpus < 1:
             raise UsageError(f"--device {device} was asked for but the Ray cluster has no GPU; use --device cpu")
         if device not in ("cuda", "cuda:0"):
-            raise UsageError(f"--device {device}: a Ray task sees only the GPUs Ray gives it, as cuda:0 onwards; "
-                             "use --device cuda")
+            raise UsageError(
+                f"--device {device}: a Ray task sees only the GPUs Ray gives it, as cuda:0 onwards; use --device cuda"
+            )
         return "cuda"
     import torch
 
@@ -448,8 +496,8 @@ def preflight(options: RunOptions, meters_here: bool = True) -> list[str]:
     named energy meter must work here.  Returns notes for the user: sizes asked for that the data
     cannot give."""
     from petlprof.backbones import backbone_config, check_shape
-    from petlprof.meters import check_energy_meter
     from petlprof.budget import check_target
+    from petlprof.meters import check_energy_meter
     from petlprof.registry import get_method
     from petlprof.tasks import load_task
 
@@ -465,16 +513,26 @@ def preflight(options: RunOptions, meters_here: bool = True) -> list[str]:
                 if hasattr(method_config, "check_width"):
                     method_config.check_width(int(config.hidden_size), spec)
     for name in options.task:
-        task = load_task(name, train_size=options.train_size, eval_size=options.eval_size, data_dir=options.data_dir,
-                         text_column=options.text_column, text_pair_column=options.text_pair_column,
-                         label_column=options.label_column)
+        task = load_task(
+            name,
+            train_size=options.train_size,
+            eval_size=options.eval_size,
+            data_dir=options.data_dir,
+            text_column=options.text_column,
+            text_pair_column=options.text_pair_column,
+            label_column=options.label_column,
+        )
         if options.target_value is not None:
             check_target(task, name, options.target_metric or task.primary_metric, options.target_value)
-        for split, asked, option in ((task.train, options.train_size, "--train-size"),
-                                     (task.eval, options.eval_size, "--eval-size")):
+        for split, asked, option in (
+            (task.train, options.train_size, "--train-size"),
+            (task.eval, options.eval_size, "--eval-size"),
+        ):
             if asked is not None and len(split) < asked:
-                notes.append(f"task '{name}' has {len(split)} {'training' if split is task.train else 'evaluation'} "
-                             f"examples; {option} {asked} uses those")
+                notes.append(
+                    f"task '{name}' has {len(split)} {'training' if split is task.train else 'evaluation'} "
+                    f"examples; {option} {asked} uses those"
+                )
     return notes
 
 
@@ -485,35 +543,71 @@ def default_output_dir() -> Path:
 def expand(options: RunOptions, device: str) -> list[RunSpec]:
     """One :class:`RunSpec` per (backbone, task, method, grid point, seed), in that nesting order; a
     grid point that resolves to a configuration already listed runs once."""
-    shared = {name: getattr(options, name) for name in (
-        "num_layers", "data_dir", "text_column", "text_pair_column", "label_column", "epochs", "max_steps",
-        "train_size", "eval_size", "batch_size", "lr", "max_length", "warmup_steps", "energy_meter")}
+    shared = {
+        name: getattr(options, name)
+        for name in (
+            "num_layers",
+            "data_dir",
+            "text_column",
+            "text_pair_column",
+            "label_column",
+            "epochs",
+            "max_steps",
+            "train_size",
+            "eval_size",
+            "batch_size",
+            "lr",
+            "max_length",
+            "warmup_steps",
+            "energy_meter",
+        )
+    }
     from petlprof.registry import get_method
 
     if options.target_value is not None or options.max_train_time is not None:
         target = options.target_value is not None
-        shared.update(target_value=options.target_value, target_metric=options.target_metric,
-                      eval_every=options.eval_every if target else None,
-                      target_eval_size=options.target_eval_size if target else None,
-                      max_train_time_s=options.max_train_time)
+        shared.update(
+            target_value=options.target_value,
+            target_metric=options.target_metric,
+            eval_every=options.eval_every if target else None,
+            target_eval_size=options.target_eval_size if target else None,
+            max_train_time_s=options.max_train_time,
+        )
 
     shared.pop("lr")
-    shared.update(extra_meters=list(options.meters), country_code=options.country_code,
-                  inference_window_s=options.inference_window_s, nproc=options.nproc_per_run)
+    shared.update(
+        extra_meters=list(options.meters),
+        country_code=options.country_code,
+        inference_window_s=options.inference_window_s,
+        nproc=options.nproc_per_run,
+    )
     resolved = {}  # the full configs and learning rate, so an explicit default gives the same run key
     for method in options.methods:
         spec = get_method(method)
         configs = [dataclasses.asdict(spec.make_config(point)) for point in grid_points(options, method)]
         resolved[method] = (configs, options.lr if options.lr is not None else spec.default_lr)
+
     def cache(method: str) -> dict[str, Any]:  # the cache serves side-tuning methods; the others run as usual
         if not (options.cache_hidden_states and get_method(method).side_tuning):
             return {}
-        return {"cache_hidden_states": True, "cache_dtype": options.cache_dtype,
-                "cache_budget_bytes": parse_bytes(options.cache_budget, option="--cache-budget")}
+        return {
+            "cache_hidden_states": True,
+            "cache_dtype": options.cache_dtype,
+            "cache_budget_bytes": parse_bytes(options.cache_budget, option="--cache-budget"),
+        }
 
     specs = [
-        RunSpec(method=method, backbone=str(backbone), task=str(task), seed=int(seed), device=device,
-                method_config=config, lr=resolved[method][1], **shared, **cache(method))
+        RunSpec(
+            method=method,
+            backbone=str(backbone),
+            task=str(task),
+            seed=int(seed),
+            device=device,
+            method_config=config,
+            lr=resolved[method][1],
+            **shared,
+            **cache(method),
+        )
         for backbone in options.backbone
         for task in options.task
         for method in options.methods

@@ -43,9 +43,10 @@ import datetime as dt
 import json
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -62,17 +63,36 @@ _GROUPS: dict[str, Any] = {}
 PHASES = ("train", "eval")
 RANK0_ONLY_PHASES = ("inference", "eval_merged")
 NODE_WIDE_ENERGY_METERS = frozenset({"rapl"})  # their counter covers the node, not one process or device
-ENERGY_FIELDS = ("energy_j", "energy_counter_j", "energy_integrated_j", "energy_above_idle_j", "idle_power_w",
-                 "mean_power_w", "cpu_time_s")
-CODECARBON_FIELDS = ("codecarbon_energy_j", "codecarbon_cpu_energy_j", "codecarbon_gpu_energy_j",
-                     "codecarbon_ram_energy_j", "co2eq_g")
+ENERGY_FIELDS = (
+    "energy_j",
+    "energy_counter_j",
+    "energy_integrated_j",
+    "energy_above_idle_j",
+    "idle_power_w",
+    "mean_power_w",
+    "cpu_time_s",
+)
+CODECARBON_FIELDS = (
+    "codecarbon_energy_j",
+    "codecarbon_cpu_energy_j",
+    "codecarbon_gpu_energy_j",
+    "codecarbon_ram_energy_j",
+    "co2eq_g",
+)
 MAX_FIELDS = ("time_s", "peak_memory_bytes", "peak_reserved_bytes", "energy_window_s")
 KIND_FIELDS = ("energy_kind", "memory_kind", "co2eq_kind")
 PER_RANK_FIELDS = ("time_s", "samples", "energy_j", "peak_memory_bytes")
 COMMUNICATION_ERRORS = ("DistError", "DistBackendError", "DistNetworkError", "DistStoreError")
 # what a rank's error says when a peer went away under a collective (gloo raises a plain RuntimeError)
-COMMUNICATION_MARKERS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "gloo/transport",
-                         "NCCL communicator was aborted", "ProcessGroupNCCL", "ProcessGroupGloo")
+COMMUNICATION_MARKERS = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+    "gloo/transport",
+    "NCCL communicator was aborted",
+    "ProcessGroupNCCL",
+    "ProcessGroupGloo",
+)
 
 
 @dataclass(frozen=True)
@@ -86,13 +106,18 @@ class RankContext:
     host: str
 
     @classmethod
-    def from_env(cls, environ=os.environ) -> "RankContext | None":
+    def from_env(cls, environ=os.environ) -> RankContext | None:
         """The context torchrun's variables describe, None outside torchrun."""
         if "RANK" not in environ or "WORLD_SIZE" not in environ:
             return None
         world = int(environ["WORLD_SIZE"])
-        return cls(rank=int(environ["RANK"]), world_size=world, local_rank=int(environ.get("LOCAL_RANK", 0)),
-                   local_world_size=int(environ.get("LOCAL_WORLD_SIZE", world)), host=socket.gethostname())
+        return cls(
+            rank=int(environ["RANK"]),
+            world_size=world,
+            local_rank=int(environ.get("LOCAL_RANK", 0)),
+            local_world_size=int(environ.get("LOCAL_WORLD_SIZE", world)),
+            host=socket.gethostname(),
+        )
 
     @property
     def is_main(self) -> bool:
@@ -103,8 +128,13 @@ class RankContext:
         return f"cuda:{self.local_rank}" if requested.startswith("cuda") else requested
 
     def describe(self, device: str) -> dict[str, Any]:
-        return {"rank": self.rank, "local_rank": self.local_rank, "host": self.host, "device": device,
-                "pid": os.getpid()}
+        return {
+            "rank": self.rank,
+            "local_rank": self.local_rank,
+            "host": self.host,
+            "device": device,
+            "pid": os.getpid(),
+        }
 
 
 def rank_context(nproc: int) -> RankContext | None:
@@ -114,8 +144,10 @@ def rank_context(nproc: int) -> RankContext | None:
         return None
     ranks = RankContext.from_env()
     if ranks is None:
-        raise UsageError(f"a run of nproc={nproc} ranks needs one process per rank, started by torchrun "
-                         "(execute_in_subprocess does that); it cannot run in this process (--in-process)")
+        raise UsageError(
+            f"a run of nproc={nproc} ranks needs one process per rank, started by torchrun "
+            "(execute_in_subprocess does that); it cannot run in this process (--in-process)"
+        )
     if ranks.world_size != nproc:
         raise UsageError(f"the run asks for nproc={nproc} ranks but torchrun started WORLD_SIZE={ranks.world_size}")
     return ranks
@@ -127,8 +159,9 @@ def init(device: str) -> str:
     backend = "nccl" if cuda else "gloo"
     if cuda:
         torch.cuda.set_device(device)
-    dist.init_process_group(backend, timeout=dt.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
-                            device_id=torch.device(device) if cuda else None)
+    dist.init_process_group(
+        backend, timeout=dt.timedelta(seconds=COLLECTIVE_TIMEOUT_S), device_id=torch.device(device) if cuda else None
+    )
     _GROUPS["wait"] = dist.new_group(backend="gloo", timeout=dt.timedelta(seconds=RANK0_PHASES_WAIT_S))
     return backend
 
@@ -156,7 +189,7 @@ def wrap(model: torch.nn.Module, device: str) -> torch.nn.Module:
 
 def my_part(indices: np.ndarray, ranks: RankContext) -> np.ndarray:
     """This rank's positions of a global batch: ``rank::world_size``."""
-    return indices[ranks.rank::ranks.world_size]
+    return indices[ranks.rank :: ranks.world_size]
 
 
 def _tensor(values, dtype) -> torch.Tensor:
@@ -191,6 +224,7 @@ def agree(reason: str | None) -> str | None:
 def agreed_stop(stop: Callable[[int], str | None]) -> Callable[[int], str | None]:
     """``stop`` (a :class:`petlprof.budget.Budget`) answered the same on every rank; a rank stopped by
     another's decision records that reason as its own."""
+
     def check(step: int) -> str | None:
         mine = stop(step)
         reason = agree(mine)
@@ -201,8 +235,9 @@ def agreed_stop(stop: Callable[[int], str | None]) -> Callable[[int], str | None
     return check
 
 
-def gather_in_order(positions: np.ndarray, preds: np.ndarray, golds: np.ndarray,
-                    size: int) -> tuple[np.ndarray, np.ndarray]:
+def gather_in_order(
+    positions: np.ndarray, preds: np.ndarray, golds: np.ndarray, size: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Every rank's predictions and labels of its ``positions`` of a split of ``size`` examples, as
     whole-split arrays in split order; each example must come from exactly one rank."""
     parts = gather((positions, preds, golds))
@@ -216,14 +251,16 @@ def gather_in_order(positions: np.ndarray, preds: np.ndarray, golds: np.ndarray,
 def summary(ranks: RankContext, backend: str, batch_size: int, nodes: int, per_rank: list[dict]) -> dict[str, Any]:
     """The record's ``distributed`` entry: how the run was split and how its figures are to be read."""
     return {
-        "world_size": ranks.world_size, "backend": backend, "nodes": nodes,
+        "world_size": ranks.world_size,
+        "backend": backend,
+        "nodes": nodes,
         "batch": f"batch_size {batch_size} is the global batch: at each step rank r computes positions "
-                 f"r::{ranks.world_size} of it",
+        f"r::{ranks.world_size} of it",
         "aggregation": "train/eval: energy summed over ranks (a node-wide meter such as RAPL once per node), peak "
-                       "memory the max over ranks, time the slowest rank's, samples summed; "
-                       f"{' and '.join(RANK0_ONLY_PHASES)} measured on rank 0 alone",
+        "memory the max over ranks, time the slowest rank's, samples summed; "
+        f"{' and '.join(RANK0_ONLY_PHASES)} measured on rank 0 alone",
         "not_counted": "the interconnect (NVLink, PCIe/network switches) beyond each GPU's own counter; with NVML, "
-                       "the nodes' CPUs and DRAM; the launcher process",
+        "the nodes' CPUs and DRAM; the launcher process",
         "ranks": per_rank,
     }
 
@@ -247,15 +284,19 @@ def aggregate_ranks(records: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {"nodes": len(set(hosts))}
     for phase in PHASES:
         if all(isinstance(r.get(phase), dict) for r in records):
-            out[phase] = _aggregate_phase([r[phase] for r in records], [r["rank"] for r in records], hosts,
-                                          [r.get("device") for r in records])
+            out[phase] = _aggregate_phase(
+                [r[phase] for r in records], [r["rank"] for r in records], hosts, [r.get("device") for r in records]
+            )
     return out
 
 
 def _aggregate_phase(phases: list[dict], ranks: list[int], hosts: list[str], devices: list) -> dict[str, Any]:
     warnings: list[str] = []
-    out = {key: phases[0][key] for key in dict.fromkeys(k for p in phases for k in p)
-           if key != "warnings" and all(key in p and p[key] == phases[0][key] for p in phases)}
+    out = {
+        key: phases[0][key]
+        for key in dict.fromkeys(k for p in phases for k in p)
+        if key != "warnings" and all(key in p and p[key] == phases[0][key] for p in phases)
+    }
     times = [p.get("time_s") for p in phases]
     slowest = max(range(len(phases)), key=lambda i: times[i] if times[i] is not None else -1.0)
     for key in MAX_FIELDS:
@@ -268,21 +309,31 @@ def _aggregate_phase(phases: list[dict], ranks: list[int], hosts: list[str], dev
     out["latency_rank"] = ranks[slowest]
     node_wide = phases[0].get("energy_meter") in NODE_WIDE_ENERGY_METERS
     _energy(out, phases, ranks, hosts, ENERGY_FIELDS, node_wide, warnings)
-    _energy(out, phases, ranks, hosts, CODECARBON_FIELDS, phases[0].get("codecarbon_tracking_mode") == "machine",
-            warnings)
+    _energy(
+        out, phases, ranks, hosts, CODECARBON_FIELDS, phases[0].get("codecarbon_tracking_mode") == "machine", warnings
+    )
     for key in KIND_FIELDS:
         kinds = [p.get(key) for p in phases]
         if any(k is not None for k in kinds):
             out[key] = ESTIMATED if ESTIMATED in kinds else MEASURED if all(k == MEASURED for k in kinds) else None
     if any("energy_low_confidence" in p for p in phases):
         out["energy_low_confidence"] = any(p.get("energy_low_confidence") for p in phases)
-    out["per_rank"] = {"rank": ranks, "host": hosts, "device": devices,
-                       **{key: [p.get(key) for p in phases] for key in PER_RANK_FIELDS}}
+    out["per_rank"] = {
+        "rank": ranks,
+        "host": hosts,
+        "device": devices,
+        **{key: [p.get(key) for p in phases] for key in PER_RANK_FIELDS},
+    }
     out["aggregation"] = {
-        "energy_j": (f"once per node ({phases[0].get('energy_meter')} reads a node-wide counter), summed over nodes"
-                     if node_wide else "sum over ranks (each rank's own devices/process)"),
+        "energy_j": (
+            f"once per node ({phases[0].get('energy_meter')} reads a node-wide counter), summed over nodes"
+            if node_wide
+            else "sum over ranks (each rank's own devices/process)"
+        ),
         "peak_memory_bytes": "max over ranks (per_rank: each rank's device/process)",
-        "time_s": "slowest rank", "samples": "sum over ranks", "latency_s": f"rank {ranks[slowest]}, the slowest",
+        "time_s": "slowest rank",
+        "samples": "sum over ranks",
+        "latency_s": f"rank {ranks[slowest]}, the slowest",
     }
     out["warnings"] = warnings + _merge_warnings([p.get("warnings") or [] for p in phases], ranks)
     return out
@@ -297,15 +348,24 @@ def _total(values: list, ranks: list[int], key: str, how, warnings: list[str]):
     return how(values)
 
 
-def _energy(out: dict, phases: list[dict], ranks: list[int], hosts: list[str], fields: tuple[str, ...],
-            node_wide: bool, warnings: list[str]) -> None:
+def _energy(
+    out: dict,
+    phases: list[dict],
+    ranks: list[int],
+    hosts: list[str],
+    fields: tuple[str, ...],
+    node_wide: bool,
+    warnings: list[str],
+) -> None:
     """Sum ``fields`` over ranks, or for a node-wide source over nodes, each node's figure from its
     rank with the longest energy window."""
     chosen = list(range(len(phases)))
     if node_wide:
         best: dict[str, int] = {}
         for i, host in enumerate(hosts):
-            if host not in best or (phases[i].get("energy_window_s") or 0) > (phases[best[host]].get("energy_window_s") or 0):
+            if host not in best or (phases[i].get("energy_window_s") or 0) > (
+                phases[best[host]].get("energy_window_s") or 0
+            ):
                 best[host] = i
         chosen = sorted(best.values())
     for key in fields:
@@ -354,8 +414,10 @@ def launch(nproc: int, spec_path: str, out_path: str) -> int:
     try:
         run(args)
     except ChildFailedError as error:
-        failures = {rank: {"exitcode": f.exitcode, "signal": f.signal_name() if f.exitcode < 0 else None,
-                           "pid": f.pid} for rank, f in error.failures.items()}
+        failures = {
+            rank: {"exitcode": f.exitcode, "signal": f.signal_name() if f.exitcode < 0 else None, "pid": f.pid}
+            for rank, f in error.failures.items()
+        }
         launch_failures_path(out_path).write_text(json.dumps(failures))
         return 1
     except SignalException as stop:  # the sweep stopped this run: torchrun has stopped the ranks
@@ -366,10 +428,15 @@ def launch(nproc: int, spec_path: str, out_path: str) -> int:
 def read_failure(out_path: str | Path, world_size: int) -> dict[str, Any] | None:
     """:func:`failure` of the run whose record was to be ``out_path``, from the files its ranks and
     launcher left beside it."""
-    records = {rank: json.loads(path.read_text()) for rank in range(world_size)
-               if (path := rank_record_path(out_path, rank)).exists()}
+    records = {
+        rank: json.loads(path.read_text())
+        for rank in range(world_size)
+        if (path := rank_record_path(out_path, rank)).exists()
+    }
     launched_path = launch_failures_path(out_path)
-    launched = {int(r): info for r, info in json.loads(launched_path.read_text()).items()} if launched_path.exists() else {}
+    launched = (
+        {int(r): info for r, info in json.loads(launched_path.read_text()).items()} if launched_path.exists() else {}
+    )
     return failure(world_size, records, launched)
 
 
@@ -382,6 +449,7 @@ def failure(world_size: int, rank_records: dict[int, dict], launched: dict[int, 
     under a collective), the earliest by the ranks' ``failed_unix_s``; a rank ended by a signal other
     than the SIGTERM with which torchrun stops the survivors (SIGKILL: status ``oom``, as for a one-rank
     run the kernel killed); a communication error; any other exit."""
+
     def own(rank: int) -> bool:
         return rank in rank_records
 
@@ -398,8 +466,10 @@ def failure(world_size: int, rank_records: dict[int, dict], launched: dict[int, 
             return f"killed by {info['signal']} (exit code {info['exitcode']})"
         return f"ended with exit code {info['exitcode']} and no error of its own"
 
-    summary = {**{r: rec.get("error") for r, rec in rank_records.items()},
-               **{r: ended(r) for r in launched if not own(r)}}
+    summary = {
+        **{r: rec.get("error") for r, rec in rank_records.items()},
+        **{r: ended(r) for r in launched if not own(r)},
+    }
     if not summary:
         return None
     raised = first(r for r in rank_records if not communication(r))
@@ -411,10 +481,15 @@ def failure(world_size: int, rank_records: dict[int, dict], launched: dict[int, 
     fields: dict[str, Any] = {"distributed": {"world_size": world_size, "failed_ranks": failed_ranks}}
     if own(rank):
         record = rank_records[rank]
-        fields.update(status=record.get("status", "failed"), error=f"rank {rank} of {world_size}: {record.get('error')}",
-                      **{k: record[k] for k in ("traceback", "failed_at") if k in record})
+        fields.update(
+            status=record.get("status", "failed"),
+            error=f"rank {rank} of {world_size}: {record.get('error')}",
+            **{k: record[k] for k in ("traceback", "failed_at") if k in record},
+        )
     else:
         killed = launched[rank].get("signal") == "SIGKILL"
-        fields.update(status="oom" if killed else "failed",
-                      error=f"rank {rank} of {world_size} {summary[rank]}" + ("; out of memory?" if killed else ""))
+        fields.update(
+            status="oom" if killed else "failed",
+            error=f"rank {rank} of {world_size} {summary[rank]}" + ("; out of memory?" if killed else ""),
+        )
     return fields

@@ -36,8 +36,9 @@ def git_commit() -> str | None:
     None for an installed copy, even one that sits inside somebody else's repository."""
     here = Path(__file__).resolve().parent
     try:
-        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=here, capture_output=True, text=True,
-                             timeout=5)
+        top = subprocess.run(
+            ["git", "rev-parse", "--show-toplevel"], cwd=here, capture_output=True, text=True, timeout=5
+        )
         if top.returncode != 0 or Path(top.stdout.strip()).resolve() != here.parent:
             return None
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)

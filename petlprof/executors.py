@@ -28,7 +28,8 @@ import json
 import os
 import socket
 import time
-from typing import Any, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from petlprof.errors import UsageError, unknown_choice
 
@@ -41,8 +42,12 @@ OnStart = Callable[[Any], None]
 
 def node_fields(executor: str, **extra: Any) -> dict[str, Any]:
     """Where a run executed (the meters measured this host's devices)."""
-    return {"executor": executor, "hostname": socket.gethostname(),
-            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), **extra}
+    return {
+        "executor": executor,
+        "hostname": socket.gethostname(),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        **extra,
+    }
 
 
 class LocalExecutor:
@@ -50,8 +55,9 @@ class LocalExecutor:
 
     name = "local"
 
-    def __init__(self, *, in_process: bool = False, timeout_s: float | None = None,
-                 max_memory_bytes: int | None = None):
+    def __init__(
+        self, *, in_process: bool = False, timeout_s: float | None = None, max_memory_bytes: int | None = None
+    ):
         self.in_process, self.timeout_s, self.max_memory_bytes = in_process, timeout_s, max_memory_bytes
         self.in_flight: list = []
 
@@ -94,9 +100,7 @@ def _ray_task(spec_dict: dict, timeout_s: float | None, max_memory_bytes: int | 
     """Body of one Ray task: the run in a fresh worker process on this node, plus where it ran."""
     import ray
 
-    from petlprof.runner import RunSpec, execute_in_subprocess
-
-    from petlprof.runner import release_signals
+    from petlprof.runner import RunSpec, execute_in_subprocess, release_signals
 
     context = ray.get_runtime_context()
     started = time.time()
@@ -107,10 +111,15 @@ def _ray_task(spec_dict: dict, timeout_s: float | None, max_memory_bytes: int | 
     try:
         _prepare_node_idle(spec)
         record = execute_in_subprocess(spec, timeout_s=timeout_s, max_memory_bytes=max_memory_bytes)
-        record["node"] = node_fields("ray", node_id=context.get_node_id(), node_ip=ray.util.get_node_ip_address(),
-                                     gpu_ids=[str(g) for g in ray.get_gpu_ids()], cpus=cpus,
-                                     omp_num_threads_per_rank=os.environ.get("OMP_NUM_THREADS"),
-                                     task_started_unix=started)
+        record["node"] = node_fields(
+            "ray",
+            node_id=context.get_node_id(),
+            node_ip=ray.util.get_node_ip_address(),
+            gpu_ids=[str(g) for g in ray.get_gpu_ids()],
+            cpus=cpus,
+            omp_num_threads_per_rank=os.environ.get("OMP_NUM_THREADS"),
+            task_started_unix=started,
+        )
     finally:  # this worker runs later tasks: leave its environment and signal mask as they were
         release_signals()  # execute_in_subprocess holds SIGINT/SIGTERM once the run has finished
         if threads is None:
@@ -129,8 +138,12 @@ def _prepare_node_idle(spec) -> None:
     if spec.device.startswith("cuda"):
         prepare_sweep_idle(spec.device, spec.energy_meter)
     else:
-        os.environ[IDLE_ENV] = json.dumps({"seconds": 0, "notes": [
-            "no CPU idle power on a Ray node: its CPU package is shared with the node's other tasks"]})
+        os.environ[IDLE_ENV] = json.dumps(
+            {
+                "seconds": 0,
+                "notes": ["no CPU idle power on a Ray node: its CPU package is shared with the node's other tasks"],
+            }
+        )
 
 
 class RayExecutor:
@@ -138,14 +151,23 @@ class RayExecutor:
 
     name = "ray"
 
-    def __init__(self, *, address: str | None = None, timeout_s: float | None = None,
-                 max_memory_bytes: int | None = None, cpus_per_run: float = 1.0, retries: int = 0,
-                 init_kwargs: dict | None = None):
+    def __init__(
+        self,
+        *,
+        address: str | None = None,
+        timeout_s: float | None = None,
+        max_memory_bytes: int | None = None,
+        cpus_per_run: float = 1.0,
+        retries: int = 0,
+        init_kwargs: dict | None = None,
+    ):
         try:
             import ray
         except ImportError:
-            raise UsageError("--executor ray needs Ray on this machine and on every node of the cluster: "
-                             "pip install 'petlprof[ray]' (from a checkout: pip install -e '.[ray]')") from None
+            raise UsageError(
+                "--executor ray needs Ray on this machine and on every node of the cluster: "
+                "pip install 'petlprof[ray]' (from a checkout: pip install -e '.[ray]')"
+            ) from None
         self._ray = ray
         self.timeout_s, self.max_memory_bytes = timeout_s, max_memory_bytes
         self.cpus_per_run, self.retries = cpus_per_run, retries
@@ -159,8 +181,10 @@ class RayExecutor:
             try:
                 ray.init(**kwargs)
             except (ConnectionError, ValueError, RuntimeError) as exc:
-                raise UsageError(f"could not connect to the Ray cluster at '{address or 'a new local instance'}': "
-                                 f"{' '.join(str(exc).split())[:300]}") from None
+                raise UsageError(
+                    f"could not connect to the Ray cluster at '{address or 'a new local instance'}': "
+                    f"{' '.join(str(exc).split())[:300]}"
+                ) from None
         self._task = ray.remote(_ray_task)
         self._refs: dict = {}  # ObjectRef -> (spec, submitted monotonic time)
         self._unplaceable: dict = {}  # ObjectRef -> monotonic time it was first seen to fit no live node
@@ -172,8 +196,10 @@ class RayExecutor:
 
     def describe(self) -> str:
         resources = self._ray.cluster_resources()
-        return (f"Ray cluster of {len(self._ray.nodes())} node(s), {resources.get('CPU', 0):g} CPU(s), "
-                f"{resources.get('GPU', 0):g} GPU(s); {self.cpus_per_run:g} CPU(s) per run")
+        return (
+            f"Ray cluster of {len(self._ray.nodes())} node(s), {resources.get('CPU', 0):g} CPU(s), "
+            f"{resources.get('GPU', 0):g} GPU(s); {self.cpus_per_run:g} CPU(s) per run"
+        )
 
     def cluster_gpus(self) -> float:
         return float(self._ray.cluster_resources().get("GPU", 0))
@@ -202,9 +228,11 @@ class RayExecutor:
             cpus, gpus = self.needs(spec)
             if not self._fits_somewhere(nodes, cpus, gpus):
                 largest = max(((n.get("CPU", 0), n.get("GPU", 0)) for n in nodes), default=(0, 0))
-                raise UsageError(f"run '{spec.method}' (seed {spec.seed}) needs {cpus:g} CPU(s) and {gpus} GPU(s) "
-                                 f"on one node; the largest node of the Ray cluster has {largest[0]:g} CPU(s) and "
-                                 f"{largest[1]:g} GPU(s) (see --cpus-per-run, --nproc-per-run)")
+                raise UsageError(
+                    f"run '{spec.method}' (seed {spec.seed}) needs {cpus:g} CPU(s) and {gpus} GPU(s) "
+                    f"on one node; the largest node of the Ray cluster has {largest[0]:g} CPU(s) and "
+                    f"{largest[1]:g} GPU(s) (see --cpus-per-run, --nproc-per-run)"
+                )
 
     def _capacity(self, specs: list) -> int:
         """Runs that fit side by side, node by node: a task waiting in Ray's queue would otherwise
@@ -219,8 +247,13 @@ class RayExecutor:
 
     def _submit(self, spec) -> None:
         cpus, gpus = self.needs(spec)
-        task = self._task.options(num_cpus=cpus, num_gpus=gpus, max_retries=self.retries,
-                                  retry_exceptions=False, name=f"petlprof:{spec.method}:{spec.run_key}")
+        task = self._task.options(
+            num_cpus=cpus,
+            num_gpus=gpus,
+            max_retries=self.retries,
+            retry_exceptions=False,
+            name=f"petlprof:{spec.method}:{spec.run_key}",
+        )
         ref = task.remote(spec.to_dict(), self.timeout_s, self.max_memory_bytes, cpus)
         self._refs[ref] = (spec, time.monotonic())
 
@@ -267,9 +300,17 @@ class RayExecutor:
         for ref, (spec, submitted) in list(self._refs.items()):
             if now - submitted > limit:
                 self._drop(ref)
-                yield spec, failed_record(spec, f"the Ray task did not return within {limit:g} s ((retries + 1) x "
-                                          f"(--timeout {self.timeout_s:g} s + {DRIVER_GRACE_S:g} s)) and was cancelled "
-                                          "by the driver", status="timeout", node=node_fields("ray", node_id=None, lost=True))
+                yield (
+                    spec,
+                    failed_record(
+                        spec,
+                        f"the Ray task did not return within {limit:g} s ((retries + 1) x "
+                        f"(--timeout {self.timeout_s:g} s + {DRIVER_GRACE_S:g} s)) and was cancelled "
+                        "by the driver",
+                        status="timeout",
+                        node=node_fields("ray", node_id=None, lost=True),
+                    ),
+                )
 
     def _stranded(self) -> Iterator[tuple[Any, dict]]:
         """Tasks that no live node can take (their node was lost and none like it is left): after
@@ -287,9 +328,16 @@ class RayExecutor:
             since = self._unplaceable.setdefault(ref, now)
             if now - since > DRIVER_GRACE_S:
                 self._drop(ref)
-                yield spec, failed_record(spec, f"no live node of the Ray cluster has the {cpus:g} CPU(s) and {gpus} "
-                                          f"GPU(s) this run needs (for {DRIVER_GRACE_S:g} s): the node(s) that had them "
-                                          "were lost", node=node_fields("ray", node_id=None, lost=True))
+                yield (
+                    spec,
+                    failed_record(
+                        spec,
+                        f"no live node of the Ray cluster has the {cpus:g} CPU(s) and {gpus} "
+                        f"GPU(s) this run needs (for {DRIVER_GRACE_S:g} s): the node(s) that had them "
+                        "were lost",
+                        node=node_fields("ray", node_id=None, lost=True),
+                    ),
+                )
 
     def _record(self, ref, spec) -> dict:
         from petlprof.runner import failed_record
@@ -300,14 +348,19 @@ class RayExecutor:
         except self._ray.exceptions.RayTaskError as exc:  # petlprof's task code raised on the node
             cause = exc.cause if exc.cause is not None else exc
             text = f"{type(cause).__name__}: {' '.join(str(cause).split())}"
-            return failed_record(spec, f"the Ray task raised on its node: {text[:500]}",
-                                 node=node_fields("ray", node_id=None))
+            return failed_record(
+                spec, f"the Ray task raised on its node: {text[:500]}", node=node_fields("ray", node_id=None)
+            )
         except self._ray.exceptions.RayError as exc:  # worker or node lost, task cancelled, ...
             text = " ".join(str(exc).split())
             tried = f" (tried {self.retries + 1} times)" if self.retries else ""
             memory = isinstance(exc, self._ray.exceptions.OutOfMemoryError)  # Ray's memory monitor killed it
-            return failed_record(spec, f"the Ray task was lost{tried}: {type(exc).__name__}: {text[:500]}",
-                                 status="oom" if memory else "failed", node=node_fields("ray", node_id=None, lost=True))
+            return failed_record(
+                spec,
+                f"the Ray task was lost{tried}: {type(exc).__name__}: {text[:500]}",
+                status="oom" if memory else "failed",
+                node=node_fields("ray", node_id=None, lost=True),
+            )
 
     def cancel(self) -> None:
         """Cancel the tasks in flight; ``force`` kills each task's worker, and the run's process
@@ -338,12 +391,24 @@ def _signals_surface():
         raise
 
 
-def make_executor(name: str, *, address: str | None = None, in_process: bool = False,
-                  timeout_s: float | None = None, max_memory_bytes: int | None = None, retries: int = 0,
-                  cpus_per_run: float = 1.0):
+def make_executor(
+    name: str,
+    *,
+    address: str | None = None,
+    in_process: bool = False,
+    timeout_s: float | None = None,
+    max_memory_bytes: int | None = None,
+    retries: int = 0,
+    cpus_per_run: float = 1.0,
+):
     if name == "local":
         return LocalExecutor(in_process=in_process, timeout_s=timeout_s, max_memory_bytes=max_memory_bytes)
     if name == "ray":
-        return RayExecutor(address=address, timeout_s=timeout_s, max_memory_bytes=max_memory_bytes,
-                           retries=retries, cpus_per_run=cpus_per_run)
+        return RayExecutor(
+            address=address,
+            timeout_s=timeout_s,
+            max_memory_bytes=max_memory_bytes,
+            retries=retries,
+            cpus_per_run=cpus_per_run,
+        )
     raise unknown_choice("executor", name, EXECUTORS)

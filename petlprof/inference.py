@@ -13,7 +13,8 @@ preceded by ``warmup_steps`` unmeasured repeats.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -36,9 +37,16 @@ def target_window_s(energy_kind: str | None, requested: float | None) -> float:
 
 
 @torch.no_grad()
-def measure_inference(model, batches: Batches, *, device: str, batch_sizes: list[int],
-                      make_meters: Callable[[int], list[Meter]], min_window_s: float,
-                      warmup_steps: int) -> dict[str, Any]:
+def measure_inference(
+    model,
+    batches: Batches,
+    *,
+    device: str,
+    batch_sizes: list[int],
+    make_meters: Callable[[int], list[Meter]],
+    min_window_s: float,
+    warmup_steps: int,
+) -> dict[str, Any]:
     """``{"batch_1": {...}, "batch_32": {...}}``: per batch size the repeats, window time, latency
     percentiles per batch and per sample, throughput, and the meters' readings (energy per sample)."""
     model.eval()

@@ -35,8 +35,12 @@ METRIC_DIRECTIONS: dict[str, str] = {
 
 # the range a quality metric can take: a confidence interval is drawn only within it
 METRIC_RANGES: dict[str, tuple[float, float]] = {
-    "accuracy": (0.0, 1.0), "f1": (0.0, 1.0), "f1_macro": (0.0, 1.0),
-    "matthews_correlation": (-1.0, 1.0), "pearson": (-1.0, 1.0), "spearman": (-1.0, 1.0),
+    "accuracy": (0.0, 1.0),
+    "f1": (0.0, 1.0),
+    "f1_macro": (0.0, 1.0),
+    "matthews_correlation": (-1.0, 1.0),
+    "pearson": (-1.0, 1.0),
+    "spearman": (-1.0, 1.0),
 }
 
 
@@ -113,6 +117,8 @@ def compute(metric_names, predictions, labels) -> dict[str, float]:
         raise KeyError(f"unknown metrics {unknown}; known: {sorted(METRIC_FUNCTIONS)}")
     predictions, labels = np.asarray(predictions).ravel(), np.asarray(labels).ravel()
     if len(predictions) != len(labels) or len(labels) == 0:
-        raise ValueError(f"need as many predictions as labels, and at least one; "
-                         f"got {len(predictions)} predictions for {len(labels)} labels")
+        raise ValueError(
+            f"need as many predictions as labels, and at least one; "
+            f"got {len(predictions)} predictions for {len(labels)} labels"
+        )
     return {name: float(METRIC_FUNCTIONS[name](predictions, labels)) for name in metric_names}

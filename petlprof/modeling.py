@@ -55,7 +55,7 @@ class SequenceClassifier(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.head = nn.Linear(backbone.hidden_size, num_labels)
 
-    def freeze_backbone(self) -> "SequenceClassifier":
+    def freeze_backbone(self) -> SequenceClassifier:
         """No backbone weight trains; the task head does (what every parameter-efficient method starts from)."""
         for param in self.backbone.parameters():
             param.requires_grad_(False)
@@ -77,15 +77,16 @@ class SequenceClassifier(nn.Module):
         return kwargs
 
     def backbone_outputs(self, input_ids, attention_mask, output_hidden_states: bool = False):
-        return self.backbone(**self.model_inputs(input_ids, attention_mask),
-                             output_hidden_states=output_hidden_states, return_dict=True)
+        return self.backbone(
+            **self.model_inputs(input_ids, attention_mask), output_hidden_states=output_hidden_states, return_dict=True
+        )
 
     def pool(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """[batch, tokens, width] -> [batch, width] by the family's pooling rule.
 
         States longer than the mask start with prompt tuning's virtual tokens; they are not pooled.
         """
-        hidden = hidden[:, hidden.shape[1] - attention_mask.shape[1]:]
+        hidden = hidden[:, hidden.shape[1] - attention_mask.shape[1] :]
         if self.family == ENCODER:
             mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
             return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)

@@ -10,12 +10,14 @@ with a missing, ``None`` or NaN objective is never on the front and removes no o
 from __future__ import annotations
 
 import math
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from petlprof.metrics import HIGHER, direction
 
 
-def _oriented(point: Mapping[str, float], objectives: Sequence[str], signs: Sequence[float]) -> tuple[float, ...] | None:
+def _oriented(
+    point: Mapping[str, float], objectives: Sequence[str], signs: Sequence[float]
+) -> tuple[float, ...] | None:
     """The point's objective values turned so that larger is better, or None when one is missing."""
     values = []
     for name, sign in zip(objectives, signs):

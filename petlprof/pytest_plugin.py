@@ -26,11 +26,18 @@ RATIO_RTOL = 0.5  # allowed growth of a side-by-side time ratio on a noisy share
 
 def pytest_addoption(parser):
     group = parser.getgroup("petlprof", "petlprof cost regression checks")
-    group.addoption("--petlprof-baseline", default=None,
-                    help="baseline JSON for petlprof_bench checks (default: the petlprof_baseline ini "
-                    "option, else <rootdir>/petlprof-baseline.json)")
-    group.addoption("--petlprof-update-baseline", action="store_true", default=False,
-                    help="write the figures measured now into the baseline instead of checking them")
+    group.addoption(
+        "--petlprof-baseline",
+        default=None,
+        help="baseline JSON for petlprof_bench checks (default: the petlprof_baseline ini "
+        "option, else <rootdir>/petlprof-baseline.json)",
+    )
+    group.addoption(
+        "--petlprof-update-baseline",
+        action="store_true",
+        default=False,
+        help="write the figures measured now into the baseline instead of checking them",
+    )
     parser.addini("petlprof_baseline", "baseline JSON for petlprof_bench checks, relative to the rootdir")
 
 
@@ -46,14 +53,18 @@ class PetlprofBench:
 
         return MethodStep(method, backbone, **kwargs).profile()
 
-    def _compare(self, key: str, value: float, rtol: float | None, default_rtol: float,
-                 two_sided: bool = False) -> None:
+    def _compare(
+        self, key: str, value: float, rtol: float | None, default_rtol: float, two_sided: bool = False
+    ) -> None:
         self.request.node.user_properties.append((key, value))
         if self.update:
             self.baseline.record(key, value, default_rtol if rtol is None else rtol)
         elif not self.baseline.has(key):
-            warnings.warn(f"petlprof_bench: no baseline for {key} = {value:g}; recorded, not checked "
-                          "(run with --petlprof-update-baseline to add it)", stacklevel=3)
+            warnings.warn(
+                f"petlprof_bench: no baseline for {key} = {value:g}; recorded, not checked "
+                "(run with --petlprof-update-baseline to add it)",
+                stacklevel=3,
+            )
         elif message := self.baseline.check(key, value, rtol, two_sided):
             self.failures.append(message)
 
@@ -64,8 +75,15 @@ class PetlprofBench:
             self._compare(f"{prefix}/{name}", getattr(profile, name), rtol, DETERMINISTIC_RTOL, two_sided=True)
         self._raise_failures()
 
-    def check_ratio(self, method: str, reference: str = "full", backbone: str = "tiny-bert", rounds: int = 10,
-                    rtol: float | None = None, **kwargs) -> float:
+    def check_ratio(
+        self,
+        method: str,
+        reference: str = "full",
+        backbone: str = "tiny-bert",
+        rounds: int = 10,
+        rtol: float | None = None,
+        **kwargs,
+    ) -> float:
         """Time one training step of ``method`` and of ``reference`` in alternation; check the ratio."""
         from petlprof.bench import MethodStep, paired_ratio, time_rounds
 

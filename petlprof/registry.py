@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from petlprof.errors import UsageError, unknown_choice
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import hashlib
 import json
 import os
 import signal
@@ -21,90 +20,12 @@ import tempfile
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from petlprof.spec import BUDGET_FIELDS, RunSpec, spec_identity  # noqa: F401  (re-exported)
+
 SCHEMA_VERSION = 1
-MEASUREMENT_FIELDS = ("extra_meters", "country_code", "memory_snapshot_dir", "inference_window_s")
-BUDGET_FIELDS = ("target_value", "target_metric", "eval_every", "target_eval_size", "max_train_time_s")
-
-
-@dataclass
-class RunSpec:
-    """Everything that defines one run; its JSON form is the run's identity (``run_key``)."""
-
-    method: str
-    backbone: str = "minilm"
-    task: str = "tweets"
-    seed: int = 0
-    method_config: dict[str, Any] = field(default_factory=dict)
-    num_layers: int | None = None
-    data_dir: str | None = None
-    text_column: str | None = None
-    text_pair_column: str | None = None
-    label_column: str | None = None
-    epochs: int = 1
-    max_steps: int | None = None
-    train_size: int | None = 2000
-    eval_size: int | None = 1000
-    batch_size: int = 32
-    lr: float | None = None  # None: the method's default
-    max_length: int = 64
-    warmup_steps: int = 2
-    device: str = "cpu"
-    energy_meter: str = "auto"
-    nproc: int = 1  # data-parallel ranks of this one run (torchrun semantics; petlprof.distributed)
-    # measurement options (petlprof.meters): what is measured alongside, not part of the identity
-    extra_meters: list[str] = field(default_factory=list)  # codecarbon, cpu-tensors
-    country_code: str | None = None  # for codecarbon's carbon intensity
-    memory_snapshot_dir: str | None = None  # CUDA memory snapshots of each phase go here
-    inference_window_s: float | None = None  # None: 5 s with a measured energy meter, else 0.5 s
-    cache_hidden_states: bool = False  # side-tuning fast path (petlprof.cache)
-    cache_budget_bytes: int | None = None  # in memory; past it the cache spills to cache_dir
-    cache_dtype: str = "float16"
-    cache_dir: str | None = None  # where the cache spills (the output folder); not part of the identity
-    # budget (petlprof.budget): stop at a target value of a metric (None: the task's primary metric),
-    # checked every eval_every steps on the first target_eval_size eval examples (None: all), or after
-    # max_train_time_s seconds of training
-    target_value: float | None = None
-    target_metric: str | None = None
-    eval_every: int | None = None
-    target_eval_size: int | None = None
-    max_train_time_s: float | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    def identity(self, include_seed: bool = True) -> dict[str, Any]:
-        return spec_identity(self.to_dict(), include_seed)
-
-    @property
-    def run_key(self) -> str:
-        canonical = json.dumps(self.identity(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
-
-
-def spec_identity(spec: dict[str, Any], include_seed: bool = True) -> dict[str, Any]:
-    """What defines a run (its ``run_key``), from a spec's dict; without the seed it names the
-    configuration a report averages over seeds.  Fields added after the first release enter only
-    when set, so earlier runs keep their keys."""
-    identity = dict(spec)
-    identity.pop("cache_dir", None)  # where the cache spills, not what runs
-    identity.pop("cache_budget_bytes", None)  # memory or disk for the cache: same states, same steps
-    for name in MEASUREMENT_FIELDS:  # measured alongside; their cost is a warning in the record
-        identity.pop(name, None)
-    if identity.get("nproc", 1) == 1:
-        identity.pop("nproc", None)
-    if not identity.get("cache_hidden_states"):
-        for name in ("cache_hidden_states", "cache_dtype"):
-            identity.pop(name, None)
-    for name in BUDGET_FIELDS:
-        if identity.get(name) is None:
-            identity.pop(name, None)
-    if not include_seed:
-        identity.pop("seed", None)
-    return identity
 
 
 def _now() -> str:
@@ -205,8 +126,10 @@ def _memory_now(device: str) -> dict[str, Any]:
     if device.startswith("cuda"):
         import torch
 
-        figures.update(cuda_allocated_bytes=int(torch.cuda.memory_allocated(device)),
-                       cuda_peak_allocated_bytes=int(torch.cuda.max_memory_allocated(device)))
+        figures.update(
+            cuda_allocated_bytes=int(torch.cuda.memory_allocated(device)),
+            cuda_peak_allocated_bytes=int(torch.cuda.max_memory_allocated(device)),
+        )
     return figures
 
 
@@ -264,9 +187,15 @@ def _execute(spec: RunSpec, max_memory_bytes: int | None, ranks=None) -> dict[st
     method = get_method(spec.method)
     method_config = method.make_config(spec.method_config)
     lr = spec.lr if spec.lr is not None else method.default_lr
-    task = load_task(spec.task, train_size=spec.train_size, eval_size=spec.eval_size, data_dir=spec.data_dir,
-                     text_column=spec.text_column, text_pair_column=spec.text_pair_column,
-                     label_column=spec.label_column)
+    task = load_task(
+        spec.task,
+        train_size=spec.train_size,
+        eval_size=spec.eval_size,
+        data_dir=spec.data_dir,
+        text_column=spec.text_column,
+        text_pair_column=spec.text_pair_column,
+        label_column=spec.label_column,
+    )
     torch.manual_seed(spec.seed)
     backbone = load_backbone(spec.backbone, num_layers=spec.num_layers, seed=spec.seed)
     check_shape(spec.backbone, backbone.config, max_length=spec.max_length)
@@ -275,16 +204,25 @@ def _execute(spec: RunSpec, max_memory_bytes: int | None, ranks=None) -> dict[st
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
 
-    make = lambda split: Batches.from_split(split, backbone.tokenizer, spec.batch_size, spec.max_length,  # noqa: E731
-                                            task.is_regression)
+    def make(split):
+        return Batches.from_split(
+            split,
+            backbone.tokenizer,
+            spec.batch_size,
+            spec.max_length,
+            task.is_regression,
+        )
+
     train_batches, eval_batches = make(task.train), make(task.eval)
     timeline_warnings = []
     try:  # GPU power sampled in its own process; None off CUDA
         timeline = start_power_timeline(spec.device, spec.energy_meter)
     except Exception as error:  # the energy counter still measures; only the timeline is missing
         timeline = None
-        timeline_warnings.append(f"the NVML power timeline did not start ({type(error).__name__}: {error}): "
-                                 "energy comes from the counter alone, integrated power is missing")
+        timeline_warnings.append(
+            f"the NVML power timeline did not start ({type(error).__name__}: {error}): "
+            "energy comes from the counter alone, integrated power is missing"
+        )
     breakdown = static_breakdown(model)
 
     def meters(phase: str) -> list:
@@ -293,10 +231,12 @@ def _execute(spec: RunSpec, max_memory_bytes: int | None, ranks=None) -> dict[st
         resident = breakdown["total_bytes"] - breakdown["gradients_bytes"]  # tensors alive as a window opens
         resident -= breakdown["optimizer_state_bytes"] if phase != "train" else 0
         snapshot = f"{spec.memory_snapshot_dir}/{key}-{phase}.pickle" if spec.memory_snapshot_dir else None
-        return [*extra_meters_for(spec.extra_meters, spec.device, country_code=spec.country_code,
-                                  resident_bytes=resident),
-                memory_meter_for(spec.device, runtime_baseline, snapshot),
-                energy_meter_for(spec.device, spec.energy_meter, timeline)]
+        return [
+            *extra_meters_for(spec.extra_meters, spec.device, country_code=spec.country_code, resident_bytes=resident),
+            memory_meter_for(spec.device, runtime_baseline, snapshot),
+            energy_meter_for(spec.device, spec.energy_meter, timeline),
+        ]
+
     label = f"{spec.method} s{spec.seed}"
     train_meters, eval_meters = meters("train"), meters("eval")
     cache = None
@@ -304,25 +244,50 @@ def _execute(spec: RunSpec, max_memory_bytes: int | None, ranks=None) -> dict[st
         from petlprof.cache import DEFAULT_BUDGET_BYTES, HiddenStateCache
 
         if not method.side_tuning:
-            raise UsageError(f"--cache-hidden-states needs a side-tuning method; '{spec.method}' back-propagates "
-                             "through its backbone")
+            raise UsageError(
+                f"--cache-hidden-states needs a side-tuning method; '{spec.method}' back-propagates "
+                "through its backbone"
+            )
         if ranks is not None:
-            raise UsageError(f"--cache-hidden-states cannot be used with --nproc-per-run {spec.nproc}: a cached step "
-                             "runs the side network outside DistributedDataParallel, so its gradients would not be "
-                             "averaged over the ranks")
-        cache = HiddenStateCache(spec.cache_budget_bytes if spec.cache_budget_bytes is not None else DEFAULT_BUDGET_BYTES,
-                                 spec.cache_dir, spec.cache_dtype)
+            raise UsageError(
+                f"--cache-hidden-states cannot be used with --nproc-per-run {spec.nproc}: a cached step "
+                "runs the side network outside DistributedDataParallel, so its gradients would not be "
+                "averaged over the ranks"
+            )
+        cache = HiddenStateCache(
+            spec.cache_budget_bytes if spec.cache_budget_bytes is not None else DEFAULT_BUDGET_BYTES,
+            spec.cache_dir,
+            spec.cache_dtype,
+        )
     budget = make_budget(spec, task, model, make)  # stop at a target metric value or a maximum time
     stop = distributed.agreed_stop(budget) if ranks is not None and budget is not None else budget
     try:
         if budget is not None:
             budget.start()
-        train_phase = train(model if ranks is None else distributed.wrap(model, spec.device), train_batches,
-                            epochs=spec.epochs, max_steps=spec.max_steps, lr=lr, seed=spec.seed, device=spec.device,
-                            meters=train_meters, warmup_steps=spec.warmup_steps, desc=f"{label} train", cache=cache,
-                            stop=stop, ranks=ranks)
-        eval_phase, preds, golds = evaluate(model, eval_batches, device=spec.device, meters=eval_meters,
-                                            warmup_steps=spec.warmup_steps, desc=f"{label} eval", ranks=ranks)
+        train_phase = train(
+            model if ranks is None else distributed.wrap(model, spec.device),
+            train_batches,
+            epochs=spec.epochs,
+            max_steps=spec.max_steps,
+            lr=lr,
+            seed=spec.seed,
+            device=spec.device,
+            meters=train_meters,
+            warmup_steps=spec.warmup_steps,
+            desc=f"{label} train",
+            cache=cache,
+            stop=stop,
+            ranks=ranks,
+        )
+        eval_phase, preds, golds = evaluate(
+            model,
+            eval_batches,
+            device=spec.device,
+            meters=eval_meters,
+            warmup_steps=spec.warmup_steps,
+            desc=f"{label} eval",
+            ranks=ranks,
+        )
         for phase in (train_phase, eval_phase):
             phase["warnings"] = timeline_warnings + phase["warnings"]
         if ranks is not None:
@@ -335,9 +300,14 @@ def _execute(spec: RunSpec, max_memory_bytes: int | None, ranks=None) -> dict[st
         if budget is not None:
             train_phase["budget"] = budget.summary(train_phase)
         inference_phase = measure_inference(
-            model, eval_batches, device=spec.device, batch_sizes=[1, spec.batch_size],
-            make_meters=lambda size: meters(f"inference-batch{size}"), warmup_steps=spec.warmup_steps,
-            min_window_s=target_window_s(eval_phase.get("energy_kind"), spec.inference_window_s))
+            model,
+            eval_batches,
+            device=spec.device,
+            batch_sizes=[1, spec.batch_size],
+            make_meters=lambda size: meters(f"inference-batch{size}"),
+            warmup_steps=spec.warmup_steps,
+            min_window_s=target_window_s(eval_phase.get("energy_kind"), spec.inference_window_s),
+        )
     finally:
         for meter in train_meters + eval_meters:
             meter.close()
@@ -345,7 +315,11 @@ def _execute(spec: RunSpec, max_memory_bytes: int | None, ranks=None) -> dict[st
             cache.close()
         if timeline is not None and ranks is not None and not ranks.is_main:
             timeline.stop()
-    merged = _evaluate_merged(method, model, eval_batches, preds, spec, meters("eval_merged"), label) if method.merge else None
+    merged = (
+        _evaluate_merged(method, model, eval_batches, preds, spec, meters("eval_merged"), label)
+        if method.merge
+        else None
+    )
     if timeline is not None:  # on a failure the sampler stops when ``timeline`` is collected
         timeline.stop()
     if ranks is not None:
@@ -365,10 +339,17 @@ def _execute(spec: RunSpec, max_memory_bytes: int | None, ranks=None) -> dict[st
         },
         "primary_metric": task.primary_metric,
         "training": {
-            "epochs": spec.epochs, "max_steps": spec.max_steps, "batch_size": spec.batch_size, "lr": lr,
-            "lr_source": method.lr_source if lr == method.default_lr else "user", "max_length": spec.max_length,
-            "warmup_steps": spec.warmup_steps, "device": spec.device, "optimizer": "AdamW(weight_decay=0.01 on matrices, 0 on biases/norms)",
-            "schedule": "linear, 6% warm-up", "precision": str(next(model.parameters()).dtype).removeprefix("torch."),
+            "epochs": spec.epochs,
+            "max_steps": spec.max_steps,
+            "batch_size": spec.batch_size,
+            "lr": lr,
+            "lr_source": method.lr_source if lr == method.default_lr else "user",
+            "max_length": spec.max_length,
+            "warmup_steps": spec.warmup_steps,
+            "device": spec.device,
+            "optimizer": "AdamW(weight_decay=0.01 on matrices, 0 on biases/norms)",
+            "schedule": "linear, 6% warm-up",
+            "precision": str(next(model.parameters()).dtype).removeprefix("torch."),
         },
         "trainable_params": trainable,
         "total_params": total,
@@ -379,8 +360,11 @@ def _execute(spec: RunSpec, max_memory_bytes: int | None, ranks=None) -> dict[st
         "memory_breakdown": breakdown,
         "idle_baseline": sweep_idle() or None,
         **({"eval_merged": merged} if merged is not None else {}),
-        **({"distributed": distributed.summary(ranks, backend, spec.batch_size, aggregated["nodes"], per_rank)}
-           if ranks is not None else {}),
+        **(
+            {"distributed": distributed.summary(ranks, backend, spec.batch_size, aggregated["nodes"], per_rank)}
+            if ranks is not None
+            else {}
+        ),
     }
 
 
@@ -396,8 +380,14 @@ def _evaluate_merged(method, model, eval_batches, preds, spec: RunSpec, meters: 
 
     try:
         merged_model = method.build_merge()(model)
-        phase, merged_preds, _ = evaluate(merged_model, eval_batches, device=spec.device, meters=meters,
-                                          warmup_steps=spec.warmup_steps, desc=f"{label} eval merged")
+        phase, merged_preds, _ = evaluate(
+            merged_model,
+            eval_batches,
+            device=spec.device,
+            meters=meters,
+            warmup_steps=spec.warmup_steps,
+            desc=f"{label} eval merged",
+        )
     except Exception as exc:
         return {"error": f"{type(exc).__name__}: {exc}".strip()}
     finally:
@@ -407,8 +397,9 @@ def _evaluate_merged(method, model, eval_batches, preds, spec: RunSpec, meters: 
     return phase
 
 
-def execute_in_subprocess(spec: RunSpec, *, timeout_s: float | None = None,
-                          max_memory_bytes: int | None = None) -> dict[str, Any]:
+def execute_in_subprocess(
+    spec: RunSpec, *, timeout_s: float | None = None, max_memory_bytes: int | None = None
+) -> dict[str, Any]:
     """Run ``spec`` in a fresh interpreter and return its record.
 
     A crash becomes ``failed`` (``oom`` when the kernel killed it), a run past ``timeout_s`` is
@@ -435,8 +426,12 @@ def execute_in_subprocess(spec: RunSpec, *, timeout_s: float | None = None,
         except subprocess.TimeoutExpired:
             _stop(proc)
             pump.join(5)
-            return failed_record(spec, f"run exceeded --timeout {timeout_s:g} s and was killed", status="timeout",
-                                 wall_time_s=time.perf_counter() - t0)
+            return failed_record(
+                spec,
+                f"run exceeded --timeout {timeout_s:g} s and was killed",
+                status="timeout",
+                wall_time_s=time.perf_counter() - t0,
+            )
         except BaseException:
             if proc is not None:
                 _stop(proc)
@@ -449,12 +444,23 @@ def execute_in_subprocess(spec: RunSpec, *, timeout_s: float | None = None,
             from petlprof.distributed import read_failure
 
             if (fields := read_failure(out_path, spec.nproc)) is not None:
-                return failed_record(spec, fields.pop("error"), fields.pop("status"), **fields,
-                                     stderr_tail="\n".join(text[-30:]), wall_time_s=time.perf_counter() - t0)
+                return failed_record(
+                    spec,
+                    fields.pop("error"),
+                    fields.pop("status"),
+                    **fields,
+                    stderr_tail="\n".join(text[-30:]),
+                    wall_time_s=time.perf_counter() - t0,
+                )
         killed = returncode in (-9, 137) or (max_memory_bytes is not None and _memory_words(text))
         reason = f"worker ended with code {returncode}" + (" (out of memory?)" if killed else "")
-        return failed_record(spec, f"{reason}: {text[-1] if text else 'no output'}", status="oom" if killed else "failed",
-                             stderr_tail="\n".join(text[-30:]), wall_time_s=time.perf_counter() - t0)
+        return failed_record(
+            spec,
+            f"{reason}: {text[-1] if text else 'no output'}",
+            status="oom" if killed else "failed",
+            stderr_tail="\n".join(text[-30:]),
+            wall_time_s=time.perf_counter() - t0,
+        )
 
 
 _HELD = {signal.SIGINT, signal.SIGTERM}

@@ -64,8 +64,10 @@ def check_writable(out_dir: Path) -> None:
         raise UsageError(f"output folder '{out_dir}' is not writable: {exc.strerror or exc}") from None
     free = shutil.disk_usage(out_dir).free
     if free < MIN_FREE_BYTES:
-        raise UsageError(f"output folder '{out_dir}' has only {free / 2**20:.1f} MiB free; "
-                         f"petlprof needs at least {MIN_FREE_BYTES / 2**20:.0f} MiB")
+        raise UsageError(
+            f"output folder '{out_dir}' has only {free / 2**20:.1f} MiB free; "
+            f"petlprof needs at least {MIN_FREE_BYTES / 2**20:.0f} MiB"
+        )
 
 
 class StoreLock:
@@ -80,7 +82,7 @@ class StoreLock:
         self.taken_over: dict | None = None
         self._fh = None
 
-    def __enter__(self) -> "StoreLock":
+    def __enter__(self) -> StoreLock:
         import fcntl
 
         fh = open(self.path, "a+", encoding="utf-8")
@@ -91,8 +93,10 @@ class StoreLock:
             holder = _parse(fh.read())
             fh.close()
             who = f"pid {holder.get('pid')} on {holder.get('host')}" if holder else "another process"
-            raise UsageError(f"another petlprof run ({who}) is writing to '{self.path.parent}'; wait for it to "
-                             "finish or use another --output") from None
+            raise UsageError(
+                f"another petlprof run ({who}) is writing to '{self.path.parent}'; wait for it to "
+                "finish or use another --output"
+            ) from None
         fh.seek(0)
         self.taken_over = _parse(fh.read())  # left by a sweep that died without releasing it
         fh.seek(0)

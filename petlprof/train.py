@@ -15,8 +15,9 @@ reported losses and the evaluation's predictions are those of the whole batch an
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -41,7 +42,7 @@ class Batches:
     tokenizer: Any
 
     @classmethod
-    def from_split(cls, split, tokenizer, batch_size: int, max_length: int, regression: bool) -> "Batches":
+    def from_split(cls, split, tokenizer, batch_size: int, max_length: int, regression: bool) -> Batches:
         enc = tokenizer(split.texts, split.pairs, truncation=True, max_length=max_length)
         rows = [{k: enc[k][i] for k in ("input_ids", "attention_mask")} for i in range(len(split))]
         labels = torch.tensor(split.labels, dtype=torch.float32 if regression else torch.long)
@@ -56,7 +57,7 @@ class Batches:
         if shuffle_seed is not None:
             np.random.default_rng(shuffle_seed).shuffle(order)
         for start in range(0, len(order), self.batch_size):
-            yield order[start:start + self.batch_size]
+            yield order[start : start + self.batch_size]
 
     def collate(self, idx: np.ndarray, device: str) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """(inputs, labels) of the examples ``idx``, padded to the longest of them."""
@@ -86,8 +87,10 @@ def percentiles(latencies: list[float]) -> dict[str, float | None]:
 def _phase_summary(window: Window, timer: StepTimer, steps, samples, warmup, requested_warmup) -> dict[str, Any]:
     warnings = phase_warnings(window.reading)
     if warmup < requested_warmup:
-        warnings.append(f"only {warmup} of the {requested_warmup} requested warm-up steps were excluded: the "
-                        "phase is too short, so its figures include start-up costs")
+        warnings.append(
+            f"only {warmup} of the {requested_warmup} requested warm-up steps were excluded: the "
+            "phase is too short, so its figures include start-up costs"
+        )
     return {
         "time_s": window.time_s,
         "steps": steps,
@@ -104,8 +107,10 @@ def _phase_summary(window: Window, timer: StepTimer, steps, samples, warmup, req
 def _param_groups(model, weight_decay: float) -> list[dict]:
     """Decay matrices only: biases and normalisation weights (1-D tensors) are not decayed."""
     params = [p for p in model.parameters() if p.requires_grad]
-    return [{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
-            {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+    return [
+        {"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+    ]
 
 
 def _my_part(idx: np.ndarray, ranks) -> tuple[np.ndarray, float]:
@@ -118,9 +123,22 @@ def _my_part(idx: np.ndarray, ranks) -> tuple[np.ndarray, float]:
     return (mine, len(mine) / len(idx)) if len(mine) else (idx[:1], 0.0)
 
 
-def train(model, batches: Batches, *, epochs: int, max_steps: int | None, lr: float, seed: int,
-          device: str, meters: list, warmup_steps: int, desc: str, cache=None, stop=None,
-          ranks=None) -> dict[str, Any]:
+def train(
+    model,
+    batches: Batches,
+    *,
+    epochs: int,
+    max_steps: int | None,
+    lr: float,
+    seed: int,
+    device: str,
+    meters: list,
+    warmup_steps: int,
+    desc: str,
+    cache=None,
+    stop=None,
+    ranks=None,
+) -> dict[str, Any]:
     """Train for ``epochs`` (or exactly ``max_steps`` optimiser steps, which overrides epochs).
 
     ``cache``: a :class:`petlprof.cache.HiddenStateCache` for a side-tuning model; its size and
@@ -141,8 +159,14 @@ def train(model, batches: Batches, *, epochs: int, max_steps: int | None, lr: fl
     step, samples, losses, epoch, stopped = 0, 0, [], 0, None
     world = 1 if ranks is None else ranks.world_size
     window, timer = Window(meters, device), StepTimer(device)
-    with tqdm(total=total, desc=desc, unit="step", leave=True, dynamic_ncols=True,
-              disable=ranks is not None and not ranks.is_main) as bar:
+    with tqdm(
+        total=total,
+        desc=desc,
+        unit="step",
+        leave=True,
+        dynamic_ncols=True,
+        disable=ranks is not None and not ranks.is_main,
+    ) as bar:
         for epoch in range(math.ceil(total / len(batches))):
             for batch in batches.batch_indices(shuffle_seed=seed * 1000 + epoch):
                 PROGRESS.update(phase="train", step=step)
@@ -176,8 +200,9 @@ def train(model, batches: Batches, *, epochs: int, max_steps: int | None, lr: fl
     if ranks is not None:
         losses = distributed.sum_over_ranks(losses)
     summary = _phase_summary(window, timer, step - warmup, samples, warmup, warmup_steps)
-    summary.update(epochs_run=round(step / len(batches), 3), first_loss=losses[0],
-                   final_loss=float(np.mean(losses[-10:])))
+    summary.update(
+        epochs_run=round(step / len(batches), 3), first_loss=losses[0], final_loss=float(np.mean(losses[-10:]))
+    )
     if cache is not None:
         summary.update(cache.summary())
     return summary
@@ -193,8 +218,9 @@ def _as_array(tensors: list[torch.Tensor]) -> np.ndarray:
 
 
 @torch.no_grad()
-def evaluate(model, batches: Batches, *, device: str, meters: list, warmup_steps: int,
-             desc: str, ranks=None) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
+def evaluate(
+    model, batches: Batches, *, device: str, meters: list, warmup_steps: int, desc: str, ranks=None
+) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
     """Predict the whole split; returns (phase summary, predictions, labels).  With ``ranks`` this
     rank predicts its part of every batch (its summary counts only those) and the predictions and
     labels returned are the whole split's, gathered from every rank."""
@@ -202,8 +228,16 @@ def evaluate(model, batches: Batches, *, device: str, meters: list, warmup_steps
     warmup = min(warmup_steps, max(len(batches) - 1, 0))
     preds, golds, positions, samples = [], [], [], 0
     window, timer = Window(meters, device), StepTimer(device)
-    for step, batch in enumerate(tqdm(batches.batch_indices(), total=len(batches), desc=desc, unit="batch",
-                                      dynamic_ncols=True, disable=ranks is not None and not ranks.is_main)):
+    for step, batch in enumerate(
+        tqdm(
+            batches.batch_indices(),
+            total=len(batches),
+            desc=desc,
+            unit="batch",
+            dynamic_ncols=True,
+            disable=ranks is not None and not ranks.is_main,
+        )
+    ):
         PROGRESS.update(phase="eval", step=step)
         idx = batch if ranks is None else distributed.my_part(batch, ranks)
         inputs, labels = batches.collate(idx, device) if len(idx) else (None, None)

@@ -12,8 +12,6 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 
-
-
 def pytest_collection_modifyitems(config, items):
     import torch
 

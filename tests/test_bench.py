@@ -34,7 +34,7 @@ def test_rounds_vary_the_order_and_keep_rounds_aligned():
     calls: list[str] = []
     samples = time_rounds({name: (lambda name=name: calls.append(name)) for name in "abc"}, rounds=6, warmup=1)
     assert calls[:3] == list("abc") and len(calls) == 3 + 6 * 3
-    rounds = [calls[3 + 3 * i: 6 + 3 * i] for i in range(6)]
+    rounds = [calls[3 + 3 * i : 6 + 3 * i] for i in range(6)]
     assert all(sorted(r) == list("abc") for r in rounds)  # every function once per round
     assert len({tuple(r) for r in rounds}) > 1  # not always the same order
     assert {name: len(values) for name, values in samples.items()} == {"a": 6, "b": 6, "c": 6}
@@ -59,10 +59,10 @@ def test_read_saves_far_fewer_activations_than_full():
     assert full.training_tensor_bytes > 3 * read.training_tensor_bytes
 
 
-USER_TEST = '''
+USER_TEST = """
 def test_cost(petlprof_bench):
     petlprof_bench.check(petlprof_bench.profile("read", batch_size=4, seq_len=16))
-'''
+"""
 
 
 def test_fixture_on_a_fresh_machine_then_update_then_regression(pytester):
@@ -73,8 +73,9 @@ def test_fixture_on_a_fresh_machine_then_update_then_regression(pytester):
     updated.assert_outcomes(passed=1)
     path = pytester.path / "petlprof-baseline.json"
     figures = json.loads(path.read_text())["figures"]
-    assert set(figures) == {f"read/tiny-bert/b4x16/{k}" for k in
-                            ("trainable_params", "saved_activation_bytes", "training_tensor_bytes")}
+    assert set(figures) == {
+        f"read/tiny-bert/b4x16/{k}" for k in ("trainable_params", "saved_activation_bytes", "training_tensor_bytes")
+    }
     pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
     figures["read/tiny-bert/b4x16/trainable_params"]["value"] //= 2  # as if the method had doubled
     path.write_text(json.dumps({"figures": figures}))

@@ -20,9 +20,20 @@ from petlprof.registry import get_method
 from petlprof.runner import RunSpec
 from petlprof.train import Batches, train
 
-TEXTS = ["what a wonderful day", "this is terrible and I hate it", "love it", "worst thing ever made",
-         "not bad at all, quite good actually", "meh", "I would buy this again and again", "never again",
-         "brilliant", "the plot made no sense whatsoever and the ending was worse", "fine", "great fun"]
+TEXTS = [
+    "what a wonderful day",
+    "this is terrible and I hate it",
+    "love it",
+    "worst thing ever made",
+    "not bad at all, quite good actually",
+    "meh",
+    "I would buy this again and again",
+    "never again",
+    "brilliant",
+    "the plot made no sense whatsoever and the ending was worse",
+    "fine",
+    "great fun",
+]
 EPOCHS = 3
 
 
@@ -48,15 +59,30 @@ def run(preset: str, method: str, config: dict, cache: HiddenStateCache | None, 
         return out
 
     model.side_forward = recorded
-    summary = train(model, batches, epochs=EPOCHS, max_steps=None, lr=1e-2, seed=0, device="cpu", meters=[],
-                    warmup_steps=0, desc="test", cache=cache)
+    summary = train(
+        model,
+        batches,
+        epochs=EPOCHS,
+        max_steps=None,
+        lr=1e-2,
+        seed=0,
+        device="cpu",
+        meters=[],
+        warmup_steps=0,
+        desc="test",
+        cache=cache,
+    )
     return summary, logits, model
 
 
-CASES = [("tiny-bert", "read", {}, "right"), ("tiny-gpt2", "read", {}, "left"),
-         ("tiny-t5", "read", {"t5_wiring": "side"}, "right"),
-         ("tiny-t5", "read", {"t5_wiring": "encoder_output"}, "right"),
-         ("tiny-bert", "lst", {}, "right"), ("tiny-t5", "lst", {}, "right")]
+CASES = [
+    ("tiny-bert", "read", {}, "right"),
+    ("tiny-gpt2", "read", {}, "left"),
+    ("tiny-t5", "read", {"t5_wiring": "side"}, "right"),
+    ("tiny-t5", "read", {"t5_wiring": "encoder_output"}, "right"),
+    ("tiny-bert", "lst", {}, "right"),
+    ("tiny-t5", "lst", {}, "right"),
+]
 
 
 @pytest.mark.parametrize("preset, method, config, padding_side", CASES)
@@ -66,11 +92,11 @@ def test_cached_training_matches_uncached_in_fp32(tmp_path, preset, method, conf
     cached, cached_logits, cached_model = run(preset, method, config, cache, padding_side)
     assert len(plain_logits) == len(cached_logits) == EPOCHS * 3
     for step, (a, b) in enumerate(zip(plain_logits, cached_logits)):
-        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5, msg=lambda m: f"step {step}: {m}")
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5, msg=lambda m, step=step: f"step {step}: {m}")
     assert cached["first_loss"] == pytest.approx(plain["first_loss"], rel=1e-5)
     assert cached["final_loss"] == pytest.approx(plain["final_loss"], rel=1e-4)
     for (name, a), b in zip(plain_model.named_parameters(), cached_model.parameters()):
-        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
     assert cached["cache_examples"] == len(TEXTS) and cached["cache_disk_bytes"] == 0
     # epoch 1 misses everything and every later epoch hits (T5 too: its decoder reads the unshifted mask)
     assert cached["cache_hit_rate"] == pytest.approx((EPOCHS - 1) / EPOCHS)
@@ -112,8 +138,9 @@ def test_cache_dtype_names_agree_between_config_and_cache():
 
 
 def test_options_give_the_cache_to_side_tuning_methods_only():
-    options = build_options({}, {"methods": "read,lst,full", "backbone": "tiny-bert", "cache_hidden_states": True,
-                                 "cache_budget": "2MiB"})
+    options = build_options(
+        {}, {"methods": "read,lst,full", "backbone": "tiny-bert", "cache_hidden_states": True, "cache_budget": "2MiB"}
+    )
     specs = {s.method: s for s in expand(options, "cpu")}
     assert specs["read"].cache_hidden_states and specs["lst"].cache_budget_bytes == 2 * 2**20
     assert not specs["full"].cache_hidden_states and specs["full"].cache_budget_bytes is None
@@ -131,9 +158,14 @@ def test_cache_options_are_identity_only_when_the_cache_is_on():
     assert dataclasses.replace(cached, cache_dir="/elsewhere").run_key == cached.run_key  # where it spills
 
 
-@pytest.mark.parametrize("values, message", [({"cache_budget": "lots"}, "--cache-budget 'lots'"),
-                                             ({"cache_dtype": "int8"}, "int8"),
-                                             ({"cache_hidden_states": "yes"}, "yes")])
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({"cache_budget": "lots"}, "--cache-budget 'lots'"),
+        ({"cache_dtype": "int8"}, "int8"),
+        ({"cache_hidden_states": "yes"}, "yes"),
+    ],
+)
 def test_bad_cache_options_are_refused_by_name(values, message):
     with pytest.raises(UsageError, match=message):
         build_options({}, {"methods": "read", "backbone": "tiny-bert", **values})

@@ -16,53 +16,77 @@ def run_cli(args, capsys):
     return code, captured.out, captured.err
 
 
-@pytest.mark.parametrize("args, expected", [
-    (["--methods", "lora,raed"], "unknown method 'raed'; did you mean 'read'?"),
-    (["--methods", "read", "--task", "tweet"], "unknown task 'tweet'; did you mean 'tweets'?"),
-    (["--methods", "read", "--backbone", "tiny-bret"], "unknown backbone 'tiny-bret'; did you mean 'tiny-bert'?"),
-    (["--methods", "read", "--backbone", "no such model!"], "unknown backbone 'no such model!'"),
-    (["--methods", "read", "--train-size", "-5"], "--train-size must be an integer >= 1, got -5"),
-    (["--methods", "read", "--batch-size", "0"], "--batch-size must be an integer >= 1, got 0"),
-    (["--methods", "read", "--lr", "-1"], "--lr must be a positive number, got -1.0"),
-    (["--methods", "read", "--device", "tpu"], "unknown device 'tpu'"),
-    (["--methods", "read", "--energy-meter", "rapll"], "did you mean 'rapl'?"),
-    (["--methods", "read", "--method-config", "read.cell=transformer"], "read cell 'transformer' is not one of"),
-    (["--methods", "read", "--method-config", "lora.r=4"], "unknown method in method_config 'lora'"),
-    (["--methods", "read", "--method-config", "read"], "must look like METHOD.FIELD=VALUE"),
-    ([], "no method given"),
-    (["--methods", "lora", "--backbone", "tiny-bert", "--method-config", "lora.r=65"],
-     "lora r 65 is larger than the width 64 of backbone 'tiny-bert'"),
-    (["--methods", "read", "--backbone", "./no/such/model"], "backbone folder './no/such/model' does not exist"),
-    (["--methods", "read", "--backbone", "no-such-org/no-such-model"],
-     "cannot load backbone 'no-such-org/no-such-model'"),  # the hub is offline in tests
-    (["--methods", "read", "--max-memory", "lots"], "--max-memory 'lots' is not a positive size"),
-    (["--methods", "read", "--timeout", "-3"], "--timeout must be a positive number of seconds, got -3.0"),
-    (["--methods", "read", "--timeout", "60", "--in-process"], "cannot be used with --in-process"),
-    # found by a review: each of these ran, or failed inside every run, or left a folder behind
-    (["--methods", "read", "--seeds", ""], "no seed given (an empty --seeds)"),
-    (["--methods", "read", "--backbone", ","], "no backbone given (an empty --backbone)"),
-    (["--methods", "read", "--task", ""], "no task given (an empty --task)"),
-    (["--methods", "read", "--lr", "inf"], "--lr must be a positive number, got inf"),
-    (["--methods", "read", "--timeout", "nan"], "--timeout must be a positive number of seconds, got nan"),
-    (["--methods", "read", "--max-train-time", "inf"], "--max-train-time must be a number, got inf"),
-    (["--methods", "read", "--max-memory", "0.5"], "--max-memory '0.5' is less than one byte"),
-    (["--methods", "read", "--method-grid", "lora=4,8"], "--method-grid 'lora=4,8' must look like METHOD.FIELD=V1,V2"),
-    (["--methods", "bitfit", "--method-config", "bitfit.x=1"], "method 'bitfit' has no options (got 'x')"),
-    (["--methods", "read", "--target-value", "0.5", "--target-metric", "energy_j"], "unknown target metric 'energy_j'"),
-    (["--methods", "read", "--backbone", "tiny-bert", "--target-value", "0.5", "--target-metric", "pearson"],
-     "target metric 'pearson' is not scored on task 'tweets'; it scores accuracy, f1"),
-    (["--methods", "read", "--backbone", "tiny-bert", "--target-value", "5"],
-     "--target-value 5 is outside the range of accuracy on task 'tweets', [0, 1]"),
-    (["--methods", "read", "--num-layers", "100"], "--num-layers 100 exceeds the 6 pretrained layers of backbone 'minilm'"),
-    (["--methods", "read", "--backbone", "tiny-gpt2", "--max-length", "100000"],
-     "--max-length 100000 exceeds the 512 positions of backbone 'tiny-gpt2'"),
-    (["--methods", "read", "--eval-every", "5"], "--eval-every acts only with --target-value, which was not given"),
-    (["--methods", "read", "--target-eval-size", "all"], "--target-eval-size acts only with --target-value"),
-    (["--methods", "read", "--cache-budget", "2GiB"], "--cache-budget acts only with --cache-hidden-states"),
-    (["--methods", "read", "--cache-dtype", "float32"], "--cache-dtype acts only with --cache-hidden-states"),
-    (["--methods", "lora,full", "--cache-hidden-states"],
-     "--cache-hidden-states serves side-tuning methods (lst, read); none of --methods lora,full is one"),
-])
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--methods", "lora,raed"], "unknown method 'raed'; did you mean 'read'?"),
+        (["--methods", "read", "--task", "tweet"], "unknown task 'tweet'; did you mean 'tweets'?"),
+        (["--methods", "read", "--backbone", "tiny-bret"], "unknown backbone 'tiny-bret'; did you mean 'tiny-bert'?"),
+        (["--methods", "read", "--backbone", "no such model!"], "unknown backbone 'no such model!'"),
+        (["--methods", "read", "--train-size", "-5"], "--train-size must be an integer >= 1, got -5"),
+        (["--methods", "read", "--batch-size", "0"], "--batch-size must be an integer >= 1, got 0"),
+        (["--methods", "read", "--lr", "-1"], "--lr must be a positive number, got -1.0"),
+        (["--methods", "read", "--device", "tpu"], "unknown device 'tpu'"),
+        (["--methods", "read", "--energy-meter", "rapll"], "did you mean 'rapl'?"),
+        (["--methods", "read", "--method-config", "read.cell=transformer"], "read cell 'transformer' is not one of"),
+        (["--methods", "read", "--method-config", "lora.r=4"], "unknown method in method_config 'lora'"),
+        (["--methods", "read", "--method-config", "read"], "must look like METHOD.FIELD=VALUE"),
+        ([], "no method given"),
+        (
+            ["--methods", "lora", "--backbone", "tiny-bert", "--method-config", "lora.r=65"],
+            "lora r 65 is larger than the width 64 of backbone 'tiny-bert'",
+        ),
+        (["--methods", "read", "--backbone", "./no/such/model"], "backbone folder './no/such/model' does not exist"),
+        (
+            ["--methods", "read", "--backbone", "no-such-org/no-such-model"],
+            "cannot load backbone 'no-such-org/no-such-model'",
+        ),  # the hub is offline in tests
+        (["--methods", "read", "--max-memory", "lots"], "--max-memory 'lots' is not a positive size"),
+        (["--methods", "read", "--timeout", "-3"], "--timeout must be a positive number of seconds, got -3.0"),
+        (["--methods", "read", "--timeout", "60", "--in-process"], "cannot be used with --in-process"),
+        # found by a review: each of these ran, or failed inside every run, or left a folder behind
+        (["--methods", "read", "--seeds", ""], "no seed given (an empty --seeds)"),
+        (["--methods", "read", "--backbone", ","], "no backbone given (an empty --backbone)"),
+        (["--methods", "read", "--task", ""], "no task given (an empty --task)"),
+        (["--methods", "read", "--lr", "inf"], "--lr must be a positive number, got inf"),
+        (["--methods", "read", "--timeout", "nan"], "--timeout must be a positive number of seconds, got nan"),
+        (["--methods", "read", "--max-train-time", "inf"], "--max-train-time must be a number, got inf"),
+        (["--methods", "read", "--max-memory", "0.5"], "--max-memory '0.5' is less than one byte"),
+        (
+            ["--methods", "read", "--method-grid", "lora=4,8"],
+            "--method-grid 'lora=4,8' must look like METHOD.FIELD=V1,V2",
+        ),
+        (["--methods", "bitfit", "--method-config", "bitfit.x=1"], "method 'bitfit' has no options (got 'x')"),
+        (
+            ["--methods", "read", "--target-value", "0.5", "--target-metric", "energy_j"],
+            "unknown target metric 'energy_j'",
+        ),
+        (
+            ["--methods", "read", "--backbone", "tiny-bert", "--target-value", "0.5", "--target-metric", "pearson"],
+            "target metric 'pearson' is not scored on task 'tweets'; it scores accuracy, f1",
+        ),
+        (
+            ["--methods", "read", "--backbone", "tiny-bert", "--target-value", "5"],
+            "--target-value 5 is outside the range of accuracy on task 'tweets', [0, 1]",
+        ),
+        (
+            ["--methods", "read", "--num-layers", "100"],
+            "--num-layers 100 exceeds the 6 pretrained layers of backbone 'minilm'",
+        ),
+        (
+            ["--methods", "read", "--backbone", "tiny-gpt2", "--max-length", "100000"],
+            "--max-length 100000 exceeds the 512 positions of backbone 'tiny-gpt2'",
+        ),
+        (["--methods", "read", "--eval-every", "5"], "--eval-every acts only with --target-value, which was not given"),
+        (["--methods", "read", "--target-eval-size", "all"], "--target-eval-size acts only with --target-value"),
+        (["--methods", "read", "--cache-budget", "2GiB"], "--cache-budget acts only with --cache-hidden-states"),
+        (["--methods", "read", "--cache-dtype", "float32"], "--cache-dtype acts only with --cache-hidden-states"),
+        (
+            ["--methods", "lora,full", "--cache-hidden-states"],
+            "--cache-hidden-states serves side-tuning methods (lst, read); none of --methods lora,full is one",
+        ),
+    ],
+)
 def test_bad_input_is_one_line_exit_2_nothing_written(args, expected, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     out_dir = tmp_path / "out"
@@ -73,13 +97,16 @@ def test_bad_input_is_one_line_exit_2_nothing_written(args, expected, capsys, tm
     assert not out_dir.exists() and not (tmp_path / "petlprof-out").exists()
 
 
-@pytest.mark.parametrize("suffix, text, expected", [
-    (".toml", "methods = [read\n", "is malformed"),
-    (".yaml", "methods: [read\n  - x: ]", "is malformed"),
-    (".toml", 'metods = ["read"]\n', "unknown option in"),
-    (".json", "{}", "must end in .toml, .yaml or .yml"),
-    (".yaml", "methods: [read]\n1: 2\n", "option name 1 is not text"),
-])
+@pytest.mark.parametrize(
+    "suffix, text, expected",
+    [
+        (".toml", "methods = [read\n", "is malformed"),
+        (".yaml", "methods: [read\n  - x: ]", "is malformed"),
+        (".toml", 'metods = ["read"]\n', "unknown option in"),
+        (".json", "{}", "must end in .toml, .yaml or .yml"),
+        (".yaml", "methods: [read]\n1: 2\n", "option name 1 is not text"),
+    ],
+)
 def test_bad_config_file(suffix, text, expected, capsys, tmp_path):
     config = tmp_path / f"sweep{suffix}"
     config.write_text(text)
@@ -95,11 +122,15 @@ def test_missing_config_file(capsys, tmp_path):
 
 def test_toml_and_yaml_give_the_same_options_and_cli_wins(tmp_path):
     toml = tmp_path / "a.toml"
-    toml.write_text('methods = ["read", "lora"]\nbackbone = "tiny-bert"\nseeds = [0, 1]\nepochs = 2\n'
-                    'train-size = 100\n[method_config.lora]\nr = 4\n')
+    toml.write_text(
+        'methods = ["read", "lora"]\nbackbone = "tiny-bert"\nseeds = [0, 1]\nepochs = 2\n'
+        "train-size = 100\n[method_config.lora]\nr = 4\n"
+    )
     yaml = tmp_path / "a.yaml"
-    yaml.write_text("methods: read,lora\nbackbone: tiny-bert\nseeds: [0, 1]\nepochs: 2\ntrain_size: 100\n"
-                    "method_config:\n  lora:\n    r: 4\n")
+    yaml.write_text(
+        "methods: read,lora\nbackbone: tiny-bert\nseeds: [0, 1]\nepochs: 2\ntrain_size: 100\n"
+        "method_config:\n  lora:\n    r: 4\n"
+    )
     a = build_options(load_config_file(str(toml)), {})
     b = build_options(load_config_file(str(yaml)), {})
     assert a == b
@@ -108,15 +139,21 @@ def test_toml_and_yaml_give_the_same_options_and_cli_wins(tmp_path):
     assert c.epochs == 3 and c.method_config == {"lora": {"r": 4, "alpha": 8}}
 
 
-@pytest.mark.parametrize("file_text, argv, expected", [
-    (None, ["--train-size", "all", "--eval-size", "ALL", "--target-value", "0.8", "--target-eval-size", "all"],
-     (None, None, None)),
-    (None, ["--train-size", "64"], (64, 1000, 200)),
-    (None, [], (2000, 1000, 200)),
-    ('train_size = "all"\neval_size = 50\ntarget_value = 0.8\ntarget_eval_size = "all"\n', [], (None, 50, None)),
-    ('train_size = "all"\n', ["--train-size", "64"], (64, 1000, 200)),  # the command line wins over the file
-    ("train_size = 64\n", ["--train-size", "all"], (None, 1000, 200)),
-])
+@pytest.mark.parametrize(
+    "file_text, argv, expected",
+    [
+        (
+            None,
+            ["--train-size", "all", "--eval-size", "ALL", "--target-value", "0.8", "--target-eval-size", "all"],
+            (None, None, None),
+        ),
+        (None, ["--train-size", "64"], (64, 1000, 200)),
+        (None, [], (2000, 1000, 200)),
+        ('train_size = "all"\neval_size = 50\ntarget_value = 0.8\ntarget_eval_size = "all"\n', [], (None, 50, None)),
+        ('train_size = "all"\n', ["--train-size", "64"], (64, 1000, 200)),  # the command line wins over the file
+        ("train_size = 64\n", ["--train-size", "all"], (None, 1000, 200)),
+    ],
+)
 def test_sizes_take_all_on_the_command_line_and_in_files(tmp_path, file_text, argv, expected):
     from petlprof.cli import build_parser
 
@@ -137,7 +174,7 @@ def test_a_size_that_is_not_a_number_is_named(capsys):
     assert exit_.value.code == 2 and "--train-size: expected a number of examples or 'all', got 'lots'" in err
 
 
-@pytest.mark.parametrize("content", ["", "{\"status\": \"ok\", \"meth", "not a record\n"])
+@pytest.mark.parametrize("content", ["", '{"status": "ok", "meth', "not a record\n"])
 def test_report_with_no_usable_record_is_an_error_and_writes_nothing(content, capsys, tmp_path):
     (tmp_path / "results.jsonl").write_text(content)
     code, _, err = run_cli(["report", str(tmp_path)], capsys)
@@ -166,8 +203,10 @@ def test_help_does_not_import_torch():
     import subprocess
     import sys
 
-    code = ("import sys; from petlprof.cli import build_parser; build_parser().format_help(); "
-            "print(any(m in sys.modules for m in ('torch', 'transformers', 'pynvml')))")
+    code = (
+        "import sys; from petlprof.cli import build_parser; build_parser().format_help(); "
+        "print(any(m in sys.modules for m in ('torch', 'transformers', 'pynvml')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -180,15 +219,24 @@ def test_config_file_method_options_reach_the_runs(capsys, tmp_path, monkeypatch
 
     def fake_execute(spec, **limits):
         seen.append(spec)
-        return {"schema_version": 1, "run_key": spec.run_key, "status": "failed", "error": "fake",
-                "method": spec.method, "method_config": spec.method_config, "seed": spec.seed}
+        return {
+            "schema_version": 1,
+            "run_key": spec.run_key,
+            "status": "failed",
+            "error": "fake",
+            "method": spec.method,
+            "method_config": spec.method_config,
+            "seed": spec.seed,
+        }
 
     monkeypatch.setattr(petlprof.runner, "execute", fake_execute)
     config = tmp_path / "sweep.toml"
-    config.write_text('methods = ["lora", "read"]\nbackbone = "tiny-bert"\nin_process = true\n'
-                      "[method_config.lora]\nr = 16\n")
-    code, _, err = run_cli(["run", "--config", str(config), "--method-config", "read.cell=lstm",
-                            "--output", str(tmp_path / "out")], capsys)
+    config.write_text(
+        'methods = ["lora", "read"]\nbackbone = "tiny-bert"\nin_process = true\n[method_config.lora]\nr = 16\n'
+    )
+    code, _, err = run_cli(
+        ["run", "--config", str(config), "--method-config", "read.cell=lstm", "--output", str(tmp_path / "out")], capsys
+    )
     assert code == 1  # the fake runs "failed"
     configs = {spec.method: spec.method_config for spec in seen}
     assert configs["lora"]["r"] == 16 and configs["read"]["cell"] == "lstm"
@@ -199,32 +247,43 @@ def test_explicit_defaults_and_repeated_methods_do_not_duplicate_runs():
     from petlprof.config import expand
 
     plain = expand(build_options({}, {"methods": "lora,lora", "backbone": "tiny-bert"}), "cpu")
-    explicit = expand(build_options({}, {"methods": "lora", "backbone": "tiny-bert", "lr": 2e-3,
-                                         "method_config": {"lora": {"r": 8}}}), "cpu")
+    explicit = expand(
+        build_options(
+            {}, {"methods": "lora", "backbone": "tiny-bert", "lr": 2e-3, "method_config": {"lora": {"r": 8}}}
+        ),
+        "cpu",
+    )
     assert len(plain) == 1 and plain[0].run_key == explicit[0].run_key
 
 
-@pytest.mark.parametrize("item, expected", [
-    ("lora.r=abc", "lora r must be a positive integer, got 'abc'"),
-    ("lora.r=2.5", "lora r must be a positive integer, got 2.5"),
-    ("lora.alpha=abc", "lora alpha must be a positive number"),
-    ("lora.target_modules=[q", "the value is not valid"),
-    ("read.hidden_size=true", "hidden_size must be a positive integer, got True"),
-])
+@pytest.mark.parametrize(
+    "item, expected",
+    [
+        ("lora.r=abc", "lora r must be a positive integer, got 'abc'"),
+        ("lora.r=2.5", "lora r must be a positive integer, got 2.5"),
+        ("lora.alpha=abc", "lora alpha must be a positive number"),
+        ("lora.target_modules=[q", "the value is not valid"),
+        ("read.hidden_size=true", "hidden_size must be a positive integer, got True"),
+    ],
+)
 def test_bad_method_option_values(item, expected, capsys, tmp_path):
     method = item.split(".")[0]
-    code, _, err = run_cli(["run", "--methods", method, "--method-config", item,
-                            "--output", str(tmp_path / "out")], capsys)
+    code, _, err = run_cli(
+        ["run", "--methods", method, "--method-config", item, "--output", str(tmp_path / "out")], capsys
+    )
     assert code == 2 and expected in err and "Traceback" not in err
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("text, expected", [
-    ('methods = ["read"]\ndevice = 0\n', "option 'device' must be str, got 0"),
-    ('methods = ["read"]\nin_process = "no"\n', "option 'in_process' must be bool"),
-    ('methods = ["read"]\nmethod_config = 3\n', "option 'method_config' must be dict"),
-    ('methods = ["read"]\n[method_config]\nread = 3\n', "method_config.read must be a table"),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ('methods = ["read"]\ndevice = 0\n', "option 'device' must be str, got 0"),
+        ('methods = ["read"]\nin_process = "no"\n', "option 'in_process' must be bool"),
+        ('methods = ["read"]\nmethod_config = 3\n', "option 'method_config' must be dict"),
+        ('methods = ["read"]\n[method_config]\nread = 3\n', "method_config.read must be a table"),
+    ],
+)
 def test_config_values_of_the_wrong_type(text, expected, capsys, tmp_path):
     config = tmp_path / "bad.toml"
     config.write_text(text)
@@ -232,11 +291,14 @@ def test_config_values_of_the_wrong_type(text, expected, capsys, tmp_path):
     assert code == 2 and expected in err
 
 
-@pytest.mark.parametrize("args, expected", [
-    (["--energy-meter", "nvml"], "energy meter 'nvml' was asked for but is not usable here"),
-    (["--task", "tests/fixtures/userdata/reviews.csv", "--label-column", "stars"], "'stars'"),
-    (["--num-layers", "2", "--task", "does/not/exist.csv"], "does not exist"),
-])
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--energy-meter", "nvml"], "energy meter 'nvml' was asked for but is not usable here"),
+        (["--task", "tests/fixtures/userdata/reviews.csv", "--label-column", "stars"], "'stars'"),
+        (["--num-layers", "2", "--task", "does/not/exist.csv"], "does not exist"),
+    ],
+)
 def test_preflight_errors_come_before_anything_is_written(args, expected, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(Path(__file__).parent.parent)
     code, _, err = run_cli(["run", "--methods", "read", *args, "--output", str(tmp_path / "out")], capsys)
@@ -251,8 +313,10 @@ def test_debug_shows_the_traceback_of_an_input_error(capsys):
         main(["--debug", "run", "--methods", "raed"])
 
 
-@pytest.mark.parametrize("text, expected", [("2GiB", 2 * 2**30), ("500MB", 500 * 10**6), ("1.5g", int(1.5 * 2**30)),
-                                            ("1048576", 2**20), (None, None)])
+@pytest.mark.parametrize(
+    "text, expected",
+    [("2GiB", 2 * 2**30), ("500MB", 500 * 10**6), ("1.5g", int(1.5 * 2**30)), ("1048576", 2**20), (None, None)],
+)
 def test_memory_sizes(text, expected):
     from petlprof.config import parse_bytes
 
@@ -264,7 +328,8 @@ def test_sizes_the_data_cannot_give_are_noted_before_the_runs(tmp_path):
 
     data = tmp_path / "reviews.csv"
     data.write_text("text,label\n" + "".join(f"review number {i},{i % 2}\n" for i in range(10)))
-    options = build_options({}, {"methods": "bitfit", "backbone": "tiny-bert", "task": str(data),
-                                 "train_size": 100, "eval_size": 2})
+    options = build_options(
+        {}, {"methods": "bitfit", "backbone": "tiny-bert", "task": str(data), "train_size": 100, "eval_size": 2}
+    )
     assert preflight(options) == [f"task '{data}' has 8 training examples; --train-size 100 uses those"]
     assert preflight(build_options({}, {"methods": "bitfit", "backbone": "tiny-bert", "train_size": 64})) == []

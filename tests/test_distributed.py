@@ -27,14 +27,31 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 FIXTURES = Path(__file__).parent / "fixtures"
 # 33 training examples in batches of 8: the fifth step's batch has one example, so rank 1 has none
 # and joins the all-reduce with weight 0; 17 eval examples likewise leave rank 1 empty in the last batch
-SMALL = dict(backbone="tiny-bert", train_size=33, eval_size=17, batch_size=8, max_steps=5, warmup_steps=1,
-             inference_window_s=0.05)
+SMALL = dict(
+    backbone="tiny-bert",
+    train_size=33,
+    eval_size=17,
+    batch_size=8,
+    max_steps=5,
+    warmup_steps=1,
+    inference_window_s=0.05,
+)
 
 
 def phase(**fields):
-    base = {"time_s": 1.0, "steps": 4, "samples": 8, "latency_s": {"p50": 0.1}, "energy_j": 10.0,
-            "energy_kind": "measured", "energy_meter": "nvml", "energy_window_s": 1.0, "peak_memory_bytes": 100,
-            "memory_kind": "measured", "warnings": []}
+    base = {
+        "time_s": 1.0,
+        "steps": 4,
+        "samples": 8,
+        "latency_s": {"p50": 0.1},
+        "energy_j": 10.0,
+        "energy_kind": "measured",
+        "energy_meter": "nvml",
+        "energy_window_s": 1.0,
+        "peak_memory_bytes": 100,
+        "memory_kind": "measured",
+        "warnings": [],
+    }
     return {**base, **fields}
 
 
@@ -44,39 +61,84 @@ def rank(r, host="node-a", **fields):
 
 AGGREGATION_CASES = [
     # (id, per-rank records, expected fields of the aggregated train phase)
-    ("energy summed, peak max, slowest time and its latency, samples summed",
-     [rank(0, energy_j=10.0, time_s=2.0, peak_memory_bytes=100, latency_s={"p50": 0.1}),
-      rank(1, energy_j=12.0, time_s=3.0, peak_memory_bytes=150, latency_s={"p50": 0.3})],
-     {"energy_j": 22.0, "time_s": 3.0, "peak_memory_bytes": 150, "samples": 16, "samples_per_s": 16 / 3.0,
-      "latency_s": {"p50": 0.3}, "latency_rank": 1, "steps": 4}),
-    ("per-rank lists beside the totals",
-     [rank(0, peak_memory_bytes=100, energy_j=1.0), rank(1, peak_memory_bytes=150, energy_j=2.0)],
-     {"per_rank": {"rank": [0, 1], "host": ["node-a", "node-a"], "device": ["cuda:0", "cuda:1"], "time_s": [1.0, 1.0],
-                   "samples": [8, 8], "energy_j": [1.0, 2.0], "peak_memory_bytes": [100, 150]}}),
-    ("RAPL on one node counts once, from the longest window",
-     [rank(0, energy_meter="rapl", energy_j=50.0, energy_window_s=2.0),
-      rank(1, energy_meter="rapl", energy_j=52.0, energy_window_s=2.1)],
-     {"energy_j": 52.0}),
-    ("RAPL on two nodes: once per node, summed over nodes",
-     [rank(0, "a", energy_meter="rapl", energy_j=50.0, energy_window_s=2.0),
-      rank(1, "a", energy_meter="rapl", energy_j=49.0, energy_window_s=1.9),
-      rank(2, "b", energy_meter="rapl", energy_j=30.0, energy_window_s=2.0),
-      rank(3, "b", energy_meter="rapl", energy_j=31.0, energy_window_s=2.2)],
-     {"energy_j": 81.0}),
-    ("CodeCarbon in machine mode counts once per node; the GPU counters are summed",
-     [rank(0, codecarbon_energy_j=5.0, codecarbon_tracking_mode="machine", energy_window_s=2.0),
-      rank(1, codecarbon_energy_j=6.0, codecarbon_tracking_mode="machine", energy_window_s=1.0)],
-     {"codecarbon_energy_j": 5.0, "energy_j": 20.0}),
-    ("estimated if any rank estimated",
-     [rank(0, energy_kind="measured"), rank(1, energy_kind="estimated")], {"energy_kind": "estimated"}),
-    ("a rank without an energy figure: no total, and a warning naming it",
-     [rank(0, energy_j=10.0), rank(1, energy_j=None)],
-     {"energy_j": None, "warnings": ["energy_j is missing on rank(s) 1: no figure over all ranks"]}),
-    ("warnings merged, each naming its ranks",
-     [rank(0, warnings=["short window", "only on 0"]), rank(1, warnings=["short window"])],
-     {"warnings": ["all ranks: short window", "rank 0: only on 0"]}),
-    ("a field that differs between ranks is left to the per-rank dicts",
-     [rank(0, rss_baseline_bytes=1), rank(1, rss_baseline_bytes=2)], {"rss_baseline_bytes": "absent"}),
+    (
+        "energy summed, peak max, slowest time and its latency, samples summed",
+        [
+            rank(0, energy_j=10.0, time_s=2.0, peak_memory_bytes=100, latency_s={"p50": 0.1}),
+            rank(1, energy_j=12.0, time_s=3.0, peak_memory_bytes=150, latency_s={"p50": 0.3}),
+        ],
+        {
+            "energy_j": 22.0,
+            "time_s": 3.0,
+            "peak_memory_bytes": 150,
+            "samples": 16,
+            "samples_per_s": 16 / 3.0,
+            "latency_s": {"p50": 0.3},
+            "latency_rank": 1,
+            "steps": 4,
+        },
+    ),
+    (
+        "per-rank lists beside the totals",
+        [rank(0, peak_memory_bytes=100, energy_j=1.0), rank(1, peak_memory_bytes=150, energy_j=2.0)],
+        {
+            "per_rank": {
+                "rank": [0, 1],
+                "host": ["node-a", "node-a"],
+                "device": ["cuda:0", "cuda:1"],
+                "time_s": [1.0, 1.0],
+                "samples": [8, 8],
+                "energy_j": [1.0, 2.0],
+                "peak_memory_bytes": [100, 150],
+            }
+        },
+    ),
+    (
+        "RAPL on one node counts once, from the longest window",
+        [
+            rank(0, energy_meter="rapl", energy_j=50.0, energy_window_s=2.0),
+            rank(1, energy_meter="rapl", energy_j=52.0, energy_window_s=2.1),
+        ],
+        {"energy_j": 52.0},
+    ),
+    (
+        "RAPL on two nodes: once per node, summed over nodes",
+        [
+            rank(0, "a", energy_meter="rapl", energy_j=50.0, energy_window_s=2.0),
+            rank(1, "a", energy_meter="rapl", energy_j=49.0, energy_window_s=1.9),
+            rank(2, "b", energy_meter="rapl", energy_j=30.0, energy_window_s=2.0),
+            rank(3, "b", energy_meter="rapl", energy_j=31.0, energy_window_s=2.2),
+        ],
+        {"energy_j": 81.0},
+    ),
+    (
+        "CodeCarbon in machine mode counts once per node; the GPU counters are summed",
+        [
+            rank(0, codecarbon_energy_j=5.0, codecarbon_tracking_mode="machine", energy_window_s=2.0),
+            rank(1, codecarbon_energy_j=6.0, codecarbon_tracking_mode="machine", energy_window_s=1.0),
+        ],
+        {"codecarbon_energy_j": 5.0, "energy_j": 20.0},
+    ),
+    (
+        "estimated if any rank estimated",
+        [rank(0, energy_kind="measured"), rank(1, energy_kind="estimated")],
+        {"energy_kind": "estimated"},
+    ),
+    (
+        "a rank without an energy figure: no total, and a warning naming it",
+        [rank(0, energy_j=10.0), rank(1, energy_j=None)],
+        {"energy_j": None, "warnings": ["energy_j is missing on rank(s) 1: no figure over all ranks"]},
+    ),
+    (
+        "warnings merged, each naming its ranks",
+        [rank(0, warnings=["short window", "only on 0"]), rank(1, warnings=["short window"])],
+        {"warnings": ["all ranks: short window", "rank 0: only on 0"]},
+    ),
+    (
+        "a field that differs between ranks is left to the per-rank dicts",
+        [rank(0, rss_baseline_bytes=1), rank(1, rss_baseline_bytes=2)],
+        {"rss_baseline_bytes": "absent"},
+    ),
 ]
 
 
@@ -93,40 +155,84 @@ def test_aggregate_ranks(records, expected):
 
 
 def failed(error, status="failed", at=None):
-    record = {"status": status, "error": error, "traceback": "Traceback ...", "failed_at": {"phase": "train", "step": 2}}
+    record = {
+        "status": status,
+        "error": error,
+        "traceback": "Traceback ...",
+        "failed_at": {"phase": "train", "step": 2},
+    }
     return record if at is None else {**record, "failed_unix_s": at}
 
 
 FAILURE_CASES = [
     # (id, records the ranks wrote, torchrun's exit codes, expected status, start of the error)
-    ("a rank that raised, the other stopped by torchrun",
-     {1: failed("RuntimeError: boom")}, {0: {"exitcode": -15, "signal": "SIGTERM"}, 1: {"exitcode": 1, "signal": None}},
-     "failed", "rank 1 of 2: RuntimeError: boom"),
-    ("a rank killed outright beats its peer's communication error",
-     {0: failed("DistBackendError: Connection closed by peer")},
-     {0: {"exitcode": 1, "signal": None}, 1: {"exitcode": -9, "signal": "SIGKILL"}},
-     "oom", "rank 1 of 2 killed by SIGKILL (exit code -9); out of memory?"),
-    ("gloo's plain RuntimeError for a lost peer is not the cause",
-     {0: failed("RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:15781", at=5.0),
-      1: failed("RuntimeError: injected", at=6.0)}, {}, "failed", "rank 1 of 2: RuntimeError: injected"),
-    ("two ranks raised: the first in time",
-     {0: failed("ValueError: late", at=7.0), 1: failed("ValueError: early", at=6.5)}, {}, "failed",
-     "rank 1 of 2: ValueError: early"),
-    ("every rank raised the same: the lowest rank's",
-     {0: failed("UsageError: bad"), 1: failed("UsageError: bad")}, {}, "failed", "rank 0 of 2: UsageError: bad"),
-    ("an out-of-memory rank keeps its status",
-     {1: failed("OutOfMemoryError: CUDA out of memory", "oom")}, {0: {"exitcode": -15, "signal": "SIGTERM"}},
-     "oom", "rank 1 of 2: OutOfMemoryError"),
-    ("only a communication error: it is the cause",
-     {1: failed("DistNetworkError: timed out")}, {0: {"exitcode": -15, "signal": "SIGTERM"}},
-     "failed", "rank 1 of 2: DistNetworkError"),
-    ("a rank that exited without a record of its own",
-     {}, {1: {"exitcode": 3, "signal": None}}, "failed", "rank 1 of 2 ended with exit code 3"),
+    (
+        "a rank that raised, the other stopped by torchrun",
+        {1: failed("RuntimeError: boom")},
+        {0: {"exitcode": -15, "signal": "SIGTERM"}, 1: {"exitcode": 1, "signal": None}},
+        "failed",
+        "rank 1 of 2: RuntimeError: boom",
+    ),
+    (
+        "a rank killed outright beats its peer's communication error",
+        {0: failed("DistBackendError: Connection closed by peer")},
+        {0: {"exitcode": 1, "signal": None}, 1: {"exitcode": -9, "signal": "SIGKILL"}},
+        "oom",
+        "rank 1 of 2 killed by SIGKILL (exit code -9); out of memory?",
+    ),
+    (
+        "gloo's plain RuntimeError for a lost peer is not the cause",
+        {
+            0: failed(
+                "RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:15781", at=5.0
+            ),
+            1: failed("RuntimeError: injected", at=6.0),
+        },
+        {},
+        "failed",
+        "rank 1 of 2: RuntimeError: injected",
+    ),
+    (
+        "two ranks raised: the first in time",
+        {0: failed("ValueError: late", at=7.0), 1: failed("ValueError: early", at=6.5)},
+        {},
+        "failed",
+        "rank 1 of 2: ValueError: early",
+    ),
+    (
+        "every rank raised the same: the lowest rank's",
+        {0: failed("UsageError: bad"), 1: failed("UsageError: bad")},
+        {},
+        "failed",
+        "rank 0 of 2: UsageError: bad",
+    ),
+    (
+        "an out-of-memory rank keeps its status",
+        {1: failed("OutOfMemoryError: CUDA out of memory", "oom")},
+        {0: {"exitcode": -15, "signal": "SIGTERM"}},
+        "oom",
+        "rank 1 of 2: OutOfMemoryError",
+    ),
+    (
+        "only a communication error: it is the cause",
+        {1: failed("DistNetworkError: timed out")},
+        {0: {"exitcode": -15, "signal": "SIGTERM"}},
+        "failed",
+        "rank 1 of 2: DistNetworkError",
+    ),
+    (
+        "a rank that exited without a record of its own",
+        {},
+        {1: {"exitcode": 3, "signal": None}},
+        "failed",
+        "rank 1 of 2 ended with exit code 3",
+    ),
 ]
 
 
-@pytest.mark.parametrize("records, launched, status, error", [c[1:] for c in FAILURE_CASES],
-                         ids=[c[0] for c in FAILURE_CASES])
+@pytest.mark.parametrize(
+    "records, launched, status, error", [c[1:] for c in FAILURE_CASES], ids=[c[0] for c in FAILURE_CASES]
+)
 def test_the_failed_record_names_the_rank_and_cause(records, launched, status, error):
     fields = distributed.failure(2, records, launched)
     assert fields["status"] == status and fields["error"].startswith(error)
@@ -174,16 +280,33 @@ def _loop(model, train_batches, eval_batches, lr, ranks=None):
     from petlprof.train import evaluate, train
 
     wrapped = model if ranks is None else distributed.wrap(model, "cpu")
-    trained = train(wrapped, train_batches, epochs=1, max_steps=LOOP["max_steps"], lr=lr, seed=0, device="cpu",
-                    meters=[], warmup_steps=1, desc="t", ranks=ranks)
+    trained = train(
+        wrapped,
+        train_batches,
+        epochs=1,
+        max_steps=LOOP["max_steps"],
+        lr=lr,
+        seed=0,
+        device="cpu",
+        meters=[],
+        warmup_steps=1,
+        desc="t",
+        ranks=ranks,
+    )
     scored, preds, golds = evaluate(model, eval_batches, device="cpu", meters=[], warmup_steps=1, desc="e", ranks=ranks)
     params = {n: p.detach().numpy().tolist() for n, p in model.named_parameters() if p.requires_grad}
     return {"train": trained, "eval": scored, "preds": preds.tolist(), "golds": golds.tolist(), "params": params}
 
 
 def _rank_main(rank, port, out_dir):
-    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2",
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE="2",
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE="2",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
     torch.set_num_threads(1)
     ranks = distributed.RankContext.from_env()
     distributed.init("cpu")
@@ -248,7 +371,9 @@ def test_a_two_rank_run_sums_energy_maxes_memory_and_takes_the_slowest_time(two_
         assert total["time_s"] == max(p["time_s"] for p in ranks)
         assert total["samples"] == sum(p["samples"] for p in ranks)
         assert total["per_rank"]["energy_j"] == [p["energy_j"] for p in ranks]
-    assert "rank 0 alone" in record["inference"]["measured_on"] and "rank 0 alone" in record["eval_merged"]["measured_on"]
+    assert (
+        "rank 0 alone" in record["inference"]["measured_on"] and "rank 0 alone" in record["eval_merged"]["measured_on"]
+    )
 
 
 def test_a_two_rank_run_counts_the_eval_split_once_and_starts_from_the_same_loss(two_rank_run):

@@ -13,8 +13,19 @@ import sys
 import pytest
 
 METHODS = ["full", "bitfit", "lora", "read"]
-PHASE_FIELDS = {"time_s", "steps", "samples", "samples_per_s", "energy_j", "energy_kind", "energy_source",
-                "peak_memory_bytes", "memory_source", "latency_s", "warmup_steps"}
+PHASE_FIELDS = {
+    "time_s",
+    "steps",
+    "samples",
+    "samples_per_s",
+    "energy_j",
+    "energy_kind",
+    "energy_source",
+    "peak_memory_bytes",
+    "memory_source",
+    "latency_s",
+    "warmup_steps",
+}
 
 
 def petlprof(*args, cwd=None):
@@ -24,16 +35,35 @@ def petlprof(*args, cwd=None):
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
     out = tmp_path_factory.mktemp("sweep")
-    result = petlprof("run", "--methods", ",".join(METHODS), "--num-layers", "2", "--train-size", "96",
-                      "--eval-size", "64", "--batch-size", "16", "--output", str(out))
+    result = petlprof(
+        "run",
+        "--methods",
+        ",".join(METHODS),
+        "--num-layers",
+        "2",
+        "--train-size",
+        "96",
+        "--eval-size",
+        "64",
+        "--batch-size",
+        "16",
+        "--output",
+        str(out),
+    )
     return out, result
 
 
 def test_sweep_succeeds_and_prints_the_summary(sweep):
     out, result = sweep
     assert result.returncode == 0, result.stderr[-3000:]
-    for header in ("accuracy", "trainable params", "train time (s)", "train peak mem (MiB)", "train energy (J)",
-                   "energy kind"):
+    for header in (
+        "accuracy",
+        "trainable params",
+        "train time (s)",
+        "train peak mem (MiB)",
+        "train energy (J)",
+        "energy kind",
+    ):
         assert header in result.stdout
     for method in METHODS:
         assert f"{method} s0 train" in result.stderr  # a progress bar per run
@@ -86,8 +116,21 @@ def test_plots_and_report_are_written(sweep):
 def test_rerun_skips_finished_runs_and_report_rerenders(sweep, tmp_path):
     out, _ = sweep
     before = (out / "results.jsonl").read_text()
-    again = petlprof("run", "--methods", ",".join(METHODS), "--num-layers", "2", "--train-size", "96",
-                     "--eval-size", "64", "--batch-size", "16", "--output", str(out))
+    again = petlprof(
+        "run",
+        "--methods",
+        ",".join(METHODS),
+        "--num-layers",
+        "2",
+        "--train-size",
+        "96",
+        "--eval-size",
+        "64",
+        "--batch-size",
+        "16",
+        "--output",
+        str(out),
+    )
     assert again.returncode == 0 and "4 already in" in again.stderr
     assert (out / "results.jsonl").read_text() == before
     report_dir = tmp_path / "rendered"
@@ -98,9 +141,23 @@ def test_rerun_skips_finished_runs_and_report_rerenders(sweep, tmp_path):
 
 def test_a_failing_run_is_recorded_and_the_sweep_goes_on(tmp_path):
     out = tmp_path / "out"
-    result = petlprof("run", "--methods", "lora,read", "--backbone", "tiny-bert", "--train-size", "32",
-                      "--eval-size", "16", "--batch-size", "16", "--method-config", "lora.target_modules=[nope]",
-                      "--output", str(out))
+    result = petlprof(
+        "run",
+        "--methods",
+        "lora,read",
+        "--backbone",
+        "tiny-bert",
+        "--train-size",
+        "32",
+        "--eval-size",
+        "16",
+        "--batch-size",
+        "16",
+        "--method-config",
+        "lora.target_modules=[nope]",
+        "--output",
+        str(out),
+    )
     assert result.returncode == 1
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert [(r["method"], r["status"]) for r in records] == [("lora", "failed"), ("read", "ok")]

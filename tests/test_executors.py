@@ -53,11 +53,18 @@ def test_bad_executor_options_are_named(values, message):
         build_options({}, {"methods": ["bitfit"], **values})
 
 
-@pytest.mark.parametrize("device, nproc, gpus, expected", [
-    ("auto", 1, 0.0, "cpu"), ("auto", 1, 4.0, "cuda"), ("cuda", 2, 8.0, "cuda"), ("cuda:0", 1, 1.0, "cuda"),
-    ("cuda", 1, 0.0, "the Ray cluster has no GPU"), ("cuda:1", 2, 8.0, "names one GPU"),
-    ("cuda:3", 1, 8.0, "a Ray task sees only the GPUs Ray gives it"),
-])
+@pytest.mark.parametrize(
+    "device, nproc, gpus, expected",
+    [
+        ("auto", 1, 0.0, "cpu"),
+        ("auto", 1, 4.0, "cuda"),
+        ("cuda", 2, 8.0, "cuda"),
+        ("cuda:0", 1, 1.0, "cuda"),
+        ("cuda", 1, 0.0, "the Ray cluster has no GPU"),
+        ("cuda:1", 2, 8.0, "names one GPU"),
+        ("cuda:3", 1, 8.0, "a Ray task sees only the GPUs Ray gives it"),
+    ],
+)
 def test_device_is_checked_against_the_cluster_not_the_driver(device, nproc, gpus, expected):
     if expected in ("cpu", "cuda"):
         assert resolve_device(device, nproc, cluster_gpus=gpus) == expected
@@ -105,8 +112,26 @@ def test_bad_input_fails_before_any_executor_starts(tmp_path, monkeypatch, capsy
 
 
 def ray_sweep_cmd(out: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "petlprof.cli", "run", "--methods", "linear_probe", "--seeds", "0,1,2",
-            *TINY_CLI, "--max-steps", "20", "--executor", "ray", "--cpus-per-run", "2", "--output", str(out), *extra]
+    return [
+        sys.executable,
+        "-m",
+        "petlprof.cli",
+        "run",
+        "--methods",
+        "linear_probe",
+        "--seeds",
+        "0,1,2",
+        *TINY_CLI,
+        "--max-steps",
+        "20",
+        "--executor",
+        "ray",
+        "--cpus-per-run",
+        "2",
+        "--output",
+        str(out),
+        *extra,
+    ]
 
 
 def stored(out: Path) -> list[dict]:
@@ -115,8 +140,11 @@ def stored(out: Path) -> list[dict]:
 
 
 def raylets() -> list[int]:
-    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _cmd(p).startswith(b"/")
-            and b"raylet" in _cmd(p).split(b"\0")[0]]
+    return [
+        int(p.name)
+        for p in Path("/proc").iterdir()
+        if p.name.isdigit() and _cmd(p).startswith(b"/") and b"raylet" in _cmd(p).split(b"\0")[0]
+    ]
 
 
 def _cmd(entry: Path) -> bytes:
@@ -173,12 +201,28 @@ def local_ray():
 
 def comparable(record: dict) -> dict:
     """What a run computed, without where it ran and how long it took."""
-    keep = ("run_key", "status", "error", "method", "method_config", "seed", "spec", "metrics", "trainable_params",
-            "total_params", "task_info", "memory_breakdown", "training", "primary_metric")
+    keep = (
+        "run_key",
+        "status",
+        "error",
+        "method",
+        "method_config",
+        "seed",
+        "spec",
+        "metrics",
+        "trainable_params",
+        "total_params",
+        "task_info",
+        "memory_breakdown",
+        "training",
+        "primary_metric",
+    )
     out = {k: record.get(k) for k in keep}
     for phase in ("train", "eval"):
-        out[phase] = {k: record[phase].get(k) for k in ("steps", "samples", "warmup_steps", "first_loss",
-                                                        "final_loss", "epochs_run")}
+        out[phase] = {
+            k: record[phase].get(k)
+            for k in ("steps", "samples", "warmup_steps", "first_loss", "final_loss", "epochs_run")
+        }
     return out
 
 
@@ -233,11 +277,19 @@ def test_a_run_no_live_node_can_take_is_failed_not_waited_for(local_ray, monkeyp
     assert record["node"]["lost"] is True
 
 
-@pytest.mark.parametrize("behaviour, status, message", [
-    ("hang", "timeout", "the Ray task did not return within 1 s ((retries + 1) x (--timeout 0.5 s + 0.5 s)) "
-                       "and was cancelled by the driver"),
-    ("raise", "failed", "the Ray task raised on its node: ValueError: the run's code broke on the node"),
-], ids=["hung task", "task raises"])
+@pytest.mark.parametrize(
+    "behaviour, status, message",
+    [
+        (
+            "hang",
+            "timeout",
+            "the Ray task did not return within 1 s ((retries + 1) x (--timeout 0.5 s + 0.5 s)) "
+            "and was cancelled by the driver",
+        ),
+        ("raise", "failed", "the Ray task raised on its node: ValueError: the run's code broke on the node"),
+    ],
+    ids=["hung task", "task raises"],
+)
 def test_a_task_that_hangs_or_raises_becomes_a_record_naming_why(local_ray, monkeypatch, behaviour, status, message):
     """A task its node did not stop (hung, or its node lost without Ray noticing) is cancelled once
     past the driver's limit; an exception in the task's own code is a failed record, not a crash of
@@ -318,6 +370,8 @@ def test_a_ray_worker_killed_mid_run_is_a_failed_record_or_one_retry(local_ray, 
 
 def test_local_executor_is_what_petlprof_run_uses_by_default(tmp_path):
     out = tmp_path / "out"
-    assert main(["run", "--methods", "bitfit", *TINY_CLI, "--max-steps", "2", "--output", str(out), "--in-process"]) == 0
+    assert (
+        main(["run", "--methods", "bitfit", *TINY_CLI, "--max-steps", "2", "--output", str(out), "--in-process"]) == 0
+    )
     [record] = stored(out)
     assert record["status"] == "ok" and record["node"]["executor"] == "local"

@@ -56,8 +56,14 @@ def wait_for(predicate, timeout=180.0):
 
 
 def test_a_raising_run_is_failed_with_type_message_traceback_and_where():
-    spec = RunSpec(method="lora", backbone="tiny-bert", train_size=16, eval_size=16, batch_size=16,
-                   method_config={"target_modules": ["nope"]})
+    spec = RunSpec(
+        method="lora",
+        backbone="tiny-bert",
+        train_size=16,
+        eval_size=16,
+        batch_size=16,
+        method_config={"target_modules": ["nope"]},
+    )
     record = execute(spec)
     assert record["status"] == "failed" and "nope" in record["error"]
     assert record["error"].split(":")[0] in ("UsageError", "ValueError")
@@ -111,8 +117,15 @@ def test_sigkill_mid_sweep_then_resume_records_every_run_once(tmp_path):
     workers = worker_pids(proc.pid)
     proc.kill()
     proc.wait()
-    wait_for(lambda: not any(os.path.exists(f"/proc/{pid}") and "petlprof.worker" in
-                             open(f"/proc/{pid}/cmdline").read() for pid in workers), timeout=30)  # no orphan
+    wait_for(
+        lambda: (
+            not any(
+                os.path.exists(f"/proc/{pid}") and "petlprof.worker" in open(f"/proc/{pid}/cmdline").read()
+                for pid in workers
+            )
+        ),
+        timeout=30,
+    )  # no orphan
     assert json.loads((out / LOCK_FILE).read_text())["pid"] == proc.pid  # left behind, as after a power cut
     resumed = subprocess.run(sweep_cmd(out), capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
@@ -132,10 +145,18 @@ def test_a_torn_last_line_is_ignored_and_not_glued_to_the_next_record(tmp_path):
 
 
 def test_a_held_lock_refuses_a_second_sweep_and_a_dead_ones_is_taken_over(tmp_path):
-    holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from pathlib import Path; from petlprof.store import StoreLock\n"
-        f"with StoreLock(Path({str(tmp_path)!r})):\n    print('held', flush=True); time.sleep(60)")],
-        stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import sys, time; from pathlib import Path; from petlprof.store import StoreLock\n"
+                f"with StoreLock(Path({str(tmp_path)!r})):\n    print('held', flush=True); time.sleep(60)"
+            ),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(UsageError, match=f"another petlprof run \\(pid {holder.pid} on"):

@@ -14,14 +14,39 @@ from petlprof.errors import UsageError
 from petlprof.report import load_records
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-KEYS = st.sampled_from(["methods", "backbone", "task", "seeds", "epochs", "max_steps", "train_size", "eval_size",
-                        "batch_size", "lr", "max_length", "device", "energy_meter", "output", "in_process",
-                        "method_config", "timeout", "max_memory", "warmup_steps", "num_layers", "bogus"])
-SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6), st.floats(allow_nan=True),
-                    st.text(max_size=12))
-VALUES = st.recursive(SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=4),
-                                                       st.dictionaries(st.text(max_size=8), inner, max_size=3)),
-                      max_leaves=8)
+KEYS = st.sampled_from(
+    [
+        "methods",
+        "backbone",
+        "task",
+        "seeds",
+        "epochs",
+        "max_steps",
+        "train_size",
+        "eval_size",
+        "batch_size",
+        "lr",
+        "max_length",
+        "device",
+        "energy_meter",
+        "output",
+        "in_process",
+        "method_config",
+        "timeout",
+        "max_memory",
+        "warmup_steps",
+        "num_layers",
+        "bogus",
+    ]
+)
+SCALARS = st.one_of(
+    st.none(), st.booleans(), st.integers(-(10**6), 10**6), st.floats(allow_nan=True), st.text(max_size=12)
+)
+VALUES = st.recursive(
+    SCALARS,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=3)),
+    max_leaves=8,
+)
 
 
 @FUZZ
@@ -47,10 +72,27 @@ def test_config_values_of_any_shape(values):
 RECORDS = st.one_of(
     st.text(max_size=80),
     st.builds(json.dumps, VALUES),
-    st.builds(lambda d: json.dumps({"schema_version": 1, "status": "ok", "method": "read", **d}),
-              st.dictionaries(st.sampled_from(["train", "eval", "metrics", "method_config", "seed", "task",
-                                               "backbone", "trainable_params", "error", "primary_metric"]),
-                              VALUES, max_size=5)),
+    st.builds(
+        lambda d: json.dumps({"schema_version": 1, "status": "ok", "method": "read", **d}),
+        st.dictionaries(
+            st.sampled_from(
+                [
+                    "train",
+                    "eval",
+                    "metrics",
+                    "method_config",
+                    "seed",
+                    "task",
+                    "backbone",
+                    "trainable_params",
+                    "error",
+                    "primary_metric",
+                ]
+            ),
+            VALUES,
+            max_size=5,
+        ),
+    ),
 )
 
 

@@ -38,7 +38,6 @@ def trainable(model) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-
 def step(model, inputs, optimizer=None):
     model.train()
     loss = torch.nn.functional.cross_entropy(model(**inputs), LABELS)
@@ -74,9 +73,14 @@ def test_backbone_gets_no_gradient_and_no_graph_and_the_side_learns(preset):
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
     losses = [step(model, inputs, optimizer) for _ in range(4)]
     seen: list[bool] = []
-    handles = [m.register_forward_hook(lambda _m, _a, out: seen.extend(
-        t.requires_grad for t in (out if isinstance(out, tuple) else (out,)) if torch.is_tensor(t)))
-        for m in classifier.backbone.modules()]
+    handles = [
+        m.register_forward_hook(
+            lambda _m, _a, out: seen.extend(
+                t.requires_grad for t in (out if isinstance(out, tuple) else (out,)) if torch.is_tensor(t)
+            )
+        )
+        for m in classifier.backbone.modules()
+    ]
     step(model, inputs)
     for handle in handles:
         handle.remove()
@@ -93,8 +97,10 @@ def test_reduction_factor_sets_the_side_width():
     assert widths == {4: 16, 8: 8, 16: 4}
 
 
-@pytest.mark.parametrize("bad, message", [({"reduction_factor": 0}, "0"), ({"gate_temperature": -1.0}, "-1.0"),
-                                          ({"num_heads": "four"}, "four")])
+@pytest.mark.parametrize(
+    "bad, message",
+    [({"reduction_factor": 0}, "0"), ({"gate_temperature": -1.0}, "-1.0"), ({"num_heads": "four"}, "four")],
+)
 def test_bad_config_names_the_value(bad, message):
     with pytest.raises(UsageError, match=message):
         get_method("lst").make_config(bad)

@@ -15,8 +15,13 @@ import pytest
 
 from petlprof.errors import UsageError
 from petlprof.meters import Window, energy_meter_for, meter_status
-from petlprof.meters.energy import (EstimateEnergyMeter, NvmlEnergyMeter, RaplEnergyMeter, cpu_power_per_core,
-                                    rapl_domains)
+from petlprof.meters.energy import (
+    EstimateEnergyMeter,
+    NvmlEnergyMeter,
+    RaplEnergyMeter,
+    cpu_power_per_core,
+    rapl_domains,
+)
 from petlprof.meters.idle import IDLE_ENV
 from petlprof.meters.memory import CpuMemoryMeter
 
@@ -43,10 +48,13 @@ def set_energy(root, domain, value):
 
 
 def test_rapl_counts_packages_and_dram_but_not_core(tmp_path):
-    root = make_powercap(tmp_path / "powercap", {
-        0: {"energy": 1_000_000, "max": 2**32, "subs": {"core": (500_000, 2**32), "dram": (100_000, 2**32)}},
-        1: {"energy": 3_000_000, "max": 2**32},
-    })
+    root = make_powercap(
+        tmp_path / "powercap",
+        {
+            0: {"energy": 1_000_000, "max": 2**32, "subs": {"core": (500_000, 2**32), "dram": (100_000, 2**32)}},
+            1: {"energy": 3_000_000, "max": 2**32},
+        },
+    )
     psys = tmp_path / "powercap" / "intel-rapl:2"  # client CPUs: psys contains the packages, never added
     psys.mkdir()
     (psys / "name").write_text("psys\n")
@@ -54,10 +62,10 @@ def test_rapl_counts_packages_and_dram_but_not_core(tmp_path):
     assert [d.name for d in rapl_domains(root)] == ["intel-rapl:0", "intel-rapl:0:1", "intel-rapl:1"]
     meter = RaplEnergyMeter(root=root)
     meter.begin()
-    set_energy(root, "intel-rapl:0", 3_000_000)      # +2 J package 0
-    set_energy(root, "intel-rapl:0:0", 1_500_000)    # core: inside the package figure, not added
-    set_energy(root, "intel-rapl:0:1", 600_000)      # +0.5 J dram
-    set_energy(root, "intel-rapl:1", 4_000_000)      # +1 J package 1
+    set_energy(root, "intel-rapl:0", 3_000_000)  # +2 J package 0
+    set_energy(root, "intel-rapl:0:0", 1_500_000)  # core: inside the package figure, not added
+    set_energy(root, "intel-rapl:0:1", 600_000)  # +0.5 J dram
+    set_energy(root, "intel-rapl:1", 4_000_000)  # +1 J package 1
     reading = meter.end()
     assert reading["energy_j"] == pytest.approx(3.5)
     assert reading["energy_kind"] == "measured" and reading["energy_source"] == "rapl"
@@ -124,10 +132,17 @@ def test_nvml_counter_measures_only_the_runs_gpu(fake_nvml, device, expected_j):
     assert reading["energy_integrated_j"] is None and reading["energy_meter"] == "nvml"
 
 
-@pytest.mark.parametrize("visible, expected", [
-    (None, ["h0", "h1", "h2"]), ("1", ["h1"]), ("0,2", ["h0", "h2"]), ("GPU-aaa", ["h0"]), ("MIG-ccc", ["h2"]),
-    ("aaa", ["h0"]),
-])
+@pytest.mark.parametrize(
+    "visible, expected",
+    [
+        (None, ["h0", "h1", "h2"]),
+        ("1", ["h1"]),
+        ("0,2", ["h0", "h2"]),
+        ("GPU-aaa", ["h0"]),
+        ("MIG-ccc", ["h2"]),
+        ("aaa", ["h0"]),
+    ],
+)
 def test_visible_gpus_follow_cuda_visible_devices(fake_nvml, monkeypatch, visible, expected):
     from petlprof.meters.energy import visible_gpu_handles
 
@@ -158,11 +173,14 @@ def test_nvml_energy_above_idle_uses_the_gpus_own_baseline(fake_nvml, monkeypatc
     assert reading["energy_above_idle_j"] == pytest.approx(30.0 - 50.0 * meter.window_s)
 
 
-@pytest.mark.parametrize("counter, power, ok, words", [
-    (True, True, True, "total-energy counter + power timeline"),
-    (False, True, True, "power timeline only (no energy counter)"),
-    (False, False, False, "not supported"),
-])
+@pytest.mark.parametrize(
+    "counter, power, ok, words",
+    [
+        (True, True, True, "total-energy counter + power timeline"),
+        (False, True, True, "power timeline only (no energy counter)"),
+        (False, False, False, "not supported"),
+    ],
+)
 def test_nvml_availability_says_what_it_can_read(fake_nvml, counter, power, ok, words):
     fake, _ = fake_nvml
     if not counter:
@@ -201,18 +219,23 @@ def test_estimate_follows_its_stated_model():
     assert cpu_part <= reading["energy_j"] <= cpu_part + 0.375 * 64 * meter.window_s  # + DRAM, < 64 GiB
 
 
-@pytest.mark.parametrize("model_name, cores, entry, watts_per_core", [
-    ("AMD EPYC 7763 64-Core Processor", 64, "amd epyc 7763", 280 / 64),
-    ("Intel(R) Xeon(R) Platinum 8380 CPU @ 2.30GHz", 40, "intel xeon platinum 8380", 270 / 40),
-    ("Intel(R) Xeon(R) Platinum 8380H CPU @ 2.90GHz", 28, "intel xeon platinum 8380h", 250 / 28),  # longest match
-    ("AMD EPYC", 2, None, 10.0),                  # a virtual CPU without a model number: the fallback
-    ("AMD EPYC 7763 64-Core Processor", 2, "amd epyc 7763", 280 / 64),  # VM slice: cores from the name
-    ("Intel(R) Xeon(R) Platinum 8175M CPU @ 2.50GHz", 1, None, 10.0),  # VM slice, 240 W / 1 core: implausible
-    (None, None, None, 10.0),                     # no /proc/cpuinfo model name
-])
+@pytest.mark.parametrize(
+    "model_name, cores, entry, watts_per_core",
+    [
+        ("AMD EPYC 7763 64-Core Processor", 64, "amd epyc 7763", 280 / 64),
+        ("Intel(R) Xeon(R) Platinum 8380 CPU @ 2.30GHz", 40, "intel xeon platinum 8380", 270 / 40),
+        ("Intel(R) Xeon(R) Platinum 8380H CPU @ 2.90GHz", 28, "intel xeon platinum 8380h", 250 / 28),  # longest match
+        ("AMD EPYC", 2, None, 10.0),  # a virtual CPU without a model number: the fallback
+        ("AMD EPYC 7763 64-Core Processor", 2, "amd epyc 7763", 280 / 64),  # VM slice: cores from the name
+        ("Intel(R) Xeon(R) Platinum 8175M CPU @ 2.50GHz", 1, None, 10.0),  # VM slice, 240 W / 1 core: implausible
+        (None, None, None, 10.0),  # no /proc/cpuinfo model name
+    ],
+)
 def test_estimate_power_per_core_from_the_cpu_table(tmp_path, model_name, cores, entry, watts_per_core):
     cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text("processor\t: 0\n" + (f"model name\t: {model_name}\ncpu cores\t: {cores}\n" if model_name else ""))
+    cpuinfo.write_text(
+        "processor\t: 0\n" + (f"model name\t: {model_name}\ncpu cores\t: {cores}\n" if model_name else "")
+    )
     cpu = cpu_power_per_core(str(cpuinfo))
     assert cpu["table_entry"] == entry and cpu["watts_per_core"] == pytest.approx(watts_per_core)
     assert cpu["cpu_model"] == (model_name or "unknown CPU")
@@ -220,7 +243,7 @@ def test_estimate_power_per_core_from_the_cpu_table(tmp_path, model_name, cores,
 
 def test_cpu_memory_meter_sees_an_allocation_and_not_the_past():
     big = np.ones(400 * 2**20 // 8)  # 400 MiB alive when the meter is made, freed before the window:
-    meter = CpuMemoryMeter("cpu")    # it must count neither as peak nor as baseline
+    meter = CpuMemoryMeter("cpu")  # it must count neither as peak nor as baseline
     del big
     with Window([meter]) as window:
         block = np.ones(200 * 2**20 // 8)
@@ -281,7 +304,10 @@ def test_rapl_reading_carries_provenance_and_energy_above_idle(tmp_path, monkeyp
     assert reading["energy_j"] == pytest.approx(35.0)
     assert reading["energy_above_idle_j"] == pytest.approx(35.0 - 2.0 * meter.window_s)
     assert {k: reading[k] for k in ("energy_meter", "energy_samples", "energy_low_confidence")} == {
-        "energy_meter": "rapl", "energy_samples": 2, "energy_low_confidence": True}
+        "energy_meter": "rapl",
+        "energy_samples": 2,
+        "energy_low_confidence": True,
+    }
     assert reading["energy_window_s"] == meter.window_s
 
 
@@ -373,8 +399,17 @@ def test_a_run_records_inference_latency_breakdown_and_provenance():
     from petlprof.inference import MIN_REPEATS
     from petlprof.runner import RunSpec, execute
 
-    spec = RunSpec(method="bitfit", num_layers=1, train_size=48, eval_size=24, batch_size=8, max_steps=4,
-                   max_length=16, extra_meters=["cpu-tensors"], inference_window_s=0.2)
+    spec = RunSpec(
+        method="bitfit",
+        num_layers=1,
+        train_size=48,
+        eval_size=24,
+        batch_size=8,
+        max_steps=4,
+        max_length=16,
+        extra_meters=["cpu-tensors"],
+        inference_window_s=0.2,
+    )
     record = execute(spec)
     assert record["status"] == "ok", record.get("error")
     inference = record["inference"]
@@ -382,7 +417,8 @@ def test_a_run_records_inference_latency_breakdown_and_provenance():
     one = inference["batch_1"]
     assert one["repeats"] >= MIN_REPEATS and one["time_s"] >= 0.2 and one["latency_s"]["p50"] > 0
     assert inference["batch_8"]["latency_per_sample_s"]["p50"] == pytest.approx(
-        inference["batch_8"]["latency_s"]["p50"] / 8)
+        inference["batch_8"]["latency_s"]["p50"] / 8
+    )
     assert one["energy_per_sample_j"] == pytest.approx(one["energy_j"] / one["repeats"])
     breakdown = record["memory_breakdown"]
     assert breakdown["trainable_weights_bytes"] == 4 * record["trainable_params"]
@@ -414,13 +450,16 @@ def test_cuda_events_timer_and_memory_snapshot(tmp_path):
     assert window.reading["peak_memory_bytes"] >= y.numel() * 4
 
 
-@pytest.mark.parametrize("values, message", [
-    ({"meters": "codecarbon,bogus"}, "bogus"),
-    ({"meters": "codecarbon", "country_code": "FR"}, "alpha-3"),
-    ({"country_code": "FRA"}, "add --meters codecarbon"),
-    ({"inference_window_s": -1}, "--inference-window-s"),
-    ({"memory_snapshot": "yes"}, "memory_snapshot"),
-])
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({"meters": "codecarbon,bogus"}, "bogus"),
+        ({"meters": "codecarbon", "country_code": "FR"}, "alpha-3"),
+        ({"country_code": "FRA"}, "add --meters codecarbon"),
+        ({"inference_window_s": -1}, "--inference-window-s"),
+        ({"memory_snapshot": "yes"}, "memory_snapshot"),
+    ],
+)
 def test_measurement_options_are_validated(values, message):
     from petlprof.config import build_options
 
@@ -432,8 +471,13 @@ def test_measurement_options_reach_the_runs_without_changing_their_identity():
     from petlprof.config import build_options, expand
 
     plain = expand(build_options({}, {"methods": "bitfit"}), "cpu")[0]
-    measured = expand(build_options({}, {"methods": "bitfit", "meters": "codecarbon,cpu-tensors",
-                                         "country_code": "DEU", "inference_window_s": 1.5}), "cpu")[0]
+    measured = expand(
+        build_options(
+            {},
+            {"methods": "bitfit", "meters": "codecarbon,cpu-tensors", "country_code": "DEU", "inference_window_s": 1.5},
+        ),
+        "cpu",
+    )[0]
     assert measured.extra_meters == ["codecarbon", "cpu-tensors"] and measured.country_code == "DEU"
     assert measured.inference_window_s == 1.5 and measured.run_key == plain.run_key
 

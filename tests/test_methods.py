@@ -124,8 +124,14 @@ def lst_params(backbone, config) -> int:
 
     def stack(depth: int, cross: bool, up: bool) -> int:
         cross_params = depth * (2 * s + attention) if cross else 0
-        return ((depth + 1) * (width * s + s) + depth + depth * layer + cross_params + 2 * s
-                + (s * width + width if up else 0))
+        return (
+            (depth + 1) * (width * s + s)
+            + depth
+            + depth * layer
+            + cross_params
+            + 2 * s
+            + (s * width + width if up else 0)
+        )
 
     cfg = backbone.config
     if cfg.model_type == "t5":
@@ -243,18 +249,21 @@ def test_every_method_states_knob_grid_and_lr_source():
                 spec.make_config(overrides)  # every grid value is a valid config
 
 
-@pytest.mark.parametrize("method, bad, message", [
-    ("adapter", {"reduction_factor": 0}, "reduction_factor must be a positive integer, got 0"),
-    ("adapter", {"placement": "parallel"}, "placement 'parallel' is not one of houlsby, pfeiffer"),
-    ("adapter", {"activation": "sigmoid"}, "activation 'sigmoid' is not one of"),
-    ("prompt_tuning", {"num_virtual_tokens": 0}, "num_virtual_tokens must be a positive integer, got 0"),
-    ("prompt_tuning", {"init": "labels"}, "init 'labels' is not one of text, vocab, random"),
-    ("prompt_tuning", {"init_text": " "}, "init_text must be a non-empty string"),
-    ("prefix_tuning", {"num_virtual_tokens": -1}, "num_virtual_tokens must be a positive integer, got -1"),
-    ("prefix_tuning", {"projection_size": 0}, "projection_size must be a positive integer, got 0"),
-    ("ia3", {"target_modules": "k"}, "target_modules must be a list of module names, got 'k'"),
-    ("ia3", {"target_modules": ["k"]}, "must be given together"),
-])
+@pytest.mark.parametrize(
+    "method, bad, message",
+    [
+        ("adapter", {"reduction_factor": 0}, "reduction_factor must be a positive integer, got 0"),
+        ("adapter", {"placement": "parallel"}, "placement 'parallel' is not one of houlsby, pfeiffer"),
+        ("adapter", {"activation": "sigmoid"}, "activation 'sigmoid' is not one of"),
+        ("prompt_tuning", {"num_virtual_tokens": 0}, "num_virtual_tokens must be a positive integer, got 0"),
+        ("prompt_tuning", {"init": "labels"}, "init 'labels' is not one of text, vocab, random"),
+        ("prompt_tuning", {"init_text": " "}, "init_text must be a non-empty string"),
+        ("prefix_tuning", {"num_virtual_tokens": -1}, "num_virtual_tokens must be a positive integer, got -1"),
+        ("prefix_tuning", {"projection_size": 0}, "projection_size must be a positive integer, got 0"),
+        ("ia3", {"target_modules": "k"}, "target_modules must be a list of module names, got 'k'"),
+        ("ia3", {"target_modules": ["k"]}, "must be given together"),
+    ],
+)
 def test_config_rejects_bad_values(method, bad, message):
     with pytest.raises(UsageError, match=message):
         get_method(method).make_config(bad)

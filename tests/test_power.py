@@ -25,8 +25,13 @@ class FakePowerSource:
     """Power ``watts`` per GPU, held constant within each ``UPDATE_S`` update period; an energy
     counter that advances at each update (or none); compute processes as given."""
 
-    def __init__(self, watts: list[float], counter: bool = True, field: str = "instant",
-                 processes: tuple[int, list[int]] = (0, [])):
+    def __init__(
+        self,
+        watts: list[float],
+        counter: bool = True,
+        field: str = "instant",
+        processes: tuple[int, list[int]] = (0, []),
+    ):
         self.watts, self.counter, self.field, self.processes = watts, counter, field, processes
         self.power_field = field
 
@@ -57,13 +62,16 @@ def test_sampling_period_follows_the_update_period(update_s, period_s):
     assert sampling_period(update_s) == pytest.approx(period_s)
 
 
-@pytest.mark.parametrize("times, powers, t0, t1, expected", [
-    ([0.0, 1.0, 2.0], [[10.0], [10.0], [10.0]], 0.0, 2.0, 20.0),               # constant
-    ([0.0, 2.0], [[0.0], [20.0]], 0.0, 2.0, 20.0),                              # ramp
-    ([0.0, 2.0], [[0.0], [20.0]], 0.5, 1.5, 10.0),                              # edges interpolated
-    ([0.0, 1.0], [[10.0, 5.0], [10.0, 5.0]], 0.0, 1.0, 15.0),                   # two GPUs summed
-    ([0.0], [[10.0]], 0.0, 1.0, None),                                          # one sample: no figure
-])
+@pytest.mark.parametrize(
+    "times, powers, t0, t1, expected",
+    [
+        ([0.0, 1.0, 2.0], [[10.0], [10.0], [10.0]], 0.0, 2.0, 20.0),  # constant
+        ([0.0, 2.0], [[0.0], [20.0]], 0.0, 2.0, 20.0),  # ramp
+        ([0.0, 2.0], [[0.0], [20.0]], 0.5, 1.5, 10.0),  # edges interpolated
+        ([0.0, 1.0], [[10.0, 5.0], [10.0, 5.0]], 0.0, 1.0, 15.0),  # two GPUs summed
+        ([0.0], [[10.0]], 0.0, 1.0, None),  # one sample: no figure
+    ],
+)
 def test_integrate_power(times, powers, t0, t1, expected):
     result = integrate_j(times, powers, t0, t1)
     assert result == (None if expected is None else pytest.approx(expected))
@@ -188,8 +196,20 @@ def test_real_power_timeline_samples_the_gpu():
         reading = meter.end()
     finally:
         timeline.stop()
-    print({k: reading.get(k) for k in ("energy_counter_j", "energy_integrated_j", "power_field", "power_samples",
-                                        "power_sample_rate_hz", "counter_update_period_s", "energy_window_s")})
+    print(
+        {
+            k: reading.get(k)
+            for k in (
+                "energy_counter_j",
+                "energy_integrated_j",
+                "power_field",
+                "power_samples",
+                "power_sample_rate_hz",
+                "counter_update_period_s",
+                "energy_window_s",
+            )
+        }
+    )
     assert reading["energy_integrated_j"] is not None and reading["energy_integrated_j"] > 0
     assert reading["power_sample_rate_hz"] > 5
     assert reading["energy_low_confidence"] is False

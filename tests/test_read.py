@@ -21,8 +21,13 @@ from petlprof.registry import get_method
 
 TEXTS = ["what a wonderful day", "this is terrible and I hate it", "love it", "worst thing ever made"]
 LABELS = torch.tensor([1, 0, 1, 0])
-CASES = [("tiny-bert", {}), ("tiny-gpt2", {}), ("tiny-llama", {}),
-         ("tiny-t5", {"t5_wiring": "side"}), ("tiny-t5", {"t5_wiring": "encoder_output"})]
+CASES = [
+    ("tiny-bert", {}),
+    ("tiny-gpt2", {}),
+    ("tiny-llama", {}),
+    ("tiny-t5", {"t5_wiring": "side"}),
+    ("tiny-t5", {"t5_wiring": "encoder_output"}),
+]
 
 
 def build(preset: str, num_layers: int | None = None, padding_side: str = "right", method: str = "read", **config):
@@ -41,7 +46,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def trainable(model) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
-
 
 
 def train_steps(model, inputs, steps: int = 2, lr: float = 1e-2):
@@ -69,6 +73,7 @@ def _record_graphs(module, seen: list):
 
     def hook(_module, _args, output):
         seen.extend(t.requires_grad for t in flatten(output))
+
     return [m.register_forward_hook(hook) for m in module.modules()]
 
 
@@ -77,8 +82,9 @@ def test_backbone_gets_no_gradient_and_no_graph(preset, config):
     classifier, model, inputs = build(preset, **config)
     train_steps(model, inputs, steps=2)  # zero-initialised outputs leave zero: now every side weight gets a gradient
     model.train()
-    frozen_with_graph = classifier.backbone.get_encoder() if config.get("t5_wiring") == "encoder_output" \
-        else classifier.backbone  # that wiring back-propagates through the decoder's activations by design
+    frozen_with_graph = (
+        classifier.backbone.get_encoder() if config.get("t5_wiring") == "encoder_output" else classifier.backbone
+    )  # that wiring back-propagates through the decoder's activations by design
     seen: list[bool] = []
     handles = _record_graphs(frozen_with_graph, seen)
     torch.nn.functional.cross_entropy(model(**inputs), LABELS).backward()
@@ -105,14 +111,20 @@ def test_encoder_output_wiring_backpropagates_through_decoder_activations_only()
 
 
 def test_encoder_output_wiring_saves_more_activations_than_side_wiring():
-    saved = {wiring: MethodStep("read", "tiny-t5", batch_size=8, seq_len=32,
-                                method_config={"t5_wiring": wiring}).saved_activation_bytes()
-             for wiring in ("side", "encoder_output")}
+    saved = {
+        wiring: MethodStep(
+            "read", "tiny-t5", batch_size=8, seq_len=32, method_config={"t5_wiring": wiring}
+        ).saved_activation_bytes()
+        for wiring in ("side", "encoder_output")
+    }
     assert saved["encoder_output"] > saved["side"], saved  # the decoder's activations, kept for backward
 
 
-STEP0 = [(preset, dict(config, **extra)) for preset, config in CASES
-         for extra in ({}, {"cell": "lstm", "init_state": "embedding", "aggregation": "mean"})]
+STEP0 = [
+    (preset, dict(config, **extra))
+    for preset, config in CASES
+    for extra in ({}, {"cell": "lstm", "init_state": "embedding", "aggregation": "mean"})
+]
 
 
 @pytest.mark.parametrize("preset, config", STEP0)
@@ -158,8 +170,16 @@ def test_decoder_only_logits_do_not_depend_on_padding_side(preset, method):
     torch.testing.assert_close(logits["left"], logits["right"], rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("bad", [{"hidden_size": 0}, {"cell": "transformer"}, {"aggregation": "max"},
-                                 {"init_state": "random"}, {"t5_wiring": "cross"}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"hidden_size": 0},
+        {"cell": "transformer"},
+        {"aggregation": "max"},
+        {"init_state": "random"},
+        {"t5_wiring": "cross"},
+    ],
+)
 def test_bad_config_names_the_value(bad):
     from petlprof.errors import UsageError
 

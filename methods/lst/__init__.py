@@ -38,8 +38,10 @@ class LstConfig:
     def check_width(self, width: int, backbone: str) -> None:
         """Called before a sweep starts: the side network must keep at least one unit."""
         if width // self.reduction_factor < 1:
-            raise UsageError(f"lst reduction_factor {self.reduction_factor} leaves no side width for backbone "
-                             f"'{backbone}' of width {width}; use at most {width}")
+            raise UsageError(
+                f"lst reduction_factor {self.reduction_factor} leaves no side width for backbone "
+                f"'{backbone}' of width {width}; use at most {width}"
+            )
 
 
 def apply(classifier, config: LstConfig):
@@ -48,14 +50,16 @@ def apply(classifier, config: LstConfig):
     return LstModel(classifier, config)
 
 
-register_method(MethodSpec(
-    name="lst",
-    description="ladder side network (width / r, one light layer per backbone layer) + task head",
-    config_cls=LstConfig,
-    apply="petlprof.methods.lst:apply",
-    default_lr=3e-3,
-    lr_source="LST paper (arXiv 2206.06522), its T5 GLUE setting; not re-tuned on the offline default",
-    pareto_knob="reduction_factor",
-    default_grid=(4, 8, 16, 32),
-    side_tuning=True,
-))
+register_method(
+    MethodSpec(
+        name="lst",
+        description="ladder side network (width / r, one light layer per backbone layer) + task head",
+        config_cls=LstConfig,
+        apply="petlprof.methods.lst:apply",
+        default_lr=3e-3,
+        lr_source="LST paper (arXiv 2206.06522), its T5 GLUE setting; not re-tuned on the offline default",
+        pareto_knob="reduction_factor",
+        default_grid=(4, 8, 16, 32),
+        side_tuning=True,
+    )
+)

@@ -37,11 +37,13 @@ class Attention(nn.Module):
 
     def forward(self, x, memory, allowed):
         """``allowed`` [batch, 1, queries, keys] (bool): which keys each query may read."""
+
         def split(t):
             return t.reshape(t.shape[0], t.shape[1], self.heads, -1).transpose(1, 2)
 
-        mixed = F.scaled_dot_product_attention(split(self.query(x)), split(self.key(memory)), split(self.value(memory)),
-                                               attn_mask=allowed)
+        mixed = F.scaled_dot_product_attention(
+            split(self.query(x)), split(self.key(memory)), split(self.value(memory)), attn_mask=allowed
+        )
         return self.out(mixed.transpose(1, 2).reshape(x.shape))
 
 
@@ -55,8 +57,9 @@ class SideLayer(nn.Module):
         self.norm_cross = nn.LayerNorm(width) if cross else None
         self.cross_attention = Attention(width, heads) if cross else None
         self.norm_ffn = nn.LayerNorm(width)
-        self.ffn = nn.Sequential(nn.Linear(width, ffn_multiplier * width), nn.GELU(),
-                                 nn.Linear(ffn_multiplier * width, width))
+        self.ffn = nn.Sequential(
+            nn.Linear(width, ffn_multiplier * width), nn.GELU(), nn.Linear(ffn_multiplier * width, width)
+        )
 
     def forward(self, x, allowed, memory=None, memory_allowed=None):
         normed = self.norm_self(x)

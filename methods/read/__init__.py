@@ -7,7 +7,7 @@ result is added to the backbone's final hidden state; the task head sits on the 
 The backbone runs once per batch under ``torch.no_grad`` in eval mode, so training never
 back-propagates through it, and the same RNN serves every layer, so the trainable parameters do
 not grow with depth.  In an encoder-decoder, ``t5_wiring`` chooses how the encoder's correction
-reaches the decoder side (see :mod:`petlprof.methods.read.model`).  The network itself is in :mod:`petlprof.methods.read.model`.
+reaches the decoder side; the network itself is in :mod:`petlprof.methods.read.model`.
 """
 
 from __future__ import annotations
@@ -29,16 +29,23 @@ class ReadConfig:
     cell: str = help_field("gru", f"recurrent cell, one of {', '.join(CELLS)}")
     init_state: str = help_field("zeros", "initial RNN state: zeros, or a projection of the embedding output")
     aggregation: str = help_field("last", "summary of the RNN over layers: the last state or the mean of all")
-    t5_wiring: str = help_field("side", "encoder-decoder only: 'side' (the encoder correction enters the decoder "
-                                "side network; no backprop through frozen layers) or 'encoder_output' (the "
-                                "authors' code: the frozen decoder attends to the corrected encoder output)")
+    t5_wiring: str = help_field(
+        "side",
+        "encoder-decoder only: 'side' (the encoder correction enters the decoder "
+        "side network; no backprop through frozen layers) or 'encoder_output' (the "
+        "authors' code: the frozen decoder attends to the corrected encoder output)",
+    )
 
     def __post_init__(self):
         size = self.hidden_size
         if not isinstance(size, int) or isinstance(size, bool) or size < 1:
             raise UsageError(f"read hidden_size must be a positive integer, got {self.hidden_size!r}")
-        for field_name, allowed in (("cell", CELLS), ("init_state", INIT_STATES), ("aggregation", AGGREGATIONS),
-                                  ("t5_wiring", T5_WIRINGS)):
+        for field_name, allowed in (
+            ("cell", CELLS),
+            ("init_state", INIT_STATES),
+            ("aggregation", AGGREGATIONS),
+            ("t5_wiring", T5_WIRINGS),
+        ):
             value = getattr(self, field_name)
             if value not in allowed:
                 raise UsageError(f"read {field_name} '{value}' is not one of {', '.join(allowed)}")
@@ -50,14 +57,16 @@ def apply(classifier, config: ReadConfig):
     return ReadModel(classifier, config)
 
 
-register_method(MethodSpec(
-    name="read",
-    description="GRU side network over the frozen backbone's per-layer states + task head",
-    config_cls=ReadConfig,
-    apply="petlprof.methods.read:apply",
-    default_lr=1e-3,
-    lr_source="side network and head trained from scratch; READ authors' range 1e-4..3e-3",
-    pareto_knob="hidden_size",
-    default_grid=(32, 128, 512),
-    side_tuning=True,
-))
+register_method(
+    MethodSpec(
+        name="read",
+        description="GRU side network over the frozen backbone's per-layer states + task head",
+        config_cls=ReadConfig,
+        apply="petlprof.methods.read:apply",
+        default_lr=1e-3,
+        lr_source="side network and head trained from scratch; READ authors' range 1e-4..3e-3",
+        pareto_knob="hidden_size",
+        default_grid=(32, 128, 512),
+        side_tuning=True,
+    )
+)

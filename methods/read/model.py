@@ -103,9 +103,12 @@ class ReadModel(SideTunedModel):
             encoder = states["encoder"]
             delta_enc = self.encoder_side(encoder, masks["encoder"])
             corrected = encoder[:, :, -1].to(delta_enc.dtype) + delta_enc
-            out = self.classifier.backbone(**self.classifier.model_inputs(input_ids, attention_mask),
-                                           encoder_outputs=BaseModelOutput(last_hidden_state=corrected),
-                                           output_hidden_states=True, return_dict=True)
+            out = self.classifier.backbone(
+                **self.classifier.model_inputs(input_ids, attention_mask),
+                encoder_outputs=BaseModelOutput(last_hidden_state=corrected),
+                output_hidden_states=True,
+                return_dict=True,
+            )
             stack = torch.stack(out.decoder_hidden_states, dim=2)
             delta = self.side(stack, self.classifier.pooling_mask(attention_mask).bool())
         corrected_final = stack[:, :, -1].to(delta.dtype) + delta

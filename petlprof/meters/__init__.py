@@ -25,13 +25,13 @@ MEMORY_METERS: dict[str, type[Meter]] = {"cuda-allocator": CudaMemoryMeter, "cpu
 EXTRA_METERS: dict[str, type[Meter]] = {"codecarbon": CodecarbonMeter, "cpu-tensors": CpuTensorMeter}
 METER_HELP = {
     "nvml": "GPU energy (J, measured) from the NVML total-energy counter, and integrated power sampled "
-            "in a separate process (both recorded)",
+    "in a separate process (both recorded)",
     "rapl": "CPU package + DRAM energy (J, measured) from /sys/class/powercap",
     "cuda-allocator": "peak CUDA memory (bytes, measured) from the caching allocator, per phase",
     "cpu-rss": "peak process memory (bytes, measured) from the RSS high-water mark above the runtime baseline",
     "codecarbon": "emissions (g CO2-eq, estimated) and CodeCarbon's energy breakdown; off by default",
     "cpu-tensors": "peak live CPU tensor bytes (measured, allocator-independent); off by default, costs a "
-                   "Python call per tensor operation",
+    "Python call per tensor operation",
     "timer": "wall time and per-step latency (s, measured), CUDA events on GPU, warm-up excluded",
 }
 
@@ -59,8 +59,9 @@ def check_extra_meters(names: list[str]) -> None:
             raise unknown_choice("extra meter (--meters)", name, list(EXTRA_METERS))
 
 
-def extra_meters_for(names: list[str], device: str, *, country_code: str | None = None,
-                     resident_bytes: int = 0) -> list[Meter]:
+def extra_meters_for(
+    names: list[str], device: str, *, country_code: str | None = None, resident_bytes: int = 0
+) -> list[Meter]:
     """The extra meters asked for by name; one that is not usable here is an error."""
     check_extra_meters(names)
     meters: list[Meter] = []

@@ -1,7 +1,8 @@
 """What every meter shares: a measurement window and a reading that carries units and provenance.
 
 A :class:`Window` synchronises the device at both edges (so queued GPU work lands inside the
-window it belongs to) and runs every meter's expensive preparation before any of them starts.  Readings are plain dicts whose keys carry units (``energy_j``,
+window it belongs to) and runs every meter's expensive preparation before any of them starts.
+Readings are plain dicts whose keys carry units (``energy_j``,
 ``peak_memory_bytes``, ``time_s``) and say where the figure came from (``*_source``) and whether
 it was ``measured`` or ``estimated``.
 """
@@ -66,8 +67,10 @@ class Meter:
 
     def invalid_reading(self, error: Exception) -> dict[str, Any]:
         """What the window records when this meter failed: no figures, and why."""
-        return {**{key: None for key in self.FIGURES},
-                "meter_errors": [f"{self.name} failed: {type(error).__name__}: {error}; its figures are missing"]}
+        return {
+            **{key: None for key in self.FIGURES},
+            "meter_errors": [f"{self.name} failed: {type(error).__name__}: {error}; its figures are missing"],
+        }
 
 
 def phase_warnings(reading: dict[str, Any]) -> list[str]:
@@ -93,7 +96,7 @@ class Window:
         self._t0 = 0.0
         self._running: list[Meter] = []
 
-    def __enter__(self) -> "Window":
+    def __enter__(self) -> Window:
         for meter in self.meters:
             meter.prepare()
         synchronize(self.device)

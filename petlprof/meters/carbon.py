@@ -44,8 +44,9 @@ class CodecarbonMeter(Meter):
         logging.getLogger("codecarbon").setLevel(logging.ERROR)
         with warnings.catch_warnings():  # codecarbon 3 deprecates save_to_file, which 2.x needs
             warnings.simplefilter("ignore", DeprecationWarning)
-            self._tracker = OfflineEmissionsTracker(country_iso_code=self.country_code, save_to_file=False,
-                                                    log_level="error", allow_multiple_runs=True)
+            self._tracker = OfflineEmissionsTracker(
+                country_iso_code=self.country_code, save_to_file=False, log_level="error", allow_multiple_runs=True
+            )
 
     def _begin(self) -> None:
         self._tracker.start()

@@ -45,16 +45,20 @@ MAX_PLAUSIBLE_WATTS_PER_CORE = 30.0  # above this, TDP / visible cores means a V
 DRAM_WATTS_PER_GIB = 0.375  # CodeCarbon's DRAM figure: 3 W per 8 GiB
 
 
-def provenance(meter: Meter, source: str, kind: str, samples: int, warnings: list[str],
-               sample_rate_hz: float | None = None) -> dict[str, Any]:
+def provenance(
+    meter: Meter, source: str, kind: str, samples: int, warnings: list[str], sample_rate_hz: float | None = None
+) -> dict[str, Any]:
     """The provenance fields every energy reading carries.  ``sample_rate_hz``: how often the source
     updates or was sampled (a counter's update rate, the power timeline's achieved rate); None where
     the figure is a difference of two readings of a source whose rate is not known."""
     window_s = meter.window_s
     low = window_s < SHORT_WINDOW_S
     if low and kind == MEASURED:
-        warnings = [*warnings, f"window {window_s:.2f} s < {SHORT_WINDOW_S:g} s: the {source} reading covers too "
-                    "few counter updates, so this figure is low-confidence"]
+        warnings = [
+            *warnings,
+            f"window {window_s:.2f} s < {SHORT_WINDOW_S:g} s: the {source} reading covers too "
+            "few counter updates, so this figure is low-confidence",
+        ]
     return {
         "energy_kind": kind,
         "energy_source": source,
@@ -168,8 +172,10 @@ class NvmlEnergyMeter(Meter):
             return {}
         data = self.timeline.window(t0, t1)
         if data["other_pids"]:
-            warnings.append(f"other processes used the GPU during the window (pids {data['other_pids']}): "
-                            "its energy includes their work")
+            warnings.append(
+                f"other processes used the GPU during the window (pids {data['other_pids']}): "
+                "its energy includes their work"
+            )
         if data["integrated_energy_j"] is None:
             warnings.append("the power timeline does not cover the whole window")
         return data
@@ -197,7 +203,9 @@ def cuda_uuid(device: str) -> str:
     import torch
 
     index = torch.device(device).index
-    return _nvml_uuid(str(torch.cuda.get_device_properties(torch.cuda.current_device() if index is None else index).uuid))
+    return _nvml_uuid(
+        str(torch.cuda.get_device_properties(torch.cuda.current_device() if index is None else index).uuid)
+    )
 
 
 def nvml_gpu_details() -> list[str]:
@@ -259,8 +267,10 @@ class RaplEnergyMeter(Meter):
             for domain in domains:
                 int((domain / "energy_uj").read_text())
         except PermissionError:
-            return False, (f"RAPL files under {root} are not readable (root-only on current kernels; "
-                           "run as root or relax the permissions of energy_uj)")
+            return False, (
+                f"RAPL files under {root} are not readable (root-only on current kernels; "
+                "run as root or relax the permissions of energy_uj)"
+            )
         except OSError as exc:
             return False, f"RAPL not readable: {exc}"
         return True, f"RAPL {', '.join(d.name for d in domains)}"
@@ -277,8 +287,10 @@ class RaplEnergyMeter(Meter):
             max_range = int((domain / "max_energy_range_uj").read_text())
             total_uj += rapl_delta_uj(start, end, max_range)
             if self.window_s * RAPL_MAX_WATTS * 1e6 > max_range:
-                warnings.append(f"{domain.name}: a {self.window_s:.0f} s window may span more than one counter "
-                                f"wrap ({max_range / 1e6:.0f} J at up to {RAPL_MAX_WATTS:g} W); energy may be low")
+                warnings.append(
+                    f"{domain.name}: a {self.window_s:.0f} s window may span more than one counter "
+                    f"wrap ({max_range / 1e6:.0f} J at up to {RAPL_MAX_WATTS:g} W); energy may be low"
+                )
         energy = total_uj / 1e6
         return {
             "energy_j": energy,
@@ -297,8 +309,10 @@ def read_rapl(domains: list[Path]) -> list[int]:
     try:
         return [int((d / "energy_uj").read_text()) for d in domains]
     except PermissionError as exc:
-        raise PermissionError(f"{exc.filename} is not readable (RAPL counters are root-only on current "
-                              "kernels; run as root or relax the permissions of energy_uj)") from None
+        raise PermissionError(
+            f"{exc.filename} is not readable (RAPL counters are root-only on current "
+            "kernels; run as root or relax the permissions of energy_uj)"
+        ) from None
 
 
 def rapl_domains(root: Path = POWERCAP) -> list[Path]:
@@ -396,8 +410,14 @@ def cpu_power_per_core(cpuinfo: str = "/proc/cpuinfo") -> dict[str, Any]:
     them would inflate the figure many times.  A quotient above
     :data:`MAX_PLAUSIBLE_WATTS_PER_CORE` is taken as that case and falls back to the generic figure."""
     name, cores = cpu_model_name(cpuinfo)
-    fallback = {"cpu_model": name or "unknown CPU", "watts_per_core": CPU_WATTS_PER_CORE, "table_entry": None,
-                "tdp_w": None, "cores": cores, "fallback_reason": None}
+    fallback = {
+        "cpu_model": name or "unknown CPU",
+        "watts_per_core": CPU_WATTS_PER_CORE,
+        "table_entry": None,
+        "tdp_w": None,
+        "cores": cores,
+        "fallback_reason": None,
+    }
     named_cores = re.search(r"(\d+)-Core", name or "")
     cores = int(named_cores.group(1)) if named_cores else cores
     if name and cores:
@@ -407,21 +427,31 @@ def cpu_power_per_core(cpuinfo: str = "/proc/cpuinfo") -> dict[str, Any]:
             key = max(matches, key=len)
             tdp = cpu_power_table()[key]
             if tdp / cores > MAX_PLAUSIBLE_WATTS_PER_CORE:
-                return {**fallback, "fallback_reason": f"TDP {tdp:g} W / {cores} visible cores is implausible per "
-                        "core (a VM sees only part of the chip)"}
-            return {"cpu_model": name, "watts_per_core": tdp / cores, "table_entry": key, "tdp_w": tdp,
-                    "cores": cores, "fallback_reason": None}
+                return {
+                    **fallback,
+                    "fallback_reason": f"TDP {tdp:g} W / {cores} visible cores is implausible per "
+                    "core (a VM sees only part of the chip)",
+                }
+            return {
+                "cpu_model": name,
+                "watts_per_core": tdp / cores,
+                "table_entry": key,
+                "tdp_w": tdp,
+                "cores": cores,
+                "fallback_reason": None,
+            }
     return fallback
 
 
 def estimate_model(cpu: dict[str, Any]) -> str:
     """The estimate's model in words, naming the CPU and where its per-core power came from."""
     if cpu["table_entry"]:
-        core = (f"{cpu['watts_per_core']:.2f} W per busy core ({cpu['cpu_model']}: TDP {cpu['tdp_w']:g} W / "
-                f"{cpu['cores']} cores, CodeCarbon CPU power table)")
+        core = (
+            f"{cpu['watts_per_core']:.2f} W per busy core ({cpu['cpu_model']}: TDP {cpu['tdp_w']:g} W / "
+            f"{cpu['cores']} cores, CodeCarbon CPU power table)"
+        )
     else:
         reason = cpu.get("fallback_reason")
         why = f": {reason}" if reason else " not in CodeCarbon's CPU power table"
         core = f"{cpu['watts_per_core']:g} W per busy core ({cpu['cpu_model']}{why}: generic server-core figure)"
-    return (f"estimate: process CPU time x {core} + {DRAM_WATTS_PER_GIB:g} W/GiB x mean resident memory "
-            "x wall time")
+    return f"estimate: process CPU time x {core} + {DRAM_WATTS_PER_GIB:g} W/GiB x mean resident memory x wall time"

@@ -53,4 +53,3 @@ class StepTimer:
             self._times_s.extend(start.elapsed_time(end) / 1000.0 for start, end in self._events)
             self._events.clear()
         return list(self._times_s)
-

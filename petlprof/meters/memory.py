@@ -142,8 +142,10 @@ class CudaMemoryMeter(Meter):
             torch.cuda.memory._dump_snapshot(str(self.snapshot_path))
             torch.cuda.memory._record_memory_history(enabled=None)
             reading["memory_snapshot_file"] = str(self.snapshot_path)
-            reading["memory_warnings"] = ["--memory-snapshot was on: recording allocation stacks slows every "
-                                          "allocation, so this phase's time, latency and energy include it"]
+            reading["memory_warnings"] = [
+                "--memory-snapshot was on: recording allocation stacks slows every "
+                "allocation, so this phase's time, latency and energy include it"
+            ]
         return reading
 
 
@@ -153,8 +155,16 @@ def static_breakdown(model) -> dict[str, int]:
     the parameter's dtype, plus a 4-byte ``step`` per trainable tensor).  Shared (tied) tensors
     count once."""
     seen: set[int] = set()
-    figures = dict.fromkeys(("frozen_weights_bytes", "trainable_weights_bytes", "buffers_bytes",
-                             "gradients_bytes", "optimizer_state_bytes"), 0)
+    figures = dict.fromkeys(
+        (
+            "frozen_weights_bytes",
+            "trainable_weights_bytes",
+            "buffers_bytes",
+            "gradients_bytes",
+            "optimizer_state_bytes",
+        ),
+        0,
+    )
     for param in model.parameters():
         if param.data_ptr() in seen:
             continue

@@ -61,8 +61,10 @@ class NvmlPowerSource:
     def read_power_w(self) -> list[float]:
         if self.power_field == "instant":  # a transient failed field read falls back to the average field
             values = [self._instant_mw(h) for h in self._handles]
-            return [v / 1000.0 if v is not None else self._nvml.nvmlDeviceGetPowerUsage(h) / 1000.0
-                    for v, h in zip(values, self._handles)]
+            return [
+                v / 1000.0 if v is not None else self._nvml.nvmlDeviceGetPowerUsage(h) / 1000.0
+                for v, h in zip(values, self._handles)
+            ]
         return [self._nvml.nvmlDeviceGetPowerUsage(h) / 1000.0 for h in self._handles]
 
     def read_energy_mj(self) -> list[int] | None:
@@ -121,8 +123,14 @@ def _sampler_main(source, conn) -> None:
         read = source.read_energy_mj if counter is not None else source.read_power_w
         update = detect_update_period(read)
         period = sampling_period(update)
-        conn.send({"power_field": source.power_field, "update_period_s": update, "period_s": period,
-                   "counter": counter is not None})
+        conn.send(
+            {
+                "power_field": source.power_field,
+                "update_period_s": update,
+                "period_s": period,
+                "counter": counter is not None,
+            }
+        )
         times, powers, procs = [], [], []
         next_t = time.perf_counter()
         while True:
@@ -158,9 +166,12 @@ def _select(times, powers, procs, t0: float, t1: float) -> dict[str, Any]:
     lo = max(int(np.searchsorted(t, t0)) - 1, 0)
     hi = int(np.searchsorted(t, t1, side="right")) + 1
     inside = [p for p in procs if t0 <= p[0] <= t1]
-    return {"times": times[lo:hi], "powers": powers[lo:hi],
-            "own_peak_bytes": max((p[1] for p in inside if p[1] is not None), default=None),
-            "other_pids": sorted({pid for p in inside for pid in p[2]})}
+    return {
+        "times": times[lo:hi],
+        "powers": powers[lo:hi],
+        "own_peak_bytes": max((p[1] for p in inside if p[1] is not None), default=None),
+        "other_pids": sorted({pid for p in inside for pid in p[2]}),
+    }
 
 
 def integrate_j(times: list[float], powers_w: list[list[float]], t0: float, t1: float) -> float | None:
@@ -184,11 +195,12 @@ class PowerTimeline:
         self._proc = None
         self._conn = None
 
-    def start(self) -> "PowerTimeline":
+    def start(self) -> PowerTimeline:
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_sampler_main, args=(self.source, child), daemon=True,
-                                 name="petlprof-power-sampler")
+        self._proc = ctx.Process(
+            target=_sampler_main, args=(self.source, child), daemon=True, name="petlprof-power-sampler"
+        )
         self._proc.start()
         child.close()
         self._finalizer = weakref.finalize(self, _stop_process, self._proc, self._conn)

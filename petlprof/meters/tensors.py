@@ -37,8 +37,11 @@ def _mode_class():
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
-            inputs = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs))
-                      if isinstance(t, torch.Tensor) and t.device.type == "cpu"}
+            inputs = {
+                t.untyped_storage().data_ptr()
+                for t in tree_leaves((args, kwargs))
+                if isinstance(t, torch.Tensor) and t.device.type == "cpu"
+            }
             for tensor in tree_leaves(out):
                 if isinstance(tensor, torch.Tensor) and tensor.device.type == "cpu":
                     self._track(tensor, inputs)
@@ -95,14 +98,17 @@ class CpuTensorMeter(Meter):
     def _end(self) -> dict[str, Any]:
         self._mode.__exit__(None, None, None)
         if self.device != "cpu":
-            return {"peak_tensor_bytes": None,
-                    "tensor_warnings": [f"cpu-tensors counts CPU tensors only; the run is on {self.device}"]}
+            return {
+                "peak_tensor_bytes": None,
+                "tensor_warnings": [f"cpu-tensors counts CPU tensors only; the run is on {self.device}"],
+            }
         return {
             "peak_tensor_bytes": self.resident_bytes + self._mode.peak_bytes,
             "tensor_resident_bytes": self.resident_bytes,
             "tensor_peak_new_bytes": self._mode.peak_bytes,
             "tensor_kind": MEASURED,
             "tensor_source": "torch-dispatch-mode live CPU tensor storages",
-            "tensor_warnings": ["cpu-tensors was on: this phase's time, latency and energy include its "
-                                "per-operation bookkeeping"],
+            "tensor_warnings": [
+                "cpu-tensors was on: this phase's time, latency and energy include its per-operation bookkeeping"
+            ],
         }

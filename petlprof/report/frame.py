@@ -15,7 +15,8 @@ from __future__ import annotations
 import functools
 import json
 import math
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import pandas as pd
 
@@ -26,8 +27,12 @@ from petlprof.report.records import config_key, config_label, field, number
 GROUP = ["task", "backbone"]  # a frontier is drawn within one task and backbone
 CONFIG = GROUP + ["method", "config", "config_key"]  # what identifies a configuration across seeds
 PHASE_FIGURES = {  # column suffix -> keys inside a phase
-    "time_s": ("time_s",), "energy_j": ("energy_j",), "peak_memory_bytes": ("peak_memory_bytes",),
-    "steps": ("steps",), "latency_p50_s": ("latency_s", "p50"), "energy_above_idle_j": ("energy_above_idle_j",),
+    "time_s": ("time_s",),
+    "energy_j": ("energy_j",),
+    "peak_memory_bytes": ("peak_memory_bytes",),
+    "steps": ("steps",),
+    "latency_p50_s": ("latency_s", "p50"),
+    "energy_above_idle_j": ("energy_above_idle_j",),
     "co2eq_g": ("co2eq_g",),
 }
 PHASE_TEXT = ("energy_kind", "energy_source", "energy_model", "memory_source")
@@ -48,12 +53,20 @@ def _knob(record: Mapping[str, Any]) -> Any:
 
 def _row(record: Mapping[str, Any]) -> dict[str, Any]:
     row: dict[str, Any] = {
-        "run_key": record.get("run_key"), "status": record.get("status"), "error": record.get("error"),
-        "task": record.get("task"), "backbone": record.get("backbone"), "method": record.get("method"),
-        "config": config_label(record, width=1000), "config_key": config_key(record), "seed": record.get("seed"),
-        "pareto_knob": record.get("pareto_knob"), "knob_value": _knob(record),
+        "run_key": record.get("run_key"),
+        "status": record.get("status"),
+        "error": record.get("error"),
+        "task": record.get("task"),
+        "backbone": record.get("backbone"),
+        "method": record.get("method"),
+        "config": config_label(record, width=1000),
+        "config_key": config_key(record),
+        "seed": record.get("seed"),
+        "pareto_knob": record.get("pareto_knob"),
+        "knob_value": _knob(record),
         "primary_metric": record.get("primary_metric"),
-        "trainable_params": number(record, "trainable_params"), "total_params": number(record, "total_params"),
+        "trainable_params": number(record, "trainable_params"),
+        "total_params": number(record, "total_params"),
         "stop_reason": field(record, "train", "budget", "stop_reason"),
         "target_reached": field(record, "train", "budget", "reached"),
         "steps_to_target": number(record, "train", "budget", "reached_at_step"),
@@ -61,16 +74,22 @@ def _row(record: Mapping[str, Any]) -> dict[str, Any]:
         "energy_to_target_j": number(record, "train", "budget", "energy_to_target_j"),
     }
     batch = field(record, "spec", "batch_size")
-    row.update({  # inference phase (batch 1 and the training batch) and the merged model's evaluation
-        "infer_b1_latency_p50_s": number(record, "inference", "batch_1", "latency_s", "p50"),
-        "infer_latency_per_sample_p50_s": number(record, "inference", f"batch_{batch}", "latency_per_sample_s", "p50"),
-        "merged_latency_p50_s": number(record, "eval_merged", "latency_s", "p50"),
-    })
-    row.update({  # where it ran: its meters read this host's devices (petlprof.executors)
-        "executor": field(record, "node", "executor") or "local",
-        "hostname": field(record, "node", "hostname") or field(record, "env", "hostname"),
-        "world_size": number(record, "distributed", "world_size") or 1,
-    })
+    row.update(
+        {  # inference phase (batch 1 and the training batch) and the merged model's evaluation
+            "infer_b1_latency_p50_s": number(record, "inference", "batch_1", "latency_s", "p50"),
+            "infer_latency_per_sample_p50_s": number(
+                record, "inference", f"batch_{batch}", "latency_per_sample_s", "p50"
+            ),
+            "merged_latency_p50_s": number(record, "eval_merged", "latency_s", "p50"),
+        }
+    )
+    row.update(
+        {  # where it ran: its meters read this host's devices (petlprof.executors)
+            "executor": field(record, "node", "executor") or "local",
+            "hostname": field(record, "node", "hostname") or field(record, "env", "hostname"),
+            "world_size": number(record, "distributed", "world_size") or 1,
+        }
+    )
     metrics = record.get("metrics") if isinstance(record.get("metrics"), Mapping) else {}
     for name in metrics:
         row[name] = number(record, "metrics", name)
@@ -93,9 +112,16 @@ def runs_frame(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
         if name not in frame:
             frame[name] = math.nan
     metrics = {name for r in records if isinstance(r.get("metrics"), Mapping) for name in r["metrics"]}
-    numeric = {"quality", "trainable_params", "total_params", "steps_to_target", "time_to_target_s",
-               "energy_to_target_j", *metrics,
-               *(prefix + column for prefix in ("", "eval_") for column in PHASE_FIGURES)}
+    numeric = {
+        "quality",
+        "trainable_params",
+        "total_params",
+        "steps_to_target",
+        "time_to_target_s",
+        "energy_to_target_j",
+        *metrics,
+        *(prefix + column for prefix in ("", "eval_") for column in PHASE_FIGURES),
+    }
     for name in numeric & set(frame.columns):  # all-missing figures stay numeric (NaN), not objects
         frame[name] = pd.to_numeric(frame[name], errors="coerce").astype(float)
     return frame
@@ -112,7 +138,7 @@ def ci_half_width(values: Sequence[float], confidence: float = CONFIDENCE) -> fl
     return _t_quantile((1 + confidence) / 2, n - 1) * sem
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _t_quantile(p: float, dof: int) -> float:
     from scipy import stats
 
@@ -137,10 +163,14 @@ def summarise(runs: pd.DataFrame, ok_only: bool = True) -> pd.DataFrame:
     for keys, group in frame.groupby(CONFIG, sort=False, dropna=False):
         row = dict(zip(CONFIG, keys))
         reached = group["target_reached"].dropna()
-        row.update(n_seeds=len(group), seeds=sorted(int(s) for s in group["seed"].dropna()),
-                   target_reached=f"{int(reached.sum())}/{len(reached)}" if len(reached) else None,
-                   pareto_knob=group["pareto_knob"].iloc[0], knob_value=group["knob_value"].iloc[0],
-                   primary_metric=group["primary_metric"].iloc[0])
+        row.update(
+            n_seeds=len(group),
+            seeds=sorted(int(s) for s in group["seed"].dropna()),
+            target_reached=f"{int(reached.sum())}/{len(reached)}" if len(reached) else None,
+            pareto_knob=group["pareto_knob"].iloc[0],
+            knob_value=group["knob_value"].iloc[0],
+            primary_metric=group["primary_metric"].iloc[0],
+        )
         for column in numeric:
             values = group[column].dropna()
             row[column] = float(values.mean()) if len(values) else math.nan
@@ -229,5 +259,12 @@ def knob_sort_value(value: Any) -> tuple:
     return (1, 0.0, json.dumps(value, default=str))
 
 
-__all__ = ["ci_half_width", "frontier", "knob_sort_value", "objective_direction", "relative_to", "runs_frame",
-           "summarise"]
+__all__ = [
+    "ci_half_width",
+    "frontier",
+    "knob_sort_value",
+    "objective_direction",
+    "relative_to",
+    "runs_frame",
+    "summarise",
+]

@@ -49,13 +49,15 @@ def render_html(markdown_text: str, folder: Path, title: str) -> str:
 
     def inline(match: re.Match) -> str:
         uri = _data_uri(folder, html.unescape(match.group(2)))
-        return f'{match.group(1)}{uri}{match.group(3)}' if uri else match.group(0)
+        return f"{match.group(1)}{uri}{match.group(3)}" if uri else match.group(0)
 
     body = re.sub(r'(<img[^>]*\ssrc=")([^":]+)(")', inline, body)
     # the SVG links point at files beside report.md; in the page, the inlined figure above them is the SVG
     body = re.sub(r'<a href="[^":]+\.svg">(SVG)</a>', r"\1 inline above", body)
-    return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-            f"<title>{html.escape(title)}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n{body}\n</body>\n</html>\n")
+    return (
+        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        f"<title>{html.escape(title)}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n{body}\n</body>\n</html>\n"
+    )
 
 
 def write_html(markdown_text: str, out_dir: Path) -> Path:

@@ -6,8 +6,9 @@ by :func:`write_report`, which also writes the same text as a self-contained rep
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from petlprof.report.html import write_html
 from petlprof.report.plots import PlotResult, pareto_figures
@@ -82,13 +83,17 @@ def _what_was_run(records: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def _figures(figures: Sequence[PlotResult]) -> list[str]:
-    lines = ["## Pareto fronts", "",
-             "Each point is one configuration: the mean over its seeds, with bars for the 95% confidence "
-             "interval of the mean (Student's t) when it has several seeds.  A method's grid points are "
-             "joined in the order of its Pareto knob, whose value labels each point.  The dashed step line "
-             "is the frontier over all methods: the ringed configurations are those no other configuration "
-             "beats on both quality and the cost at once.  Up and to the left is better.  Each plot is "
-             "also written as SVG beside the PNG.", ""]
+    lines = [
+        "## Pareto fronts",
+        "",
+        "Each point is one configuration: the mean over its seeds, with bars for the 95% confidence "
+        "interval of the mean (Student's t) when it has several seeds.  A method's grid points are "
+        "joined in the order of its Pareto knob, whose value labels each point.  The dashed step line "
+        "is the frontier over all methods: the ringed configurations are those no other configuration "
+        "beats on both quality and the cost at once.  Up and to the left is better.  Each plot is "
+        "also written as SVG beside the PNG.",
+        "",
+    ]
     if not figures:
         lines += ["No plots: there are no finished runs to plot.", ""]
     for fig in figures:
@@ -101,7 +106,8 @@ def _figures(figures: Sequence[PlotResult]) -> list[str]:
             f"![{fig.metric} vs {fig.axis.title.lower()}, {fig.backbone} on {fig.task}]({fig.path.name})",
             "",
             f"{fig.runs} finished run(s) in {fig.configs} configuration(s) plotted"
-            + (f" ([SVG]({svg}))" if svg else "") + f"; configurations on the Pareto front: {', '.join(fig.on_front)}.",
+            + (f" ([SVG]({svg}))" if svg else "")
+            + f"; configurations on the Pareto front: {', '.join(fig.on_front)}.",
             "",
         ]
     return lines
@@ -141,7 +147,8 @@ def _provenance(records: Sequence[Mapping[str, Any]]) -> list[str]:
             continue
         energy = Counter(
             (field(r, phase, "energy_source"), field(r, phase, "energy_kind"), field(r, phase, "energy_model"))
-            for r in runs if field(r, phase, "energy_j") is not None
+            for r in runs
+            if field(r, phase, "energy_j") is not None
         )
         for (source, kind, model), n in energy.items():
             line = f"- Energy (J): **{text(kind)}**, source `{text(source)}`, {n} run(s)"

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field as dataclass_field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -31,8 +33,28 @@ from petlprof.report.records import BYTES_PER_MIB, MISSING, distinct, text
 MARKERS = "osD^vP*Xh<>p"
 LOG_SPREAD = 10.0  # a cost axis goes logarithmic when its largest value exceeds this times its smallest
 FORMATS = ("png", "svg")
-LABEL_OFFSETS = ((7, 6), (7, -7), (-7, 6), (-7, -7), (0, 11), (0, -11), (12, 0), (-12, 0), (12, 12), (-12, -12),
-                 (12, -12), (-12, 12), (0, 18), (0, -18), (-20, -20), (20, -20), (-20, 20), (20, 20), (0, -28), (0, 28))
+LABEL_OFFSETS = (
+    (7, 6),
+    (7, -7),
+    (-7, 6),
+    (-7, -7),
+    (0, 11),
+    (0, -11),
+    (12, 0),
+    (-12, 0),
+    (12, 12),
+    (-12, -12),
+    (12, -12),
+    (-12, 12),
+    (0, 18),
+    (0, -18),
+    (-20, -20),
+    (20, -20),
+    (-20, 20),
+    (20, 20),
+    (0, -28),
+    (0, 28),
+)
 
 
 @dataclass(frozen=True)
@@ -58,10 +80,20 @@ COST_AXES = (ENERGY, MEMORY, TIME, PARAMS)
 def axis_for(column: str) -> CostAxis:
     """The cost axis of a runs-frame column: a known one, or the column itself without unit scaling."""
     known = {axis.column: axis for axis in COST_AXES}
-    known.update({f"eval_{a.column}": CostAxis(a.slug, a.title.replace("Train", "Eval"), f"eval_{a.column}", a.unit,
-                                               a.factor, a.source_column and f"eval_{a.source_column}",
-                                               a.kind_column and f"eval_{a.kind_column}")
-                  for a in (ENERGY, MEMORY, TIME)})
+    known.update(
+        {
+            f"eval_{a.column}": CostAxis(
+                a.slug,
+                a.title.replace("Train", "Eval"),
+                f"eval_{a.column}",
+                a.unit,
+                a.factor,
+                a.source_column and f"eval_{a.source_column}",
+                a.kind_column and f"eval_{a.kind_column}",
+            )
+            for a in (ENERGY, MEMORY, TIME)
+        }
+    )
     return known.get(column) or CostAxis(column, column, column, "as recorded", 1.0)
 
 
@@ -132,7 +164,9 @@ def _bounded_ci(y: float, half_width: Any, metric: str) -> Any:
     return [[max(min(half, y - low), 0.0)], [max(min(half, high - y), 0.0)]]
 
 
-def _place_labels(fig: Figure, ax, items: list[tuple[float, float, str, str]], rings: list[tuple[float, float]]) -> None:
+def _place_labels(
+    fig: Figure, ax, items: list[tuple[float, float, str, str]], rings: list[tuple[float, float]]
+) -> None:
     """Annotate points so labels overlap neither each other nor any marker or frontier ring, trying
     offsets in turn (the least-overlapping one when none is free)."""
     fig.canvas.draw()  # lays the figure out, so display coordinates are final
@@ -146,19 +180,29 @@ def _place_labels(fig: Figure, ax, items: list[tuple[float, float, str, str]], r
 
     def cost(box) -> float:
         inside = box.x0 >= frame.x0 and box.x1 <= frame.x1 and box.y0 >= frame.y0 and box.y1 <= frame.y1
-        area = sum(max(0.0, min(box.x1, b[2]) - max(box.x0, b[0])) * max(0.0, min(box.y1, b[3]) - max(box.y0, b[1]))
-                   for b in taken)
+        area = sum(
+            max(0.0, min(box.x1, b[2]) - max(box.x0, b[0])) * max(0.0, min(box.y1, b[3]) - max(box.y0, b[1]))
+            for b in taken
+        )
         return area + (0.0 if inside else 1e6)
 
     for x, y, label, colour in items:
         best = None
         for dx, dy in LABEL_OFFSETS:
             ha = "left" if dx > 0 else "right" if dx < 0 else "center"
-            note = ax.annotate(label, (x, y), xytext=(dx, dy), textcoords="offset points", fontsize=7,
-                               color=colour, ha=ha, va="bottom" if dy >= 0 else "top", zorder=4,
-                               bbox={"boxstyle": "round,pad=0.1", "facecolor": "white", "edgecolor": "none", "alpha": 0.8},
-                               arrowprops={"arrowstyle": "-", "color": colour, "linewidth": 0.6, "shrinkA": 0,
-                                           "shrinkB": 4})  # a leader line ties a displaced label to its point
+            note = ax.annotate(
+                label,
+                (x, y),
+                xytext=(dx, dy),
+                textcoords="offset points",
+                fontsize=7,
+                color=colour,
+                ha=ha,
+                va="bottom" if dy >= 0 else "top",
+                zorder=4,
+                bbox={"boxstyle": "round,pad=0.1", "facecolor": "white", "edgecolor": "none", "alpha": 0.8},
+                arrowprops={"arrowstyle": "-", "color": colour, "linewidth": 0.6, "shrinkA": 0, "shrinkB": 4},
+            )  # a leader line ties a displaced label to its point
             box = note.get_window_extent(renderer)
             score = cost(box)
             if best is None or score < best[0]:
@@ -187,17 +231,27 @@ def draw(configs: pd.DataFrame, y: str, metric: str, axis: CostAxis, xlabel: str
     for i, method in enumerate(sorted(configs["method"].unique())):
         colour, marker = f"C{i % 10}", MARKERS[i % len(MARKERS)]
         rows = configs[configs["method"] == method]
-        rows = rows.iloc[sorted(range(len(rows)), key=lambda k: (knob_sort_value(rows.iloc[k]["knob_value"]),
-                                                                 rows.iloc[k][x_col]))]
+        rows = rows.iloc[
+            sorted(range(len(rows)), key=lambda k: (knob_sort_value(rows.iloc[k]["knob_value"]), rows.iloc[k][x_col]))
+        ]
         xs, ys = rows[x_col] * axis.factor, rows[y_col]
         if len(rows) > 1:
             ax.plot(xs, ys, "-", color=colour, alpha=0.55, linewidth=1.2, zorder=1)
         for (_, row), x, y in zip(rows.iterrows(), xs, ys):
             hollow = mixed and row.get(axis.kind_column) == "estimated"
-            ax.errorbar(x, y, xerr=_bounded_ci(x, _ci(row.get(x_ci), axis.factor), COST),
-                        yerr=_bounded_ci(y, row.get(f"{y_col}_ci95"), metric),
-                        fmt=marker, color=colour, markersize=7, capsize=3, elinewidth=1, zorder=2,
-                        markerfacecolor="none" if hollow else colour)
+            ax.errorbar(
+                x,
+                y,
+                xerr=_bounded_ci(x, _ci(row.get(x_ci), axis.factor), COST),
+                yerr=_bounded_ci(y, row.get(f"{y_col}_ci95"), metric),
+                fmt=marker,
+                color=colour,
+                markersize=7,
+                capsize=3,
+                elinewidth=1,
+                zorder=2,
+                markerfacecolor="none" if hollow else colour,
+            )
             note = point_label(row)
             if note:
                 labels.append((x, y, note, colour))
@@ -208,12 +262,31 @@ def draw(configs: pd.DataFrame, y: str, metric: str, axis: CostAxis, xlabel: str
     front_x, front_y = best[x_col] * axis.factor, best[y_col]
     ax.step(front_x, front_y, where="post", color="black", linestyle="--", linewidth=1, zorder=0)
     ax.scatter(front_x, front_y, s=230, facecolors="none", edgecolors="black", linewidths=1.2, zorder=3)
-    handles.append(Line2D([], [], color="black", linestyle="--", marker="o", markerfacecolor="none", markersize=11,
-                          label="Pareto frontier (ringed points)"))
+    handles.append(
+        Line2D(
+            [],
+            [],
+            color="black",
+            linestyle="--",
+            marker="o",
+            markerfacecolor="none",
+            markersize=11,
+            label="Pareto frontier (ringed points)",
+        )
+    )
     if (configs["n_seeds"] > 1).any():
         seeds = sorted({int(n) for n in configs["n_seeds"]})
-        handles.append(Line2D([], [], color="grey", marker="|", markersize=10, linestyle="-",
-                              label=f"mean ± 95% CI over {'/'.join(map(str, seeds))} seeds (t)"))
+        handles.append(
+            Line2D(
+                [],
+                [],
+                color="grey",
+                marker="|",
+                markersize=10,
+                linestyle="-",
+                label=f"mean ± 95% CI over {'/'.join(map(str, seeds))} seeds (t)",
+            )
+        )
     else:
         handles.append(Line2D([], [], linestyle="", label="one seed: no error bars"))
     lows = (configs[x_col] - configs[x_ci].fillna(0)) * axis.factor
@@ -245,8 +318,11 @@ def pareto_plot(runs: pd.DataFrame, result: PlotResult, stem: Path) -> PlotResul
     ok = runs[runs["status"] == "ok"]
     plotted = ok[ok[result.metric].notna() & ok[column].notna()] if result.metric in ok else ok.iloc[0:0]
     if plotted.empty:
-        result.skipped = (f"none of the {len(ok)} finished run(s) has both {result.metric} and train {column}"
-                          if len(ok) else "no run finished")
+        result.skipped = (
+            f"none of the {len(ok)} finished run(s) has both {result.metric} and train {column}"
+            if len(ok)
+            else "no run finished"
+        )
         return result
     configs = frontier(plotted, x=column, y=result.metric)
     title = f"{result.metric} vs {result.axis.title.lower()} — backbone {result.backbone}, task {result.task}"
@@ -267,7 +343,9 @@ def pareto_figures(records: Sequence[Mapping[str, Any]], out_dir: Path) -> list[
     added when the records span several tasks (backbones).
     """
     runs = runs_frame(records)
-    runs = runs[(runs["status"] == "ok") | runs["primary_metric"].notna()]  # a failed run without a metric has nothing to plot
+    runs = runs[
+        (runs["status"] == "ok") | runs["primary_metric"].notna()
+    ]  # a failed run without a metric has nothing to plot
     if runs.empty:
         return []
     keys = runs[["task", "backbone", "primary_metric"]].map(text)

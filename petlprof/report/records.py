@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from petlprof.errors import UsageError
 from petlprof.runner import spec_identity
@@ -62,8 +63,9 @@ def _problem(line: str) -> str | None:
     if not isinstance(record, dict):
         return f"a result record must be a JSON object, not {type(record).__name__}"
     if record.get("schema_version") != SCHEMA_VERSION:
-        return (f"unsupported schema_version {record.get('schema_version')!r}; "
-                f"this petlprof reads version {SCHEMA_VERSION}")
+        return (
+            f"unsupported schema_version {record.get('schema_version')!r}; this petlprof reads version {SCHEMA_VERSION}"
+        )
     missing = [key for key in ("status", "method") if key not in record]
     if missing:
         return f"record lacks {', '.join(missing)}"
@@ -75,10 +77,24 @@ def _problem(line: str) -> str | None:
 
 
 FIELD_TYPES: dict[str, tuple[type, ...]] = {
-    "status": (str,), "method": (str,), "error": (str,), "run_key": (str,), "backbone": (str,), "task": (str,),
-    "primary_metric": (str,), "seed": (int,), "trainable_params": (int,), "total_params": (int,),
-    "metrics": (dict,), "method_config": (dict,), "train": (dict,), "eval": (dict,), "training": (dict,),
-    "env": (dict,), "backbone_info": (dict,), "task_info": (dict,),
+    "status": (str,),
+    "method": (str,),
+    "error": (str,),
+    "run_key": (str,),
+    "backbone": (str,),
+    "task": (str,),
+    "primary_metric": (str,),
+    "seed": (int,),
+    "trainable_params": (int,),
+    "total_params": (int,),
+    "metrics": (dict,),
+    "method_config": (dict,),
+    "train": (dict,),
+    "eval": (dict,),
+    "training": (dict,),
+    "env": (dict,),
+    "backbone_info": (dict,),
+    "task_info": (dict,),
 }
 
 
@@ -209,10 +225,16 @@ def run_warnings(records: Sequence[Mapping[str, Any]]) -> list[str]:
     out = []
     for record in sorted(records, key=sort_key):
         inference = record.get("inference") if isinstance(record.get("inference"), Mapping) else {}
-        phases = [("train", record.get("train")), ("eval", record.get("eval")),
-                  ("merged eval", record.get("eval_merged")),
-                  *((f"inference {key.replace('_', ' ')}", value) for key, value in inference.items()
-                    if key.startswith("batch_"))]
+        phases = [
+            ("train", record.get("train")),
+            ("eval", record.get("eval")),
+            ("merged eval", record.get("eval_merged")),
+            *(
+                (f"inference {key.replace('_', ' ')}", value)
+                for key, value in inference.items()
+                if key.startswith("batch_")
+            ),
+        ]
         for phase, figures in phases:
             if not isinstance(figures, Mapping):
                 continue

@@ -7,15 +7,16 @@ span several, ``error`` only when a run did not finish.  Missing figures show as
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from petlprof.errors import unknown_choice
 from petlprof.report.records import (
     BYTES_PER_MIB,
     MISSING,
-    distinct,
     config_label,
+    distinct,
     field,
     is_ok,
     number,
@@ -88,10 +89,16 @@ def columns(records: Sequence[Mapping[str, Any]]) -> list[Column]:
     cols += [
         Column("trainable params (count, % of total)", _params, numeric=True),
         Column("train time (s)", _scaled("train", "time_s", factor=1.0, decimals=1), numeric=True),
-        Column("train peak mem (MiB)", _scaled("train", "peak_memory_bytes", factor=1 / BYTES_PER_MIB, decimals=1), numeric=True),
+        Column(
+            "train peak mem (MiB)",
+            _scaled("train", "peak_memory_bytes", factor=1 / BYTES_PER_MIB, decimals=1),
+            numeric=True,
+        ),
         Column("train energy (J)", _scaled("train", "energy_j", factor=1.0, decimals=1), numeric=True),
         Column("energy kind", lambda r: text(field(r, "train", "energy_kind"))),
-        Column("eval p50 latency (ms/batch)", _scaled("eval", "latency_s", "p50", factor=1000.0, decimals=1), numeric=True),
+        Column(
+            "eval p50 latency (ms/batch)", _scaled("eval", "latency_s", "p50", factor=1000.0, decimals=1), numeric=True
+        ),
     ]
     if not all(is_ok(r) for r in records):
         cols.append(Column("error", lambda r: MISSING if is_ok(r) else short_error(r, width=48)))
@@ -190,17 +197,40 @@ def configuration_tables(records: Sequence[Mapping[str, Any]]) -> list[tuple[str
     out = []
     for (task, backbone), group in configs.groupby(["task", "backbone"], sort=True, dropna=False):
         metric = text(group["primary_metric"].iloc[0])
-        order = sorted(range(len(group)), key=lambda k: (group["method"].iloc[k], knob_sort_value(group["knob_value"].iloc[k]),
-                                                         group["config"].iloc[k]))
+        order = sorted(
+            range(len(group)),
+            key=lambda k: (
+                group["method"].iloc[k],
+                knob_sort_value(group["knob_value"].iloc[k]),
+                group["config"].iloc[k],
+            ),
+        )
         group = group.iloc[order]
         vs = f"vs {REFERENCE}"
-        headers = ["method", "config", "seeds", f"{metric} (mean ± 95% CI)", f"Δ {metric} {vs}",
-                   "trainable params (count)", f"params {vs}", "train time (s)", f"time {vs}",
-                   "train peak mem (MiB)", f"memory {vs}", "train energy (J)", f"energy {vs}", "energy kind",
-                   "eval p50 latency (ms/batch)", "on frontier of"]
+        headers = [
+            "method",
+            "config",
+            "seeds",
+            f"{metric} (mean ± 95% CI)",
+            f"Δ {metric} {vs}",
+            "trainable params (count)",
+            f"params {vs}",
+            "train time (s)",
+            f"time {vs}",
+            "train peak mem (MiB)",
+            f"memory {vs}",
+            "train energy (J)",
+            f"energy {vs}",
+            "energy kind",
+            "eval p50 latency (ms/batch)",
+            "on frontier of",
+        ]
         numeric = [False, False] + [True] * 11 + [False, True, False]
-        optional = [(column, title, factor, decimals) for column, title, factor, decimals in OPTIONAL_COLUMNS
-                    if column in group and group[column].notna().any()]
+        optional = [
+            (column, title, factor, decimals)
+            for column, title, factor, decimals in OPTIONAL_COLUMNS
+            if column in group and group[column].notna().any()
+        ]
         headers += [title for _, title, _, _ in optional]
         numeric += [True] * len(optional)
         budget = group["target_reached"].notna().any()
@@ -210,20 +240,40 @@ def configuration_tables(records: Sequence[Mapping[str, Any]]) -> list[tuple[str
         rows = []
         for _, row in group.iterrows():
             reference = row["method"] == REFERENCE
-            rel = lambda cost: "ref" if reference else _signed(row.get(f"{cost}_vs_{REFERENCE}_pct"), ".0f", "%")  # noqa: E731
-            rows.append([
-                text(row["method"]), text(row["config"]), str(int(row["n_seeds"])),
-                _mean_ci(row, "quality", 1.0, 4),
-                "ref" if reference else _signed(row.get(f"quality_vs_{REFERENCE}"), ".4f"),
-                _fixed(row.get("trainable_params"), 0), rel("trainable_params"),
-                _mean_ci(row, "time_s", 1.0, 1), rel("time_s"),
-                _mean_ci(row, "peak_memory_bytes", 1 / BYTES_PER_MIB, 1), rel("peak_memory_bytes"),
-                _mean_ci(row, "energy_j", 1.0, 1), rel("energy_j"), text(row.get("energy_kind")),
-                _mean_ci(row, "eval_latency_p50_s", 1000.0, 1),
-                ", ".join(row["fronts"]) or MISSING,
-            ] + [_mean_ci(row, column, factor, decimals) for column, _, factor, decimals in optional] + ([text(row.get("target_reached")), _mean_ci(row, "steps_to_target", 1.0, 0),
-                  _mean_ci(row, "time_to_target_s", 1.0, 1), _mean_ci(row, "energy_to_target_j", 1.0, 1)]
-                 if budget else []))
+
+            def rel(cost: str, reference: bool = reference, row=row) -> str:
+                return "ref" if reference else _signed(row.get(f"{cost}_vs_{REFERENCE}_pct"), ".0f", "%")
+
+            rows.append(
+                [
+                    text(row["method"]),
+                    text(row["config"]),
+                    str(int(row["n_seeds"])),
+                    _mean_ci(row, "quality", 1.0, 4),
+                    "ref" if reference else _signed(row.get(f"quality_vs_{REFERENCE}"), ".4f"),
+                    _fixed(row.get("trainable_params"), 0),
+                    rel("trainable_params"),
+                    _mean_ci(row, "time_s", 1.0, 1),
+                    rel("time_s"),
+                    _mean_ci(row, "peak_memory_bytes", 1 / BYTES_PER_MIB, 1),
+                    rel("peak_memory_bytes"),
+                    _mean_ci(row, "energy_j", 1.0, 1),
+                    rel("energy_j"),
+                    text(row.get("energy_kind")),
+                    _mean_ci(row, "eval_latency_p50_s", 1000.0, 1),
+                    ", ".join(row["fronts"]) or MISSING,
+                ]
+                + [_mean_ci(row, column, factor, decimals) for column, _, factor, decimals in optional]
+                + (
+                    [
+                        text(row.get("target_reached")),
+                        _mean_ci(row, "steps_to_target", 1.0, 0),
+                        _mean_ci(row, "time_to_target_s", 1.0, 1),
+                        _mean_ci(row, "energy_to_target_j", 1.0, 1),
+                    ]
+                    if budget
+                    else []
+                )
+            )
         out.append((text(task), text(backbone), _render_markdown(headers, rows, numeric)))
     return out
-

@@ -26,9 +26,12 @@ def _extra_info(benchmark, step: MethodStep) -> None:
     with Window(meters, step.device) as window:
         step.train_step()
     reading = window.reading
-    benchmark.extra_info.update(peak_memory_bytes=reading["peak_memory_bytes"],
-                                memory_source=reading["memory_source"],
-                                energy_j=reading["energy_j"], energy_kind=reading["energy_kind"])
+    benchmark.extra_info.update(
+        peak_memory_bytes=reading["peak_memory_bytes"],
+        memory_source=reading["memory_source"],
+        energy_j=reading["energy_j"],
+        energy_kind=reading["energy_kind"],
+    )
     return profile
 
 

@@ -19,10 +19,11 @@ measurements, both printed and recorded as test properties:
    steps on the pretrained 2-layer MiniLM slice run in rounds, every mode once per round in a
    shuffled order — no meters, no meters again (an A/A control that shows this run's noise), the
    default, the default plus a power sampler process at ~100 Hz (what a GPU run adds, with a cheap
-   stand-in power source), and every extra meter (``codecarbon``, ``cpu-tensors``) — and each metered window is compared with the
-   unmetered window of the same round.  On this VM the CPU time of one identical training step varies
-   by ±25 % from one window to the next, and the median of the paired ratios by about ±10 % from run
-   to run (the A/A row shows this run's), so this part cannot check 1 %; it does catch a meter that
+   stand-in power source), and every extra meter (``codecarbon``, ``cpu-tensors``) — and each metered
+   window is compared with the unmetered window of the same round.  On this VM the CPU time of one
+   identical training step varies by ±25 % from one window to the next, and the median of the
+   paired ratios by about ±10 % from run to run (the A/A row shows this run's), so this part cannot
+   check 1 %; it does catch a meter that
    makes training markedly slower by a route the direct measurement does not model.
 
 Training runs on one intra-op thread here: with two threads on two shared cores the process's CPU
@@ -46,7 +47,8 @@ from petlprof.meters.power import PowerTimeline
 STEPS = 3
 ROUNDS = 6
 TARGET_OVERHEAD = 0.01  # the target, checked on the direct measurement
-GROSS_OVERHEAD = 0.50  # end to end: above the noise of shared cores (single steps vary by ±25 % there), below a meter that doubles the step
+# end to end: above the noise of shared cores (single steps vary by ±25 % there), below a meter that doubles the step
+GROSS_OVERHEAD = 0.50
 SAMPLER_CORE_LIMIT = 0.10  # a ~100 Hz sampler that needs a tenth of a core is doing something wrong
 OPEN_CLOSE_REPEATS = 10
 IDLE_WINDOW_S = 1.0

@@ -48,8 +48,9 @@ print(json.dumps(window.reading))
 
 def peak_training_memory_bytes(method: str) -> int:
     """The product's CPU figure for a training phase of ``method``, in a fresh process."""
-    out = subprocess.run([sys.executable, "-c", _PEAK_SCRIPT, method, json.dumps(SHAPE)], check=True,
-                         capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", _PEAK_SCRIPT, method, json.dumps(SHAPE)], check=True, capture_output=True, text=True
+    ).stdout
     reading = json.loads(out.strip().splitlines()[-1])
     assert reading["memory_source"] == "rss-hwm", reading  # the peak was reset: nothing earlier mixed in
     return int(reading["peak_memory_bytes"])
@@ -88,18 +89,25 @@ def _compare(record_property):
     assert cache.hits >= 7 * SHAPE["batch_size"] and cache.misses == SHAPE["batch_size"]
     cache.close()
     tensor_bytes = {method: step.profile().training_tensor_bytes for method, step in steps.items()}
-    del steps, read
+    steps = read = None  # free the models before the peak-memory runs
     peak_bytes = {method: peak_training_memory_bytes(method) for method in METHODS}
 
     full_peak, full_tensor = peak_bytes["full"], tensor_bytes["full"]
-    print(f"\nminilm (6 layers, width 384), batch {SHAPE['batch_size']}, {SHAPE['seq_len']} tokens, "
-          f"{torch.get_num_threads()} threads")
+    print(
+        f"\nminilm (6 layers, width 384), batch {SHAPE['batch_size']}, {SHAPE['seq_len']} tokens, "
+        f"{torch.get_num_threads()} threads"
+    )
     print(f"{'method':<14}{'step s':>9}{'/full':>7}{'peak MiB':>10}{'/full':>7}{'tensor MiB':>12}{'/full':>7}")
     for name, seconds in times_s.items():
         method = name.split()[0]
-        memory = "" if name != method else (
-            f"{peak_bytes[method] / 2**20:>10.1f}{peak_bytes[method] / full_peak:>7.3f}"
-            f"{tensor_bytes[method] / 2**20:>12.1f}{tensor_bytes[method] / full_tensor:>7.3f}")
+        memory = (
+            ""
+            if name != method
+            else (
+                f"{peak_bytes[method] / 2**20:>10.1f}{peak_bytes[method] / full_peak:>7.3f}"
+                f"{tensor_bytes[method] / 2**20:>12.1f}{tensor_bytes[method] / full_tensor:>7.3f}"
+            )
+        )
         print(f"{name:<14}{seconds:>9.4f}{to_full[name]:>7.3f}{memory}")
         record_property(f"{name}/full step time", to_full[name])
     for method in ("read", "lst"):
