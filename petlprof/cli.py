@@ -408,12 +408,12 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_meters(args: argparse.Namespace) -> int:
     from petlprof.meters import meter_status
-    from petlprof.meters.energy import nvml_gpu_details
+    from petlprof.meters.devices.nvml import gpu_details
 
     print("Meters on this machine (name, status, what it gives, and why it is or is not usable):")
     for name, ok, why, what in meter_status():
         print(f"  {name:<15} {'available' if ok else 'unavailable':<11} {what}\n  {'':<27}({why})")
-    for line in nvml_gpu_details():
+    for line in gpu_details():
         print(f"  {'':<27}{line}")
     return 0
 

@@ -234,7 +234,7 @@ def _execute(spec: RunSpec, max_memory_bytes: int | None, ranks=None) -> dict[st
         return [
             *extra_meters_for(spec.extra_meters, spec.device, country_code=spec.country_code, resident_bytes=resident),
             memory_meter_for(spec.device, runtime_baseline, snapshot),
-            energy_meter_for(spec.device, spec.energy_meter, timeline),
+            energy_meter_for(spec.device, spec.energy_meter, timeline, idle=sweep_idle()),
         ]
 
     label = f"{spec.method} s{spec.seed}"

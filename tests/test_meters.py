@@ -15,13 +15,9 @@ import pytest
 
 from petlprof.errors import UsageError
 from petlprof.meters import Window, energy_meter_for, meter_status
-from petlprof.meters.energy import (
-    EstimateEnergyMeter,
-    NvmlEnergyMeter,
-    RaplEnergyMeter,
-    cpu_power_per_core,
-    rapl_domains,
-)
+from petlprof.meters.devices.rapl import domains as rapl_domains
+from petlprof.meters.energy import NvmlEnergyMeter, RaplEnergyMeter
+from petlprof.meters.estimate import EstimateEnergyMeter, cpu_power_per_core
 from petlprof.meters.idle import IDLE_ENV
 from petlprof.meters.memory import CpuMemoryMeter
 
@@ -99,7 +95,7 @@ def test_rapl_unreadable_files_say_why(tmp_path):
 def fake_nvml(monkeypatch):
     import pynvml
 
-    import petlprof.meters.energy as energy_module
+    import petlprof.meters.devices.nvml as nvml_dev
 
     fake = mock.create_autospec(pynvml, instance=False)
     fake.NVMLError = pynvml.NVMLError
@@ -114,7 +110,7 @@ def fake_nvml(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     # torch's view of the devices: CUDA index -> UUID (CUDA orders fastest first, NVML by PCI bus)
     cuda_uuids = {"cuda:0": "bbb", "cuda:1": "aaa"}
-    monkeypatch.setattr(energy_module, "cuda_uuid", lambda device: energy_module._nvml_uuid(cuda_uuids[device]))
+    monkeypatch.setattr(nvml_dev, "cuda_uuid", lambda device: nvml_dev.nvml_uuid(cuda_uuids[device]))
     return fake, energy
 
 
@@ -144,12 +140,12 @@ def test_nvml_counter_measures_only_the_runs_gpu(fake_nvml, device, expected_j):
     ],
 )
 def test_visible_gpus_follow_cuda_visible_devices(fake_nvml, monkeypatch, visible, expected):
-    from petlprof.meters.energy import visible_gpu_handles
+    from petlprof.meters.devices.nvml import visible_handles
 
     fake, _ = fake_nvml
     if visible is not None:
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
-    assert visible_gpu_handles(fake) == expected
+    assert visible_handles(fake) == expected
 
 
 def test_nvml_counter_reset_mid_window_counts_from_zero(fake_nvml):
@@ -162,10 +158,10 @@ def test_nvml_counter_reset_mid_window_counts_from_zero(fake_nvml):
     assert any("went back" in w for w in reading["energy_warnings"])
 
 
-def test_nvml_energy_above_idle_uses_the_gpus_own_baseline(fake_nvml, monkeypatch):
+def test_nvml_energy_above_idle_uses_the_gpus_own_baseline(fake_nvml):
     fake, energy = fake_nvml
-    monkeypatch.setenv(IDLE_ENV, json.dumps({"nvml_w": {"GPU-bbb": 50.0, "GPU-aaa": 1000.0}}))
-    meter = NvmlEnergyMeter("cuda:0")  # GPU-bbb
+    idle = {"nvml_w": {"GPU-bbb": 50.0, "GPU-aaa": 1000.0}}
+    meter = NvmlEnergyMeter("cuda:0", idle=idle)  # GPU-bbb
     meter.begin()
     energy.update(h1=energy["h1"] + 30_000)
     reading = meter.end()
@@ -293,10 +289,9 @@ def test_rapl_unreadable_at_read_time_says_why(tmp_path):
     assert "energy_uj is not readable" in error and "root-only" in error
 
 
-def test_rapl_reading_carries_provenance_and_energy_above_idle(tmp_path, monkeypatch):
+def test_rapl_reading_carries_provenance_and_energy_above_idle(tmp_path):
     root = make_powercap(tmp_path / "powercap", {0: {"energy": 0, "max": 2**32, "subs": {"dram": (0, 2**32)}}})
-    monkeypatch.setenv(IDLE_ENV, json.dumps({"rapl_w": 2.0}))
-    meter = RaplEnergyMeter(root=root)
+    meter = RaplEnergyMeter(root=root, idle={"rapl_w": 2.0})
     meter.begin()
     set_energy(root, "intel-rapl:0", 30_000_000)
     set_energy(root, "intel-rapl:0:0", 5_000_000)
@@ -312,9 +307,10 @@ def test_rapl_reading_carries_provenance_and_energy_above_idle(tmp_path, monkeyp
 
 
 def test_idle_baseline_is_skipped_with_a_reason_when_nothing_can_be_read(monkeypatch):
+    from petlprof.meters.devices import rapl
     from petlprof.meters.idle import prepare_sweep_idle, sweep_idle
 
-    monkeypatch.setattr(RaplEnergyMeter, "available", classmethod(lambda cls, root=None: (False, "no RAPL here")))
+    monkeypatch.setattr(rapl, "availability", lambda root=None: (False, "no RAPL here"))
     monkeypatch.delenv(IDLE_ENV, raising=False)
     assert "no RAPL here" in prepare_sweep_idle("cpu", "auto")
     assert sweep_idle()["notes"] == ["no CPU idle power: no RAPL here"] and "rapl_w" not in sweep_idle()

@@ -131,7 +131,7 @@ def nvml_one_gpu(monkeypatch):
     """An autospec'd pynvml with one GPU whose counter reads what ``energy_mj`` says."""
     import pynvml
 
-    import petlprof.meters.energy as energy_module
+    import petlprof.meters.devices.nvml as nvml_dev
 
     fake = mock.create_autospec(pynvml, instance=False)
     fake.NVMLError = pynvml.NVMLError
@@ -139,7 +139,7 @@ def nvml_one_gpu(monkeypatch):
     fake.nvmlDeviceGetHandleByUUID.return_value = "h0"
     fake.nvmlDeviceGetTotalEnergyConsumption.side_effect = lambda handle: energy_mj["value"]
     monkeypatch.setitem(__import__("sys").modules, "pynvml", fake)
-    monkeypatch.setattr(energy_module, "cuda_uuid", lambda device: "GPU-aaa")
+    monkeypatch.setattr(nvml_dev, "cuda_uuid", lambda device: "GPU-aaa")
     return fake, energy_mj
 
 

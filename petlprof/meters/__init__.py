@@ -12,7 +12,9 @@ import os
 from petlprof.errors import UsageError, unknown_choice
 from petlprof.meters.base import ESTIMATED, MEASURED, Meter, Window, synchronize
 from petlprof.meters.carbon import CodecarbonMeter
-from petlprof.meters.energy import EstimateEnergyMeter, NvmlEnergyMeter, RaplEnergyMeter
+from petlprof.meters.devices import nvml as nvml_dev
+from petlprof.meters.energy import NvmlEnergyMeter, RaplEnergyMeter
+from petlprof.meters.estimate import EstimateEnergyMeter, cpu_power_per_core, estimate_model
 from petlprof.meters.memory import CpuMemoryMeter, CudaMemoryMeter
 from petlprof.meters.tensors import CpuTensorMeter
 
@@ -38,8 +40,6 @@ METER_HELP = {
 
 def meter_help(name: str) -> str:
     if name == "estimate":
-        from petlprof.meters.energy import cpu_power_per_core, estimate_model
-
         return "energy (J, estimated): " + estimate_model(cpu_power_per_core()).removeprefix("estimate: ")
     return METER_HELP[name]
 
@@ -81,10 +81,9 @@ def start_power_timeline(device: str, energy_meter: str = "auto"):
     another energy meter was asked for."""
     if energy_meter not in ("auto", "nvml") or not device.startswith("cuda") or not NvmlEnergyMeter.available()[0]:
         return None
-    from petlprof.meters.energy import cuda_uuid
     from petlprof.meters.power import NvmlPowerSource, PowerTimeline
 
-    return PowerTimeline(NvmlPowerSource([cuda_uuid(device)], os.getpid())).start()
+    return PowerTimeline(NvmlPowerSource([nvml_dev.cuda_uuid(device)], os.getpid())).start()
 
 
 def check_energy_meter(name: str, need_available: bool = True) -> None:
@@ -99,19 +98,24 @@ def check_energy_meter(name: str, need_available: bool = True) -> None:
             raise UsageError(f"energy meter '{name}' was asked for but is not usable here: {why}")
 
 
-def _make(name: str, device: str, timeline) -> Meter:
-    return NvmlEnergyMeter(device, timeline=timeline) if name == "nvml" else ENERGY_METERS[name](device)
+def _make(name: str, device: str, timeline, idle: dict | None) -> Meter:
+    if name == "nvml":
+        return NvmlEnergyMeter(device, timeline=timeline, idle=idle)
+    if name == "rapl":
+        return RaplEnergyMeter(device, idle=idle)
+    return EstimateEnergyMeter(device)
 
 
-def energy_meter_for(device: str, requested: str = "auto", timeline=None) -> Meter:
-    """The energy meter for ``device``; ``timeline``: a started :class:`PowerTimeline` for nvml."""
+def energy_meter_for(device: str, requested: str = "auto", timeline=None, idle: dict | None = None) -> Meter:
+    """The energy meter for ``device``; ``timeline``: a started :class:`PowerTimeline` for nvml;
+    ``idle``: the sweep's idle baseline (:func:`petlprof.meters.idle.sweep_idle`) for energy above idle."""
     if requested != "auto":
         check_energy_meter(requested)
-        return _make(requested, device, timeline)
+        return _make(requested, device, timeline, idle)
     order = ["nvml"] if device.startswith("cuda") else ["rapl"]
     for name in order:
         if ENERGY_METERS[name].available()[0]:
-            return _make(name, device, timeline)
+            return _make(name, device, timeline, idle)
     return EstimateEnergyMeter(device)
 
 

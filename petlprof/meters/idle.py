@@ -3,10 +3,11 @@
 ``petlprof run`` calls :func:`measure_idle` before the first run, while nothing of the sweep runs
 yet: GPU idle power from the sampler process (mean of every visible GPU's power over
 :data:`IDLE_S` seconds, by UUID) and CPU package + DRAM idle power from RAPL, where readable.
-The figures travel to the runs' processes in the environment variable :data:`IDLE_ENV`, and the
-energy meters subtract ``idle power × window time`` to give ``energy_above_idle_j`` beside the
-gross ``energy_j``.  Nothing is measured for the estimate (its model counts only the process's
-own CPU time, which is already work above idle).
+The figures travel to the runs' processes in the environment variable :data:`IDLE_ENV`; a run
+reads them once (:func:`sweep_idle`) and hands them to its energy meters, which subtract
+``idle power × window time`` to give ``energy_above_idle_j`` beside the gross ``energy_j``.
+Nothing is measured for the estimate (its model counts only the process's own CPU time, which is
+already work above idle).
 """
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ import json
 import os
 import time
 from typing import Any
+
+from petlprof.meters.devices import nvml as nvml_dev
+from petlprof.meters.devices import rapl
+from petlprof.meters.power import NvmlPowerSource, PowerTimeline
 
 IDLE_ENV = "PETLPROF_IDLE_BASELINE"
 IDLE_S = 2.0
@@ -31,17 +36,15 @@ def sweep_idle() -> dict[str, Any]:
 def measure_idle(device: str, seconds: float = IDLE_S) -> dict[str, Any]:
     """Idle power of the GPUs (``nvml_w``: UUID -> W) or of the CPU (``rapl_w``), whichever this
     device is metered by and can be read here; notes say what could not be measured."""
-    from petlprof.meters.energy import NvmlEnergyMeter, RaplEnergyMeter
-
     idle: dict[str, Any] = {"seconds": seconds, "notes": []}
     if device.startswith("cuda"):
-        ok, why = NvmlEnergyMeter.available()
+        ok, why = nvml_dev.availability()
         if ok:
             idle["nvml_w"] = _gpu_idle_w(seconds)
         else:
             idle["notes"].append(f"no GPU idle power: {why}")
     else:
-        ok, why = RaplEnergyMeter.available()
+        ok, why = rapl.availability()
         if ok:
             idle["rapl_w"] = rapl_power_w(seconds)
         else:
@@ -51,29 +54,19 @@ def measure_idle(device: str, seconds: float = IDLE_S) -> dict[str, Any]:
 
 def rapl_power_w(seconds: float, root=None) -> float:
     """Mean package + DRAM power over ``seconds`` of sleep."""
-    from petlprof.meters.energy import POWERCAP, rapl_delta_uj, rapl_domains, read_rapl
-
-    domains = rapl_domains(root or POWERCAP)
-    start = read_rapl(domains)
+    domains = rapl.domains(root or rapl.POWERCAP)
+    start = rapl.read_uj(domains)
     t0 = time.perf_counter()
     time.sleep(seconds)
-    end = read_rapl(domains)
+    end = rapl.read_uj(domains)
     elapsed = time.perf_counter() - t0
-    ranges = [int((d / "max_energy_range_uj").read_text()) for d in domains]
-    return sum(rapl_delta_uj(s, e, r) for s, e, r in zip(start, end, ranges)) / 1e6 / elapsed
+    ranges = rapl.max_range_uj(domains)
+    return sum(rapl.delta_uj(s, e, r) for s, e, r in zip(start, end, ranges)) / 1e6 / elapsed
 
 
 def _gpu_idle_w(seconds: float) -> dict[str, float]:
-    import pynvml
-
-    from petlprof.meters.energy import visible_gpu_handles
-    from petlprof.meters.power import NvmlPowerSource, PowerTimeline
-
-    pynvml.nvmlInit()
-    try:
-        uuids = [str(pynvml.nvmlDeviceGetUUID(h)) for h in visible_gpu_handles(pynvml)]
-    finally:
-        pynvml.nvmlShutdown()
+    with nvml_dev.session() as nvml:
+        uuids = [nvml_dev.uuid_of(nvml, h) for h in nvml_dev.visible_handles(nvml)]
     timeline = PowerTimeline(NvmlPowerSource(uuids, os.getpid())).start()
     try:
         t0 = time.perf_counter()

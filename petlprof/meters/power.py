@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from petlprof.meters.devices import nvml as nvml_dev
+
 DETECT_S = 1.0
 MIN_PERIOD_S = 0.005
 MAX_PERIOD_S = 0.05
@@ -43,33 +45,26 @@ class NvmlPowerSource:
         self.power_field = "average"
 
     def open(self) -> None:
-        import pynvml
-
-        self._nvml = pynvml
-        pynvml.nvmlInit()
-        self._handles = [pynvml.nvmlDeviceGetHandleByUUID(u) for u in self.uuids]
+        self._nvml = nvml_dev.start()
+        self._handles = [nvml_dev.handle(self._nvml, u) for u in self.uuids]
         try:
-            values = [self._instant_mw(h) for h in self._handles]
+            values = [nvml_dev.instant_power_mw(self._nvml, h) for h in self._handles]
             self.power_field = "instant" if all(v is not None for v in values) else "average"
-        except pynvml.NVMLError:
+        except self._nvml.NVMLError:
             self.power_field = "average"
-
-    def _instant_mw(self, handle) -> int | None:
-        value = self._nvml.nvmlDeviceGetFieldValues(handle, [self._nvml.NVML_FI_DEV_POWER_INSTANT])[0]
-        return None if value.nvmlReturn != 0 else int(value.value.uiVal)
 
     def read_power_w(self) -> list[float]:
         if self.power_field == "instant":  # a transient failed field read falls back to the average field
-            values = [self._instant_mw(h) for h in self._handles]
+            values = [nvml_dev.instant_power_mw(self._nvml, h) for h in self._handles]
             return [
-                v / 1000.0 if v is not None else self._nvml.nvmlDeviceGetPowerUsage(h) / 1000.0
+                v / 1000.0 if v is not None else nvml_dev.average_power_mw(self._nvml, h) / 1000.0
                 for v, h in zip(values, self._handles)
             ]
-        return [self._nvml.nvmlDeviceGetPowerUsage(h) / 1000.0 for h in self._handles]
+        return [nvml_dev.average_power_mw(self._nvml, h) / 1000.0 for h in self._handles]
 
     def read_energy_mj(self) -> list[int] | None:
         try:
-            return [int(self._nvml.nvmlDeviceGetTotalEnergyConsumption(h)) for h in self._handles]
+            return nvml_dev.energy_mj(self._nvml, self._handles)
         except self._nvml.NVMLError:
             return None
 
@@ -81,17 +76,17 @@ class NvmlPowerSource:
         there is more than one process on a GPU."""
         own, others = None, set()
         for handle in self._handles:
-            procs = self._nvml.nvmlDeviceGetComputeRunningProcesses(handle)
-            pids = {int(p.pid) for p in procs}
+            procs = nvml_dev.compute_processes(self._nvml, handle)
+            pids = {pid for pid, _ in procs}
             if self.own_pid in pids:
-                own = (own or 0) + sum(int(p.usedGpuMemory or 0) for p in procs if p.pid == self.own_pid)
+                own = (own or 0) + sum(used for pid, used in procs if pid == self.own_pid)
                 others |= pids - {self.own_pid}
             elif len(pids) > 1:
                 others |= pids
         return own, sorted(others)
 
     def close(self) -> None:
-        self._nvml.nvmlShutdown()
+        nvml_dev.stop(self._nvml)
 
 
 def detect_update_period(read, detect_s: float = DETECT_S) -> float | None:

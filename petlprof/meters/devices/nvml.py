@@ -1,0 +1,152 @@
+"""NVML access: a session, GPU handles by UUID, the energy counter, the power fields, processes.
+
+Every caller (the energy meter, the power sampler process, the idle baseline, ``petlprof meters``)
+goes through these functions, so start-up and shutdown, the UUID spellings CUDA accepts and the
+capability probes are written once.  ``pynvml`` is imported when a session opens, so a machine
+without it only loses the GPU meters.
+
+CUDA and NVML number GPUs differently (CUDA fastest first, NVML by PCI bus), so a GPU is always
+found by its UUID.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+def start():
+    """Initialise NVML and return the ``pynvml`` module; pair with :func:`stop`."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    return pynvml
+
+
+def stop(nvml) -> None:
+    nvml.nvmlShutdown()
+
+
+@contextmanager
+def session() -> Iterator:
+    """``with session() as nvml:`` — NVML initialised for the block, shut down after it."""
+    nvml = start()
+    try:
+        yield nvml
+    finally:
+        stop(nvml)
+
+
+def nvml_uuid(text: str) -> str:
+    """The UUID as NVML spells it (torch gives it without the ``GPU-`` prefix)."""
+    return text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}"
+
+
+def cuda_uuid(device: str) -> str:
+    """UUID of the CUDA device torch calls ``device``."""
+    import torch
+
+    index = torch.device(device).index
+    props = torch.cuda.get_device_properties(torch.cuda.current_device() if index is None else index)
+    return nvml_uuid(str(props.uuid))
+
+
+def handle(nvml, uuid: str):
+    """The NVML handle of the GPU ``uuid`` names."""
+    return nvml.nvmlDeviceGetHandleByUUID(nvml_uuid(uuid))
+
+
+def visible_handles(nvml) -> list:
+    """Handles of the GPUs ``CUDA_VISIBLE_DEVICES`` names (indices or UUIDs), all if unset."""
+    count = nvml.nvmlDeviceGetCount()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+    handles = []
+    for item in (x.strip() for x in visible.split(",")):
+        if item.isdigit():
+            if int(item) < count:
+                handles.append(nvml.nvmlDeviceGetHandleByIndex(int(item)))
+        elif item:
+            handles.append(handle(nvml, item))
+    return handles
+
+
+def uuid_of(nvml, gpu) -> str:
+    return str(nvml.nvmlDeviceGetUUID(gpu))
+
+
+def has_counter(nvml, handles) -> bool:
+    """Whether every GPU has the total-energy counter (Volta and later)."""
+    try:
+        for gpu in handles:
+            nvml.nvmlDeviceGetTotalEnergyConsumption(gpu)
+    except nvml.NVMLError:
+        return False
+    return True
+
+
+def energy_mj(nvml, handles) -> list[int]:
+    """The total-energy counters (mJ since the driver loaded)."""
+    return [int(nvml.nvmlDeviceGetTotalEnergyConsumption(gpu)) for gpu in handles]
+
+
+def instant_power_mw(nvml, gpu) -> int | None:
+    """The instantaneous power field (``NVML_FI_DEV_POWER_INSTANT``), None where the driver has none."""
+    value = nvml.nvmlDeviceGetFieldValues(gpu, [nvml.NVML_FI_DEV_POWER_INSTANT])[0]
+    return None if value.nvmlReturn != 0 else int(value.value.uiVal)
+
+
+def average_power_mw(nvml, gpu) -> int:
+    """``nvmlDeviceGetPowerUsage``: on Ampere and later a 1 s moving average."""
+    return int(nvml.nvmlDeviceGetPowerUsage(gpu))
+
+
+def compute_processes(nvml, gpu) -> list[tuple[int, int]]:
+    """(pid, device bytes) of every compute process on the GPU."""
+    return [(int(p.pid), int(p.usedGpuMemory or 0)) for p in nvml.nvmlDeviceGetComputeRunningProcesses(gpu)]
+
+
+def availability() -> tuple[bool, str]:
+    """(usable, why) for GPU energy: a counter, or at least a power reading, on every visible GPU."""
+    try:
+        nvml = start()
+    except Exception as exc:  # ImportError, NVMLError_LibraryNotFound, DriverNotLoaded, ...
+        return False, f"NVML not usable: {exc}"
+    try:
+        handles = visible_handles(nvml)
+        if not handles:
+            return False, "no NVIDIA GPU visible (CUDA_VISIBLE_DEVICES)"
+        counter = has_counter(nvml, handles)
+        if not counter:
+            for gpu in handles:
+                average_power_mw(nvml, gpu)
+    except nvml.NVMLError as exc:
+        return False, f"GPU energy counter and power reading not supported: {exc}"
+    finally:
+        stop(nvml)
+    what = "total-energy counter + power timeline" if counter else "power timeline only (no energy counter)"
+    return True, f"NVML {what} on {len(handles)} GPU(s)"
+
+
+def gpu_details() -> list[str]:
+    """One line per visible GPU for ``petlprof meters``: energy counter, power field, other processes."""
+    try:
+        nvml = start()
+    except Exception:  # NVML absent: the meter status already says why
+        return []
+    lines = []
+    try:
+        for gpu in visible_handles(nvml):
+            name, uuid = nvml.nvmlDeviceGetName(gpu), uuid_of(nvml, gpu)
+            counter = "energy counter" if has_counter(nvml, [gpu]) else "NO energy counter (integrated power)"
+            power = "instantaneous power field" if instant_power_mw(nvml, gpu) is not None else "averaged power only"
+            others = [pid for pid, _ in compute_processes(nvml, gpu)]
+            busy = f"; busy: pids {others}" if others else ""
+            lines.append(f"{name} {uuid}: {counter}, {power}{busy}")
+    except nvml.NVMLError as exc:
+        lines.append(f"NVML error while listing GPUs: {exc}")
+    finally:
+        stop(nvml)
+    return lines

@@ -1,0 +1,140 @@
+"""``estimate``: energy where nothing can be read, from a stated model.
+
+Process CPU time × a per-core power (the CPU's TDP from CodeCarbon's CPU power table divided by its
+cores, else :data:`CPU_WATTS_PER_CORE`), plus DRAM power proportional to resident memory.  Its
+readings are labelled ``estimated`` and carry the model, with the CPU named.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import re
+import time
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+from petlprof.meters.base import ESTIMATED, Meter
+from petlprof.meters.energy import provenance
+from petlprof.meters.memory import rss_bytes
+
+CPU_WATTS_PER_CORE = 10.0  # a busy server core: ~4-7 W (EPYC/Xeon TDP / cores), desktop cores more
+MAX_PLAUSIBLE_WATTS_PER_CORE = 30.0  # above this, TDP / visible cores means a VM slice of a big chip
+DRAM_WATTS_PER_GIB = 0.375  # CodeCarbon's DRAM figure: 3 W per 8 GiB
+
+
+class EstimateEnergyMeter(Meter):
+    """Estimated energy: CPU time × per-core power + resident memory × DRAM power × wall time."""
+
+    name = "estimate"
+    FIGURES = ("energy_j", "energy_kind", "energy_source")
+
+    def __init__(self, device: str = "cpu"):
+        super().__init__(device)
+        self.cpu = cpu_power_per_core()
+        self.model = estimate_model(self.cpu)
+        self._cpu0 = 0.0
+        self._rss0 = 0
+
+    def _begin(self) -> None:
+        self._cpu0 = time.process_time()
+        self._rss0 = rss_bytes() or 0
+
+    def _end(self) -> dict[str, Any]:
+        cpu_s = time.process_time() - self._cpu0
+        mean_rss_gib = ((self._rss0 + (rss_bytes() or 0)) / 2) / 2**30
+        energy = cpu_s * self.cpu["watts_per_core"] + DRAM_WATTS_PER_GIB * mean_rss_gib * self.window_s
+        warnings = [] if self.device == "cpu" else [f"device {self.device} not covered by the estimate"]
+        return {
+            "energy_j": energy,
+            "energy_model": self.model,
+            "cpu_model": self.cpu["cpu_model"],
+            "cpu_watts_per_core": self.cpu["watts_per_core"],
+            "cpu_time_s": cpu_s,
+            **provenance(self, "estimate", ESTIMATED, 2, warnings),
+        }
+
+
+def cpu_model_name(cpuinfo: str = "/proc/cpuinfo") -> tuple[str | None, int | None]:
+    """(``model name``, physical ``cpu cores`` per package) from /proc/cpuinfo, None where absent."""
+    try:
+        text = Path(cpuinfo).read_text()
+    except OSError:
+        return None, None
+    name = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
+    cores = re.search(r"^cpu cores\s*:\s*(\d+)$", text, re.M)
+    return (name.group(1).strip() if name else None), (int(cores.group(1)) if cores else None)
+
+
+def _normalise(name: str) -> str:
+    name = re.sub(r"\((R|TM|tm|r)\)|\bCPU\b|\bProcessor\b|\b\d+-Core\b|@.*$", " ", name)
+    return " ".join(name.split()).lower()
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_power_table() -> dict[str, float]:
+    """CodeCarbon's CPU power table (model name -> TDP in W, from the vendors' product pages)."""
+    table = {}
+    with (files("codecarbon") / "data" / "hardware" / "cpu_power.csv").open() as fh:
+        for row in csv.DictReader(fh):
+            key, tdp = _normalise(row.get("Name") or ""), row.get("TDP") or ""
+            if key and re.fullmatch(r"\d+(\.\d+)?", tdp.strip()):  # a few rows of the table are malformed
+                table[key] = float(tdp)
+    return table
+
+
+def cpu_power_per_core(cpuinfo: str = "/proc/cpuinfo") -> dict[str, Any]:
+    """Per-core power of this CPU: its TDP over its cores where the model is in the table (longest
+    whole-word match), else :data:`CPU_WATTS_PER_CORE`.
+
+    The core count comes from the model name (``24-Core``) where it says so: in a VM or container
+    ``cpu cores`` counts only the cores given to the guest, and dividing the whole chip's TDP by
+    them would inflate the figure many times.  A quotient above
+    :data:`MAX_PLAUSIBLE_WATTS_PER_CORE` is taken as that case and falls back to the generic figure."""
+    name, cores = cpu_model_name(cpuinfo)
+    fallback = {
+        "cpu_model": name or "unknown CPU",
+        "watts_per_core": CPU_WATTS_PER_CORE,
+        "table_entry": None,
+        "tdp_w": None,
+        "cores": cores,
+        "fallback_reason": None,
+    }
+    named_cores = re.search(r"(\d+)-Core", name or "")
+    cores = int(named_cores.group(1)) if named_cores else cores
+    if name and cores:
+        text = f" {_normalise(name)} "
+        matches = [key for key in cpu_power_table() if f" {key} " in text]
+        if matches:
+            key = max(matches, key=len)
+            tdp = cpu_power_table()[key]
+            if tdp / cores > MAX_PLAUSIBLE_WATTS_PER_CORE:
+                return {
+                    **fallback,
+                    "fallback_reason": f"TDP {tdp:g} W / {cores} visible cores is implausible per "
+                    "core (a VM sees only part of the chip)",
+                }
+            return {
+                "cpu_model": name,
+                "watts_per_core": tdp / cores,
+                "table_entry": key,
+                "tdp_w": tdp,
+                "cores": cores,
+                "fallback_reason": None,
+            }
+    return fallback
+
+
+def estimate_model(cpu: dict[str, Any]) -> str:
+    """The estimate's model in words, naming the CPU and where its per-core power came from."""
+    if cpu["table_entry"]:
+        core = (
+            f"{cpu['watts_per_core']:.2f} W per busy core ({cpu['cpu_model']}: TDP {cpu['tdp_w']:g} W / "
+            f"{cpu['cores']} cores, CodeCarbon CPU power table)"
+        )
+    else:
+        reason = cpu.get("fallback_reason")
+        why = f": {reason}" if reason else " not in CodeCarbon's CPU power table"
+        core = f"{cpu['watts_per_core']:g} W per busy core ({cpu['cpu_model']}{why}: generic server-core figure)"
+    return f"estimate: process CPU time x {core} + {DRAM_WATTS_PER_GIB:g} W/GiB x mean resident memory x wall time"
