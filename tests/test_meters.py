@@ -76,6 +76,58 @@ def test_rapl_undoes_counter_wrap_around(tmp_path):
     assert meter.end()["energy_j"] == pytest.approx(0.005)
 
 
+INTEL_RANGE_UJ = 262_143_328_850  # max_energy_range_uj of an Intel package: 262 kJ, 22 min at 200 W
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """time.perf_counter under the test's control: ``clock[0]`` is now (s)."""
+    now = [1000.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: now[0])
+    return now
+
+
+@pytest.mark.parametrize(
+    "read_every_s, energy_kj, low_confidence",
+    [
+        (60, 360.0, False),  # the polling thread reads every minute: both wraps undone
+        (300, 360.0, False),  # every 5 min, still < one wrap at 400 W (655 s)
+        (None, 360.0 - INTEL_RANGE_UJ / 1e9, True),  # never read in between: a wrap is lost, and said so
+    ],
+)
+def test_rapl_window_longer_than_a_counter_wrap(tmp_path, clock, read_every_s, energy_kj, low_confidence):
+    """200 W for 30 min on a 262 kJ counter (360 kJ, the counter wraps once and lands past its start)."""
+    root = make_powercap(tmp_path / "powercap", {0: {"energy": 5_000_000, "max": INTEL_RANGE_UJ}})
+    meter = RaplEnergyMeter(root=root, poll_s=0)  # the test reads the counters as the thread would
+    meter.begin()
+    counter = 5_000_000
+    for second in range(60, 1801, 60):
+        clock[0] += 60
+        counter = (counter + 200 * 60 * 1_000_000) % INTEL_RANGE_UJ
+        set_energy(root, "intel-rapl:0", counter)
+        if read_every_s and second % read_every_s == 0:
+            meter.poll()
+    reading = meter.end()
+    assert reading["energy_j"] / 1e3 == pytest.approx(energy_kj)
+    assert reading["energy_kind"] == "measured" and reading["energy_low_confidence"] is low_confidence
+    assert any("wraps may be lost" in w for w in reading["energy_warnings"]) is low_confidence
+
+
+def test_rapl_polling_thread_reads_while_the_window_is_open(tmp_path):
+    root = make_powercap(tmp_path / "powercap", {0: {"energy": 0, "max": 1_000_000}})
+    meter = RaplEnergyMeter(root=root, poll_s=0.01)
+    meter.begin()
+    for value in (600_000, 100_000, 700_000, 200_000):  # wraps twice: 0.6 + 0.5 + 0.6 + 0.5 = 2.2 J
+        reads = meter.tracker.readings
+        set_energy(root, "intel-rapl:0", value)
+        deadline = time.monotonic() + 30
+        while meter.tracker.readings < reads + 2 and time.monotonic() < deadline:  # a read after the write
+            time.sleep(0.005)
+    reading = meter.end()
+    assert reading["energy_j"] == pytest.approx(2.2) and reading["energy_samples"] >= 9
+    assert RaplEnergyMeter(root=root).poll_s == 1.0  # a 1 J counter: polled as often as allowed
+
+
 def test_rapl_unreadable_files_say_why(tmp_path):
     root = make_powercap(tmp_path / "powercap", {0: {"energy": 1, "max": 10}})
     real_read = Path.read_text

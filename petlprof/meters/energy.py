@@ -10,7 +10,9 @@
   :data:`SHORT_WINDOW_S` are flagged ``energy_low_confidence``.  Other processes on the same
   GPU during the window are named in a warning.
 * ``rapl`` — the package domains plus their ``dram`` sub-domains (:mod:`petlprof.meters.devices.rapl`),
-  with counter wrap-around undone through ``max_energy_range_uj``.
+  read by a polling thread at least four times per counter wrap period while the window is open, so
+  every wrap is undone; a window whose reads were further apart than one wrap period (a stalled
+  thread) is flagged low-confidence, its figure a lower bound.
 
 Hardware is read only through :mod:`petlprof.meters.devices`.  Every reading carries its
 provenance: ``energy_meter``, ``energy_source``, ``energy_kind`` (measured or estimated),
@@ -21,6 +23,7 @@ meter by its caller) also ``energy_above_idle_j``.
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -30,7 +33,9 @@ from petlprof.meters.devices import nvml as nvml_dev
 from petlprof.meters.devices import rapl
 
 SHORT_WINDOW_S = 5.0
-RAPL_MAX_WATTS = 400.0  # for the wrap-around check: a counter can wrap at most once per window
+RAPL_MAX_WATTS = 400.0  # the most one RAPL domain draws: sets how often its counter must be read
+RAPL_MIN_POLL_S = 1.0
+RAPL_MAX_POLL_S = 60.0
 
 
 def provenance(
@@ -153,42 +158,76 @@ class NvmlEnergyMeter(Meter):
 
 
 class RaplEnergyMeter(Meter):
-    """CPU package + DRAM energy from the RAPL counters.  ``idle``: the sweep's idle baseline, or None."""
+    """CPU package + DRAM energy from the RAPL counters, read by a polling thread while the window is
+    open so that every counter wrap is undone (:class:`~petlprof.meters.devices.rapl.WrapTracker`).
+
+    ``idle``: the sweep's idle baseline, or None.  ``poll_s``: seconds between reads (None: a
+    quarter of the smallest counter's wrap period at :data:`RAPL_MAX_WATTS`, within
+    [:data:`RAPL_MIN_POLL_S`, :data:`RAPL_MAX_POLL_S`]); 0 reads only at the window's edges."""
 
     name = "rapl"
     FIGURES = ("energy_j", "energy_kind", "energy_source")
 
-    def __init__(self, device: str = "cpu", root: Path = rapl.POWERCAP, idle: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        device: str = "cpu",
+        root: Path = rapl.POWERCAP,
+        idle: dict[str, Any] | None = None,
+        poll_s: float | None = None,
+    ):
         super().__init__(device)
         self.domains = rapl.domains(root)
         self.idle_w = (idle or {}).get("rapl_w")
-        self._start: list[int] = []
+        self.tracker = rapl.WrapTracker(self.domains)
+        if poll_s is None:
+            poll_s = min(max(self.tracker.wrap_period_s(RAPL_MAX_WATTS) / 4, RAPL_MIN_POLL_S), RAPL_MAX_POLL_S)
+        self.poll_s = poll_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
     @classmethod
     def available(cls, root: Path = rapl.POWERCAP) -> tuple[bool, str]:
         return rapl.availability(root)
 
-    def _read(self) -> list[int]:
-        return rapl.read_uj(self.domains)
+    def poll(self) -> None:
+        """Read the counters now (the polling thread does this every ``poll_s`` seconds)."""
+        self.tracker.update()
+
+    def _poll_loop(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            try:
+                self.poll()
+            except OSError:  # read again at the next tick; the window's end read reports a lasting error
+                continue
 
     def _begin(self) -> None:
-        self._start = self._read()
+        self.tracker.start()
+        if self.poll_s:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._poll_loop, name="petlprof-rapl-poll", daemon=True)
+            self._thread.start()
 
     def _end(self) -> dict[str, Any]:
-        total_uj, warnings = 0, []
-        for domain, start, end, max_range in zip(
-            self.domains, self._start, self._read(), rapl.max_range_uj(self.domains)
-        ):
-            total_uj += rapl.delta_uj(start, end, max_range)
-            if self.window_s * RAPL_MAX_WATTS * 1e6 > max_range:
-                warnings.append(
-                    f"{domain.name}: a {self.window_s:.0f} s window may span more than one counter "
-                    f"wrap ({max_range / 1e6:.0f} J at up to {RAPL_MAX_WATTS:g} W); energy may be low"
-                )
-        energy = total_uj / 1e6
-        return {
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+        self.poll()
+        energy = sum(self.tracker.total_uj) / 1e6
+        wrap_s = self.tracker.wrap_period_s(RAPL_MAX_WATTS)
+        warnings = []
+        missed = self.tracker.max_gap_s > wrap_s
+        if missed:
+            warnings.append(
+                f"RAPL counters were not read for {self.tracker.max_gap_s:.0f} s, longer than one counter wrap "
+                f"({wrap_s:.0f} s at up to {RAPL_MAX_WATTS:g} W): whole wraps may be lost, so "
+                f"{energy:.0f} J is a lower bound and the reading is low-confidence"
+            )
+        reading = {
             "energy_j": energy,
             "energy_domains": rapl.names(self.domains),
-            **provenance(self, "rapl", MEASURED, 2, warnings),
+            **provenance(self, "rapl", MEASURED, self.tracker.readings, warnings),
             **above_idle(energy, self.idle_w, self.window_s),
         }
+        reading["energy_low_confidence"] = reading["energy_low_confidence"] or missed
+        return reading

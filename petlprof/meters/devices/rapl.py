@@ -9,6 +9,8 @@ count them twice.
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
 POWERCAP = Path("/sys/class/powercap")
@@ -77,3 +79,44 @@ def availability(root: Path = POWERCAP) -> tuple[bool, str]:
     except OSError as exc:
         return False, f"RAPL not readable: {exc}"
     return True, f"RAPL {', '.join(d.name for d in found)}"
+
+
+class WrapTracker:
+    """Energy of several RAPL counters since :meth:`start`, every wrap undone.
+
+    A counter wraps after ``max_energy_range_uj`` (262 kJ on many Intel packages: 22 min at 200 W),
+    and two readings can undo at most one wrap, so :meth:`update` must run at least once per wrap
+    period; :class:`~petlprof.meters.energy.RaplEnergyMeter` calls it from a polling thread.
+    ``max_gap_s`` is the longest stretch between two readings, to tell whether a wrap may be lost.
+    """
+
+    def __init__(self, paths: list[Path]):
+        self.paths = paths
+        self.max_range = max_range_uj(paths)
+        self._lock = threading.Lock()
+        self._last: list[int] = []
+        self.total_uj = [0] * len(paths)
+        self.readings = 0
+        self.max_gap_s = 0.0
+        self._last_t = 0.0
+
+    def wrap_period_s(self, watts: float) -> float:
+        """Seconds until the smallest counter wraps at ``watts``."""
+        return min(self.max_range, default=0) / 1e6 / watts
+
+    def start(self) -> None:
+        with self._lock:
+            self._last = read_uj(self.paths)
+            self._last_t = time.perf_counter()
+            self.total_uj = [0] * len(self.paths)
+            self.readings, self.max_gap_s = 1, 0.0
+
+    def update(self) -> None:
+        with self._lock:
+            now = read_uj(self.paths)
+            t = time.perf_counter()
+            for i, (last, value, top) in enumerate(zip(self._last, now, self.max_range)):
+                self.total_uj[i] += delta_uj(last, value, top)
+            self.max_gap_s = max(self.max_gap_s, t - self._last_t)
+            self._last, self._last_t = now, t
+            self.readings += 1
