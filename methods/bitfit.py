@@ -8,11 +8,12 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass
 
+from petlprof.method_api import MethodConfig
 from petlprof.registry import MethodSpec, register_method
 
 
 @dataclass
-class BitFitConfig:
+class BitFitConfig(MethodConfig):
     """BitFit has no method-specific knobs: the set of bias terms is fixed by the architecture."""
 
 

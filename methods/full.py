@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from petlprof.method_api import MethodConfig
 from petlprof.registry import MethodSpec, register_method
 
 
 @dataclass
-class FullConfig:
+class FullConfig(MethodConfig):
     """Full fine-tuning has no method-specific knobs."""
 
 

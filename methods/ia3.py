@@ -3,9 +3,11 @@ In-Context Learning") through PEFT: learned vectors rescale the attention keys a
 feed-forward block's inner activations; the task head trains as well.
 
 Target modules default to PEFT's per-architecture table (T5 ``k``/``v``/``wo``, GPT-2's fused
-``c_attn`` and ``mlp.c_proj``, LLaMA ``k_proj``/``v_proj``/``down_proj``), except for BERT:
-PEFT's suffix ``output.dense`` also catches the attention output projection, which the paper
-does not rescale, so petlprof targets ``key``, ``value`` and the feed-forward output layer only.
+``c_attn`` and ``mlp.c_proj``, LLaMA ``k_proj``/``v_proj``/``down_proj``), except where that
+entry also catches attention output projections (BERT-like encoders: PEFT's suffix
+``output.dense``), which the paper does not rescale, or where PEFT has no entry (DistilBERT,
+ALBERT, ...): then the keys and values (or the fused query-key-value projection) and feed-forward
+output layers the architecture description finds are targeted.
 The vectors start at one (the backbone exactly) and can be merged into the weights for inference.
 """
 
@@ -14,30 +16,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from petlprof.errors import UsageError
-from petlprof.registry import MethodSpec, help_field, register_method
-
-# BERT-like encoders: the paper's placement (keys, values, input of the feed-forward output layer)
-_BERT_FEEDFORWARD = r".*layer\.\d+\.output\.dense"
-_BERT_TARGETS = r".*\.(key|value)|" + _BERT_FEEDFORWARD
+from petlprof.method_api import MethodConfig, module_names
+from petlprof.registry import MethodSpec, register_method
 
 
 @dataclass
-class Ia3Config:
-    target_modules: list[str] | None = help_field(
+class Ia3Config(MethodConfig):
+    target_modules: list[str] | None = module_names(
         None, "modules to rescale; default: keys, values and feed-forward (PEFT's table, BERT narrowed)"
     )
-    feedforward_modules: list[str] | None = help_field(
+    feedforward_modules: list[str] | None = module_names(
         None, "the subset of target_modules whose input (not output) is rescaled; default: the feed-forward layer"
     )
 
-    def __post_init__(self):
-        for name in ("target_modules", "feedforward_modules"):
-            value = getattr(self, name)
-            if value is not None and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
-                raise UsageError(f"ia3 {name} must be a list of module names, got {value!r}")
+    def validate(self):
         if (self.feedforward_modules is None) != (self.target_modules is None):
             raise UsageError(
-                "ia3 target_modules and feedforward_modules must be given together "
+                "target_modules and feedforward_modules must be given together "
                 f"(got target_modules={self.target_modules!r}, "
                 f"feedforward_modules={self.feedforward_modules!r})"
             )
@@ -46,13 +41,14 @@ class Ia3Config:
 def apply(classifier, config: Ia3Config):
     import peft
 
-    from petlprof.methods.peft_common import wrap_backbone
+    from petlprof.methods.peft_common import default_targets, record_targets, wrap_backbone
 
-    targets, feedforward = config.target_modules, config.feedforward_modules
-    if targets is None and classifier.backbone.config.model_type == "bert":
-        targets, feedforward = _BERT_TARGETS, _BERT_FEEDFORWARD
+    targets, feedforward, source = default_targets(
+        classifier, "ia3", config.target_modules, config.feedforward_modules
+    )
     peft_config = peft.IA3Config(target_modules=targets, feedforward_modules=feedforward)
-    return wrap_backbone(classifier, peft_config, "ia3")
+    wrap_backbone(classifier, peft_config, "ia3")
+    return record_targets(classifier, "ia3", source)
 
 
 register_method(

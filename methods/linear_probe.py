@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from petlprof.method_api import MethodConfig
 from petlprof.registry import MethodSpec, register_method
 
 
 @dataclass
-class LinearProbeConfig:
+class LinearProbeConfig(MethodConfig):
     """A linear probe has no method-specific knobs: the head's shape is fixed by the task."""
 
 

@@ -1,7 +1,9 @@
 """LoRA (Hu et al. 2021) through PEFT: low-rank updates on the attention projections + task head.
 
 Target modules default to PEFT's own per-architecture table (BERT ``query``/``value``, T5
-``q``/``v``, GPT-2 ``c_attn``, LLaMA ``q_proj``/``v_proj``).
+``q``/``v``, GPT-2 ``c_attn``, LLaMA ``q_proj``/``v_proj``); for a model type the table lacks
+(DistilBERT, ALBERT, ...), to the query and value projections, or the fused query-key-value
+projection, that the architecture description finds in every attention block.
 """
 
 from __future__ import annotations
@@ -9,28 +11,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from petlprof.errors import UsageError
-from petlprof.registry import MethodSpec, help_field, register_method
+from petlprof.method_api import MAX_WIDTH, MethodConfig, integer, module_names, number
+from petlprof.registry import MethodSpec, register_method
 
 
 @dataclass
-class LoraConfig:
-    r: int = help_field(8, "rank of the low-rank update (the Pareto knob)")
-    alpha: float = help_field(16.0, "scaling numerator: updates are scaled by alpha / r")
-    dropout: float = help_field(0.1, "dropout on the LoRA input")
-    target_modules: list[str] | None = help_field(
+class LoraConfig(MethodConfig):
+    r: int = integer(8, "rank of the low-rank update (the Pareto knob)", maximum=MAX_WIDTH)
+    alpha: float = number(
+        16.0, "scaling numerator: updates are scaled by alpha / r", minimum=0, above=True, maximum=1e4
+    )
+    dropout: float = number(0.1, "dropout on the LoRA input", minimum=0, maximum=1, below=True)
+    target_modules: list[str] | None = module_names(
         None, "module names to adapt; default: PEFT's table for the architecture"
     )
-
-    def __post_init__(self):
-        if not _is_int(self.r) or self.r < 1:
-            raise UsageError(f"lora r must be a positive integer, got {self.r!r}")
-        if not _is_number(self.dropout) or not 0.0 <= self.dropout < 1.0:
-            raise UsageError(f"lora dropout must be a number in [0, 1), got {self.dropout!r}")
-        if not _is_number(self.alpha) or self.alpha <= 0:
-            raise UsageError(f"lora alpha must be a positive number, got {self.alpha!r}")
-        targets = self.target_modules
-        if targets is not None and not (isinstance(targets, list) and all(isinstance(t, str) for t in targets)):
-            raise UsageError(f"lora target_modules must be a list of module names, got {targets!r}")
 
     def check_width(self, width: int, backbone: str) -> None:
         if self.r > width:
@@ -39,27 +33,21 @@ class LoraConfig:
             )
 
 
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 def apply(classifier, config: LoraConfig):
     import peft
 
-    from petlprof.methods.peft_common import wrap_backbone
+    from petlprof.methods.peft_common import default_targets, record_targets, wrap_backbone
 
+    targets, _, source = default_targets(classifier, "lora", config.target_modules)
     peft_config = peft.LoraConfig(
         r=config.r,
         lora_alpha=config.alpha,
         lora_dropout=config.dropout,
-        target_modules=config.target_modules,
+        target_modules=targets,
         bias="none",
     )
-    return wrap_backbone(classifier, peft_config, "lora")
+    wrap_backbone(classifier, peft_config, "lora")
+    return record_targets(classifier, "lora", source)
 
 
 register_method(

@@ -5,7 +5,9 @@ trains as well.
 Sequence lengths do not change (the prefix lives in the attention cache), so pooling is untouched.
 For T5, PEFT puts the prefix on the decoder's self-attention (its encoder takes no cache); that
 needs PEFT's sequence-to-sequence wrapper.  ``projection_size`` turns on the paper's
-reparametrisation: the prefix is produced by a two-layer MLP from smaller embeddings.
+reparametrisation: the prefix is produced by a two-layer MLP from smaller embeddings.  Width,
+depth and heads come from the architecture description (DistilBERT names its width ``dim``);
+a model whose forward takes no key/value cache (DistilBERT, DeBERTa-v2, ALBERT) is refused.
 """
 
 from __future__ import annotations
@@ -13,31 +15,28 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from petlprof.backbones import ENCODER_DECODER
-from petlprof.errors import UsageError
-from petlprof.registry import MethodSpec, help_field, register_method
+from petlprof.method_api import MAX_WIDTH, MethodConfig, integer
+from petlprof.registry import MethodSpec, register_method
 
 
 @dataclass
-class PrefixTuningConfig:
-    num_virtual_tokens: int = help_field(20, "prefix length in virtual tokens per layer (the Pareto knob)")
-    projection_size: int | None = help_field(
-        None, "hidden size of the paper's MLP reparametrisation of the prefix; none: train the prefix directly"
+class PrefixTuningConfig(MethodConfig):
+    num_virtual_tokens: int = integer(20, "prefix length in virtual tokens per layer (the Pareto knob)")
+    projection_size: int | None = integer(
+        None,
+        "hidden size of the paper's MLP reparametrisation of the prefix; none: train the prefix directly",
+        maximum=MAX_WIDTH,
+        optional=True,
     )
-
-    def __post_init__(self):
-        for name in ("num_virtual_tokens", "projection_size"):
-            value = getattr(self, name)
-            if value is None and name == "projection_size":
-                continue
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise UsageError(f"prefix_tuning {name} must be a positive integer, got {value!r}")
 
 
 def apply(classifier, config: PrefixTuningConfig):
     import peft
 
-    from petlprof.methods.peft_common import wrap_backbone
+    from petlprof.architecture import require
+    from petlprof.methods.peft_common import prompt_shape, wrap_backbone
 
+    require("prefix_tuning", classifier.architecture)
     seq2seq = classifier.family == ENCODER_DECODER
     if seq2seq:
         # PEFT's seq2seq wrapper (the one that extends the decoder's mask by the prefix) records the
@@ -52,6 +51,7 @@ def apply(classifier, config: PrefixTuningConfig):
     peft_config = peft.PrefixTuningConfig(
         task_type="SEQ_2_SEQ_LM" if seq2seq else "FEATURE_EXTRACTION",
         num_virtual_tokens=config.num_virtual_tokens,
+        **prompt_shape(classifier, "prefix_tuning", token_dim=classifier.architecture.width),
         **projection,
     )
     return wrap_backbone(classifier, peft_config, "prefix_tuning")

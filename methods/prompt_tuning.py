@@ -13,36 +13,34 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from petlprof.errors import UsageError
-from petlprof.registry import MethodSpec, help_field, register_method
+from petlprof.method_api import MethodConfig, choice, integer, shown, text
+from petlprof.registry import MethodSpec, register_method
 
 INITS = {"text": "TEXT", "vocab": "SAMPLE_VOCAB", "random": "RANDOM"}
 
 
 @dataclass
-class PromptTuningConfig:
-    num_virtual_tokens: int = help_field(20, "number of trained prompt tokens (the Pareto knob)")
-    init: str = help_field("text", f"prompt initialisation, one of {', '.join(INITS)}")
-    init_text: str = help_field(
+class PromptTuningConfig(MethodConfig):
+    num_virtual_tokens: int = integer(20, "number of trained prompt tokens (the Pareto knob)")
+    init: str = choice("text", "prompt initialisation", INITS)
+    init_text: str = text(
         "Classify the sentiment of this text as positive or negative:",
         "text whose token embeddings initialise the prompt (init=text), cycled to length; "
         "the default suits sentiment tasks: give your task's instruction otherwise",
     )
 
-    def __post_init__(self):
-        n = self.num_virtual_tokens
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise UsageError(f"prompt_tuning num_virtual_tokens must be a positive integer, got {n!r}")
-        if self.init not in INITS:
-            raise UsageError(f"prompt_tuning init '{self.init}' is not one of {', '.join(INITS)}")
-        if self.init == "text" and not (isinstance(self.init_text, str) and self.init_text.strip()):
-            raise UsageError(f"prompt_tuning init_text must be a non-empty string, got {self.init_text!r}")
+    def validate(self):
+        if self.init == "text" and not self.init_text.strip():
+            raise UsageError(f"init_text must be a non-empty string with init=text, got {shown(self.init_text)}")
 
 
 def apply(classifier, config: PromptTuningConfig):
     import peft
 
-    from petlprof.methods.peft_common import wrap_backbone
+    from petlprof.architecture import require
+    from petlprof.methods.peft_common import prompt_shape, wrap_backbone
 
+    require("prompt_tuning", classifier.architecture)
     extra = {}
     if config.init == "text":
         extra = {"prompt_tuning_init_text": config.init_text, "tokenizer_name_or_path": classifier.tokenizer_path}
@@ -50,6 +48,7 @@ def apply(classifier, config: PromptTuningConfig):
         task_type="FEATURE_EXTRACTION",
         num_virtual_tokens=config.num_virtual_tokens,
         prompt_tuning_init=INITS[config.init],
+        **prompt_shape(classifier, "prompt_tuning", token_dim=classifier.architecture.embedding_dim),
         **extra,
     )
     wrap_backbone(classifier, peft_config, "prompt_tuning")

@@ -13,9 +13,16 @@ A side-tuning model splits its forward pass in two, so the hidden-state cache
 
 ``forward`` is the composition of the two, so the training loop treats a side-tuning model like
 any other model.  Works with any Hugging Face model that returns per-layer hidden states.
+
+This is the abstract base of the method contract (:mod:`petlprof.method_api`, exported as
+``petlprof.SideTunedModel``): a plug-in subclasses it, implements :meth:`side_forward` (and
+overrides the other two only to tap the backbone differently), declares ``side_tuning=True`` in
+its spec, and gets the hidden-state cache.
 """
 
 from __future__ import annotations
+
+from abc import ABC, abstractmethod
 
 import torch
 from torch import nn
@@ -23,8 +30,8 @@ from torch import nn
 from petlprof.backbones import ENCODER_DECODER
 
 
-class SideTunedModel(nn.Module):
-    """A frozen :class:`~petlprof.modeling.SequenceClassifier` backbone plus a trainable task head."""
+class SideTunedModel(nn.Module, ABC):
+    """A frozen :class:`~petlprof.modeling.SequenceClassifier` backbone plus a trainable side network and head."""
 
     def __init__(self, classifier):
         super().__init__()
@@ -64,7 +71,12 @@ class SideTunedModel(nn.Module):
             return {"encoder": mask, "decoder": self.classifier.pooling_mask(attention_mask).bool()}
         return {"layers": mask}
 
-    def forward(self, input_ids, attention_mask):  # subclasses define side_forward(states, ids, mask) -> logits
+    @abstractmethod
+    def side_forward(self, states: dict[str, torch.Tensor], input_ids, attention_mask) -> torch.Tensor:
+        """Logits from the states :meth:`backbone_states` returned (or the cache assembled: zeros at
+        padding positions); the only part of a step that trains."""
+
+    def forward(self, input_ids, attention_mask):
         return self.side_forward(self.backbone_states(input_ids, attention_mask), input_ids, attention_mask)
 
 

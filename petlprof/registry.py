@@ -1,78 +1,43 @@
-"""One registry of fine-tuning methods, filled by the method modules themselves.
+"""The one place a method name is resolved: built-in methods, installed plug-ins and ``module:ATTR``.
 
-A method registers a light :class:`MethodSpec` (name, one-line description, config dataclass,
-default learning rate, Pareto knob) when its module is imported; the module's heavy code (torch,
-peft) is imported only inside :meth:`MethodSpec.build`.  ``petlprof list`` therefore needs
-neither torch nor NVML.
+A name given to ``--methods`` (and carried in every run's spec) is one of
+
+* a built-in method, registered by its module in ``petlprof.methods`` with :func:`register_method`;
+* the name of an entry point in group ``petlprof.methods`` of an installed distribution, whose value
+  ``module:ATTR`` names a :class:`~petlprof.method_api.MethodSpec` of the same name;
+* ``package.module:ATTR`` naming a ``MethodSpec`` directly (the current folder is importable, as
+  for ``python -m``).
+
+Each process — the sweep, a fresh worker, a torchrun rank, a Ray task — resolves the name by
+itself, lazily, so a plug-in needs no registration call in the user's process.  A plug-in that
+clashes with a built-in, fails to import or is malformed is one :class:`UsageError` line saying
+which plug-in, which distribution and what is wrong.  Listing methods imports no torch (unless a
+plug-in's own module does).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
-from collections.abc import Callable
-from dataclasses import dataclass, field
+import importlib.metadata as metadata
+import os
+import re
+import sys
 from typing import Any
 
 from petlprof.errors import UsageError, unknown_choice
+from petlprof.method_api import MethodSpec, MethodSpecError, field_check, shown
 
+ENTRY_POINT_GROUP = "petlprof.methods"
+REFERENCE = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
 
-@dataclass(frozen=True)
-class MethodSpec:
-    """What the harness knows about a method without importing its implementation."""
-
-    name: str
-    description: str  # one line: what it trains
-    config_cls: type
-    apply: str  # "module:function" that turns a SequenceClassifier into the model to train
-    default_lr: float  # per-method default learning rate, from the method's paper or PEFT examples
-    lr_source: str  # where the default learning rate comes from
-    pareto_knob: str | None = None  # config field that trades quality for cost
-    default_grid: tuple = ()  # 3-4 values of the Pareto knob that ``--grid`` sweeps
-    side_tuning: bool = False  # never back-propagates through the frozen backbone
-    merge: str | None = None  # "module:function" folding the trained weights into the backbone
-
-    def __post_init__(self):
-        if self.default_grid and self.pareto_knob is None:
-            raise RuntimeError(f"method '{self.name}' has a default grid but no Pareto knob")
-
-    def make_config(self, overrides: dict[str, Any] | None = None):
-        """The method's config dataclass from user overrides, rejecting unknown fields by name."""
-        overrides = dict(overrides or {})
-        names = {f.name for f in dataclasses.fields(self.config_cls)}
-        for key in overrides:
-            if not names:
-                raise UsageError(f"method '{self.name}' has no options (got '{key}')")
-            if key not in names:
-                raise unknown_choice(f"option of method '{self.name}'", key, names)
-        try:
-            return self.config_cls(**overrides)
-        except (TypeError, ValueError) as exc:  # e.g. a string where a number belongs
-            raise UsageError(f"bad option for method '{self.name}' {overrides}: {exc}") from None
-
-    def build(self) -> Callable:
-        return _resolve(self.apply)
-
-    def build_merge(self) -> Callable | None:
-        """The method's merge function (trained model -> model with weights folded in), if any."""
-        return _resolve(self.merge) if self.merge else None
-
-    def grid_configs(self) -> list[dict[str, Any]]:
-        """One method-config override per value of the default grid (``[{}]`` without a grid)."""
-        if not self.default_grid:
-            return [{}]
-        return [{self.pareto_knob: value} for value in self.default_grid]
-
-
-def _resolve(target: str) -> Callable:
-    module, _, func = target.partition(":")
-    return getattr(importlib.import_module(module), func)
-
-
-_METHODS: dict[str, MethodSpec] = {}
+_METHODS: dict[str, MethodSpec] = {}  # built-in methods, by name
+_PLUGINS: dict[str, MethodSpec] = {}  # plug-ins resolved in this process, by the name they were asked for
 
 
 def register_method(spec: MethodSpec) -> MethodSpec:
+    """Register a built-in method (plug-ins are found through entry points or ``module:ATTR``)."""
     if spec.name in _METHODS and _METHODS[spec.name] != spec:
         raise RuntimeError(f"method '{spec.name}' registered twice")
     _METHODS[spec.name] = spec
@@ -83,40 +48,131 @@ def _load_builtin_methods() -> None:
     importlib.import_module("petlprof.methods")  # its __init__ imports each method's light module
 
 
+@functools.cache
+def _entry_points() -> dict[str, list[metadata.EntryPoint]]:
+    """Installed plug-ins by entry-point name (a name two distributions declare has two)."""
+    found: dict[str, list[metadata.EntryPoint]] = {}
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if all(ep.value != other.value for other in found.get(ep.name, [])):  # one dist seen twice on the path
+            found.setdefault(ep.name, []).append(ep)
+    return found
+
+
 def method_names() -> list[str]:
+    """Built-in methods and installed plug-ins (not loaded: see :func:`get_method`)."""
     _load_builtin_methods()
-    return sorted(_METHODS)
+    return sorted(set(_METHODS) | set(_entry_points()))
 
 
 def get_method(name: str) -> MethodSpec:
+    """The spec of a built-in method, an installed plug-in or a ``module:ATTR`` reference."""
     _load_builtin_methods()
-    if name not in _METHODS:
-        raise unknown_choice("method", name, _METHODS)
-    return _METHODS[name]
+    if not isinstance(name, str):
+        raise UsageError(f"a method name must be text, got {shown(name)}")
+    if name in _PLUGINS:
+        return _PLUGINS[name]
+    plugins = _entry_points().get(name, [])
+    if name in _METHODS:
+        if plugins:
+            ep = plugins[0]
+            raise UsageError(f"{_entry_label(ep)}: its name clashes with the built-in method '{name}'; rename it")
+        return _METHODS[name]
+    if ":" in name:
+        spec = _load_reference(name)
+    elif len(plugins) > 1:
+        raise UsageError(
+            f"plug-in method '{name}' is declared by several distributions "
+            f"({', '.join(_distribution(ep) for ep in plugins)}); uninstall all but one"
+        )
+    elif plugins:
+        spec = _load_entry_point(plugins[0])
+    else:
+        raise unknown_choice("method", name, method_names(), "(or package.module:ATTR naming a petlprof.MethodSpec)")
+    _PLUGINS[name] = spec
+    return spec
+
+
+def _distribution(ep: metadata.EntryPoint) -> str:
+    dist = ep.dist
+    return f"{dist.metadata['Name']} {dist.version}" if dist is not None else "an unknown distribution"
+
+
+def _entry_label(ep: metadata.EntryPoint) -> str:
+    return f"plug-in method '{ep.name}' (entry point '{ep.name} = {ep.value}' of distribution {_distribution(ep)})"
+
+
+def _reference_label(reference: str) -> str:
+    top = reference.split(":")[0].split(".")[0]
+    dists = metadata.packages_distributions().get(top, [])
+    where = f"distribution {', '.join(dists)}" if dists else "not from an installed distribution"
+    return f"plug-in method '{reference}' ({where})"
+
+
+def _load_entry_point(ep: metadata.EntryPoint) -> MethodSpec:
+    label = _entry_label(ep)
+    if not REFERENCE.fullmatch(ep.value):
+        raise UsageError(f"{label}: malformed entry point: its value must be module:ATTR naming a MethodSpec")
+    spec = _import_spec(ep.value, label)
+    if spec.name != ep.name:
+        raise UsageError(f"{label}: malformed spec: it is named '{spec.name}'; the entry point must use the same name")
+    return spec
+
+
+def _load_reference(reference: str) -> MethodSpec:
+    if not REFERENCE.fullmatch(reference):
+        raise UsageError(f"method '{reference}' is neither a method name nor package.module:ATTR (see `petlprof list`)")
+    cwd = os.getcwd()
+    if "" not in sys.path and cwd not in sys.path:  # a module in the current folder, as `python -m` finds it
+        sys.path.append(cwd)
+    label = _reference_label(reference)
+    spec = _import_spec(reference, label)
+    if spec.name in _METHODS and _METHODS[spec.name] is not spec:
+        raise UsageError(f"{label}: its name '{spec.name}' clashes with the built-in method '{spec.name}'; rename it")
+    for ep in _entry_points().get(spec.name, []):
+        if ep.value != reference:
+            raise UsageError(f"{label}: its name '{spec.name}' clashes with the installed {_entry_label(ep)}")
+    return spec
+
+
+def _import_spec(reference: str, label: str) -> MethodSpec:
+    """The MethodSpec ``module:ATTR`` names, or one UsageError line saying why not."""
+    module_name, _, attr = reference.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except MethodSpecError as exc:  # the module made a malformed spec
+        raise UsageError(f"{label}: malformed spec: {exc}") from None
+    except Exception as exc:  # any error of a third-party import is the plug-in's, said in one line
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise UsageError(
+            f"{label}: import of '{module_name}' failed: {type(exc).__name__}: {first} "
+            f"(see it in full: python -c 'import {module_name}')"
+        ) from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise UsageError(f"{label}: malformed spec: module '{module_name}' has no attribute '{attr}'")
+        obj = getattr(obj, part)
+    if not isinstance(obj, MethodSpec):
+        raise UsageError(f"{label}: malformed spec: '{attr}' is a {type(obj).__name__}, not a petlprof.MethodSpec")
+    return obj
 
 
 def config_field_help(config_cls: type) -> list[tuple[str, Any, str]]:
-    """(name, default, help) for each field of a method config dataclass."""
+    """(name, default, help with the allowed values) for each field of a method config dataclass."""
     out = []
     for f in dataclasses.fields(config_cls):
         default = f.default if f.default is not dataclasses.MISSING else None
-        out.append((f.name, default, f.metadata.get("help", "")))
+        check = field_check(f)
+        allowed = f"; {check.allowed()}" if check is not None else ""
+        out.append((f.name, default, f.metadata.get("help", "") + allowed))
     return out
 
 
-def help_field(default: Any, help: str, **kwargs: Any) -> Any:
-    """A dataclass field whose help text travels with it (shown by ``petlprof list``)."""
-    if isinstance(default, (list, dict, set)):
-        return field(default_factory=lambda: type(default)(default), metadata={"help": help}, **kwargs)
-    return field(default=default, metadata={"help": help}, **kwargs)
-
-
 __all__ = [
+    "ENTRY_POINT_GROUP",
     "MethodSpec",
     "UsageError",
     "config_field_help",
     "get_method",
-    "help_field",
     "method_names",
     "register_method",
 ]

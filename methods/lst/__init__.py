@@ -16,24 +16,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from petlprof.errors import UsageError
-from petlprof.registry import MethodSpec, help_field, register_method
+from petlprof.method_api import MAX_WIDTH, MethodConfig, integer, number
+from petlprof.registry import MethodSpec, register_method
 
 
 @dataclass
-class LstConfig:
-    reduction_factor: int = help_field(8, "side network width = backbone width / r (the Pareto knob; paper: 8)")
-    gate_temperature: float = help_field(0.1, "temperature T of the ladder gates sigmoid(alpha / T) (paper: 0.1)")
-    num_heads: int = help_field(4, "attention heads of each side layer (fewer if the side width is not divisible)")
-    ffn_multiplier: int = help_field(4, "feed-forward width of each side layer, in side widths")
-
-    def __post_init__(self):
-        for name in ("reduction_factor", "num_heads", "ffn_multiplier"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise UsageError(f"lst {name} must be a positive integer, got {value!r}")
-        temp = self.gate_temperature
-        if isinstance(temp, bool) or not isinstance(temp, (int, float)) or temp <= 0:
-            raise UsageError(f"lst gate_temperature must be a positive number, got {temp!r}")
+class LstConfig(MethodConfig):
+    reduction_factor: int = integer(
+        8, "side network width = backbone width / r (the Pareto knob; paper: 8)", maximum=MAX_WIDTH
+    )
+    gate_temperature: float = number(
+        0.1, "temperature T of the ladder gates sigmoid(alpha / T) (paper: 0.1)", minimum=0, above=True, maximum=1e4
+    )
+    num_heads: int = integer(4, "attention heads of each side layer (fewer if the side width is not divisible)")
+    ffn_multiplier: int = integer(4, "feed-forward width of each side layer, in side widths", maximum=64)
 
     def check_width(self, width: int, backbone: str) -> None:
         """Called before a sweep starts: the side network must keep at least one unit."""

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from petlprof.errors import UsageError
-from petlprof.registry import MethodSpec, help_field, register_method
+from petlprof.method_api import MAX_WIDTH, MethodConfig, choice, integer
+from petlprof.registry import MethodSpec, register_method
 
 CELLS = ("rnn", "gru", "lstm")
 INIT_STATES = ("zeros", "embedding")
@@ -24,31 +24,18 @@ T5_WIRINGS = ("side", "encoder_output")
 
 
 @dataclass
-class ReadConfig:
-    hidden_size: int = help_field(128, "RNN hidden size (the Pareto knob; the authors used 64-512)")
-    cell: str = help_field("gru", f"recurrent cell, one of {', '.join(CELLS)}")
-    init_state: str = help_field("zeros", "initial RNN state: zeros, or a projection of the embedding output")
-    aggregation: str = help_field("last", "summary of the RNN over layers: the last state or the mean of all")
-    t5_wiring: str = help_field(
+class ReadConfig(MethodConfig):
+    hidden_size: int = integer(128, "RNN hidden size (the Pareto knob; the authors used 64-512)", maximum=MAX_WIDTH)
+    cell: str = choice("gru", "recurrent cell", CELLS)
+    init_state: str = choice("zeros", "initial RNN state: zeros, or a projection of the embedding output", INIT_STATES)
+    aggregation: str = choice("last", "summary of the RNN over layers: the last state or the mean of all", AGGREGATIONS)
+    t5_wiring: str = choice(
         "side",
         "encoder-decoder only: 'side' (the encoder correction enters the decoder "
         "side network; no backprop through frozen layers) or 'encoder_output' (the "
         "authors' code: the frozen decoder attends to the corrected encoder output)",
+        T5_WIRINGS,
     )
-
-    def __post_init__(self):
-        size = self.hidden_size
-        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-            raise UsageError(f"read hidden_size must be a positive integer, got {self.hidden_size!r}")
-        for field_name, allowed in (
-            ("cell", CELLS),
-            ("init_state", INIT_STATES),
-            ("aggregation", AGGREGATIONS),
-            ("t5_wiring", T5_WIRINGS),
-        ):
-            value = getattr(self, field_name)
-            if value not in allowed:
-                raise UsageError(f"read {field_name} '{value}' is not one of {', '.join(allowed)}")
 
 
 def apply(classifier, config: ReadConfig):

@@ -1,0 +1,391 @@
+"""The method contract: what a fine-tuning method gives petlprof, and what it may assume in return.
+
+This module is the stable surface for plug-ins (re-exported by ``petlprof``); built-in methods use
+it the same way.  A method is a :class:`MethodSpec`:
+
+* ``name`` — how ``--methods``, ``--method-config NAME.FIELD=...`` and the result records call it
+  (letters, digits, ``_`` and ``-``; it must not clash with a built-in method);
+* ``config_cls`` — a dataclass subclassing :class:`MethodConfig`, every field declared with one of
+  :func:`number`, :func:`integer`, :func:`choice`, :func:`text` or :func:`module_names` (a default,
+  a help line shown by ``petlprof list``, and a check), so a bad value — NaN, inf, out of range,
+  the wrong type — is refused before any run with one line, the same way for every method;
+* ``apply(classifier, config) -> model`` — a callable, or ``"module:function"`` so that listing
+  methods imports nothing heavy.  ``classifier`` is a :class:`petlprof.modeling.SequenceClassifier`:
+  ``classifier.backbone`` (a headless Hugging Face model, its ``config`` giving ``hidden_size``,
+  ``num_hidden_layers``, ``model_type``), ``classifier.head`` (a trainable ``nn.Linear`` on the
+  pooled state), ``classifier.family`` (``encoder``, ``encoder-decoder`` or ``decoder``),
+  ``classifier.freeze_backbone()`` and the pooling rule (``pool``/``classify``).  ``apply`` decides
+  which parameters train (``requires_grad``) and returns a ``torch.nn.Module`` whose
+  ``forward(input_ids, attention_mask)`` returns logits; the harness moves it to the device,
+  builds the optimiser over its trainable parameters and meters training and evaluation;
+* ``default_lr`` and ``lr_source`` (where that learning rate comes from), optionally a
+  ``pareto_knob`` (a config field) with a ``default_grid`` of 3-4 values for ``--grid``, and a
+  ``merge(model) -> model`` folding trained weights into the backbone for inference;
+* ``side_tuning=True`` for a method whose ``apply`` returns a
+  :class:`petlprof.methods.side_tuning.SideTunedModel` (never back-propagates through the frozen
+  backbone): it then gets the hidden-state cache (``--cache-hidden-states``).  The flag and the
+  model class must agree: checked when the spec is made (where ``apply`` is a class) and on every
+  ``apply``.
+
+A config may define ``validate()`` for rules across fields and ``check_width(width, backbone)``, the
+backbone-shape hook called before a sweep starts with each backbone's hidden size.
+
+Every process of a run (the fresh worker, each torchrun rank, a Ray task) finds the spec by the name
+in the run's spec, through :mod:`petlprof.registry`: a built-in name, an entry point of group
+``petlprof.methods``, or ``package.module:ATTR``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from petlprof.errors import UsageError
+
+MAX_WIDTH = 2**14  # no transformer in use is wider (LLaMA-3 405B: 16384): ranks, side widths, RNN sizes
+MAX_COUNT = 2**12  # virtual tokens, heads, multipliers: beyond any backbone's positions or memory
+NAME_PATTERN = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
+_SHOWN_CHARS = 40
+
+
+class MethodSpecError(UsageError):
+    """A malformed :class:`MethodSpec` (raised where it is made)."""
+
+
+def shown(value: Any) -> str:
+    """``repr(value)``, shortened: an error line never echoes a huge value."""
+    text = repr(value)
+    return text if len(text) <= _SHOWN_CHARS else f"{text[: _SHOWN_CHARS - 10]}... ({len(text)} characters)"
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+# --- field checks -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Number:
+    """A finite number (or integer) in a range; ``above``/``below``: the bound itself is excluded."""
+
+    minimum: float | None = None
+    maximum: float | None = None
+    above: bool = False
+    below: bool = False
+    integer: bool = False
+    optional: bool = False
+
+    def _interval(self) -> bool:  # "a number in [0, 1)": both bounds said at once
+        return not self.integer and self.minimum is not None and self.maximum is not None and self.minimum_phrase == ""
+
+    @property
+    def minimum_phrase(self) -> str:
+        """The usual words for the lower bound ("" where an interval says it better)."""
+        low = self.minimum
+        if self.integer:
+            names = {1: "a positive integer", 0: "a non-negative integer"}
+            return names.get(low, "an integer" if low is None else f"an integer >= {low:g}")
+        if low == 0 and self.above:
+            return "a positive number"
+        if low is None:
+            return "a finite number"
+        return "" if self.maximum is not None else f"a number {'>' if self.above else '>='} {low:g}"
+
+    def allowed(self) -> str:
+        if self._interval():
+            low, high = "(" if self.above else "[", ")" if self.below else "]"
+            what = f"a number in {low}{self.minimum:g}, {self.maximum:g}{high}"
+        else:
+            what = self.minimum_phrase
+            if self.maximum is not None:
+                what += f" {'below' if self.below else 'of at most'} {self.maximum:g}"
+        return what + (", or unset" if self.optional else "")
+
+    def problem(self, value: Any) -> str | None:
+        if value is None and self.optional:
+            return None
+        wrong_type = not _is_number(value) or (self.integer and not isinstance(value, int))
+        if wrong_type or (isinstance(value, float) and not math.isfinite(value)) or self._too_low(value):
+            what = self.allowed() if self._interval() else self.minimum_phrase
+            return f"must be {what}, got {shown(value)}"
+        if self.maximum is not None and (value >= self.maximum if self.below else value > self.maximum):
+            return f"must be {self.allowed()}, got {shown(value)}"
+        return None
+
+    def _too_low(self, value: float) -> bool:
+        if self.minimum is None:
+            return False
+        return value <= self.minimum if self.above else value < self.minimum
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One of a fixed set of values."""
+
+    choices: tuple
+
+    def allowed(self) -> str:
+        return f"one of {', '.join(str(c) for c in self.choices)}"
+
+    def problem(self, value: Any) -> str | None:
+        return None if value in self.choices else f"{shown(value)} is not {self.allowed()}"
+
+
+@dataclass(frozen=True)
+class Text:
+    """A string (``non_empty``: with something besides white space)."""
+
+    non_empty: bool = False
+
+    def allowed(self) -> str:
+        return "a non-empty string" if self.non_empty else "a string"
+
+    def problem(self, value: Any) -> str | None:
+        if isinstance(value, str) and (value.strip() or not self.non_empty):
+            return None
+        return f"must be {self.allowed()}, got {shown(value)}"
+
+
+@dataclass(frozen=True)
+class ModuleNames:
+    """A list of module names (or unset: the method's own default)."""
+
+    def allowed(self) -> str:
+        return "a list of module names, or unset"
+
+    def problem(self, value: Any) -> str | None:
+        if value is None or (isinstance(value, list) and all(isinstance(v, str) and v for v in value)):
+            return None
+        return f"must be a list of module names, got {shown(value)}"
+
+
+def _declare(default: Any, help: str, check: Any) -> Any:
+    meta = {"help": help, "check": check}
+    if isinstance(default, (list, dict, set)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def number(
+    default: float | None,
+    help: str,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    above: bool = False,
+    below: bool = False,
+    optional: bool = False,
+) -> Any:
+    """A finite real-valued field; ``above=True`` excludes ``minimum`` itself, ``below=True`` ``maximum``."""
+    return _declare(default, help, Number(minimum, maximum, above, below, integer=False, optional=optional))
+
+
+def integer(
+    default: int | None, help: str, *, minimum: int = 1, maximum: int = MAX_COUNT, optional: bool = False
+) -> Any:
+    """An integer field in ``[minimum, maximum]`` (bounded: a count or width no machine can hold is refused)."""
+    return _declare(default, help, Number(minimum, maximum, integer=True, optional=optional))
+
+
+def choice(default: Any, help: str, choices: Sequence) -> Any:
+    """A field taking one of ``choices``."""
+    return _declare(default, help, Choice(tuple(choices)))
+
+
+def text(default: str, help: str, *, non_empty: bool = False) -> Any:
+    """A string field."""
+    return _declare(default, help, Text(non_empty))
+
+
+def module_names(default: list[str] | None, help: str) -> Any:
+    """A list of backbone module names (``None``: the method's default targets)."""
+    return _declare(default, help, ModuleNames())
+
+
+def field_check(f: dataclasses.Field) -> Any:
+    """The check a config field was declared with (None for a field declared otherwise)."""
+    return f.metadata.get("check")
+
+
+# --- configs ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class MethodConfig:
+    """Base of every method's config dataclass: each field's declared check runs when it is made,
+    then :meth:`validate`; a failure is a :class:`UsageError` naming the field and the bad value."""
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            check = field_check(f)
+            if check is None:
+                raise UsageError(
+                    f"field '{f.name}' of {type(self).__name__} is not declared with number(), integer(), "
+                    "choice(), text() or module_names() from petlprof"
+                )
+            problem = check.problem(getattr(self, f.name))
+            if problem:
+                raise UsageError(f"{f.name} {problem}")
+        self.validate()
+
+    def validate(self) -> None:
+        """Rules across fields (override); raise UsageError("FIELD ...") for a bad combination."""
+
+    def check_width(self, width: int, backbone: str) -> None:
+        """The backbone-shape hook (override): called before a sweep starts with each backbone's hidden
+        size; raise UsageError naming the field, the backbone and what would fit."""
+
+
+# --- the spec -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """What the harness knows about a method without importing its implementation."""
+
+    name: str
+    description: str  # one line: what it trains
+    config_cls: type
+    apply: str | Callable  # (classifier, config) -> model, or "module:function" naming it
+    default_lr: float  # per-method default learning rate, from the method's paper or PEFT examples
+    lr_source: str  # where the default learning rate comes from
+    pareto_knob: str | None = None  # config field that trades quality for cost
+    default_grid: tuple = ()  # 3-4 values of the Pareto knob that ``--grid`` sweeps
+    side_tuning: bool = False  # never back-propagates through the frozen backbone
+    merge: str | Callable | None = None  # model -> model with the trained weights folded into the backbone
+
+    def __post_init__(self):
+        problem = spec_problem(self)
+        if problem:
+            raise MethodSpecError(f"method spec '{self.name}': {problem}")
+
+    def make_config(self, overrides: dict[str, Any] | None = None):
+        """The method's config dataclass from user overrides, rejecting unknown fields and bad values by name."""
+        from petlprof.errors import unknown_choice
+
+        overrides = dict(overrides or {})
+        names = {f.name for f in dataclasses.fields(self.config_cls)}
+        for key in overrides:
+            if not names:
+                raise UsageError(f"method '{self.name}' has no options (got '{key}')")
+            if key not in names:
+                raise unknown_choice(f"option of method '{self.name}'", key, names)
+        try:
+            return self.config_cls(**overrides)
+        except UsageError as exc:
+            raise UsageError(f"{self.name} {exc}") from None
+        except (TypeError, ValueError) as exc:  # raised by a config's own code
+            raise UsageError(f"bad option for method '{self.name}': {type(exc).__name__}: {exc}") from None
+
+    def build(self) -> Callable:
+        """``apply``, checked: the model it returns agrees with ``side_tuning``."""
+        apply = resolve_target(self.apply)
+
+        def checked_apply(classifier, config):
+            return check_model(self, apply(classifier, config))
+
+        return checked_apply
+
+    def build_merge(self) -> Callable | None:
+        """The method's merge function (trained model -> model with weights folded in), if any."""
+        return resolve_target(self.merge) if self.merge else None
+
+    def grid_configs(self) -> list[dict[str, Any]]:
+        """One method-config override per value of the default grid (``[{}]`` without a grid)."""
+        if not self.default_grid:
+            return [{}]
+        return [{self.pareto_knob: value} for value in self.default_grid]
+
+
+def resolve_target(target: str | Callable) -> Callable:
+    """A callable, or the one ``"module:attr"`` names."""
+    if callable(target):
+        return target
+    import importlib
+
+    module, _, attr = target.partition(":")
+    obj = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def check_model(spec: MethodSpec, model: Any) -> Any:
+    """The model ``apply`` returned, if it agrees with the spec's ``side_tuning`` flag."""
+    from petlprof.methods.side_tuning import SideTunedModel
+
+    side = isinstance(model, SideTunedModel)
+    if side != spec.side_tuning:
+        raise UsageError(_side_mismatch(spec, type(model)))
+    return model
+
+
+def _side_mismatch(spec: MethodSpec, cls: type) -> str:
+    if spec.side_tuning:
+        return (
+            f"method '{spec.name}' declares side_tuning=True, but its apply gives a {cls.__name__}, which does "
+            "not subclass petlprof.SideTunedModel (the hidden-state cache needs backbone_states, state_masks "
+            "and side_forward)"
+        )
+    return f"method '{spec.name}' gives a side-tuning model ({cls.__name__}) but does not declare side_tuning=True"
+
+
+def _target_problem(label: str, target: Any, optional: bool = False) -> str | None:
+    if target is None and optional:
+        return None
+    if callable(target):
+        return None
+    if isinstance(target, str) and re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*", target):
+        return None
+    return f"{label} must be a callable or 'module:function', got {shown(target)}"
+
+
+def spec_problem(spec: MethodSpec) -> str | None:
+    """What is wrong with a spec, in one phrase (None: nothing)."""
+    if not (isinstance(spec.name, str) and NAME_PATTERN.fullmatch(spec.name)):
+        return f"name must be letters, digits, '_' or '-' starting with a letter, got {shown(spec.name)}"
+    if not (isinstance(spec.description, str) and spec.description.strip() and "\n" not in spec.description):
+        return f"description must be one non-empty line, got {shown(spec.description)}"
+    cls = spec.config_cls
+    if not (isinstance(cls, type) and dataclasses.is_dataclass(cls) and issubclass(cls, MethodConfig)):
+        return f"config_cls must be a dataclass subclassing petlprof.MethodConfig, got {shown(cls)}"
+    for label, target, optional in (("apply", spec.apply, False), ("merge", spec.merge, True)):
+        problem = _target_problem(label, target, optional)
+        if problem:
+            return problem
+    lr = spec.default_lr
+    if not (_is_number(lr) and math.isfinite(lr) and lr > 0):
+        return f"default_lr must be a positive finite number, got {shown(lr)}"
+    if not (isinstance(spec.lr_source, str) and spec.lr_source.strip()):
+        return f"lr_source must say where default_lr comes from, got {shown(spec.lr_source)}"
+    if not isinstance(spec.side_tuning, bool):
+        return f"side_tuning must be true or false, got {shown(spec.side_tuning)}"
+    if isinstance(spec.apply, type):  # a model class: its kind is known now
+        from petlprof.methods.side_tuning import SideTunedModel
+
+        if issubclass(spec.apply, SideTunedModel) != spec.side_tuning:
+            return _side_mismatch(spec, spec.apply)
+    return _config_problem(spec)
+
+
+def _config_problem(spec: MethodSpec) -> str | None:
+    """The config's defaults and the default grid must pass the config's own checks."""
+    names = [f.name for f in dataclasses.fields(spec.config_cls)]
+    if spec.pareto_knob is not None and spec.pareto_knob not in names:
+        return f"pareto_knob {shown(spec.pareto_knob)} is not a field of {spec.config_cls.__name__}"
+    if not isinstance(spec.default_grid, (tuple, list)):
+        return f"default_grid must be a tuple of values, got {shown(spec.default_grid)}"
+    if spec.default_grid and spec.pareto_knob is None:
+        return "it has a default grid but no Pareto knob"
+    for point in [{}] + [{spec.pareto_knob: v} for v in spec.default_grid]:
+        try:
+            spec.config_cls(**point)
+        except (UsageError, TypeError, ValueError) as exc:
+            where = f"default grid value {point}" if point else "config defaults"
+            return f"its {where} fail its own checks: {exc}"
+    return None
