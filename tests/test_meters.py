@@ -212,7 +212,7 @@ def test_nvml_counter_reset_mid_window_counts_from_zero(fake_nvml):
 
 def test_nvml_energy_above_idle_uses_the_gpus_own_baseline(fake_nvml):
     fake, energy = fake_nvml
-    idle = {"nvml_w": {"GPU-bbb": 50.0, "GPU-aaa": 1000.0}}
+    idle = {"nvml_w": {"GPU-bbb": 50.0, "GPU-aaa": 1000.0}, "nvml_source": "nvml-energy-counter"}
     meter = NvmlEnergyMeter("cuda:0", idle=idle)  # GPU-bbb
     meter.begin()
     energy.update(h1=energy["h1"] + 30_000)

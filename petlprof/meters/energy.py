@@ -64,10 +64,26 @@ def provenance(
     }
 
 
-def above_idle(energy_j: float | None, idle_w: float | None, window_s: float) -> dict[str, Any]:
+def above_idle(
+    energy_j: float | None, idle_w: float | None, window_s: float, source: str, warnings: list[str]
+) -> dict[str, Any]:
+    """``energy_above_idle_j`` from a window's energy and an idle power read from the same ``source``;
+    a negative result (the window drew less than idle) is flagged and explained in ``warnings``."""
     if energy_j is None or idle_w is None:
         return {}
-    return {"energy_above_idle_j": energy_j - idle_w * window_s, "idle_power_w": idle_w}
+    above = energy_j - idle_w * window_s
+    if above < 0:
+        warnings.append(
+            f"energy above idle is negative ({above:.1f} J: {energy_j:.1f} J in {window_s:.2f} s is less than "
+            f"the idle power {idle_w:.1f} W): the idle baseline does not hold for this window (load during the "
+            "baseline, a power-state change, or sensor error)"
+        )
+    return {
+        "energy_above_idle_j": above,
+        "idle_power_w": idle_w,
+        "idle_power_source": source,
+        "energy_above_idle_low_confidence": above < 0,
+    }
 
 
 class NvmlEnergyMeter(Meter):
@@ -85,6 +101,7 @@ class NvmlEnergyMeter(Meter):
         self.handles = [nvml_dev.handle(self._nvml, self.uuid)]
         self.timeline = timeline
         self.idle_w = ((idle or {}).get("nvml_w") or {}).get(self.uuid)
+        self.idle_source = (idle or {}).get("nvml_source", "nvml-power-integrated")  # version-1 baselines: sampled
         self.has_counter = nvml_dev.has_counter(self._nvml, self.handles)
         if not self.has_counter and timeline is None:
             raise RuntimeError(f"GPU {self.uuid} has no energy counter and no power timeline was started")
@@ -123,7 +140,8 @@ class NvmlEnergyMeter(Meter):
             rate = timeline.get("sample_rate_hz")
             if energy is None:
                 raise RuntimeError("no energy counter and the power timeline does not cover the window")
-        reading = {
+        idle = self._above_idle(counter_j, integrated_j, warnings)
+        return {
             "energy_j": energy,
             "energy_counter_j": counter_j,
             "energy_integrated_j": integrated_j,
@@ -134,8 +152,18 @@ class NvmlEnergyMeter(Meter):
             "counter_update_period_s": timeline.get("update_period_s"),
             "nvml_peak_process_memory_bytes": timeline.get("own_peak_bytes"),
             **provenance(self, source, MEASURED, samples, warnings, rate),
+            **idle,
         }
-        return {**reading, **above_idle(energy, self.idle_w, self.window_s)}
+
+    def _above_idle(self, counter_j: float | None, integrated_j: float | None, warnings: list[str]) -> dict[str, Any]:
+        """Energy above idle from the window's figure of the source the idle power came from."""
+        if self.idle_w is None:
+            return {}
+        energy = counter_j if self.idle_source == "nvml-energy-counter" else integrated_j
+        if energy is None:
+            warnings.append(f"no energy above idle: the idle power is from {self.idle_source}, not read in this window")
+            return {}
+        return above_idle(energy, self.idle_w, self.window_s, self.idle_source, warnings)
 
     def _timeline_window(self, t0: float, t1: float, warnings: list[str]) -> dict[str, Any]:
         if self.timeline is None:
@@ -223,11 +251,12 @@ class RaplEnergyMeter(Meter):
                 f"({wrap_s:.0f} s at up to {RAPL_MAX_WATTS:g} W): whole wraps may be lost, so "
                 f"{energy:.0f} J is a lower bound and the reading is low-confidence"
             )
+        idle = above_idle(energy, self.idle_w, self.window_s, "rapl", warnings)
         reading = {
             "energy_j": energy,
             "energy_domains": rapl.names(self.domains),
             **provenance(self, "rapl", MEASURED, self.tracker.readings, warnings),
-            **above_idle(energy, self.idle_w, self.window_s),
+            **idle,
         }
         reading["energy_low_confidence"] = reading["energy_low_confidence"] or missed
         return reading

@@ -1,8 +1,9 @@
 """Idle power measured once before a sweep, so every run can report energy above idle.
 
 ``petlprof run`` calls :func:`measure_idle` before the first run, while nothing of the sweep runs
-yet: GPU idle power from the sampler process (mean of every visible GPU's power over
-:data:`IDLE_S` seconds, by UUID) and CPU package + DRAM idle power from RAPL, where readable.
+yet: GPU idle power over :data:`IDLE_S` seconds for every visible GPU by UUID, from the energy
+counter where the GPUs have one (the source of the energy meter's figure, so the two compare), else
+from the sampler process's power timeline; CPU package + DRAM idle power from RAPL, where readable.
 The figures travel to the runs' processes in the environment variable :data:`IDLE_ENV`; a run
 reads them once (:func:`sweep_idle`) and hands them to its energy meters, which subtract
 ``idle power × window time`` to give ``energy_above_idle_j`` beside the gross ``energy_j``.
@@ -23,6 +24,7 @@ from petlprof.meters.power import NvmlPowerSource, PowerTimeline
 
 IDLE_ENV = "PETLPROF_IDLE_BASELINE"
 IDLE_S = 2.0
+EDGE_WAIT_S = 0.5  # longer than any energy counter's update period (20-100 ms)
 
 
 def sweep_idle() -> dict[str, Any]:
@@ -40,7 +42,7 @@ def measure_idle(device: str, seconds: float = IDLE_S) -> dict[str, Any]:
     if device.startswith("cuda"):
         ok, why = nvml_dev.availability()
         if ok:
-            idle["nvml_w"] = _gpu_idle_w(seconds)
+            idle["nvml_w"], idle["nvml_source"] = _gpu_idle_w(seconds)
         else:
             idle["notes"].append(f"no GPU idle power: {why}")
     else:
@@ -64,9 +66,17 @@ def rapl_power_w(seconds: float, root=None) -> float:
     return sum(rapl.delta_uj(s, e, r) for s, e, r in zip(start, end, ranges)) / 1e6 / elapsed
 
 
-def _gpu_idle_w(seconds: float) -> dict[str, float]:
+def _gpu_idle_w(seconds: float) -> tuple[dict[str, float], str]:
+    """(UUID -> idle W, the source): from the energy counters where every GPU has one (the source the
+    energy meter's ``energy_j`` comes from), else from the power timeline."""
     with nvml_dev.session() as nvml:
-        uuids = [nvml_dev.uuid_of(nvml, h) for h in nvml_dev.visible_handles(nvml)]
+        handles = nvml_dev.visible_handles(nvml)
+        uuids = [nvml_dev.uuid_of(nvml, h) for h in handles]
+        if nvml_dev.has_counter(nvml, handles):
+            t0, start = _counter_edge(nvml, handles)
+            time.sleep(seconds)
+            t1, end = _counter_edge(nvml, handles)
+            return {u: (e - s) / 1000.0 / (t1 - t0) for u, s, e in zip(uuids, start, end)}, "nvml-energy-counter"
     timeline = PowerTimeline(NvmlPowerSource(uuids, os.getpid())).start()
     try:
         t0 = time.perf_counter()
@@ -74,7 +84,20 @@ def _gpu_idle_w(seconds: float) -> dict[str, float]:
         per_gpu = timeline.window(t0, time.perf_counter())["mean_power_per_gpu_w"]
     finally:
         timeline.stop()
-    return dict(zip(uuids, per_gpu))
+    return dict(zip(uuids, per_gpu)), "nvml-power-integrated"
+
+
+def _counter_edge(nvml, handles) -> tuple[float, list[int]]:
+    """The first update of the energy counters (within :data:`EDGE_WAIT_S`) and the time it was seen, so
+    an idle figure spans whole update periods instead of carrying up to one period of error."""
+    first = nvml_dev.energy_mj(nvml, handles)
+    deadline = time.perf_counter() + EDGE_WAIT_S
+    while time.perf_counter() < deadline:
+        values = nvml_dev.energy_mj(nvml, handles)
+        if values[0] != first[0]:
+            return time.perf_counter(), values
+        time.sleep(0.001)
+    return time.perf_counter(), nvml_dev.energy_mj(nvml, handles)
 
 
 def prepare_sweep_idle(device: str, energy_meter: str) -> str:
@@ -87,7 +110,8 @@ def prepare_sweep_idle(device: str, energy_meter: str) -> str:
     except Exception as error:  # the baseline is an extra: a sweep must not die for it
         idle = {"seconds": 0, "notes": [f"idle measurement failed: {type(error).__name__}: {error}"]}
     os.environ[IDLE_ENV] = json.dumps(idle)
-    parts = [f"GPU {uuid} {watts:.1f} W" for uuid, watts in idle.get("nvml_w", {}).items() if watts is not None]
+    source = f" ({idle['nvml_source']})" if "nvml_source" in idle else ""
+    parts = [f"GPU {uuid} {watts:.1f} W{source}" for uuid, watts in idle.get("nvml_w", {}).items() if watts is not None]
     if "rapl_w" in idle:
         parts.append(f"CPU package + DRAM {idle['rapl_w']:.1f} W (RAPL)")
     if not parts:

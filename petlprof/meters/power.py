@@ -110,22 +110,26 @@ def sampling_period(update_period_s: float | None) -> float:
     return float(min(max(update_period_s / 2, MIN_PERIOD_S), MAX_PERIOD_S))
 
 
+def sampler_info(source) -> dict[str, Any]:
+    """Detect the source's update period and choose the sampling period (the sampler's first step)."""
+    counter = source.read_energy_mj()
+    read = source.read_energy_mj if counter is not None else source.read_power_w
+    update = detect_update_period(read)
+    return {
+        "power_field": source.power_field,
+        "update_period_s": update,
+        "period_s": sampling_period(update),
+        "counter": counter is not None,
+    }
+
+
 def _sampler_main(source, conn) -> None:
     """Child process: detect the update period, then sample until told to stop."""
     source.open()
     try:
-        counter = source.read_energy_mj()
-        read = source.read_energy_mj if counter is not None else source.read_power_w
-        update = detect_update_period(read)
-        period = sampling_period(update)
-        conn.send(
-            {
-                "power_field": source.power_field,
-                "update_period_s": update,
-                "period_s": period,
-                "counter": counter is not None,
-            }
-        )
+        info = sampler_info(source)
+        period = info["period_s"]
+        conn.send(info)
         times, powers, procs = [], [], []
         next_t = time.perf_counter()
         while True:
@@ -150,12 +154,12 @@ def _sampler_main(source, conn) -> None:
                 if not times or times[-1] < t1:  # close the window with a reading taken now, so a
                     powers.append(source.read_power_w())  # sampler the OS delayed still covers it
                     times.append(time.perf_counter())
-                conn.send(_select(times, powers, procs, t0, t1))
+                conn.send(select_samples(times, powers, procs, t0, t1))
     finally:
         source.close()
 
 
-def _select(times, powers, procs, t0: float, t1: float) -> dict[str, Any]:
+def select_samples(times, powers, procs, t0: float, t1: float) -> dict[str, Any]:
     """The samples of [t0, t1] plus one on each side, so the edges can be interpolated."""
     t = np.asarray(times)
     lo = max(int(np.searchsorted(t, t0)) - 1, 0)
@@ -179,6 +183,25 @@ def integrate_j(times: list[float], powers_w: list[list[float]], t0: float, t1: 
     grid = np.concatenate([[t0], t[(t > t0) & (t < t1)], [t1]])
     trapezoid = getattr(np, "trapezoid", None) or np.trapz  # numpy < 2 has only trapz
     return float(trapezoid(np.interp(grid, t, p), grid))
+
+
+def window_figures(info: dict[str, Any], data: dict[str, Any], t0: float, t1: float) -> dict[str, Any]:
+    """Integrated energy and provenance of [t0, t1] from the samples :func:`select_samples` picked."""
+    times = data["times"]
+    inside = sum(1 for t in times if t0 <= t <= t1)
+    per_gpu = np.asarray(data["powers"], dtype=float).reshape(len(times), -1).mean(axis=0)
+    covered = len(times) >= 2 and times[0] <= t0 + info["period_s"] and times[-1] >= t1 - info["period_s"]
+    return {
+        "integrated_energy_j": integrate_j(times, data["powers"], t0, t1) if covered else None,
+        "mean_power_w": float(per_gpu.sum()) if times else None,
+        "mean_power_per_gpu_w": per_gpu.tolist() if times else None,
+        "samples": inside,
+        "sample_rate_hz": inside / (t1 - t0) if t1 > t0 else None,
+        "power_field": info["power_field"],
+        "update_period_s": info["update_period_s"],
+        "own_peak_bytes": data["own_peak_bytes"],
+        "other_pids": data["other_pids"],
+    }
 
 
 class PowerTimeline:
@@ -220,22 +243,7 @@ class PowerTimeline:
         if not self.alive:
             raise RuntimeError("the power sampler process is not running")
         self._conn.send(("window", t0, t1))
-        data = self._conn.recv()
-        times = data["times"]
-        inside = sum(1 for t in times if t0 <= t <= t1)
-        per_gpu = np.asarray(data["powers"], dtype=float).reshape(len(times), -1).mean(axis=0)
-        covered = len(times) >= 2 and times[0] <= t0 + self.info["period_s"] and times[-1] >= t1 - self.info["period_s"]
-        return {
-            "integrated_energy_j": integrate_j(times, data["powers"], t0, t1) if covered else None,
-            "mean_power_w": float(per_gpu.sum()) if times else None,
-            "mean_power_per_gpu_w": per_gpu.tolist() if times else None,
-            "samples": inside,
-            "sample_rate_hz": inside / (t1 - t0) if t1 > t0 else None,
-            "power_field": self.info["power_field"],
-            "update_period_s": self.info["update_period_s"],
-            "own_peak_bytes": data["own_peak_bytes"],
-            "other_pids": data["other_pids"],
-        }
+        return window_figures(self.info, self._conn.recv(), t0, t1)
 
     def stop(self) -> None:
         if self._proc is not None:

@@ -1,0 +1,197 @@
+"""Models of real GPU power sensors, for tests: a fake ``pynvml`` whose GPUs behave like the hardware.
+
+What NVML's documentation and "Part-time Power Measurements: nvidia-smi's Lack of Attention"
+(Yang et al.) describe, and what these fakes do:
+
+* the total-energy counter (mJ) advances only at each update, every ``update_s`` (20-100 ms);
+* the instantaneous power field reports, at each update, the mean power over only the last
+  ``instant_fraction`` of the update period (about 25% on A100/H100): a load that is busy outside
+  that slice is not seen (part-time sampling);
+* ``nvmlDeviceGetPowerUsage`` is a moving average over ``average_s`` (1 s on Ampere and later),
+  also refreshed at each update;
+* the power fields may read ``field_offset_w`` more than the counter's rate (separate sensors).
+
+A :class:`Clock` replaces ``time.perf_counter``/``time.sleep`` so a test sets exact instants; a
+load is a function of time (W, vectorised over numpy arrays): :func:`steady`, :func:`bursts`
+(optionally phase-locked to the update period), idle is a low steady load.
+:class:`SampledTimeline` runs the power sampler's own code (:func:`petlprof.meters.power.sampler_info`,
+``select_samples``, ``window_figures``) on that clock, in-process, so a test can check every energy
+path against :meth:`FakeGpu.true_energy_j`.
+"""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pynvml
+
+from petlprof.meters.power import sampler_info, select_samples, window_figures
+
+STEP_S = 1e-4  # resolution of the true-energy integral
+
+
+class Clock:
+    """A perf_counter/sleep pair on simulated time."""
+
+    def __init__(self, start: float = 1000.0):
+        self.now = start
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += max(seconds, 0.0)
+
+    def install(self, monkeypatch) -> Clock:
+        import time
+
+        monkeypatch.setattr(time, "perf_counter", self.perf_counter)
+        monkeypatch.setattr(time, "sleep", self.sleep)
+        return self
+
+
+def steady(watts: float):
+    return lambda t: np.full_like(t, watts, dtype=float)
+
+
+def bursts(high_w: float, low_w: float, period_s: float, duty: float, phase: float = 0.0):
+    """``high_w`` during a fraction ``duty`` of every ``period_s``, starting ``phase`` periods before
+    the period's end (phase 0: the burst ends exactly at each update), ``low_w`` otherwise."""
+
+    def load(t):
+        position = (np.asarray(t) / period_s + phase) % 1.0
+        return np.where(position >= 1.0 - duty, high_w, low_w)
+
+    return load
+
+
+class FakeGpu:
+    """One GPU: a load, and the counter and power fields that report it as a real one would."""
+
+    def __init__(
+        self,
+        uuid: str,
+        load,
+        *,
+        update_s: float = 0.1,
+        instant_fraction: float = 0.25,
+        average_s: float = 1.0,
+        field_offset_w: float = 0.0,
+        counter: bool = True,
+        instant: bool = True,
+        processes: tuple[tuple[int, int], ...] = (),
+        clock: Clock,
+    ):
+        self.uuid, self.load, self.clock = uuid, load, clock
+        self.update_s, self.instant_fraction, self.average_s = update_s, instant_fraction, average_s
+        self.field_offset_w, self.counter, self.instant = field_offset_w, counter, instant
+        self.processes = processes
+        self._origin = clock.now
+        self._cache = (clock.now, 0.0)  # (t, energy from the origin to t)
+
+    def true_energy_j(self, t0: float, t1: float) -> float:
+        return self._energy_to(t1) - self._energy_to(t0)
+
+    def _energy_to(self, t: float) -> float:
+        start, energy = self._cache if self._cache[0] <= t else (self._origin, 0.0)
+        energy += self._integral(start, t)
+        self._cache = (t, energy)
+        return energy
+
+    def _integral(self, a: float, b: float) -> float:
+        if b <= a:
+            return 0.0
+        steps = max(int(math.ceil((b - a) / STEP_S)), 1)
+        grid = a + (np.arange(steps) + 0.5) * (b - a) / steps  # midpoints
+        return float(np.sum(self.load(grid)) * (b - a) / steps)
+
+    def _last_update(self) -> float:
+        return math.floor(self.clock.now / self.update_s + 1e-9) * self.update_s
+
+    def _mean_w(self, span_s: float) -> float:
+        end = self._last_update()
+        return self._integral(end - span_s, end) / span_s + self.field_offset_w
+
+    def energy_mj(self) -> int:
+        if not self.counter:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return int(self._energy_to(self._last_update()) * 1000)
+
+    def instant_mw(self) -> int | None:
+        return int(self._mean_w(self.instant_fraction * self.update_s) * 1000) if self.instant else None
+
+    def average_mw(self) -> int:
+        return int(self._mean_w(self.average_s) * 1000)
+
+
+class FakeNvml:
+    """Stands in for the ``pynvml`` module (install with ``monkeypatch.setitem(sys.modules, "pynvml", ...)``)."""
+
+    NVMLError = pynvml.NVMLError
+    NVML_FI_DEV_POWER_INSTANT = pynvml.NVML_FI_DEV_POWER_INSTANT
+
+    def __init__(self, gpus: list[FakeGpu]):
+        self.gpus = gpus
+        self.sessions = 0
+
+    def nvmlInit(self):
+        self.sessions += 1
+
+    def nvmlShutdown(self):
+        self.sessions -= 1
+
+    def nvmlDeviceGetCount(self):
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        return self.gpus[index]
+
+    def nvmlDeviceGetHandleByUUID(self, uuid):
+        for gpu in self.gpus:
+            if gpu.uuid == uuid:
+                return gpu
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+
+    def nvmlDeviceGetUUID(self, gpu):
+        return gpu.uuid
+
+    def nvmlDeviceGetName(self, gpu):
+        return "NVIDIA H100 80GB HBM3 (sensor model)"
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, gpu):
+        return gpu.energy_mj()
+
+    def nvmlDeviceGetFieldValues(self, gpu, fields):
+        value = gpu.instant_mw()
+        code = 0 if value is not None else pynvml.NVML_ERROR_NOT_SUPPORTED
+        return [SimpleNamespace(nvmlReturn=code, value=SimpleNamespace(uiVal=value or 0))]
+
+    def nvmlDeviceGetPowerUsage(self, gpu):
+        return gpu.average_mw()
+
+    def nvmlDeviceGetComputeRunningProcesses(self, gpu):
+        return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in gpu.processes]
+
+
+class SampledTimeline:
+    """The power sampler's code on the test's clock: what :class:`~petlprof.meters.power.PowerTimeline`
+    would record for a window, sampled at the period the sampler itself chooses."""
+
+    alive = True
+
+    def __init__(self, source, clock: Clock):
+        self.source, self.clock = source, clock
+        source.open()
+        self.info = sampler_info(source)
+
+    def window(self, t0: float, t1: float) -> dict:
+        period, now = self.info["period_s"], self.clock.now
+        times = list(np.arange(t0 - period, t1 + period, period))
+        powers = []
+        for t in times:
+            self.clock.now = t
+            powers.append(self.source.read_power_w())
+        self.clock.now = now
+        return window_figures(self.info, select_samples(times, powers, [], t0, t1), t0, t1)

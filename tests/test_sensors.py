@@ -1,0 +1,67 @@
+"""Every energy path against GPUs that behave like real sensors (:mod:`sensors`): the recorded figures
+and flags are checked against the true energy of a scripted load, on a simulated clock."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from sensors import Clock, FakeGpu, FakeNvml, SampledTimeline, steady
+
+import petlprof.meters.devices.nvml as nvml_dev
+from petlprof.meters.energy import NvmlEnergyMeter
+from petlprof.meters.idle import measure_idle
+from petlprof.meters.power import NvmlPowerSource
+
+
+@pytest.fixture
+def world(monkeypatch):
+    """``world(gpu_kwargs, ...)`` -> (clock, gpus): fake GPUs as pynvml, CUDA device N = GPU N."""
+    clock = Clock().install(monkeypatch)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+    def make(*specs: dict):
+        gpus = [FakeGpu(f"GPU-{i:04d}-aaaa", clock=clock, **spec) for i, spec in enumerate(specs)]
+        monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(gpus))
+        monkeypatch.setattr(nvml_dev, "cuda_uuid", lambda device: gpus[int(device.partition(":")[2] or 0)].uuid)
+        return clock, gpus
+
+    return make
+
+
+def metered(clock, meter, seconds: float) -> dict:
+    meter.begin()
+    clock.sleep(seconds)
+    return meter.end()
+
+
+def test_idle_power_comes_from_the_counter_the_window_energy_comes_from(world):
+    """The power field reads 8 W over the counter (separate sensors): an idle baseline taken from the
+    field made a window at idle come out 8 W x t *below* idle, silently."""
+    clock, [gpu] = world({"load": steady(60.0), "field_offset_w": 8.0})
+    idle = measure_idle("cuda:0", seconds=2.0)
+    assert idle["nvml_source"] == "nvml-energy-counter"
+    assert idle["nvml_w"][gpu.uuid] == pytest.approx(60.0, rel=1e-3)
+    timeline = SampledTimeline(NvmlPowerSource([gpu.uuid], 1), clock)
+    reading = metered(clock, NvmlEnergyMeter("cuda:0", timeline=timeline, idle=idle), 10.0)
+    assert reading["idle_power_source"] == "nvml-energy-counter"
+    assert reading["energy_above_idle_j"] == pytest.approx(0.0, abs=60.0 * gpu.update_s)  # one counter update
+    assert reading["energy_integrated_j"] == pytest.approx(680.0, rel=0.01)  # the field's own view, recorded
+
+
+@pytest.mark.parametrize(
+    "idle, source, above_j, flagged",
+    [
+        ({"nvml_w": {"GPU-0000-aaaa": 40.0}, "nvml_source": "nvml-energy-counter"}, "counter", 200.0, False),
+        ({"nvml_w": {"GPU-0000-aaaa": 100.0}, "nvml_source": "nvml-energy-counter"}, "counter", -400.0, True),
+        ({"nvml_w": {"GPU-0000-aaaa": 40.0}}, "integrated", 200.0, False),  # a baseline without its source: sampled
+    ],
+)
+def test_energy_above_idle_names_its_source_and_flags_a_negative_figure(world, idle, source, above_j, flagged):
+    clock, [gpu] = world({"load": steady(60.0)})
+    timeline = SampledTimeline(NvmlPowerSource([gpu.uuid], 1), clock)
+    reading = metered(clock, NvmlEnergyMeter("cuda:0", timeline=timeline, idle=idle), 10.0)
+    assert reading["idle_power_source"] == f"nvml-{'energy-counter' if source == 'counter' else 'power-integrated'}"
+    assert reading["energy_above_idle_j"] == pytest.approx(above_j, abs=6.0)
+    assert reading["energy_above_idle_low_confidence"] is flagged
+    assert any("energy above idle is negative" in w for w in reading["energy_warnings"]) is flagged
