@@ -3,9 +3,11 @@ In-Context Learning") through PEFT: learned vectors rescale the attention keys a
 feed-forward block's inner activations; the task head trains as well.
 
 Target modules default to PEFT's per-architecture table (T5 ``k``/``v``/``wo``, GPT-2's fused
-``c_attn`` and ``mlp.c_proj``, LLaMA ``k_proj``/``v_proj``/``down_proj``), except for BERT:
-PEFT's suffix ``output.dense`` also catches the attention output projection, which the paper
-does not rescale, so petlprof targets ``key``, ``value`` and the feed-forward output layer only.
+``c_attn`` and ``mlp.c_proj``, LLaMA ``k_proj``/``v_proj``/``down_proj``), except where that
+entry also catches attention output projections (BERT-like encoders: PEFT's suffix
+``output.dense``), which the paper does not rescale, or where PEFT has no entry (DistilBERT,
+ALBERT, ...): then the keys and values (or the fused query-key-value projection) and feed-forward
+output layers the architecture description finds are targeted.
 The vectors start at one (the backbone exactly) and can be merged into the weights for inference.
 """
 
@@ -16,10 +18,6 @@ from dataclasses import dataclass
 from petlprof.errors import UsageError
 from petlprof.method_api import MethodConfig, module_names
 from petlprof.registry import MethodSpec, register_method
-
-# BERT-like encoders: the paper's placement (keys, values, input of the feed-forward output layer)
-_BERT_FEEDFORWARD = r".*layer\.\d+\.output\.dense"
-_BERT_TARGETS = r".*\.(key|value)|" + _BERT_FEEDFORWARD
 
 
 @dataclass
@@ -43,13 +41,12 @@ class Ia3Config(MethodConfig):
 def apply(classifier, config: Ia3Config):
     import peft
 
-    from petlprof.methods.peft_common import wrap_backbone
+    from petlprof.methods.peft_common import default_targets, record_targets, wrap_backbone
 
-    targets, feedforward = config.target_modules, config.feedforward_modules
-    if targets is None and classifier.backbone.config.model_type == "bert":
-        targets, feedforward = _BERT_TARGETS, _BERT_FEEDFORWARD
+    targets, feedforward, source = default_targets(classifier, "ia3", config.target_modules, config.feedforward_modules)
     peft_config = peft.IA3Config(target_modules=targets, feedforward_modules=feedforward)
-    return wrap_backbone(classifier, peft_config, "ia3")
+    wrap_backbone(classifier, peft_config, "ia3")
+    return record_targets(classifier, "ia3", source)
 
 
 register_method(

@@ -1,7 +1,9 @@
 """LoRA (Hu et al. 2021) through PEFT: low-rank updates on the attention projections + task head.
 
 Target modules default to PEFT's own per-architecture table (BERT ``query``/``value``, T5
-``q``/``v``, GPT-2 ``c_attn``, LLaMA ``q_proj``/``v_proj``).
+``q``/``v``, GPT-2 ``c_attn``, LLaMA ``q_proj``/``v_proj``); for a model type the table lacks
+(DistilBERT, ALBERT, ...), to the query and value projections, or the fused query-key-value
+projection, that the architecture description finds in every attention block.
 """
 
 from __future__ import annotations
@@ -34,16 +36,18 @@ class LoraConfig(MethodConfig):
 def apply(classifier, config: LoraConfig):
     import peft
 
-    from petlprof.methods.peft_common import wrap_backbone
+    from petlprof.methods.peft_common import default_targets, record_targets, wrap_backbone
 
+    targets, _, source = default_targets(classifier, "lora", config.target_modules)
     peft_config = peft.LoraConfig(
         r=config.r,
         lora_alpha=config.alpha,
         lora_dropout=config.dropout,
-        target_modules=config.target_modules,
+        target_modules=targets,
         bias="none",
     )
-    return wrap_backbone(classifier, peft_config, "lora")
+    wrap_backbone(classifier, peft_config, "lora")
+    return record_targets(classifier, "lora", source)
 
 
 register_method(

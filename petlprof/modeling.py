@@ -46,6 +46,8 @@ class SequenceClassifier(nn.Module):
         super().__init__()
         self.backbone = backbone.model
         self.family = backbone.family
+        self.architecture = backbone.architecture  # described before any method wraps the backbone
+        self.placement = backbone.placement  # where the method put its trainable pieces (the record shows it)
         self.num_labels = num_labels
         self.pad_token_id = backbone.tokenizer.pad_token_id
         self.tokenizer_path = getattr(backbone.tokenizer, "name_or_path", None)  # for prompt init from text

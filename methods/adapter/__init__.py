@@ -11,14 +11,16 @@ zero, so step 0 reproduces the backbone exactly.
 Why not the ``adapters`` library: its 1.3.0 release requires ``transformers~=4.57.6`` (installing
 it would downgrade the transformers 5 petlprof uses) and does not even import next to it
 (``huggingface_hub`` 1.x no longer has ``HfFolder``).  So the adapters are forward hooks on the
-output projections, found by name per architecture below; the backbone's weights and parameter
-names stay untouched, and the adapters live in the model's ``adapters`` module dict
-(:mod:`petlprof.methods.adapter.model`).
+output projections that the architecture description (:mod:`petlprof.architecture`) finds: an
+explicit entry for the bert, t5, gpt2 and llama families, for any other model the last projection
+back to the model width of each block's (first) attention module and of its feed-forward part.
+The backbone's weights and parameter names stay untouched, and the adapters live in the model's
+``adapters`` module dict (:mod:`petlprof.methods.adapter.model`).  ALBERT runs one shared layer
+at every depth, so its adapters are shared the same way.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from petlprof.errors import UsageError
@@ -27,17 +29,6 @@ from petlprof.registry import MethodSpec, register_method
 
 PLACEMENTS = ("houlsby", "pfeiffer")
 ACTIVATIONS = ("relu", "gelu", "silu", "tanh")
-
-# model_type -> (attention block's output projection, feed-forward block's output projection), full names
-SUBLAYER_OUTPUTS: dict[str, tuple[str, str]] = {
-    "bert": (r"(.*\.)?layer\.\d+\.attention\.output\.dense", r"(.*\.)?layer\.\d+\.output\.dense"),
-    "t5": (
-        r"(encoder|decoder)\.block\.\d+\.layer\.0\.SelfAttention\.o",
-        r"(encoder|decoder)\.block\.\d+\.layer\.\d+\.DenseReluDense\.wo",
-    ),
-    "gpt2": (r"(.*\.)?h\.\d+\.attn\.c_proj", r"(.*\.)?h\.\d+\.mlp\.c_proj"),
-    "llama": (r"(.*\.)?layers\.\d+\.self_attn\.o_proj", r"(.*\.)?layers\.\d+\.mlp\.down_proj"),
-}
 
 
 @dataclass
@@ -59,27 +50,18 @@ class AdapterConfig(MethodConfig):
             )
 
 
-def adapted_modules(backbone, placement: str) -> list[str]:
-    """Names of the backbone modules whose output gets an adapter, in model order."""
-    model_type = backbone.config.model_type
-    if model_type not in SUBLAYER_OUTPUTS:
-        raise UsageError(
-            f"adapter knows where the sub-layers of {', '.join(SUBLAYER_OUTPUTS)} models end, not of '{model_type}'"
-        )
-    attention, feedforward = SUBLAYER_OUTPUTS[model_type]
-    pattern = re.compile(feedforward if placement == "pfeiffer" else f"{attention}|{feedforward}")
-    names = [name for name, _ in backbone.named_modules() if pattern.fullmatch(name)]
-    if not names:
-        raise UsageError(f"adapter found no sub-layer outputs in this {model_type} backbone")
-    return names
-
-
 def apply(classifier, config: AdapterConfig):
+    from petlprof.architecture import name_patterns, require
     from petlprof.methods.adapter.model import add_adapters
 
-    width = classifier.backbone.config.hidden_size
-    config.check_width(width, classifier.backbone.config.model_type)
-    return add_adapters(classifier, adapted_modules(classifier.backbone, config.placement), config)
+    arch = classifier.architecture
+    config.check_width(arch.width, arch.model_type)
+    require("adapter", arch)
+    names = arch.sublayer_outputs(attention=config.placement == "houlsby")
+    classifier.placement.update(
+        method="adapter", hooks_from=f"architecture description ({arch.path})", hooks=name_patterns(names)
+    )
+    return add_adapters(classifier, names, config)
 
 
 register_method(

@@ -1,0 +1,360 @@
+"""What a method may assume about a backbone, discovered from the model itself.
+
+:func:`describe` walks a transformers model (a real one, or one built on the ``meta`` device from
+a config, which costs no memory) and returns an :class:`Architecture`: the stack(s) of transformer
+blocks, and in each block its attention sub-module(s) with their query/key/value projections
+(separate or fused) and output projection, and the feed-forward block's output projection; width,
+heads and depth come from the config through transformers' attribute maps (``hidden_size`` reads
+``dim``, ``d_model`` or ``n_embd`` where a model names it so).
+
+Blocks are the elements of a ``ModuleList`` whose class transformers lists in the model's
+``_no_split_modules``, or, where that list is empty, whose elements hold an attention-named
+sub-module with linear layers (the innermost such list: ALBERT's one shared layer, not its group).
+Inside a block, projections are told apart by name tokens (``q``/``query``, ``k``/``key``,
+``v``/``value``; ``qkv``, ``query_key_value``, ``c_attn`` fused) and by shape (the output
+projection and the feed-forward output map back to the model width).  The four families of the
+tiny presets (bert, t5, gpt2, llama) keep explicit entries for where their sub-layers end;
+``Architecture.path`` says which path a backbone took.
+
+:func:`unsupported_reason` says in one line why a built-in method cannot apply to a backbone (or
+``None``), from its config alone, so a sweep can refuse such pairs before any run starts.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+# model_type -> (attention block's output projection, feed-forward block's output projection), full names
+EXPLICIT_SUBLAYERS: dict[str, tuple[str, str]] = {
+    "bert": (r"(.*\.)?layer\.\d+\.attention\.output\.dense", r"(.*\.)?layer\.\d+\.output\.dense"),
+    "t5": (
+        r"(encoder|decoder)\.block\.\d+\.layer\.0\.SelfAttention\.o",
+        r"(encoder|decoder)\.block\.\d+\.layer\.\d+\.DenseReluDense\.wo",
+    ),
+    "gpt2": (r"(.*\.)?h\.\d+\.attn\.c_proj", r"(.*\.)?h\.\d+\.mlp\.c_proj"),
+    "llama": (r"(.*\.)?layers\.\d+\.self_attn\.o_proj", r"(.*\.)?layers\.\d+\.mlp\.down_proj"),
+}
+_ATTENTION_NAME = re.compile(r"att(entio)?n", re.IGNORECASE)
+_QUERY, _KEY, _VALUE = {"q", "query", "wq"}, {"k", "key", "wk"}, {"v", "value", "wv"}
+_FUSED = {"qkv", "wqkv", "attn", "in"}  # qkv_proj, Wqkv, GPT-2's c_attn, torch's in_proj
+
+
+@dataclass(frozen=True)
+class Attention:
+    """One attention sub-module of a block; projection fields are full module names ('' if absent)."""
+
+    name: str
+    query: str = ""
+    key: str = ""
+    value: str = ""
+    fused_qkv: str = ""
+    output: str = ""
+
+
+@dataclass(frozen=True)
+class Block:
+    name: str
+    attentions: tuple[Attention, ...]  # self-attention first, then cross-attention
+    ffn_output: str = ""  # the feed-forward block's last projection back to the model width
+
+
+@dataclass(frozen=True)
+class Stack:
+    name: str  # the ModuleList, e.g. 'encoder.layer'
+    blocks: tuple[Block, ...]
+    found_by: str  # '_no_split_modules' or 'structure'
+
+
+@dataclass(frozen=True)
+class Architecture:
+    model_type: str
+    path: str  # 'explicit (bert)' or 'generic'
+    stacks: tuple[Stack, ...]
+    width: int
+    heads: int
+    layers: int  # depth per stack as the config states it (ALBERT runs one shared block that often)
+    kv_cache: bool  # the base model's forward takes a key/value cache (what prefix tuning fills)
+    embedding_dim: int | None  # width of the input embeddings (ALBERT's are narrower); None: the model has none
+    module_names: tuple[str, ...] = field(default=(), repr=False)
+
+    @property
+    def blocks(self) -> list[Block]:
+        return [block for stack in self.stacks for block in stack.blocks]
+
+    def projections(self, *roles: str, self_attention_only: bool = False) -> list[str]:
+        """Full names of the attention projections of the given roles (query, key, value, fused_qkv, output)."""
+        names = []
+        for block in self.blocks:
+            for attention in block.attentions[:1] if self_attention_only else block.attentions:
+                names += [getattr(attention, role) for role in roles if getattr(attention, role)]
+        return names
+
+    def sublayer_outputs(self, attention: bool = True) -> list[str]:
+        """Where each block's sub-layers end, in model order: the self-attention output projection
+        (if ``attention``) and the feed-forward output projection; the explicit entry where one exists."""
+        if self.model_type in EXPLICIT_SUBLAYERS:
+            attn, ffn = EXPLICIT_SUBLAYERS[self.model_type]
+            return [n for n in self.module_names if re.fullmatch(f"{attn}|{ffn}" if attention else ffn, n)]
+        names = []
+        for block in self.blocks:
+            if attention and block.attentions and block.attentions[0].output:
+                names.append(block.attentions[0].output)
+            if block.ffn_output:
+                names.append(block.ffn_output)
+        return names
+
+    def missing_sublayers(self) -> str | None:
+        """Why :meth:`sublayer_outputs` is incomplete (a block without an attention or feed-forward output)."""
+        if not self.stacks:
+            return f"no stack of transformer blocks found in this {self.model_type} model"
+        for block in self.blocks:
+            if not (block.attentions and block.attentions[0].output):
+                return f"no attention output projection found in block '{block.name}' of the {self.model_type} model"
+            if not block.ffn_output:
+                return f"no feed-forward output projection found in block '{block.name}' of the {self.model_type} model"
+        return None
+
+    def info(self) -> dict[str, Any]:
+        """The record's summary: which path, which stacks (and how found), the shape read from the config."""
+        return {
+            "path": self.path,
+            "stacks": {stack.name: {"blocks": len(stack.blocks), "found_by": stack.found_by} for stack in self.stacks},
+            "width": self.width,
+            "heads": self.heads,
+            "layers": self.layers,
+            "kv_cache": self.kv_cache,
+        }
+
+
+def name_patterns(names: list[str]) -> list[str]:
+    """Module names with layer indices as ``*`` (``layers.*.self_attn.q_proj``), sorted and unique: a record's
+    short form of where a method put its pieces."""
+    return sorted({re.sub(r"\.\d+(?=\.|$)", ".*", name) for name in names})
+
+
+def _linear_shape(module: nn.Module) -> tuple[int, int] | None:
+    """(in, out) features of a linear layer: torch's Linear (and subclasses) or transformers' Conv1D."""
+    if isinstance(module, nn.Linear):
+        return module.in_features, module.out_features
+    if type(module).__name__ == "Conv1D" and getattr(module, "weight", None) is not None:
+        return int(module.weight.shape[0]), int(module.weight.shape[1])  # Conv1D stores (in, out)
+    return None
+
+
+def _linears(module: nn.Module, prefix: str) -> list[tuple[str, int, int]]:
+    return [
+        (f"{prefix}.{name}", *shape)
+        for name, sub in module.named_modules()
+        if name and (shape := _linear_shape(sub)) is not None
+    ]
+
+
+def _attention_modules(block: nn.Module, prefix: str) -> list[tuple[str, nn.Module]]:
+    """The outermost attention-named sub-modules that hold at least two linear layers."""
+    found: list[tuple[str, nn.Module]] = []
+    for name, sub in block.named_modules():
+        leaf = name.rsplit(".", 1)[-1]
+        if not name or not _ATTENTION_NAME.search(leaf) or _linear_shape(sub) is not None:
+            continue
+        if any(name.startswith(outer + ".") for outer, _ in found) or len(_linears(sub, "")) < 2:
+            continue
+        found.append((name, sub))
+    return [(f"{prefix}.{name}", sub) for name, sub in found]
+
+
+def _role(leaf: str) -> str | None:
+    tokens = set(re.split(r"[_\W]+", leaf.lower())) - {""}
+    hits = [role for role, names in (("query", _QUERY), ("key", _KEY), ("value", _VALUE)) if tokens & names]
+    if len(hits) > 1 or tokens & _FUSED:
+        return "fused_qkv"
+    return hits[0] if hits else None
+
+
+def _attention(name: str, module: nn.Module, width: int) -> Attention:
+    roles: dict[str, str] = {}
+    rest = []
+    for full, _, out in _linears(module, name):
+        role = _role(full.rsplit(".", 1)[-1])
+        if role and role not in roles:
+            roles[role] = full
+        elif out == width:
+            rest.append(full)
+    return Attention(name=name, output=rest[-1] if rest else "", **roles)
+
+
+def _block(name: str, module: nn.Module, width: int) -> Block:
+    attentions = _attention_modules(module, name)
+    inside = tuple(attn + "." for attn, _ in attentions)
+    outside = [full for full, _, out in _linears(module, name) if out == width and not full.startswith(inside)]
+    return Block(
+        name=name,
+        attentions=tuple(_attention(attn, sub, width) for attn, sub in attentions),
+        ffn_output=outside[-1] if outside else "",
+    )
+
+
+def _stacks(model: nn.Module, width: int) -> list[Stack]:
+    no_split = set(getattr(model, "_no_split_modules", None) or ())
+    candidates = []
+    for name, module in model.named_modules():
+        if not isinstance(module, nn.ModuleList) or not len(module):
+            continue
+        if any(type(block) is not type(module[0]) for block in module):
+            continue
+        if type(module[0]).__name__ in no_split:
+            candidates.append((name, module, "_no_split_modules"))
+        elif _attention_modules(module[0], ""):
+            candidates.append((name, module, "structure"))
+    inner = [c for c in candidates if not any(o[0].startswith(c[0] + ".") for o in candidates)]
+    return [
+        Stack(name, tuple(_block(f"{name}.{i}", block, width) for i, block in enumerate(module)), found_by)
+        for name, module, found_by in inner
+    ]
+
+
+def _takes_cache(model: nn.Module) -> bool:
+    parameters = inspect.signature(type(model).forward).parameters
+    return "cache" in parameters or "past_key_values" in parameters
+
+
+def describe(model: nn.Module) -> Architecture:
+    """The :class:`Architecture` of a transformers base model (no task head), real or on the meta device."""
+    config = model.config
+    width = int(config.hidden_size)
+    return Architecture(
+        model_type=config.model_type,
+        path=f"explicit ({config.model_type})" if config.model_type in EXPLICIT_SUBLAYERS else "generic",
+        stacks=tuple(_stacks(model, width)),
+        width=width,
+        heads=int(config.num_attention_heads),
+        layers=int(config.num_hidden_layers),
+        kv_cache=_takes_cache(model),
+        embedding_dim=getattr(model.get_input_embeddings(), "embedding_dim", None),
+        module_names=tuple(name for name, _ in model.named_modules()),
+    )
+
+
+def describe_config(config) -> Architecture:
+    """:func:`describe` of the model a config builds, built on the meta device (no weights, no memory)."""
+    import torch
+    from transformers import AutoModel
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        with torch.device("meta"):
+            model = AutoModel.from_config(config)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    return describe(model)
+
+
+def lora_targets(arch: Architecture) -> list[str]:
+    """LoRA's generic placement: each attention's query and value projections, or its fused projection."""
+    names = []
+    for block in arch.blocks:
+        for attention in block.attentions:
+            if attention.query and attention.value:
+                names += [attention.query, attention.value]
+            elif attention.fused_qkv:
+                names.append(attention.fused_qkv)
+    return names
+
+
+def ia3_targets(arch: Architecture) -> tuple[list[str], list[str]]:
+    """(IA3's target modules, its feed-forward subset): each attention's keys and values (or fused
+    projection) and each block's feed-forward output layer, whose input is rescaled (Liu et al. 2022)."""
+    targets, feedforward = [], []
+    for block in arch.blocks:
+        for attention in block.attentions:
+            if attention.key and attention.value:
+                targets += [attention.key, attention.value]
+            elif attention.fused_qkv:
+                targets.append(attention.fused_qkv)
+        if block.ffn_output:
+            targets.append(block.ffn_output)
+            feedforward.append(block.ffn_output)
+    return targets, feedforward
+
+
+def peft_table(method: str, model_type: str) -> tuple[list[str] | None, list[str] | None]:
+    """PEFT's own (target_modules, feedforward_modules) for ``model_type``, (None, None) where it has none."""
+    from peft.utils import constants
+
+    if method == "lora":
+        return constants.TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING.get(model_type), None
+    targets = constants.TRANSFORMERS_MODELS_TO_IA3_TARGET_MODULES_MAPPING.get(model_type)
+    return targets, constants.TRANSFORMERS_MODELS_TO_IA3_FEEDFORWARD_MODULES_MAPPING.get(model_type)
+
+
+def _missing_projections(method: str, arch: Architecture) -> str | None:
+    table, _ = peft_table(method, arch.model_type)
+    if table is not None:
+        return None
+    if not arch.stacks:
+        return f"PEFT has no {method} targets for '{arch.model_type}' and no stack of transformer blocks was found"
+    for block in arch.blocks:
+        attention = block.attentions[0] if block.attentions else None
+        wanted = ("query", "value") if method == "lora" else ("key", "value")
+        if attention is None or not (all(getattr(attention, r) for r in wanted) or attention.fused_qkv):
+            return (
+                f"PEFT has no {method} targets for '{arch.model_type}' and block '{block.name}' has no "
+                f"recognisable {' and '.join(wanted)} projections; give target_modules"
+            )
+        if method == "ia3" and not block.ffn_output:
+            return (
+                f"PEFT has no ia3 targets for '{arch.model_type}' and block '{block.name}' has no feed-forward "
+                "output projection; give target_modules and feedforward_modules"
+            )
+    return None
+
+
+def _no_cache(arch: Architecture) -> str | None:
+    if arch.kv_cache:
+        return None
+    return (
+        f"prefix tuning puts trained keys and values in every attention layer's key/value cache, "
+        f"and the {arch.model_type} model takes no cache"
+    )
+
+
+def _no_embeddings(arch: Architecture) -> str | None:
+    return None if arch.embedding_dim else f"the {arch.model_type} model has no input embeddings to put a prompt before"
+
+
+REQUIREMENTS = {
+    "adapter": Architecture.missing_sublayers,
+    "ia3": lambda arch: _missing_projections("ia3", arch),
+    "lora": lambda arch: _missing_projections("lora", arch),
+    "prefix_tuning": _no_cache,
+    "prompt_tuning": _no_embeddings,
+}
+
+
+def unsupported_reason(method: str, backbone, method_config: dict[str, Any] | None = None) -> str | None:
+    """One line on why built-in ``method`` cannot apply to ``backbone`` (an :class:`Architecture`, a
+    model or a transformers config), or None.  Explicit ``target_modules`` lift LoRA's and IA3's need
+    for discovered projections.  Methods without requirements here (plug-ins too) give None."""
+    check = REQUIREMENTS.get(method)
+    if check is None or (method in ("lora", "ia3") and (method_config or {}).get("target_modules")):
+        return None
+    if isinstance(backbone, nn.Module):
+        backbone = describe(backbone)
+    elif not isinstance(backbone, Architecture):
+        backbone = describe_config(backbone)
+    return check(backbone)
+
+
+def require(method: str, arch: Architecture) -> None:
+    """Raise the one-line UsageError of :func:`unsupported_reason` (apply's guard when no preflight ran)."""
+    from petlprof.errors import UsageError
+
+    reason = REQUIREMENTS[method](arch)
+    if reason is not None:
+        raise UsageError(f"{method} cannot apply to this backbone: {reason}")
