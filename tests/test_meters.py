@@ -152,11 +152,12 @@ def fake_nvml(monkeypatch):
     fake = mock.create_autospec(pynvml, instance=False)
     fake.NVMLError = pynvml.NVMLError
     handles = {0: "h0", 1: "h1", 2: "h2"}
-    by_uuid = {"GPU-aaa": "h0", "GPU-bbb": "h1", "MIG-ccc": "h2"}
+    by_uuid = {"GPU-aaa": "h0", "GPU-bbb": "h1", "GPU-ccc": "h2"}
     energy = {"h0": 10_000, "h1": 50_000, "h2": 7_000}
     fake.nvmlDeviceGetCount.return_value = len(handles)
     fake.nvmlDeviceGetHandleByIndex.side_effect = handles.__getitem__
     fake.nvmlDeviceGetHandleByUUID.side_effect = by_uuid.__getitem__
+    fake.nvmlDeviceGetUUID.side_effect = {h: u for u, h in by_uuid.items()}.__getitem__
     fake.nvmlDeviceGetTotalEnergyConsumption.side_effect = energy.__getitem__
     monkeypatch.setitem(__import__("sys").modules, "pynvml", fake)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
@@ -187,8 +188,11 @@ def test_nvml_counter_measures_only_the_runs_gpu(fake_nvml, device, expected_j):
         ("1", ["h1"]),
         ("0,2", ["h0", "h2"]),
         ("GPU-aaa", ["h0"]),
-        ("MIG-ccc", ["h2"]),
         ("aaa", ["h0"]),
+        ("GPU-bb,c", ["h1", "h2"]),  # unique prefixes, as CUDA accepts them
+        ("MIG-ccc", "MIG instance"),  # NVML has no energy or power per MIG instance: refused, said why
+        ("GPU-", "matches 3 GPUs"),
+        ("GPU-ddd", "matches no GPU"),
     ],
 )
 def test_visible_gpus_follow_cuda_visible_devices(fake_nvml, monkeypatch, visible, expected):
@@ -197,7 +201,12 @@ def test_visible_gpus_follow_cuda_visible_devices(fake_nvml, monkeypatch, visibl
     fake, _ = fake_nvml
     if visible is not None:
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
-    assert visible_handles(fake) == expected
+    if isinstance(expected, str):
+        with pytest.raises((RuntimeError, LookupError), match=expected):
+            visible_handles(fake)
+        assert expected in NvmlEnergyMeter.available()[1]
+    else:
+        assert visible_handles(fake) == expected
 
 
 def test_nvml_counter_reset_mid_window_counts_from_zero(fake_nvml):

@@ -65,3 +65,27 @@ def test_energy_above_idle_names_its_source_and_flags_a_negative_figure(world, i
     assert reading["energy_above_idle_j"] == pytest.approx(above_j, abs=6.0)
     assert reading["energy_above_idle_low_confidence"] is flagged
     assert any("energy above idle is negative" in w for w in reading["energy_warnings"]) is flagged
+
+
+@pytest.mark.parametrize(
+    "visible, meter, words",
+    [
+        ("GPU-0001", "nvml", "NVML total-energy counter + power timeline on 1 GPU(s)"),  # a prefix CUDA accepts
+        ("0001-aaaa", "nvml", "on 1 GPU(s)"),
+        ("GPU-000", "estimate", "matches 2 GPUs"),  # ambiguous: refused, never guessed
+        ("MIG-4a1b2c3d-0000-1111-2222-333344445555", "estimate", "MIG instance"),
+    ],
+)
+def test_abbreviated_gpu_uuids_are_resolved_and_mig_is_refused_with_a_reason(world, monkeypatch, visible, meter, words):
+    from petlprof.meters import energy_meter_for
+
+    clock, gpus = world({"load": steady(100.0)}, {"load": steady(200.0)})
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert words in NvmlEnergyMeter.available()[1]
+    chosen = energy_meter_for("cuda:1" if meter == "nvml" else "cuda", "auto")
+    assert chosen.name == meter
+    reading = metered(clock, chosen, 10.0)
+    if meter == "nvml":
+        assert reading["energy_j"] == pytest.approx(2000.0, abs=200.0 * gpus[1].update_s)
+    else:  # the estimate says why the GPU was not measured
+        assert any(words in w for w in reading["energy_warnings"]) and reading["energy_kind"] == "estimated"

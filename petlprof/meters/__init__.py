@@ -112,11 +112,11 @@ def energy_meter_for(device: str, requested: str = "auto", timeline=None, idle: 
     if requested != "auto":
         check_energy_meter(requested)
         return _make(requested, device, timeline, idle)
-    order = ["nvml"] if device.startswith("cuda") else ["rapl"]
-    for name in order:
-        if ENERGY_METERS[name].available()[0]:
-            return _make(name, device, timeline, idle)
-    return EstimateEnergyMeter(device)
+    name = "nvml" if device.startswith("cuda") else "rapl"
+    ok, why = ENERGY_METERS[name].available()
+    if ok:
+        return _make(name, device, timeline, idle)
+    return EstimateEnergyMeter(device, why_not_measured=f"{name}: {why}")
 
 
 def memory_meter_for(device: str, baseline_bytes: int | None = None, snapshot_path: str | None = None) -> Meter:

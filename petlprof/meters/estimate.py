@@ -30,8 +30,10 @@ class EstimateEnergyMeter(Meter):
     name = "estimate"
     FIGURES = ("energy_j", "energy_kind", "energy_source")
 
-    def __init__(self, device: str = "cpu"):
+    def __init__(self, device: str = "cpu", why_not_measured: str | None = None):
+        """``why_not_measured``: why the measured meter for the device could not be used (``auto``)."""
         super().__init__(device)
+        self.why_not_measured = why_not_measured
         self.cpu = cpu_power_per_core()
         self.model = estimate_model(self.cpu)
         self._cpu0 = 0.0
@@ -46,6 +48,8 @@ class EstimateEnergyMeter(Meter):
         mean_rss_gib = ((self._rss0 + (rss_bytes() or 0)) / 2) / 2**30
         energy = cpu_s * self.cpu["watts_per_core"] + DRAM_WATTS_PER_GIB * mean_rss_gib * self.window_s
         warnings = [] if self.device == "cpu" else [f"device {self.device} not covered by the estimate"]
+        if self.why_not_measured:
+            warnings.append(f"energy is estimated because it could not be measured ({self.why_not_measured})")
         return {
             "energy_j": energy,
             "energy_model": self.model,

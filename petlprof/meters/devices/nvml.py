@@ -6,7 +6,10 @@ capability probes are written once.  ``pynvml`` is imported when a session opens
 without it only loses the GPU meters.
 
 CUDA and NVML number GPUs differently (CUDA fastest first, NVML by PCI bus), so a GPU is always
-found by its UUID.
+found by its UUID.  ``CUDA_VISIBLE_DEVICES`` may name GPUs by index, by full UUID or by any unique
+prefix of one (``GPU-8f3a``, as CUDA allows): prefixes are resolved against every GPU NVML sees.
+MIG instances are refused with :class:`MigNotSupported`: NVML has no energy counter or power
+reading per MIG instance, so a figure would silently be the whole GPU's.
 """
 
 from __future__ import annotations
@@ -26,6 +29,10 @@ def start():
 
 def stop(nvml) -> None:
     nvml.nvmlShutdown()
+
+
+class MigNotSupported(RuntimeError):
+    """A MIG instance was named: NVML reads energy and power only for the whole GPU."""
 
 
 @contextmanager
@@ -52,13 +59,34 @@ def cuda_uuid(device: str) -> str:
     return nvml_uuid(str(props.uuid))
 
 
+def all_uuids(nvml) -> list[str]:
+    return [uuid_of(nvml, nvml.nvmlDeviceGetHandleByIndex(i)) for i in range(nvml.nvmlDeviceGetCount())]
+
+
+def resolve_uuid(nvml, text: str) -> str:
+    """The full UUID of the GPU ``text`` names (a full UUID or a unique prefix, with or without
+    ``GPU-``); :class:`MigNotSupported` for a MIG instance, LookupError when none or several match."""
+    text = text.strip()
+    if text.startswith("MIG-"):
+        raise MigNotSupported(
+            f"{text} is a MIG instance: NVML has no energy counter or power reading per MIG instance (only "
+            "for the whole GPU), so petlprof does not meter MIG; use a whole GPU or --energy-meter estimate"
+        )
+    wanted = nvml_uuid(text)
+    matches = [uuid for uuid in all_uuids(nvml) if uuid.startswith(wanted)]
+    if len(matches) != 1:
+        what = "no GPU" if not matches else f"{len(matches)} GPUs ({', '.join(matches)})"
+        raise LookupError(f"GPU '{text}' (CUDA_VISIBLE_DEVICES or torch) matches {what} that NVML sees")
+    return matches[0]
+
+
 def handle(nvml, uuid: str):
-    """The NVML handle of the GPU ``uuid`` names."""
-    return nvml.nvmlDeviceGetHandleByUUID(nvml_uuid(uuid))
+    """The NVML handle of the GPU ``uuid`` names (full or a unique prefix)."""
+    return nvml.nvmlDeviceGetHandleByUUID(resolve_uuid(nvml, uuid))
 
 
 def visible_handles(nvml) -> list:
-    """Handles of the GPUs ``CUDA_VISIBLE_DEVICES`` names (indices or UUIDs), all if unset."""
+    """Handles of the GPUs ``CUDA_VISIBLE_DEVICES`` names (indices, UUIDs or UUID prefixes), all if unset."""
     count = nvml.nvmlDeviceGetCount()
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
@@ -122,6 +150,8 @@ def availability() -> tuple[bool, str]:
         if not counter:
             for gpu in handles:
                 average_power_mw(nvml, gpu)
+    except (MigNotSupported, LookupError) as exc:
+        return False, str(exc)
     except nvml.NVMLError as exc:
         return False, f"GPU energy counter and power reading not supported: {exc}"
     finally:
@@ -145,7 +175,7 @@ def gpu_details() -> list[str]:
             others = [pid for pid, _ in compute_processes(nvml, gpu)]
             busy = f"; busy: pids {others}" if others else ""
             lines.append(f"{name} {uuid}: {counter}, {power}{busy}")
-    except nvml.NVMLError as exc:
+    except (nvml.NVMLError, MigNotSupported, LookupError) as exc:
         lines.append(f"NVML error while listing GPUs: {exc}")
     finally:
         stop(nvml)
