@@ -452,6 +452,41 @@ def test_step_timer_on_cpu_keeps_only_the_steps_asked_for():
     assert 0.01 <= latencies[0] < 0.05 and 0.02 <= latencies[1] < 0.05
 
 
+@pytest.mark.parametrize("device, current, timed", [("cuda:1", 0, 1), ("cuda:0", 1, 0), ("cuda", 1, 1)])
+def test_cuda_step_timer_records_on_the_runs_gpu_not_the_current_one(monkeypatch, device, current, timed):
+    """CUDA events record on a stream; without one, on the *current* GPU's, which a one-rank run on
+    cuda:N never changed from 0 (the fake torch.cuda below follows that rule)."""
+    import types
+
+    import torch
+
+    def current_stream(device=None):
+        index = current if device is None else torch.device(device).index
+        return types.SimpleNamespace(device=current if index is None else index)
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            self.stream = None
+
+        def record(self, stream=None):
+            self.stream = stream or current_stream()
+
+        def elapsed_time(self, end):
+            assert self.stream.device == end.stream.device
+            return 2.0 if self.stream.device == timed else 0.0  # only the run's GPU did the work
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "current_stream", current_stream)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    from petlprof.meters.latency import StepTimer
+
+    timer = StepTimer(device)
+    for _ in range(3):
+        timer.start()
+        timer.stop()
+    assert timer.latencies_s() == [0.002] * 3
+
+
 def test_a_run_records_inference_latency_breakdown_and_provenance():
     from petlprof.inference import MIN_REPEATS
     from petlprof.runner import RunSpec, execute

@@ -1,6 +1,8 @@
 """Per-step latency: CUDA events on a GPU, ``perf_counter`` around a synchronised step on a CPU.
 
-On CUDA a pair of timing events is recorded around each step and read only when the phase ends
+On CUDA a pair of timing events is recorded around each step on the current stream *of the run's
+device* (not of whichever GPU is current in the process: with ``cuda:1`` they would otherwise time
+GPU 0's idle queue) and read only when the phase ends
 (one synchronisation for the whole phase), so the timer does not stall the queue; the figure is
 the GPU time from the first kernel queued after the start event to the last one before the end
 event.  On CPU the device is synchronised (a no-op) and the wall time of the step is taken.
@@ -28,7 +30,7 @@ class StepTimer:
             import torch
 
             self._start = torch.cuda.Event(enable_timing=True)
-            self._start.record()
+            self._start.record(torch.cuda.current_stream(self.device))
         else:
             synchronize(self.device)
             self._start = time.perf_counter()
@@ -38,7 +40,7 @@ class StepTimer:
             import torch
 
             end = torch.cuda.Event(enable_timing=True)
-            end.record()
+            end.record(torch.cuda.current_stream(self.device))
             if keep:
                 self._events.append((self._start, end))
         else:
