@@ -422,6 +422,26 @@ def test_cpu_tensor_meter_counts_live_tensors_not_the_past():
     assert window.reading["tensor_peak_new_bytes"] >= 500 * 500 * 4
 
 
+@pytest.mark.parametrize("keep", ["detach", "slice", "inference_mode", "none"])
+def test_cpu_tensor_meter_counts_a_storage_until_its_last_view_is_freed(keep):
+    import contextlib
+
+    import torch
+
+    from petlprof.meters.tensors import CpuTensorMeter
+
+    size = 2_500_000  # 10 MB
+    with Window([CpuTensorMeter("cpu")]) as window:
+        with torch.inference_mode() if keep == "inference_mode" else contextlib.nullcontext():
+            block = torch.ones(size)
+            view = block.detach() if keep == "detach" else None if keep == "none" else block[:10]
+            del block  # alive through `view`, except for "none"
+            second = torch.ones(size)
+            del second, view
+    held = 2 if keep != "none" else 1
+    assert window.reading["tensor_peak_new_bytes"] == held * size * 4
+
+
 def test_static_breakdown_counts_weights_gradients_and_adamw_state():
     import torch
 

@@ -3,8 +3,9 @@
 An extra meter (``--meters cpu-tensors``), off by default because it costs a Python call per
 tensor operation.  A :class:`~torch.utils._python_dispatch.TorchDispatchMode` sees every ATen
 operation of the window — forward and backward — and counts the storage of each CPU tensor an
-operation creates until the last tensor on that storage is freed; outputs that alias an input
-(in-place updates, views) are not new memory and are not counted.  Tensors that exist when the
+operation creates until the last tensor on that storage, views included (``.detach()``, slices,
+inference-mode views), is freed; outputs that alias an input from before the window are not new
+memory and are not counted.  Tensors that exist when the
 window opens are not seen by the mode, so the caller states them: ``resident_bytes`` (weights,
 plus optimiser state in training, from :func:`~petlprof.meters.memory.static_breakdown`).
 
@@ -33,7 +34,7 @@ def _mode_class():
             super().__init__()
             self.live_bytes = 0
             self.peak_bytes = 0
-            self._storages: dict[int, list[int]] = {}  # data_ptr -> [bytes, tensors alive on it]
+            self._storages: dict[int, list] = {}  # data_ptr -> [bytes, ids of the tensors alive on it]
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
@@ -50,22 +51,24 @@ def _mode_class():
         def _track(self, tensor, inputs: set[int]) -> None:
             storage = tensor.untyped_storage()
             key = storage.data_ptr()
-            if key == 0 or key in inputs:
-                return
             entry = self._storages.get(key)
             if entry is None:
-                entry = self._storages[key] = [storage.nbytes(), 0]
+                if key == 0 or key in inputs:  # an alias of memory from before the window: not new
+                    return
+                entry = self._storages[key] = [storage.nbytes(), set()]
                 self.live_bytes += entry[0]
                 self.peak_bytes = max(self.peak_bytes, self.live_bytes)
-            entry[1] += 1
-            weakref.finalize(tensor, self._release, key)
+            if id(tensor) in entry[1]:  # an in-place op returns the tensor it was given
+                return
+            entry[1].add(id(tensor))  # a view (.detach(), slicing, inference-mode views) keeps it alive too
+            weakref.finalize(tensor, self._release, key, id(tensor))
 
-        def _release(self, key: int) -> None:
+        def _release(self, key: int, tensor_id: int) -> None:
             entry = self._storages.get(key)
             if entry is None:
                 return
-            entry[1] -= 1
-            if entry[1] == 0:
+            entry[1].discard(tensor_id)
+            if not entry[1]:
                 self.live_bytes -= entry[0]
                 del self._storages[key]
 
