@@ -183,7 +183,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     sub.add_parser("list", help="show methods, tasks, backbones and meters (and whether each meter works here)")
-    sub.add_parser("meters", help="show which meters work on this machine, and why not")
+    meters = sub.add_parser("meters", help="show which meters work on this machine, and why not")
+    meters.add_argument(
+        "--check",
+        action="store_true",
+        help="self-test every meter that works here: update rates, timer resolution, counter vs integrated "
+        "energy, spread of short windows, idle power, memory against a known allocation (pass/warn/fail; "
+        "under a minute on CPU, a few minutes on a GPU; exit code 1 if a check fails)",
+    )
+    meters.add_argument("--json", action="store_true", help="with --check: print the results as JSON")
 
     report = sub.add_parser(
         "report",
@@ -407,6 +415,12 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_meters(args: argparse.Namespace) -> int:
+    if args.json and not args.check:
+        raise UsageError("--json prints the results of --check; add --check")
+    if args.check:
+        from petlprof.meters.check import main as check_main
+
+        return check_main(as_json=args.json)
     from petlprof.meters import meter_status
     from petlprof.meters.devices.nvml import gpu_details
 

@@ -612,3 +612,34 @@ def test_petlprof_meters_shows_each_meter_and_why(capsys):
     for name, ok, why, _ in meter_status():
         line = next(line for line in out.splitlines() if line.strip().startswith(name + " "))
         assert ("unavailable" in line) is (not ok) and why in out
+
+
+def test_petlprof_meters_check_json_on_this_machine(capsys):
+    """Every meter listed; those that work here checked, one verdict per check with its reason; the
+    memory checks pass; energy that can only be estimated is a warning that says why."""
+    from petlprof.cli import main
+
+    code = main(["meters", "--check", "--json"])
+    result = json.loads(capsys.readouterr().out)
+    reports = {r["meter"]: r for r in result["meters"]}
+    assert set(reports) == {name for name, *_ in meter_status()}
+    for report in result["meters"]:
+        assert set(report) == {"meter", "available", "detail", "checks"}
+        assert bool(report["checks"]) is report["available"]
+        for check in report["checks"]:
+            assert set(check) == {"name", "value", "unit", "verdict", "detail"} and check["detail"]
+            assert check["verdict"] in ("pass", "warn", "fail")
+    for name in ("cpu-rss", "cpu-tensors"):
+        assert [c["verdict"] for c in reports[name]["checks"]] == ["pass"], reports[name]
+    source = next(c for c in reports["estimate"]["checks"] if c["name"] == "energy source")
+    if not reports["rapl"]["available"]:
+        assert source["verdict"] == "warn" and reports["rapl"]["detail"] in source["detail"]
+        assert "not a measurement" in source["detail"]
+    assert code == (1 if any(c["verdict"] == "fail" for r in result["meters"] for c in r["checks"]) else 0)
+
+
+def test_petlprof_meters_json_needs_check(capsys):
+    from petlprof.cli import main
+
+    assert main(["meters", "--json"]) == 2
+    assert "--json prints the results of --check; add --check" in capsys.readouterr().err
