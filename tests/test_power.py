@@ -137,6 +137,9 @@ def nvml_one_gpu(monkeypatch):
     fake.NVMLError = pynvml.NVMLError
     energy_mj = {"value": 1_000_000}
     fake.nvmlDeviceGetHandleByUUID.return_value = "h0"
+    fake.nvmlDeviceGetCount.return_value = 1
+    fake.nvmlDeviceGetHandleByIndex.return_value = "h0"
+    fake.nvmlDeviceGetUUID.return_value = "GPU-aaa"
     fake.nvmlDeviceGetTotalEnergyConsumption.side_effect = lambda handle: energy_mj["value"]
     monkeypatch.setitem(__import__("sys").modules, "pynvml", fake)
     monkeypatch.setattr(nvml_dev, "cuda_uuid", lambda device: "GPU-aaa")
