@@ -13,7 +13,7 @@ What NVML's documentation and "Part-time Power Measurements: nvidia-smi's Lack o
 
 A :class:`Clock` replaces ``time.perf_counter``/``time.sleep`` so a test sets exact instants; a
 load is a function of time (W, vectorised over numpy arrays): :func:`steady`, :func:`bursts`
-(optionally phase-locked to the update period), idle is a low steady load.
+(optionally phase-locked to the update period), :func:`step`; idle is a low steady load.
 :class:`SampledTimeline` runs the power sampler's own code (:func:`petlprof.meters.power.sampler_info`,
 ``select_samples``, ``window_figures``) on that clock, in-process, so a test can check every energy
 path against :meth:`FakeGpu.true_energy_j`.
@@ -65,6 +65,11 @@ def bursts(high_w: float, low_w: float, period_s: float, duty: float, phase: flo
         return np.where(position >= 1.0 - duty, high_w, low_w)
 
     return load
+
+
+def step(before_w: float, after_w: float, at: float):
+    """``before_w`` until time ``at``, ``after_w`` from then on (a job starting)."""
+    return lambda t: np.where(np.asarray(t) < at, before_w, after_w)
 
 
 class FakeGpu:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 
 import pytest
-from sensors import Clock, FakeGpu, FakeNvml, SampledTimeline, steady
+from sensors import Clock, FakeGpu, FakeNvml, SampledTimeline, bursts, steady, step
 
 import petlprof.meters.devices.nvml as nvml_dev
 from petlprof.meters.energy import NvmlEnergyMeter
@@ -89,3 +89,61 @@ def test_abbreviated_gpu_uuids_are_resolved_and_mig_is_refused_with_a_reason(wor
         assert reading["energy_j"] == pytest.approx(2000.0, abs=200.0 * gpus[1].update_s)
     else:  # the estimate says why the GPU was not measured
         assert any(words in w for w in reading["energy_warnings"]) and reading["energy_kind"] == "estimated"
+
+
+WINDOW_S = 10.0
+LOCKED = bursts(400.0, 100.0, period_s=0.1, duty=0.25)  # busy exactly while the instant field looks: mean 175 W
+
+
+@pytest.mark.parametrize(
+    "gpu, window_s, source, max_error, disagree, averaged, low_confidence",
+    [
+        ({"load": steady(300.0)}, WINDOW_S, "counter", 0.01, False, False, False),
+        ({"load": steady(40.0)}, WINDOW_S, "counter", 0.01, False, False, False),  # idle
+        ({"load": LOCKED}, WINDOW_S, "counter", 0.01, True, False, False),  # the field sees 400 W throughout
+        ({"load": bursts(400.0, 100.0, period_s=0.37, duty=0.5)}, WINDOW_S, "counter", 0.01, False, False, False),
+        ({"load": steady(300.0), "instant": False}, WINDOW_S, "counter", 0.01, False, True, False),
+        ({"load": LOCKED, "instant": False}, WINDOW_S, "counter", 0.01, False, True, False),  # a 1 s mean sees all
+        ({"load": steady(300.0)}, 1.0, "counter", 0.10, False, False, True),  # short: 1 update = 10%
+        ({"load": steady(300.0), "counter": False}, WINDOW_S, "integrated", 0.01, None, False, False),
+        (
+            {"load": step(50.0, 300.0, at=1001.5), "counter": False, "instant": False},
+            8.0,
+            "integrated",
+            0.06,
+            None,
+            True,
+            False,
+        ),
+    ],
+    ids=[
+        "steady",
+        "idle",
+        "phase-locked-bursts",
+        "unlocked-bursts",
+        "steady-averaged-field",
+        "locked-bursts-averaged-field",
+        "short-window",
+        "no-counter",
+        "no-counter-averaged-field-load-step",
+    ],
+)
+def test_every_energy_path_against_the_true_energy(
+    world, gpu, window_s, source, max_error, disagree, averaged, low_confidence
+):
+    clock, [fake] = world(gpu)
+    timeline = SampledTimeline(NvmlPowerSource([fake.uuid], 1), clock)  # detects the period: ~1.2 s pass
+    clock.now = max(clock.now, 1001.5)
+    t0 = clock.now
+    reading = metered(clock, NvmlEnergyMeter("cuda:0", timeline=timeline), window_s)
+    true_j = fake.true_energy_j(t0, clock.now)
+    assert reading["energy_source"] == f"nvml-{'energy-counter' if source == 'counter' else 'power-integrated'}"
+    assert abs(reading["energy_j"] - true_j) <= max_error * true_j, (reading["energy_j"], true_j)
+    assert reading["energy_sources_disagree"] is disagree
+    assert any("misses part of the load" in w for w in reading["energy_warnings"]) is bool(disagree)
+    assert reading["power_field_averaged"] is averaged
+    assert any("moving average" in w for w in reading["energy_warnings"]) is (averaged and source == "integrated")
+    assert reading["energy_low_confidence"] is low_confidence
+    if disagree:  # the part-time field's view is recorded beside the counter's, never instead of it
+        assert reading["energy_integrated_j"] == pytest.approx(400.0 * window_s, rel=0.02)
+        assert reading["energy_integrated_vs_counter"] == pytest.approx(400.0 / 175.0, rel=0.02)

@@ -33,6 +33,7 @@ from petlprof.meters.devices import nvml as nvml_dev
 from petlprof.meters.devices import rapl
 
 SHORT_WINDOW_S = 5.0
+AGREEMENT_TOLERANCE = 0.10  # counter vs integrated power, beyond the counter's own quantisation
 RAPL_MAX_WATTS = 400.0  # the most one RAPL domain draws: sets how often its counter must be read
 RAPL_MIN_POLL_S = 1.0
 RAPL_MAX_POLL_S = 60.0
@@ -84,6 +85,32 @@ def above_idle(
         "idle_power_source": source,
         "energy_above_idle_low_confidence": above < 0,
     }
+
+
+def cross_check(
+    counter_j: float | None,
+    integrated_j: float | None,
+    window_s: float,
+    update_s: float | None,
+    power_field: str | None,
+    warnings: list[str],
+) -> dict[str, Any]:
+    """Counter against integrated power for one window: their ratio, and whether they disagree by more
+    than :data:`AGREEMENT_TOLERANCE` plus the counter's quantisation (one update period at each edge).
+    Power fields that cover only part of each update period, or average over a second, are off by
+    tens of percent under a load in step with the sensor; the counter sees all of it."""
+    if counter_j is None or integrated_j is None or counter_j <= 0:
+        return {"energy_integrated_vs_counter": None, "energy_sources_disagree": None}
+    ratio = integrated_j / counter_j
+    allowed = AGREEMENT_TOLERANCE + 2 * (update_s or 0.1) / max(window_s, 1e-9)
+    disagree = abs(ratio - 1) > allowed
+    if disagree:
+        warnings.append(
+            f"integrated power ({power_field} field) gives {integrated_j:.1f} J, the energy counter {counter_j:.1f} J "
+            f"({ratio - 1:+.0%}, more than the {allowed:.0%} allowed): the power field misses part of the load "
+            "(part-time or averaged sampling); energy_j is the counter's"
+        )
+    return {"energy_integrated_vs_counter": ratio, "energy_sources_disagree": disagree}
 
 
 class NvmlEnergyMeter(Meter):
@@ -141,6 +168,13 @@ class NvmlEnergyMeter(Meter):
             if energy is None:
                 raise RuntimeError("no energy counter and the power timeline does not cover the window")
         idle = self._above_idle(counter_j, integrated_j, warnings)
+        field = timeline.get("power_field")
+        agreement = cross_check(counter_j, integrated_j, self.window_s, period, field, warnings)
+        if counter_j is None and field == "average":
+            warnings.append(
+                "energy integrated from the averaged power field (a ~1 s moving average): it lags the load, "
+                "so a window's edges are smeared by about half a second"
+            )
         return {
             "energy_j": energy,
             "energy_counter_j": counter_j,
@@ -151,6 +185,10 @@ class NvmlEnergyMeter(Meter):
             "mean_power_w": timeline.get("mean_power_w"),
             "counter_update_period_s": timeline.get("update_period_s"),
             "nvml_peak_process_memory_bytes": timeline.get("own_peak_bytes"),
+            "power_field_averaged": None
+            if timeline.get("power_field") is None
+            else timeline["power_field"] != "instant",
+            **agreement,
             **provenance(self, source, MEASURED, samples, warnings, rate),
             **idle,
         }
