@@ -238,7 +238,7 @@ _TYPES = {
 def validate(options: RunOptions) -> None:
     from petlprof.backbones import check_backbone
     from petlprof.meters import check_energy_meter
-    from petlprof.registry import get_method, method_names
+    from petlprof.registry import get_method, method_names, methods_by_name
     from petlprof.tasks import check_task
 
     for name, kind in _TYPES.items():
@@ -256,13 +256,14 @@ def validate(options: RunOptions) -> None:
             raise UsageError(f"no {name.rstrip('s')} given (an empty --{name}): give at least one, e.g. {example}")
     for name in options.methods:
         get_method(name)
+    named = methods_by_name(options.methods)  # a plug-in given as module:ATTR is addressed by its spec's name
     for name, fields in options.method_config.items():
-        if name not in options.methods:
-            raise unknown_choice("method in method_config", name, options.methods)
-        get_method(name).make_config(fields)
+        if name not in named:
+            raise unknown_choice("method in method_config", name, named)
+        get_method(named[name]).make_config(fields)
     for name, fields in options.method_grid.items():
-        if name not in options.methods:
-            raise unknown_choice("method in method_grid", name, options.methods)
+        if name not in named:
+            raise unknown_choice("method in method_grid", name, named)
         if not isinstance(fields, dict) or not fields:
             raise UsageError(f"method_grid.{name} must be a table of FIELD = [values], got {fields!r}")
         for key, values in fields.items():
@@ -399,8 +400,9 @@ def grid_points(options: RunOptions, method: str) -> list[dict[str, Any]]:
 
     from petlprof.registry import get_method
 
-    base = options.method_config.get(method, {})
-    explicit = options.method_grid.get(method)
+    name = get_method(method).name  # what method_config and method_grid call it
+    base = options.method_config.get(name, {})
+    explicit = options.method_grid.get(name)
     if explicit:
         names = list(explicit)
         points = [dict(zip(names, values)) for values in itertools.product(*(explicit[n] for n in names))]

@@ -82,7 +82,7 @@ def get_method(name: str) -> MethodSpec:
     elif len(plugins) > 1:
         raise UsageError(
             f"plug-in method '{name}' is declared by several distributions "
-            f"({', '.join(_distribution(ep) for ep in plugins)}); uninstall all but one"
+            f"({', '.join(sorted(_distribution(ep) for ep in plugins))}); uninstall all but one"
         )
     elif plugins:
         spec = _load_entry_point(plugins[0])
@@ -156,6 +156,18 @@ def _import_spec(reference: str, label: str) -> MethodSpec:
     return obj
 
 
+def methods_by_name(methods: list[str]) -> dict[str, str]:
+    """Each method's spec name -> what ``--methods`` called it (a name or ``module:ATTR``): the name
+    ``--method-config``/``--method-grid`` address it by.  One method given twice under two names is refused."""
+    out: dict[str, str] = {}
+    for given in dict.fromkeys(methods):
+        name = get_method(given).name
+        if name in out:
+            raise UsageError(f"--methods names method '{name}' twice ({out[name]} and {given}); give it once")
+        out[name] = given
+    return out
+
+
 def config_field_help(config_cls: type) -> list[tuple[str, Any, str]]:
     """(name, default, help with the allowed values) for each field of a method config dataclass."""
     out = []
@@ -174,5 +186,6 @@ __all__ = [
     "config_field_help",
     "get_method",
     "method_names",
+    "methods_by_name",
     "register_method",
 ]

@@ -40,16 +40,16 @@ def _base_record(spec: RunSpec) -> dict[str, Any]:
 
     try:
         method = get_method(spec.method)
-        knob, defaults = method.pareto_knob, dataclasses.asdict(method.config_cls())
+        name, knob, defaults = method.name, method.pareto_knob, dataclasses.asdict(method.config_cls())
     except UsageError:  # an unknown method: its run fails, and the record says why
-        knob, defaults = None, {}
+        name, knob, defaults = spec.method, None, {}
     config = {**defaults, **spec.method_config}
     return {
         "schema_version": SCHEMA_VERSION,
         "run_key": spec.run_key,
         "status": "failed",
         "error": None,
-        "method": spec.method,
+        "method": name,  # the spec's name, also for a plug-in given as module:ATTR (spec.method says so)
         "method_config": config,
         "method_config_changed": sorted(k for k in config if k not in defaults or config[k] != defaults[k]),
         "pareto_knob": knob,
