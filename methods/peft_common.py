@@ -75,10 +75,16 @@ def record_targets(classifier, method: str, source: str):
     return classifier
 
 
-def prompt_shape(classifier, method: str, token_dim: int) -> dict[str, int]:
+def prompt_shape(classifier, method: str) -> dict[str, int]:
     """Width, depth and heads for PEFT's prompt-learning configs, read from the architecture
-    description (PEFT reads a fixed list of config keys, which misses e.g. DistilBERT's ``dim``)."""
+    description (PEFT reads a fixed list of config keys, which misses e.g. DistilBERT's ``dim``).
+    A prompt has the input embeddings' width (ALBERT's are narrower than its layers); a prefix
+    has the keys' width and heads (fewer with grouped-query or multi-query attention: Falcon)."""
     arch = classifier.architecture
-    shape = {"token_dim": token_dim, "num_layers": arch.layers, "num_attention_heads": arch.heads}
+    if method == "prompt_tuning":
+        shape = {"token_dim": arch.embedding_dim, "num_layers": arch.layers, "num_attention_heads": arch.heads}
+    else:
+        heads = max(1, arch.kv_width // arch.head_dim)
+        shape = {"token_dim": arch.kv_width, "num_layers": arch.layers, "num_attention_heads": heads}
     classifier.placement.update(method=method, shape_from=f"architecture description ({arch.path})", **shape)
     return shape

@@ -51,7 +51,7 @@ def apply(classifier, config: PrefixTuningConfig):
     peft_config = peft.PrefixTuningConfig(
         task_type="SEQ_2_SEQ_LM" if seq2seq else "FEATURE_EXTRACTION",
         num_virtual_tokens=config.num_virtual_tokens,
-        **prompt_shape(classifier, "prefix_tuning", token_dim=classifier.architecture.width),
+        **prompt_shape(classifier, "prefix_tuning"),
         **projection,
     )
     return wrap_backbone(classifier, peft_config, "prefix_tuning")

@@ -48,7 +48,7 @@ def apply(classifier, config: PromptTuningConfig):
         task_type="FEATURE_EXTRACTION",
         num_virtual_tokens=config.num_virtual_tokens,
         prompt_tuning_init=INITS[config.init],
-        **prompt_shape(classifier, "prompt_tuning", token_dim=classifier.architecture.embedding_dim),
+        **prompt_shape(classifier, "prompt_tuning"),
         **extra,
     )
     wrap_backbone(classifier, peft_config, "prompt_tuning")

@@ -77,9 +77,12 @@ class Architecture:
     stacks: tuple[Stack, ...]
     width: int
     heads: int
+    head_dim: int
+    kv_width: int  # width of each key (and value) projection: heads x head_dim, less with grouped or multi-query
     layers: int  # depth per stack as the config states it (ALBERT runs one shared block that often)
     kv_cache: bool  # the base model's forward takes a key/value cache (what prefix tuning fills)
     embedding_dim: int | None  # width of the input embeddings (ALBERT's are narrower); None: the model has none
+    bias_terms: bool  # any bias parameter (BitFit's trainable set); T5, LLaMA, Mistral, Falcon have none
     module_names: tuple[str, ...] = field(default=(), repr=False)
 
     @property
@@ -126,6 +129,7 @@ class Architecture:
             "stacks": {stack.name: {"blocks": len(stack.blocks), "found_by": stack.found_by} for stack in self.stacks},
             "width": self.width,
             "heads": self.heads,
+            "kv_width": self.kv_width,
             "layers": self.layers,
             "kv_cache": self.kv_cache,
         }
@@ -222,19 +226,38 @@ def _takes_cache(model: nn.Module) -> bool:
     return "cache" in parameters or "past_key_values" in parameters
 
 
+def _kv_width(model: nn.Module, stacks: list[Stack], query_width: int) -> int:
+    """Output width of the first key projection (or the key's share of a fused query-key-value one)."""
+    attentions = [a for stack in stacks for block in stack.blocks for a in block.attentions]
+    if not attentions:
+        return query_width
+    modules = dict(model.named_modules())
+    if attentions[0].key:
+        return _linear_shape(modules[attentions[0].key])[1]
+    if attentions[0].fused_qkv:
+        return (_linear_shape(modules[attentions[0].fused_qkv])[1] - query_width) // 2
+    return query_width
+
+
 def describe(model: nn.Module) -> Architecture:
     """The :class:`Architecture` of a transformers base model (no task head), real or on the meta device."""
     config = model.config
-    width = int(config.hidden_size)
+    text = config.get_text_config(decoder=True)  # the config itself, or a composite model's text part
+    width, heads = int(text.hidden_size), int(text.num_attention_heads)
+    head_dim = int(getattr(text, "head_dim", None) or width // heads)
+    stacks = _stacks(model, width)
     return Architecture(
         model_type=config.model_type,
         path=f"explicit ({config.model_type})" if config.model_type in EXPLICIT_SUBLAYERS else "generic",
-        stacks=tuple(_stacks(model, width)),
+        stacks=tuple(stacks),
         width=width,
-        heads=int(config.num_attention_heads),
-        layers=int(config.num_hidden_layers),
+        heads=heads,
+        head_dim=head_dim,
+        kv_width=_kv_width(model, stacks, heads * head_dim),
+        layers=int(text.num_hidden_layers),
         kv_cache=_takes_cache(model),
         embedding_dim=getattr(model.get_input_embeddings(), "embedding_dim", None),
+        bias_terms=any(name.endswith(".bias") or name == "bias" for name, _ in model.named_parameters()),
         module_names=tuple(name for name, _ in model.named_modules()),
     )
 
@@ -340,14 +363,18 @@ REQUIREMENTS = {
 def unsupported_reason(method: str, backbone, method_config: dict[str, Any] | None = None) -> str | None:
     """One line on why built-in ``method`` cannot apply to ``backbone`` (an :class:`Architecture`, a
     model or a transformers config), or None.  Explicit ``target_modules`` lift LoRA's and IA3's need
-    for discovered projections.  Methods without requirements here (plug-ins too) give None."""
+    for discovered projections.  Methods without requirements here (plug-ins too) give None, and so
+    does a config that cannot be built without weights: the run's ``apply`` then checks the loaded model."""
     check = REQUIREMENTS.get(method)
     if check is None or (method in ("lora", "ia3") and (method_config or {}).get("target_modules")):
         return None
     if isinstance(backbone, nn.Module):
         backbone = describe(backbone)
     elif not isinstance(backbone, Architecture):
-        backbone = describe_config(backbone)
+        try:
+            backbone = describe_config(backbone)
+        except Exception:  # noqa: BLE001 - a model that cannot be built on the meta device: its run's apply decides
+            return None
     return check(backbone)
 
 

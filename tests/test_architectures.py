@@ -1,0 +1,279 @@
+"""Every built-in method on the architectures people bring: it trains, or it is refused up front.
+
+Small random models of common architectures (hidden 32, 2 layers, a 100-word tokenizer) are saved
+to local folders and loaded as a user's ``--backbone ./my-model`` would be; the four tiny presets
+join them.  For each method x architecture, :func:`petlprof.architecture.unsupported_reason` (from
+the config alone, as a preflight would call it) either names a reason, and then applying the
+method raises exactly that reason, or gives none, and then the method must train: the loss falls
+over a few steps, only the method's own parameters get gradients (and all of them do), step 0
+reproduces the plain classifier where the method promises it, and the record notes where the
+method put its pieces.  The README's "Methods x architectures" table must be the one this file
+renders from the same outcome.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from petlprof.architecture import describe, describe_config, name_patterns, unsupported_reason
+from petlprof.backbones import backbone_config, load_backbone
+from petlprof.errors import UsageError
+from petlprof.modeling import SequenceClassifier
+from petlprof.registry import get_method, method_names
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+PRESETS = {"tiny-bert": "bert", "tiny-t5": "t5", "tiny-gpt2": "gpt2", "tiny-llama": "llama"}
+SIZES = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
+# model_type -> a tiny config's fields (beyond vocabulary and special tokens)
+ARCHITECTURES: dict[str, dict] = {
+    "distilbert": dict(dim=32, n_layers=2, n_heads=4, hidden_dim=64),
+    "roberta": dict(SIZES, max_position_embeddings=40),
+    "deberta-v2": SIZES,
+    "albert": dict(SIZES, embedding_size=16),
+    "mt5": dict(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4),
+    "gpt_neox": SIZES,
+    "mistral": dict(SIZES, num_key_value_heads=2),
+    "phi": SIZES,
+    "gemma": dict(SIZES, num_key_value_heads=1, head_dim=8),
+    "falcon": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4),  # multi-query attention
+}
+ROWS = list(PRESETS) + list(ARCHITECTURES)
+METHODS = [m for m in method_names() if get_method(m).apply.startswith("petlprof.methods.")]  # the built-ins
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "<s>", "</s>"]
+TEXTS = ["what a wonderful day", "this is terrible and I hate it", "love it", "worst thing ever made"]
+LABELS = torch.tensor([1, 0, 1, 0])
+# what each method lets train (besides the task head): a test on the parameter's name
+OWN = {
+    "full": lambda name: True,
+    "linear_probe": lambda name: False,
+    "bitfit": lambda name: name.endswith(".bias"),
+    "lora": lambda name: "lora_" in name,
+    "ia3": lambda name: "ia3_" in name,
+    "prompt_tuning": lambda name: "prompt_encoder" in name,
+    "prefix_tuning": lambda name: "prompt_encoder" in name,
+    "adapter": lambda name: name.startswith("adapters."),
+    "lst": lambda name: not name.startswith("classifier."),
+    "read": lambda name: not name.startswith("classifier."),
+}
+STARTS_AS_BACKBONE = {"full", "linear_probe", "bitfit", "lora", "ia3", "adapter", "lst", "read"}
+
+
+def _save_tokenizer(folder: Path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = sorted({w for text in TEXTS for w in text.split()})
+    vocab = SPECIALS + words + [f"w{i}" for i in range(100 - len(SPECIALS) - len(words))]
+    model = models.WordLevel({word: i for i, word in enumerate(vocab)}, unk_token="[UNK]")
+    tokenizer = Tokenizer(model)
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, pad_token="[PAD]", unk_token="[UNK]", bos_token="<s>", eos_token="</s>"
+    ).save_pretrained(folder)
+
+
+@pytest.fixture(scope="module")
+def backbones(tmp_path_factory) -> dict[str, str]:
+    """Row name -> what ``--backbone`` gets: a preset name, or a folder holding a saved tiny random model."""
+    from transformers import AutoConfig, AutoModel
+
+    out = dict(zip(PRESETS, PRESETS))
+    for model_type, fields in ARCHITECTURES.items():
+        folder = tmp_path_factory.mktemp(model_type)
+        _save_tokenizer(folder)
+        ids = {SPECIALS[i]: i for i in range(len(SPECIALS))}
+        special = dict(pad_token_id=ids["[PAD]"], bos_token_id=ids["<s>"], eos_token_id=ids["</s>"])
+        if model_type == "mt5":
+            special["decoder_start_token_id"] = ids["[PAD]"]
+        config = AutoConfig.for_model(model_type, vocab_size=100, **special, **fields)
+        torch.manual_seed(0)
+        AutoModel.from_config(config).save_pretrained(folder)
+        out[model_type] = str(folder)
+    return out
+
+
+def build(backbone: str):
+    torch.manual_seed(0)
+    loaded = load_backbone(backbone)
+    return loaded, SequenceClassifier(loaded, 2)
+
+
+def logits(model, batch):
+    return model(batch["input_ids"], batch["attention_mask"])
+
+
+def train(model, batch, method: str, steps: int = 10) -> list[float]:
+    """A few AdamW steps on a fixed batch without dropout; checks which parameters got gradients at step 0."""
+    lr = {"full": 1e-3, "prompt_tuning": 1e-3}.get(method, 3e-3)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+    model.eval()
+    losses = []
+    for step in range(steps * (2 if method == "prompt_tuning" else 1)):
+        loss = torch.nn.functional.cross_entropy(logits(model, batch), LABELS)
+        loss.backward()
+        if step == 0:
+            with_grad = {n for n, p in model.named_parameters() if p.grad is not None}
+            assert with_grad == trainable, sorted(with_grad ^ trainable)[:5]
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def check_placement(method: str, arch, placement: dict, model) -> None:
+    """The record says where the method's pieces went, and that is where they are."""
+    if method in ("lora", "ia3"):
+        assert placement["method"] == method and placement["target_modules"], placement
+        adapted = name_patterns(
+            [n.removeprefix("backbone.base_model.model.").rsplit(f".{method}_", 1)[0] for n, _ in _own(model, method)]
+        )
+        assert adapted == placement["target_modules"]
+        table_has_entry = "PEFT's table" in placement["targets_from"]
+        assert table_has_entry or placement["targets_from"].startswith("architecture description")
+    if method == "adapter":
+        assert placement["hooks"] == name_patterns(arch.sublayer_outputs())
+        width, bottleneck = arch.width, arch.width // 16
+        expected = len(arch.sublayer_outputs()) * (2 * width * bottleneck + bottleneck + width)
+        assert sum(p.numel() for n, p in _own(model, method)) == expected
+    if method in ("prompt_tuning", "prefix_tuning"):
+        assert placement["num_layers"] == arch.layers
+        assert placement["token_dim"] == (arch.embedding_dim if method == "prompt_tuning" else arch.kv_width)
+
+
+def _own(model, method: str):
+    return [(n, p) for n, p in model.named_parameters() if p.requires_grad and OWN[method](n) and "head." not in n]
+
+
+CASES = [(method, row) for row in ROWS for method in METHODS]
+
+
+@pytest.mark.parametrize("method, row", CASES, ids=[f"{m}-{r}" for m, r in CASES])
+def test_method_trains_or_is_refused_up_front(method, row, backbones):
+    spec = get_method(method)
+    reason = unsupported_reason(method, backbone_config(backbones[row]))  # the preflight's question
+    backbone, classifier = build(backbones[row])
+    arch = describe(backbone.model)
+    if reason is not None:
+        with pytest.raises(UsageError, match=re.escape(reason)):
+            spec.build()(classifier, spec.make_config({}))
+        return
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = spec.build()(classifier, spec.make_config({}))
+    bias_free = not arch.bias_terms
+    if method == "bitfit" and bias_free:  # today's explicit warning, and only the head trains
+        assert any("has no bias terms" in str(w.message) for w in caught)
+    batch = backbone.tokenizer(TEXTS, padding=True, return_tensors="pt")
+
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert all(OWN[method](n) or n.startswith(("head.", "classifier.head.")) for n in trainable), trainable[:5]
+    own = _own(model, method)
+    assert bool(own) == (method not in ("linear_probe",) and not (method == "bitfit" and bias_free)), method
+    check_placement(method, arch, backbone.placement, model)
+
+    if method in STARTS_AS_BACKBONE:
+        _, plain = build(backbones[row])
+        plain.head.load_state_dict(classifier.head.state_dict())
+        model.eval(), plain.eval()
+        with torch.no_grad():
+            torch.testing.assert_close(logits(model, batch), logits(plain, batch), rtol=0, atol=1e-5)
+
+    losses = train(model, batch, method)
+    assert losses[-1] < losses[0] - 0.05, f"{method} on {row} did not learn: {losses}"
+    frozen = [n for n, p in model.named_parameters() if not p.requires_grad and p.grad is not None]
+    assert not frozen, frozen[:5]
+
+
+def render_matrix() -> str:
+    """The README's table: one row per architecture, one column per method; a refusal is a numbered note."""
+    notes: list[str] = []
+    header = "| architecture | " + " | ".join(METHODS) + " |"
+    lines = [header, "|" + "---|" * (len(METHODS) + 1)]
+    for row in ROWS:
+        config = backbone_config(row) if row in PRESETS else _tiny_config(row)
+        arch = describe_config(config)
+        cells = []
+        for method in METHODS:
+            reason = unsupported_reason(method, arch)
+            if reason is None:
+                cells.append("✓ head only" if method == "bitfit" and not arch.bias_terms else "✓")
+            else:
+                if reason not in notes:
+                    notes.append(reason)
+                cells.append(f"✗ ({notes.index(reason) + 1})")
+        name = f"{PRESETS[row]} (`{row}`)" if row in PRESETS else row
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines.append("")
+    lines += [f"({i}) {note}" for i, note in enumerate(notes, 1)]
+    lines.append("")
+    lines.append("head only: the model has no bias terms, so BitFit trains the task head alone (and warns)")
+    return "\n".join(lines)
+
+
+def _tiny_config(model_type: str):
+    from transformers import AutoConfig
+
+    return AutoConfig.for_model(model_type, vocab_size=100, pad_token_id=0, **ARCHITECTURES[model_type])
+
+
+def test_readme_matrix_is_the_tested_outcome():
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    table = render_matrix()
+    assert table in readme, "README's 'Methods x architectures' table is out of date; it should read:\n\n" + table
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_generic_path_finds_what_the_explicit_entries_name(preset):
+    """The four explicit families, described as if unknown, give the same adapter points and LoRA targets."""
+    import dataclasses
+
+    from petlprof.architecture import lora_targets, peft_table
+
+    arch = describe_config(backbone_config(preset))
+    generic = dataclasses.replace(arch, model_type=f"unknown-{arch.model_type}", path="generic")
+    assert generic.sublayer_outputs() == arch.sublayer_outputs()
+    assert generic.sublayer_outputs(attention=False) == arch.sublayer_outputs(attention=False)
+    table, _ = peft_table("lora", arch.model_type)
+    assert lora_targets(generic) == [n for n in arch.module_names if any(n.endswith("." + t) for t in table)]
+
+
+@pytest.mark.parametrize(
+    "model_type, method, reason",
+    [
+        ("distilbert", "prefix_tuning", "the distilbert model takes no cache"),
+        ("mistral", "prefix_tuning", None),  # a full-size (7B) config: described on the meta device, no weights
+        ("xlnet", "lora", "PEFT has no lora targets for 'xlnet' and no stack of transformer blocks was found"),
+        ("xlnet", "adapter", "no stack of transformer blocks found in this xlnet model"),
+        ("mixtral", "adapter", "no feed-forward output projection found in block 'layers.0' of the mixtral model"),
+        ("mixtral", "lora", None),  # PEFT's table has it
+        ("bert", "read", None),
+    ],
+)
+def test_unsupported_reason_from_a_config_alone(model_type, method, reason):
+    from transformers import AutoConfig
+
+    got = unsupported_reason(method, AutoConfig.for_model(model_type))
+    assert (got is None) if reason is None else (reason in got), got
+
+
+def test_explicit_target_modules_lift_the_projection_requirement():
+    from transformers import AutoConfig
+
+    assert unsupported_reason("lora", AutoConfig.for_model("xlnet"), {"target_modules": ["layer_1"]}) is None
+
+
+@pytest.mark.parametrize("row, path", [("tiny-bert", "explicit (bert)"), ("distilbert", "generic")])
+def test_record_says_which_path_and_where(row, path, backbones):
+    backbone, classifier = build(backbones[row])
+    get_method("lora").build()(classifier, get_method("lora").make_config({"r": 2}))
+    info = backbone.info()
+    assert info["architecture"]["path"] == path
+    source = "PEFT's table (bert)" if row == "tiny-bert" else "architecture description (generic): PEFT has no lora"
+    assert info["placement"]["targets_from"].startswith(source)
