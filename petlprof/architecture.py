@@ -89,11 +89,11 @@ class Architecture:
     def blocks(self) -> list[Block]:
         return [block for stack in self.stacks for block in stack.blocks]
 
-    def projections(self, *roles: str, self_attention_only: bool = False) -> list[str]:
+    def projections(self, *roles: str) -> list[str]:
         """Full names of the attention projections of the given roles (query, key, value, fused_qkv, output)."""
         names = []
         for block in self.blocks:
-            for attention in block.attentions[:1] if self_attention_only else block.attentions:
+            for attention in block.attentions:
                 names += [getattr(attention, role) for role in roles if getattr(attention, role)]
         return names
 
@@ -214,6 +214,8 @@ def _stacks(model: nn.Module, width: int) -> list[Stack]:
             candidates.append((name, module, "_no_split_modules"))
         elif _attention_modules(module[0], ""):
             candidates.append((name, module, "structure"))
+    if any(found_by == "_no_split_modules" for _, _, found_by in candidates):  # transformers' word first
+        candidates = [c for c in candidates if c[2] == "_no_split_modules"]
     inner = [c for c in candidates if not any(o[0].startswith(c[0] + ".") for o in candidates)]
     return [
         Stack(name, tuple(_block(f"{name}.{i}", block, width) for i, block in enumerate(module)), found_by)

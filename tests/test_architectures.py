@@ -269,11 +269,25 @@ def test_explicit_target_modules_lift_the_projection_requirement():
     assert unsupported_reason("lora", AutoConfig.for_model("xlnet"), {"target_modules": ["layer_1"]}) is None
 
 
-@pytest.mark.parametrize("row, path", [("tiny-bert", "explicit (bert)"), ("distilbert", "generic")])
-def test_record_says_which_path_and_where(row, path, backbones):
+@pytest.mark.parametrize(
+    "row, path, config, source, targets",
+    [
+        ("tiny-bert", "explicit (bert)", {}, "PEFT's table (bert)", ["encoder.layer.*.attention.self.query"]),
+        ("distilbert", "generic", {}, "architecture description (generic): PEFT has no lora entry", None),
+        (
+            "distilbert",
+            "generic",
+            {"target_modules": ["k_lin"]},
+            "method config",
+            ["transformer.layer.*.attention.k_lin"],
+        ),
+    ],
+)
+def test_record_says_which_path_and_where(row, path, config, source, targets, backbones):
     backbone, classifier = build(backbones[row])
-    get_method("lora").build()(classifier, get_method("lora").make_config({"r": 2}))
+    get_method("lora").build()(classifier, get_method("lora").make_config({"r": 2, **config}))
     info = backbone.info()
     assert info["architecture"]["path"] == path
-    source = "PEFT's table (bert)" if row == "tiny-bert" else "architecture description (generic): PEFT has no lora"
     assert info["placement"]["targets_from"].startswith(source)
+    if targets is not None:
+        assert set(targets) <= set(info["placement"]["target_modules"])
