@@ -58,10 +58,15 @@ def _entry_points() -> dict[str, list[metadata.EntryPoint]]:
     return found
 
 
+def builtin_method_names() -> list[str]:
+    """The methods that ship with petlprof."""
+    _load_builtin_methods()
+    return sorted(_METHODS)
+
+
 def method_names() -> list[str]:
     """Built-in methods and installed plug-ins (not loaded: see :func:`get_method`)."""
-    _load_builtin_methods()
-    return sorted(set(_METHODS) | set(_entry_points()))
+    return sorted(set(builtin_method_names()) | set(_entry_points()))
 
 
 def get_method(name: str) -> MethodSpec:
@@ -183,6 +188,7 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "MethodSpec",
     "UsageError",
+    "builtin_method_names",
     "config_field_help",
     "get_method",
     "method_names",

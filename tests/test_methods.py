@@ -17,10 +17,10 @@ import torch
 from petlprof.backbones import BACKBONES, load_backbone
 from petlprof.errors import UsageError
 from petlprof.modeling import SequenceClassifier
-from petlprof.registry import get_method, method_names
+from petlprof.registry import builtin_method_names, get_method
 
 PRESETS = [name for name in BACKBONES if name.startswith("tiny-")]
-METHODS = method_names()  # every registered method must have a formula below
+METHODS = builtin_method_names()  # every built-in method must have a formula below
 # beyond each method's defaults: the other adapter placement, prefix reparametrisation, other prompt init
 VARIANTS = [
     ("adapter", "tiny-t5", {"placement": "pfeiffer", "reduction_factor": 8}),
