@@ -311,6 +311,29 @@ def test_cpu_memory_meter_sees_an_allocation_and_not_the_past():
     assert 190 * 2**20 <= reading["peak_memory_bytes"] <= 300 * 2**20
 
 
+def test_window_time_excludes_the_meters_own_start_and_stop(clock):
+    """Meters start in order and stop in reverse, so the first (an extra meter such as CodeCarbon, whose
+    start and stop take seconds) brackets the others; the window's time_s is the work alone."""
+    from petlprof.meters.base import Meter
+
+    class SlowEdges(Meter):
+        def _begin(self):
+            clock[0] += 3.0
+
+        def _end(self):
+            clock[0] += 2.0
+            return {"slow_window_s": self.window_s}
+
+    class Plain(Meter):
+        def _end(self):
+            return {"plain_window_s": self.window_s}
+
+    with Window([SlowEdges(), Plain()]) as window:
+        clock[0] += 10.0
+    assert window.time_s == 10.0 and window.reading["plain_window_s"] == 10.0
+    assert window.reading["slow_window_s"] == 10.0  # its own start and stop are outside its window too
+
+
 def test_meter_status_lists_every_meter_with_a_reason():
     rows = {name: (ok, why) for name, ok, why, _ in meter_status()}
     assert set(rows) == {"timer", "nvml", "rapl", "estimate", "cuda-allocator", "cpu-rss", "codecarbon", "cpu-tensors"}

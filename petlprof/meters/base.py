@@ -48,8 +48,8 @@ class Meter:
         """Work that must finish before the window opens (not timed, not metered)."""
 
     def begin(self) -> None:
-        self._t0 = time.perf_counter()
         self._begin()
+        self._t0 = time.perf_counter()  # after the start-up: window_s covers the work, not the meter
 
     def end(self) -> dict[str, Any]:
         self.window_s = time.perf_counter() - self._t0
@@ -85,7 +85,9 @@ class Window:
 
     All meters are prepared first, then the device is synchronised and every meter starts; at the
     end the device is synchronised once more before any meter stops, so queued GPU work lands in
-    the window it belongs to.  ``time_s`` is the window's own device-synchronised wall time.
+    the window it belongs to.  ``time_s`` is the window's own device-synchronised wall time, from the
+    last meter's start to the first meter's stop: the work only, never a meter's start-up or
+    shut-down (CodeCarbon's take a second or more).
     """
 
     def __init__(self, meters: list[Meter], device: str = "cpu"):
@@ -100,7 +102,6 @@ class Window:
         for meter in self.meters:
             meter.prepare()
         synchronize(self.device)
-        self._t0 = time.perf_counter()
         self._running = []
         for meter in self.meters:
             try:
@@ -108,6 +109,7 @@ class Window:
                 self._running.append(meter)
             except Exception as error:  # a meter that cannot start leaves its figures missing, with the reason
                 self._record_failure(meter, error)
+        self._t0 = time.perf_counter()  # after every start: no meter's start-up is inside time_s
         return self
 
     def _record_failure(self, meter: Meter, error: Exception) -> None:
