@@ -21,6 +21,32 @@ from petlprof.meters.power import PowerTimeline, integrate_j, sampling_period
 UPDATE_S = 0.02
 
 
+class HangingPowerSource:
+    """A source whose NVML calls hang after ``hang_after_s`` (a stuck driver)."""
+
+    power_field = "instant"
+
+    def __init__(self, hang_after_s: float):
+        self.hang_after_s = hang_after_s
+
+    def open(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def read_power_w(self) -> list[float]:
+        if time.perf_counter() - self.t0 > self.hang_after_s:
+            time.sleep(3600)
+        return [100.0 + (time.perf_counter() - self.t0) % 0.02]
+
+    def read_energy_mj(self) -> None:
+        return None
+
+    def read_processes(self) -> tuple[int, list[int]]:
+        return 0, []
+
+    def close(self) -> None:
+        pass
+
+
 class FakePowerSource:
     """Power ``watts`` per GPU, held constant within each ``UPDATE_S`` update period; an energy
     counter that advances at each update (or none); compute processes as given."""
@@ -179,6 +205,25 @@ def test_nvml_meter_without_counter_uses_integrated_power(nvml_one_gpu, timeline
     assert reading["energy_j"] == pytest.approx(80.0 * meter.window_s, rel=0.05)
     assert reading["energy_samples"] == reading["power_samples"] >= 15
     assert reading["energy_kind"] == "measured"
+
+
+def test_a_hanging_sampler_times_out_and_the_counter_reading_stands(nvml_one_gpu, timeline_of, monkeypatch):
+    import petlprof.meters.power as power
+    from petlprof.meters.energy import NvmlEnergyMeter
+
+    monkeypatch.setattr(power, "WINDOW_TIMEOUT_S", 1.0)
+    _, energy_mj = nvml_one_gpu
+    timeline = timeline_of(HangingPowerSource(hang_after_s=1.0))  # started: its detection is over
+    meter = NvmlEnergyMeter("cuda:0", timeline=timeline)
+    meter.begin()
+    time.sleep(1.5)  # the sampler is now stuck in a read
+    energy_mj["value"] += 12_000
+    t0 = time.perf_counter()
+    reading = meter.end()
+    assert time.perf_counter() - t0 < 10  # not forever
+    assert reading["energy_j"] == pytest.approx(12.0) and reading["energy_integrated_j"] is None
+    assert any("did not answer within 1 s" in w for w in reading["energy_warnings"])
+    assert not timeline.alive
 
 
 @pytest.mark.gpu

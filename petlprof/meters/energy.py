@@ -209,7 +209,11 @@ class NvmlEnergyMeter(Meter):
         if not self.timeline.alive:
             warnings.append("the power sampler process is not running: no power timeline for this window")
             return {}
-        data = self.timeline.window(t0, t1)
+        try:
+            data = self.timeline.window(t0, t1)
+        except Exception as error:  # the counter's figure stands; only the timeline's is missing
+            warnings.append(f"the power timeline failed for this window ({type(error).__name__}: {error})")
+            return {}
         if data["other_pids"]:
             warnings.append(
                 f"other processes used the GPU during the window (pids {data['other_pids']}): "

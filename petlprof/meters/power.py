@@ -34,6 +34,7 @@ MAX_PERIOD_S = 0.05
 FALLBACK_PERIOD_S = 0.01
 PROCESS_EVERY = 10
 START_TIMEOUT_S = 60.0
+WINDOW_TIMEOUT_S = 30.0  # a window's samples come back in milliseconds; a stuck NVML call must not hang the run
 
 
 class NvmlPowerSource:
@@ -243,6 +244,9 @@ class PowerTimeline:
         if not self.alive:
             raise RuntimeError("the power sampler process is not running")
         self._conn.send(("window", t0, t1))
+        if not self._conn.poll(WINDOW_TIMEOUT_S):
+            self.stop()  # a sampler that hangs now would hang every later window too
+            raise RuntimeError(f"the power sampler process did not answer within {WINDOW_TIMEOUT_S:g} s")
         return window_figures(self.info, self._conn.recv(), t0, t1)
 
     def stop(self) -> None:
