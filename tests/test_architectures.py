@@ -24,7 +24,7 @@ from petlprof.architecture import describe, describe_config, name_patterns, unsu
 from petlprof.backbones import backbone_config, load_backbone
 from petlprof.errors import UsageError
 from petlprof.modeling import SequenceClassifier
-from petlprof.registry import get_method, method_names
+from petlprof.registry import builtin_method_names, get_method
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -44,7 +44,7 @@ ARCHITECTURES: dict[str, dict] = {
     "falcon": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4),  # multi-query attention
 }
 ROWS = list(PRESETS) + list(ARCHITECTURES)
-METHODS = [m for m in method_names() if get_method(m).apply.startswith("petlprof.methods.")]  # the built-ins
+METHODS = builtin_method_names()
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "<s>", "</s>"]
 TEXTS = ["what a wonderful day", "this is terrible and I hate it", "love it", "worst thing ever made"]
 LABELS = torch.tensor([1, 0, 1, 0])
