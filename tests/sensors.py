@@ -3,19 +3,22 @@
 What NVML's documentation and "Part-time Power Measurements: nvidia-smi's Lack of Attention"
 (Yang et al.) describe, and what these fakes do:
 
-* the total-energy counter (mJ) advances only at each update, every ``update_s`` (20-100 ms);
+* the total-energy counter (mJ) advances only at each update, every ``update_s`` (20-100 ms); the
+  power fields update every ``power_update_s`` (by default the same);
+* the instantaneous field read may fail transiently (``instant_fails_every``: every Nth update);
 * the instantaneous power field reports, at each update, the mean power over only the last
   ``instant_fraction`` of the update period (about 25% on A100/H100): a load that is busy outside
   that slice is not seen (part-time sampling);
 * ``nvmlDeviceGetPowerUsage`` is a moving average over ``average_s`` (1 s on Ampere and later),
   also refreshed at each update;
-* the power fields may read ``field_offset_w`` more than the counter's rate (separate sensors).
+* the power fields may read ``field_offset_w`` more than the counter's rate (separate sensors), and
+  carry up to ``noise_w`` of noise that changes at every update.
 
 A :class:`Clock` replaces ``time.perf_counter``/``time.sleep`` so a test sets exact instants; a
 load is a function of time (W, vectorised over numpy arrays): :func:`steady`, :func:`bursts`
 (optionally phase-locked to the update period), :func:`step`; idle is a low steady load.
 :class:`SampledTimeline` runs the power sampler's own code (:func:`petlprof.meters.power.sampler_info`,
-``select_samples``, ``window_figures``) on that clock, in-process, so a test can check every energy
+``Samples``, ``window_figures``) on that clock, in-process, so a test can check every energy
 path against :meth:`FakeGpu.true_energy_j`.
 """
 
@@ -27,7 +30,7 @@ from types import SimpleNamespace
 import numpy as np
 import pynvml
 
-from petlprof.meters.power import sampler_info, select_samples, window_figures
+from petlprof.meters.power import Samples, sampler_info, window_figures
 
 STEP_S = 1e-4  # resolution of the true-energy integral
 
@@ -81,6 +84,9 @@ class FakeGpu:
         load,
         *,
         update_s: float = 0.1,
+        power_update_s: float | None = None,
+        instant_fails_every: int = 0,
+        noise_w: float = 0.0,
         instant_fraction: float = 0.25,
         average_s: float = 1.0,
         field_offset_w: float = 0.0,
@@ -91,6 +97,8 @@ class FakeGpu:
     ):
         self.uuid, self.load, self.clock = uuid, load, clock
         self.update_s, self.instant_fraction, self.average_s = update_s, instant_fraction, average_s
+        self.power_update_s = power_update_s or update_s
+        self.instant_fails_every, self.noise_w = instant_fails_every, noise_w
         self.field_offset_w, self.counter, self.instant = field_offset_w, counter, instant
         self.processes = processes
         self._origin = clock.now
@@ -112,20 +120,24 @@ class FakeGpu:
         grid = a + (np.arange(steps) + 0.5) * (b - a) / steps  # midpoints
         return float(np.sum(self.load(grid)) * (b - a) / steps)
 
-    def _last_update(self) -> float:
-        return math.floor(self.clock.now / self.update_s + 1e-9) * self.update_s
+    def _last_update(self, period_s: float) -> float:
+        return math.floor(self.clock.now / period_s + 1e-9) * period_s
 
     def _mean_w(self, span_s: float) -> float:
-        end = self._last_update()
-        return self._integral(end - span_s, end) / span_s + self.field_offset_w
+        end = self._last_update(self.power_update_s)
+        jitter = ((round(end / self.power_update_s) * 7919) % 11 - 5) / 5 * self.noise_w  # a new value each update
+        return self._integral(end - span_s, end) / span_s + self.field_offset_w + jitter
 
     def energy_mj(self) -> int:
         if not self.counter:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        return int(self._energy_to(self._last_update()) * 1000)
+        return int(self._energy_to(self._last_update(self.update_s)) * 1000)
 
     def instant_mw(self) -> int | None:
-        return int(self._mean_w(self.instant_fraction * self.update_s) * 1000) if self.instant else None
+        update = math.floor(self.clock.now / self.power_update_s + 1e-9)
+        if not self.instant or (self.instant_fails_every and update % self.instant_fails_every == 0):
+            return None
+        return int(self._mean_w(self.instant_fraction * self.power_update_s) * 1000)
 
     def average_mw(self) -> int:
         return int(self._mean_w(self.average_s) * 1000)
@@ -193,10 +205,9 @@ class SampledTimeline:
 
     def window(self, t0: float, t1: float) -> dict:
         period, now = self.info["period_s"], self.clock.now
-        times = list(np.arange(t0 - period, t1 + period, period))
-        powers = []
-        for t in times:
+        samples = Samples()
+        for t in np.arange(t0 - period, t1 + period, period):
             self.clock.now = t
-            powers.append(self.source.read_power_w())
+            samples.take(self.source)
         self.clock.now = now
-        return window_figures(self.info, select_samples(times, powers, [], t0, t1), t0, t1)
+        return window_figures(self.info, samples.select(t0, t1), t0, t1)

@@ -147,3 +147,28 @@ def test_every_energy_path_against_the_true_energy(
     if disagree:  # the part-time field's view is recorded beside the counter's, never instead of it
         assert reading["energy_integrated_j"] == pytest.approx(400.0 * window_s, rel=0.02)
         assert reading["energy_integrated_vs_counter"] == pytest.approx(400.0 / 175.0, rel=0.02)
+
+
+def test_power_field_sampled_at_its_own_update_period_not_the_counters(world):
+    """Counter every 100 ms, power field every 20 ms: sampling at half the counter's period (50 ms) would
+    skip three field updates in five."""
+    clock, [gpu] = world({"load": steady(250.0), "update_s": 0.1, "power_update_s": 0.02, "noise_w": 1.0})
+    timeline = SampledTimeline(NvmlPowerSource([gpu.uuid], 1), clock)
+    assert timeline.info["update_period_s"] == pytest.approx(0.1, rel=0.05)
+    assert timeline.info["power_update_period_s"] == pytest.approx(0.02, rel=0.05)
+    assert timeline.info["period_s"] == pytest.approx(0.01, rel=0.05)
+    reading = metered(clock, NvmlEnergyMeter("cuda:0", timeline=timeline), WINDOW_S)
+    assert reading["counter_update_period_s"] == pytest.approx(0.1, rel=0.05)
+    assert reading["power_update_period_s"] == pytest.approx(0.02, rel=0.05)
+    assert reading["power_sample_rate_hz"] == pytest.approx(100.0, rel=0.02)
+
+
+def test_failed_instant_reads_are_counted_and_the_field_says_it_was_mixed(world):
+    clock, [gpu] = world({"load": steady(250.0), "instant_fails_every": 7})
+    timeline = SampledTimeline(NvmlPowerSource([gpu.uuid], 1), clock)
+    assert timeline.info["power_field"] == "instant"
+    reading = metered(clock, NvmlEnergyMeter("cuda:0", timeline=timeline), WINDOW_S)
+    assert reading["power_field"] == "instant+average" and reading["power_field_averaged"] is True
+    expected = reading["power_samples"] / 7  # one update in seven, all its samples
+    assert reading["power_fallback_samples"] == pytest.approx(expected, rel=0.2)
+    assert any("come from the averaged field" in w for w in reading["energy_warnings"])

@@ -170,6 +170,11 @@ class NvmlEnergyMeter(Meter):
         idle = self._above_idle(counter_j, integrated_j, warnings)
         field = timeline.get("power_field")
         agreement = cross_check(counter_j, integrated_j, self.window_s, period, field, warnings)
+        if timeline.get("power_fallback_samples"):
+            warnings.append(
+                f"{timeline['power_fallback_samples']} of the window's power samples come from the averaged field "
+                "(the instantaneous read failed)"
+            )
         if counter_j is None and field == "average":
             warnings.append(
                 "energy integrated from the averaged power field (a ~1 s moving average): it lags the load, "
@@ -184,6 +189,8 @@ class NvmlEnergyMeter(Meter):
             "power_sample_rate_hz": timeline.get("sample_rate_hz"),
             "mean_power_w": timeline.get("mean_power_w"),
             "counter_update_period_s": timeline.get("update_period_s"),
+            "power_update_period_s": timeline.get("power_update_period_s"),
+            "power_fallback_samples": timeline.get("power_fallback_samples"),
             "nvml_peak_process_memory_bytes": timeline.get("own_peak_bytes"),
             "power_field_averaged": None
             if timeline.get("power_field") is None

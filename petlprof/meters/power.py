@@ -2,13 +2,15 @@
 
 The sampler runs in its own interpreter (``multiprocessing`` *spawn* context), never as a thread
 of the training process: it cannot steal the training loop's GIL, and a stall in the loop cannot
-stretch its sampling period.  At start it watches the NVML energy counter (or, without one, the
-power reading) for up to :data:`DETECT_S` seconds and takes the median time between changes as
-the driver's update period; it then samples at half that period, clipped to
-[:data:`MIN_PERIOD_S`, :data:`MAX_PERIOD_S`] (100 Hz or faster where the driver updates every
-20 ms or faster).  Power is read from the instantaneous field ``NVML_FI_DEV_POWER_INSTANT``
-where the driver has it, else from ``nvmlDeviceGetPowerUsage`` (on Ampere and later a 1 s
-average); which one was used is part of every reading.  Every :data:`PROCESS_EVERY` samples it
+stretch its sampling period.  At start it watches the NVML energy counter and the power reading
+together for up to :data:`DETECT_S` seconds and takes the median time between changes of each as
+its update period (the two differ on some GPUs); it then samples power at half the power reading's
+period, clipped to [:data:`MIN_PERIOD_S`, :data:`MAX_PERIOD_S`] (100 Hz or faster where the driver
+updates every 20 ms or faster).  Power is read from the instantaneous field
+``NVML_FI_DEV_POWER_INSTANT`` where the driver has it, else from ``nvmlDeviceGetPowerUsage`` (on
+Ampere and later a 1 s average); which one was used is part of every reading, and a window in
+which a failed instantaneous read fell back to the averaged field says so (``instant+average``
+and the number of such samples).  Every :data:`PROCESS_EVERY` samples it
 also lists the compute processes on each GPU: the peak device memory of the run's own process
 (a cross-check of the CUDA allocator) and any other process using the same GPU.
 
@@ -44,6 +46,7 @@ class NvmlPowerSource:
         self.uuids = list(uuids)
         self.own_pid = own_pid
         self.power_field = "average"
+        self.fell_back = False
 
     def open(self) -> None:
         self._nvml = nvml_dev.start()
@@ -57,6 +60,7 @@ class NvmlPowerSource:
     def read_power_w(self) -> list[float]:
         if self.power_field == "instant":  # a transient failed field read falls back to the average field
             values = [nvml_dev.instant_power_mw(self._nvml, h) for h in self._handles]
+            self.fell_back = any(v is None for v in values)  # and the window says so
             return [
                 v / 1000.0 if v is not None else nvml_dev.average_power_mw(self._nvml, h) / 1000.0
                 for v, h in zip(values, self._handles)
@@ -90,19 +94,27 @@ class NvmlPowerSource:
         nvml_dev.stop(self._nvml)
 
 
+def detect_update_periods(reads: dict[str, Any], detect_s: float = DETECT_S) -> dict[str, float | None]:
+    """For each ``name: read`` the median seconds between changes of ``read()``, all watched together
+    for up to ``detect_s``; None for one that never changed three times."""
+    last = {name: read() for name, read in reads.items()}
+    changes: dict[str, list[float]] = {name: [] for name in reads}
+    deadline = time.perf_counter() + detect_s
+    while time.perf_counter() < deadline and min(len(c) for c in changes.values()) < 12:
+        for name, read in reads.items():
+            value = read()
+            if value != last[name]:
+                changes[name].append(time.perf_counter())
+                last[name] = value
+        time.sleep(0.0005)
+    gaps = {name: np.diff(times) for name, times in changes.items()}
+    return {name: float(statistics.median(g)) if len(g) >= 2 else None for name, g in gaps.items()}
+
+
 def detect_update_period(read, detect_s: float = DETECT_S) -> float | None:
     """Median seconds between changes of ``read()`` watched for ``detect_s``; None if it never
-    changed twice."""
-    changes, last = [], read()
-    deadline = time.perf_counter() + detect_s
-    while time.perf_counter() < deadline and len(changes) < 12:
-        value = read()
-        if value != last:
-            changes.append(time.perf_counter())
-            last = value
-        time.sleep(0.0005)
-    gaps = np.diff(changes)
-    return float(statistics.median(gaps)) if len(gaps) >= 2 else None
+    changed three times."""
+    return detect_update_periods({"value": read}, detect_s)["value"]
 
 
 def sampling_period(update_period_s: float | None) -> float:
@@ -112,16 +124,52 @@ def sampling_period(update_period_s: float | None) -> float:
 
 
 def sampler_info(source) -> dict[str, Any]:
-    """Detect the source's update period and choose the sampling period (the sampler's first step)."""
-    counter = source.read_energy_mj()
-    read = source.read_energy_mj if counter is not None else source.read_power_w
-    update = detect_update_period(read)
+    """The sampler's first step: the energy counter's and the power field's own update periods
+    (they differ on some GPUs), and a sampling period from the power field's, the one sampled."""
+    reads = {"power": source.read_power_w}
+    if source.read_energy_mj() is not None:
+        reads["counter"] = source.read_energy_mj
+    periods = detect_update_periods(reads)
     return {
         "power_field": source.power_field,
-        "update_period_s": update,
-        "period_s": sampling_period(update),
-        "counter": counter is not None,
+        "update_period_s": periods.get("counter"),
+        "power_update_period_s": periods["power"],
+        "period_s": sampling_period(periods["power"]),
+        "counter": "counter" in reads,
     }
+
+
+class Samples:
+    """The sampler's record: power samples with their times, process lists, and the times of samples
+    whose instantaneous read failed and fell back to the averaged field."""
+
+    def __init__(self):
+        self.times: list[float] = []
+        self.powers: list[list[float]] = []
+        self.procs: list[tuple] = []
+        self.fallbacks: list[float] = []
+
+    def take(self, source, processes: bool = False) -> None:
+        self.powers.append(source.read_power_w())
+        self.times.append(time.perf_counter())
+        if getattr(source, "fell_back", False):
+            self.fallbacks.append(self.times[-1])
+        if processes:
+            self.procs.append((self.times[-1], *source.read_processes()))
+
+    def select(self, t0: float, t1: float) -> dict[str, Any]:
+        """The samples of [t0, t1] plus one on each side, so the edges can be interpolated."""
+        t = np.asarray(self.times)
+        lo = max(int(np.searchsorted(t, t0)) - 1, 0)
+        hi = int(np.searchsorted(t, t1, side="right")) + 1
+        inside = [p for p in self.procs if t0 <= p[0] <= t1]
+        return {
+            "times": self.times[lo:hi],
+            "powers": self.powers[lo:hi],
+            "own_peak_bytes": max((p[1] for p in inside if p[1] is not None), default=None),
+            "other_pids": sorted({pid for p in inside for pid in p[2]}),
+            "fallback_samples": sum(1 for f in self.fallbacks if t0 <= f <= t1),
+        }
 
 
 def _sampler_main(source, conn) -> None:
@@ -131,15 +179,12 @@ def _sampler_main(source, conn) -> None:
         info = sampler_info(source)
         period = info["period_s"]
         conn.send(info)
-        times, powers, procs = [], [], []
+        samples = Samples()
         next_t = time.perf_counter()
         while True:
             now = time.perf_counter()
             if now >= next_t:
-                powers.append(source.read_power_w())
-                times.append(time.perf_counter())
-                if len(times) % PROCESS_EVERY == 1:
-                    procs.append((times[-1], *source.read_processes()))
+                samples.take(source, processes=len(samples.times) % PROCESS_EVERY == 0)
                 next_t += period
                 if next_t < now:  # fell behind (a stalled machine): do not burst to catch up
                     next_t = now + period
@@ -152,26 +197,11 @@ def _sampler_main(source, conn) -> None:
                 if command[0] == "stop":
                     return
                 t0, t1 = command[1], command[2]
-                if not times or times[-1] < t1:  # close the window with a reading taken now, so a
-                    powers.append(source.read_power_w())  # sampler the OS delayed still covers it
-                    times.append(time.perf_counter())
-                conn.send(select_samples(times, powers, procs, t0, t1))
+                if not samples.times or samples.times[-1] < t1:  # close the window with a reading taken
+                    samples.take(source)  # now, so a sampler the OS delayed still covers it
+                conn.send(samples.select(t0, t1))
     finally:
         source.close()
-
-
-def select_samples(times, powers, procs, t0: float, t1: float) -> dict[str, Any]:
-    """The samples of [t0, t1] plus one on each side, so the edges can be interpolated."""
-    t = np.asarray(times)
-    lo = max(int(np.searchsorted(t, t0)) - 1, 0)
-    hi = int(np.searchsorted(t, t1, side="right")) + 1
-    inside = [p for p in procs if t0 <= p[0] <= t1]
-    return {
-        "times": times[lo:hi],
-        "powers": powers[lo:hi],
-        "own_peak_bytes": max((p[1] for p in inside if p[1] is not None), default=None),
-        "other_pids": sorted({pid for p in inside for pid in p[2]}),
-    }
 
 
 def integrate_j(times: list[float], powers_w: list[list[float]], t0: float, t1: float) -> float | None:
@@ -187,7 +217,7 @@ def integrate_j(times: list[float], powers_w: list[list[float]], t0: float, t1: 
 
 
 def window_figures(info: dict[str, Any], data: dict[str, Any], t0: float, t1: float) -> dict[str, Any]:
-    """Integrated energy and provenance of [t0, t1] from the samples :func:`select_samples` picked."""
+    """Integrated energy and provenance of [t0, t1] from the samples :meth:`Samples.select` picked."""
     times = data["times"]
     inside = sum(1 for t in times if t0 <= t <= t1)
     per_gpu = np.asarray(data["powers"], dtype=float).reshape(len(times), -1).mean(axis=0)
@@ -198,8 +228,10 @@ def window_figures(info: dict[str, Any], data: dict[str, Any], t0: float, t1: fl
         "mean_power_per_gpu_w": per_gpu.tolist() if times else None,
         "samples": inside,
         "sample_rate_hz": inside / (t1 - t0) if t1 > t0 else None,
-        "power_field": info["power_field"],
+        "power_field": info["power_field"] + ("+average" if data["fallback_samples"] else ""),
+        "power_fallback_samples": data["fallback_samples"],
         "update_period_s": info["update_period_s"],
+        "power_update_period_s": info["power_update_period_s"],
         "own_peak_bytes": data["own_peak_bytes"],
         "other_pids": data["other_pids"],
     }
