@@ -277,25 +277,48 @@ def test_estimate_follows_its_stated_model():
 
 
 @pytest.mark.parametrize(
-    "model_name, cores, entry, watts_per_core",
+    "model_name, cores, entry, watts_per_core, extra",
     [
-        ("AMD EPYC 7763 64-Core Processor", 64, "amd epyc 7763", 280 / 64),
-        ("Intel(R) Xeon(R) Platinum 8380 CPU @ 2.30GHz", 40, "intel xeon platinum 8380", 270 / 40),
-        ("Intel(R) Xeon(R) Platinum 8380H CPU @ 2.90GHz", 28, "intel xeon platinum 8380h", 250 / 28),  # longest match
-        ("AMD EPYC", 2, None, 10.0),  # a virtual CPU without a model number: the fallback
-        ("AMD EPYC 7763 64-Core Processor", 2, "amd epyc 7763", 280 / 64),  # VM slice: cores from the name
-        ("Intel(R) Xeon(R) Platinum 8175M CPU @ 2.50GHz", 1, None, 10.0),  # VM slice, 240 W / 1 core: implausible
-        (None, None, None, 10.0),  # no /proc/cpuinfo model name
+        ("AMD EPYC 7763 64-Core Processor", 64, "amd epyc 7763", 280 / 64, ""),
+        ("Intel(R) Xeon(R) Platinum 8380 CPU @ 2.30GHz", 40, "intel xeon platinum 8380", 270 / 40, ""),
+        ("Intel(R) Xeon(R) Platinum 8380H CPU @ 2.90GHz", 28, "intel xeon platinum 8380h", 250 / 28, ""),  # longest
+        ("AMD EPYC", 2, None, 10.0, ""),  # a virtual CPU without a model number: the fallback
+        ("AMD EPYC 7763 64-Core Processor", 2, "amd epyc 7763", 280 / 64, ""),  # VM slice: cores from the name
+        ("Intel(R) Xeon(R) Platinum 8175M CPU @ 2.50GHz", 1, None, 10.0, ""),  # VM slice, 240 W / 1 core: implausible
+        # a VM's 16 cores of a 40-core chip: 270 / 16 = 16.9 W looked plausible and was taken before
+        ("Intel(R) Xeon(R) Platinum 8380 CPU @ 2.30GHz", 16, None, 10.0, "flags\t: fpu vme hypervisor\n"),
+        ("AMD EPYC 7763 64-Core Processor", 8, "amd epyc 7763", 280 / 64, "flags\t: fpu hypervisor\n"),  # named
+        (None, None, None, 10.0, ""),  # no /proc/cpuinfo model name
     ],
 )
-def test_estimate_power_per_core_from_the_cpu_table(tmp_path, model_name, cores, entry, watts_per_core):
+def test_estimate_power_per_core_from_the_cpu_table(tmp_path, model_name, cores, entry, watts_per_core, extra):
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text(
-        "processor\t: 0\n" + (f"model name\t: {model_name}\ncpu cores\t: {cores}\n" if model_name else "")
+        "processor\t: 0\n" + (f"model name\t: {model_name}\ncpu cores\t: {cores}\n" if model_name else "") + extra
     )
     cpu = cpu_power_per_core(str(cpuinfo))
     assert cpu["table_entry"] == entry and cpu["watts_per_core"] == pytest.approx(watts_per_core)
     assert cpu["cpu_model"] == (model_name or "unknown CPU")
+
+
+@pytest.mark.parametrize("siblings, cpu_s, core_s", [(4, 8.0, 4.0), (2, 4.0, 4.0), (4, 3.0, 3.0)])
+def test_estimate_counts_hyper_threads_of_one_core_once(tmp_path, monkeypatch, clock, siblings, cpu_s, core_s):
+    """4 logical CPUs, 2 cores x 2 hyper-threads: 8 CPU-seconds in a 2 s window are 2 cores busy, not 4."""
+    import os
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("model name\t: AMD EPYC\ncpu cores\t: 2\n" + f"siblings\t: {siblings}\n")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(siblings)))
+    cpu_time = [100.0]
+    monkeypatch.setattr(time, "process_time", lambda: cpu_time[0])
+    meter = EstimateEnergyMeter("cpu", cpuinfo=str(cpuinfo))
+    meter.begin()
+    clock[0] += 2.0
+    cpu_time[0] += cpu_s
+    reading = meter.end()
+    assert reading["cpu_time_s"] == cpu_s and reading["cpu_core_s"] == core_s
+    assert core_s * 10.0 <= reading["energy_j"] <= core_s * 10.0 + 0.375 * 64 * 2.0  # + DRAM, < 64 GiB
+    assert ("hyper-threads share a core" in reading["energy_model"]) is (siblings == 4)
 
 
 def test_cpu_memory_meter_sees_an_allocation_and_not_the_past():

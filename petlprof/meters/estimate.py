@@ -1,6 +1,7 @@
 """``estimate``: energy where nothing can be read, from a stated model.
 
-Process CPU time × a per-core power (the CPU's TDP from CodeCarbon's CPU power table divided by its
+Process CPU time (at most wall time × the physical cores the process may use, since hyper-threads
+share a core's power) × a per-core power (the CPU's TDP from CodeCarbon's CPU power table divided by its
 cores, else :data:`CPU_WATTS_PER_CORE`), plus DRAM power proportional to resident memory.  Its
 readings are labelled ``estimated`` and carry the model, with the CPU named.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import functools
+import os
 import re
 import time
 from importlib.resources import files
@@ -30,11 +32,11 @@ class EstimateEnergyMeter(Meter):
     name = "estimate"
     FIGURES = ("energy_j", "energy_kind", "energy_source")
 
-    def __init__(self, device: str = "cpu", why_not_measured: str | None = None):
+    def __init__(self, device: str = "cpu", why_not_measured: str | None = None, cpuinfo: str = "/proc/cpuinfo"):
         """``why_not_measured``: why the measured meter for the device could not be used (``auto``)."""
         super().__init__(device)
         self.why_not_measured = why_not_measured
-        self.cpu = cpu_power_per_core()
+        self.cpu = cpu_power_per_core(cpuinfo)
         self.model = estimate_model(self.cpu)
         self._cpu0 = 0.0
         self._rss0 = 0
@@ -45,8 +47,9 @@ class EstimateEnergyMeter(Meter):
 
     def _end(self) -> dict[str, Any]:
         cpu_s = time.process_time() - self._cpu0
+        core_s = min(cpu_s, self.window_s * usable_cores(self.cpu["threads_per_core"]))  # hyper-threads share a core
         mean_rss_gib = ((self._rss0 + (rss_bytes() or 0)) / 2) / 2**30
-        energy = cpu_s * self.cpu["watts_per_core"] + DRAM_WATTS_PER_GIB * mean_rss_gib * self.window_s
+        energy = core_s * self.cpu["watts_per_core"] + DRAM_WATTS_PER_GIB * mean_rss_gib * self.window_s
         warnings = [] if self.device == "cpu" else [f"device {self.device} not covered by the estimate"]
         if self.why_not_measured:
             warnings.append(f"energy is estimated because it could not be measured ({self.why_not_measured})")
@@ -56,19 +59,44 @@ class EstimateEnergyMeter(Meter):
             "cpu_model": self.cpu["cpu_model"],
             "cpu_watts_per_core": self.cpu["watts_per_core"],
             "cpu_time_s": cpu_s,
+            "cpu_core_s": core_s,
             **provenance(self, "estimate", ESTIMATED, 2, warnings),
         }
 
 
-def cpu_model_name(cpuinfo: str = "/proc/cpuinfo") -> tuple[str | None, int | None]:
-    """(``model name``, physical ``cpu cores`` per package) from /proc/cpuinfo, None where absent."""
+def cpu_topology(cpuinfo: str = "/proc/cpuinfo") -> dict[str, Any]:
+    """From /proc/cpuinfo: ``name``, physical ``cores`` and logical ``siblings`` per package (None where
+    absent), ``threads_per_core`` (hyper-threads, 1 if unknown) and ``virtual`` (the hypervisor flag:
+    the guest sees a slice of the chip, and its ``cpu cores`` are not the chip's)."""
     try:
         text = Path(cpuinfo).read_text()
     except OSError:
-        return None, None
-    name = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
-    cores = re.search(r"^cpu cores\s*:\s*(\d+)$", text, re.M)
-    return (name.group(1).strip() if name else None), (int(cores.group(1)) if cores else None)
+        text = ""
+
+    def field(key: str) -> str | None:
+        match = re.search(rf"^{key}\s*:\s*(.+)$", text, re.M)
+        return match.group(1).strip() if match else None
+
+    cores, siblings = field("cpu cores"), field("siblings")
+    cores = int(cores) if cores and cores.isdigit() else None
+    siblings = int(siblings) if siblings and siblings.isdigit() else None
+    threads = siblings // cores if cores and siblings and siblings >= cores else 1
+    return {
+        "name": field("model name"),
+        "cores": cores,
+        "siblings": siblings,
+        "threads_per_core": max(threads, 1),
+        "virtual": "hypervisor" in (field("flags") or "").split(),
+    }
+
+
+def usable_cores(threads_per_core: int) -> float:
+    """Physical cores this process may run on: its logical CPUs over the hyper-threads per core."""
+    try:
+        logical = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        logical = os.cpu_count() or 1
+    return max(logical / threads_per_core, 1.0)
 
 
 def _normalise(name: str) -> str:
@@ -94,18 +122,27 @@ def cpu_power_per_core(cpuinfo: str = "/proc/cpuinfo") -> dict[str, Any]:
 
     The core count comes from the model name (``24-Core``) where it says so: in a VM or container
     ``cpu cores`` counts only the cores given to the guest, and dividing the whole chip's TDP by
-    them would inflate the figure many times.  A quotient above
-    :data:`MAX_PLAUSIBLE_WATTS_PER_CORE` is taken as that case and falls back to the generic figure."""
-    name, cores = cpu_model_name(cpuinfo)
+    them would inflate the figure many times.  On a virtual machine (the ``hypervisor`` flag) whose
+    model name does not give the chip's cores, and where the quotient is above
+    :data:`MAX_PLAUSIBLE_WATTS_PER_CORE`, the generic figure is used instead, with the reason."""
+    topology = cpu_topology(cpuinfo)
+    name, cores = topology["name"], topology["cores"]
     fallback = {
         "cpu_model": name or "unknown CPU",
         "watts_per_core": CPU_WATTS_PER_CORE,
         "table_entry": None,
         "tdp_w": None,
         "cores": cores,
+        "threads_per_core": topology["threads_per_core"],
         "fallback_reason": None,
     }
     named_cores = re.search(r"(\d+)-Core", name or "")
+    if not named_cores and topology["virtual"] and cores:
+        return {
+            **fallback,
+            "fallback_reason": f"a virtual machine's {cores} cores are a slice of a chip whose core count the "
+            "model name does not give, so its TDP cannot be divided",
+        }
     cores = int(named_cores.group(1)) if named_cores else cores
     if name and cores:
         text = f" {_normalise(name)} "
@@ -125,6 +162,7 @@ def cpu_power_per_core(cpuinfo: str = "/proc/cpuinfo") -> dict[str, Any]:
                 "table_entry": key,
                 "tdp_w": tdp,
                 "cores": cores,
+                "threads_per_core": topology["threads_per_core"],
                 "fallback_reason": None,
             }
     return fallback
@@ -141,4 +179,10 @@ def estimate_model(cpu: dict[str, Any]) -> str:
         reason = cpu.get("fallback_reason")
         why = f": {reason}" if reason else " not in CodeCarbon's CPU power table"
         core = f"{cpu['watts_per_core']:g} W per busy core ({cpu['cpu_model']}{why}: generic server-core figure)"
-    return f"estimate: process CPU time x {core} + {DRAM_WATTS_PER_GIB:g} W/GiB x mean resident memory x wall time"
+    threads = cpu.get("threads_per_core", 1)
+    cap = (
+        f" (at most wall time x the physical cores it may use: {threads} hyper-threads share a core)"
+        if threads > 1
+        else ""
+    )
+    return f"estimate: process CPU time{cap} x {core} + {DRAM_WATTS_PER_GIB:g} W/GiB x mean resident memory x wall time"
