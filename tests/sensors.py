@@ -203,6 +203,9 @@ class SampledTimeline:
         source.open()
         self.info = sampler_info(source)
 
+    def stop(self) -> None:
+        self.alive = False
+
     def window(self, t0: float, t1: float) -> dict:
         period, now = self.info["period_s"], self.clock.now
         samples = Samples()

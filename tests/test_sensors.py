@@ -172,3 +172,35 @@ def test_failed_instant_reads_are_counted_and_the_field_says_it_was_mixed(world)
     expected = reading["power_samples"] / 7  # one update in seven, all its samples
     assert reading["power_fallback_samples"] == pytest.approx(expected, rel=0.2)
     assert any("come from the averaged field" in w for w in reading["energy_warnings"])
+
+
+def test_meters_check_on_a_gpu_reads_the_sensors_it_is_given(world, monkeypatch):
+    """The GPU part of `petlprof meters --check` against the sensor model (no GPU here): the load is
+    simulated time passing on a GPU drawing 200 W, the sampler is the in-process one."""
+    import petlprof.meters as meters
+    import petlprof.meters.base as base
+    import petlprof.meters.check_gpu as check_gpu
+
+    clock, [gpu] = world({"load": steady(200.0), "noise_w": 0.5})
+    monkeypatch.setattr(base, "synchronize", lambda device: None)
+    monkeypatch.setattr(check_gpu, "gpu_work", lambda seconds, duty=1.0, period_s=0.1: clock.sleep(seconds))
+    monkeypatch.setattr(
+        meters, "start_power_timeline", lambda device: SampledTimeline(NvmlPowerSource([gpu.uuid], 1), clock)
+    )
+    checks = {c.name: c for c in check_gpu.nvml_checks()}
+    assert set(checks) == {
+        "counter update period",
+        "power field",
+        "counter vs integrated, steady",
+        "counter vs integrated, bursty",
+        "sampling rate",
+        "short-window spread",
+        "idle power",
+    }
+    assert checks["counter update period"].value == pytest.approx(0.1, rel=0.05)
+    assert checks["power field"].value == "instant" and checks["power field"].verdict == "pass"
+    assert checks["counter vs integrated, steady"].value == pytest.approx(1.0, abs=0.02)
+    assert checks["counter vs integrated, steady"].verdict == "pass"
+    assert checks["idle power"].value == pytest.approx(200.0, rel=0.01) and checks["idle power"].verdict == "pass"
+    assert checks["sampling rate"].verdict == "pass"
+    assert all(c.verdict in ("pass", "warn", "fail") and c.detail for c in checks.values())

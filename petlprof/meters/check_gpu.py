@@ -36,6 +36,19 @@ def gpu_work(seconds: float, duty: float = 1.0, period_s: float = 0.1) -> None:
             time.sleep(rest)
 
 
+def _metered(timeline, seconds: float, duty: float = 1.0, period_s: float = 0.1) -> dict:
+    """The NVML meter's reading of ``gpu_work`` over one window."""
+    from petlprof.meters.energy import NvmlEnergyMeter
+
+    meter = NvmlEnergyMeter(DEVICE, timeline=timeline)
+    try:
+        with Window([meter], DEVICE) as window:
+            gpu_work(seconds, duty=duty, period_s=period_s)
+    finally:
+        meter.close()
+    return window.reading
+
+
 def _agreement(name: str, reading: dict, limits: tuple[float, float], load: str) -> Check:
     counter, integrated = reading.get("energy_counter_j"), reading.get("energy_integrated_j")
     if not counter or integrated is None:
@@ -54,7 +67,6 @@ def _agreement(name: str, reading: dict, limits: tuple[float, float], load: str)
 
 def nvml_checks() -> list[Check]:
     from petlprof.meters import start_power_timeline
-    from petlprof.meters.energy import NvmlEnergyMeter
     from petlprof.meters.idle import measure_idle
 
     idle = measure_idle(DEVICE, seconds=2.0)
@@ -81,11 +93,10 @@ def nvml_checks() -> list[Check]:
                 else "only the averaged field (a 1 s moving average on Ampere and later): integrated energy lags",
             ),
         ]
-        readings = {}
-        for load, duty in (("steady", 1.0), ("bursty", 0.5)):
-            with Window([NvmlEnergyMeter(DEVICE, timeline=timeline)], DEVICE) as window:
-                gpu_work(LOAD_S, duty=duty, period_s=max(2 * (update or 0.05), 0.02))
-            readings[load] = window.reading
+        burst_s = max(2 * (update or 0.05), 0.02)  # busy one update period, idle the next
+        readings = {
+            load: _metered(timeline, LOAD_S, duty, burst_s) for load, duty in (("steady", 1.0), ("bursty", 0.5))
+        }
         checks.append(_agreement("counter vs integrated, steady", readings["steady"], AGREE_STEADY, "steady load"))
         checks.append(
             _agreement("counter vs integrated, bursty", readings["bursty"], AGREE_BURSTY, "bursts at the update period")
@@ -120,13 +131,7 @@ def nvml_checks() -> list[Check]:
 def _spread(timeline) -> Check:
     import numpy as np
 
-    from petlprof.meters.energy import NvmlEnergyMeter
-
-    energies = []
-    for _ in range(REPEATS):
-        with Window([NvmlEnergyMeter(DEVICE, timeline=timeline)], DEVICE) as window:
-            gpu_work(0.5)
-        energies.append(window.reading["energy_j"])
+    energies = [_metered(timeline, 0.5)["energy_j"] for _ in range(REPEATS)]
     cv = float(np.std(energies) / np.mean(energies))
     return Check(
         "short-window spread",
