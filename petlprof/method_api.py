@@ -38,6 +38,7 @@ in the run's spec, through :mod:`petlprof.registry`: a built-in name, an entry p
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
 import re
 from collections.abc import Callable, Sequence
@@ -71,55 +72,42 @@ def _is_number(value: Any) -> bool:
 
 @dataclass(frozen=True)
 class Number:
-    """A finite number (or integer) in a range; ``above``/``below``: the bound itself is excluded."""
+    """A finite number (or integer) in ``[minimum, maximum]``; ``above``/``below`` exclude that bound itself."""
 
-    minimum: float | None = None
-    maximum: float | None = None
+    minimum: float
+    maximum: float
     above: bool = False
     below: bool = False
     integer: bool = False
     optional: bool = False
 
-    def _interval(self) -> bool:  # "a number in [0, 1)": both bounds said at once
-        return not self.integer and self.minimum is not None and self.maximum is not None and self.minimum_phrase == ""
-
-    @property
-    def minimum_phrase(self) -> str:
-        """The usual words for the lower bound ("" where an interval says it better)."""
-        low = self.minimum
+    def _words(self) -> tuple[str, str]:
+        """(what a value of the wrong kind or below the range is told, the whole range)."""
+        low, high = self.minimum, self.maximum
         if self.integer:
-            names = {1: "a positive integer", 0: "a non-negative integer"}
-            return names.get(low, "an integer" if low is None else f"an integer >= {low:g}")
-        if low == 0 and self.above:
-            return "a positive number"
-        if low is None:
-            return "a finite number"
-        return "" if self.maximum is not None else f"a number {'>' if self.above else '>='} {low:g}"
+            lower = {1: "a positive integer", 0: "a non-negative integer"}.get(low, f"an integer >= {low:g}")
+        elif low == 0 and self.above:
+            lower = "a positive number"
+        else:  # both bounds at once: "a number in [0, 1)"
+            whole = f"a number in {'(' if self.above else '['}{low:g}, {high:g}{')' if self.below else ']'}"
+            return whole, whole
+        return lower, f"{lower} {'below' if self.below else 'of at most'} {high:g}"
 
     def allowed(self) -> str:
-        if self._interval():
-            low, high = "(" if self.above else "[", ")" if self.below else "]"
-            what = f"a number in {low}{self.minimum:g}, {self.maximum:g}{high}"
-        else:
-            what = self.minimum_phrase
-            if self.maximum is not None:
-                what += f" {'below' if self.below else 'of at most'} {self.maximum:g}"
-        return what + (", or unset" if self.optional else "")
+        return self._words()[1] + (", or unset" if self.optional else "")
 
     def problem(self, value: Any) -> str | None:
         if value is None and self.optional:
             return None
+        lower, whole = self._words()
         wrong_type = not _is_number(value) or (self.integer and not isinstance(value, int))
         if wrong_type or (isinstance(value, float) and not math.isfinite(value)) or self._too_low(value):
-            what = self.allowed() if self._interval() else self.minimum_phrase
-            return f"must be {what}, got {shown(value)}"
-        if self.maximum is not None and (value >= self.maximum if self.below else value > self.maximum):
-            return f"must be {self.allowed()}, got {shown(value)}"
+            return f"must be {lower}, got {shown(value)}"
+        if value >= self.maximum if self.below else value > self.maximum:
+            return f"must be {whole}, got {shown(value)}"
         return None
 
     def _too_low(self, value: float) -> bool:
-        if self.minimum is None:
-            return False
         return value <= self.minimum if self.above else value < self.minimum
 
 
@@ -175,13 +163,14 @@ def number(
     default: float | None,
     help: str,
     *,
-    minimum: float | None = None,
-    maximum: float | None = None,
+    minimum: float,
+    maximum: float,
     above: bool = False,
     below: bool = False,
     optional: bool = False,
 ) -> Any:
-    """A finite real-valued field; ``above=True`` excludes ``minimum`` itself, ``below=True`` ``maximum``."""
+    """A finite real-valued field in ``[minimum, maximum]`` (both required: a range that makes sense);
+    ``above=True`` excludes ``minimum`` itself, ``below=True`` ``maximum``."""
     return _declare(default, help, Number(minimum, maximum, above, below, integer=False, optional=optional))
 
 
@@ -306,8 +295,6 @@ def resolve_target(target: str | Callable) -> Callable:
     """A callable, or the one ``"module:attr"`` names."""
     if callable(target):
         return target
-    import importlib
-
     module, _, attr = target.partition(":")
     obj = importlib.import_module(module)
     for part in attr.split("."):

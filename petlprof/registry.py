@@ -113,13 +113,19 @@ def _reference_label(reference: str) -> str:
     return f"plug-in method '{reference}' ({where})"
 
 
+class _Broken(Exception):
+    """What is wrong with a plug-in; the caller says which plug-in (naming a module's distribution is slow)."""
+
+
 def _load_entry_point(ep: metadata.EntryPoint) -> MethodSpec:
-    label = _entry_label(ep)
-    if not REFERENCE.fullmatch(ep.value):
-        raise UsageError(f"{label}: malformed entry point: its value must be module:ATTR naming a MethodSpec")
-    spec = _import_spec(ep.value, label)
-    if spec.name != ep.name:
-        raise UsageError(f"{label}: malformed spec: it is named '{spec.name}'; the entry point must use the same name")
+    try:
+        if not REFERENCE.fullmatch(ep.value):
+            raise _Broken("malformed entry point: its value must be module:ATTR naming a MethodSpec")
+        spec = _import_spec(ep.value)
+        if spec.name != ep.name:
+            raise _Broken(f"malformed spec: it is named '{spec.name}'; the entry point must use the same name")
+    except _Broken as exc:
+        raise UsageError(f"{_entry_label(ep)}: {exc}") from None
     return spec
 
 
@@ -129,35 +135,37 @@ def _load_reference(reference: str) -> MethodSpec:
     cwd = os.getcwd()
     if "" not in sys.path and cwd not in sys.path:  # a module in the current folder, as `python -m` finds it
         sys.path.append(cwd)
-    label = _reference_label(reference)
-    spec = _import_spec(reference, label)
-    if spec.name in _METHODS and _METHODS[spec.name] is not spec:
-        raise UsageError(f"{label}: its name '{spec.name}' clashes with the built-in method '{spec.name}'; rename it")
-    for ep in _entry_points().get(spec.name, []):
-        if ep.value != reference:
-            raise UsageError(f"{label}: its name '{spec.name}' clashes with the installed {_entry_label(ep)}")
+    try:
+        spec = _import_spec(reference)
+        if spec.name in _METHODS and _METHODS[spec.name] is not spec:
+            raise _Broken(f"its name '{spec.name}' clashes with the built-in method '{spec.name}'; rename it")
+        for ep in _entry_points().get(spec.name, []):
+            if ep.value != reference:
+                raise _Broken(f"its name '{spec.name}' clashes with the installed {_entry_label(ep)}")
+    except _Broken as exc:
+        raise UsageError(f"{_reference_label(reference)}: {exc}") from None
     return spec
 
 
-def _import_spec(reference: str, label: str) -> MethodSpec:
-    """The MethodSpec ``module:ATTR`` names, or one UsageError line saying why not."""
+def _import_spec(reference: str) -> MethodSpec:
+    """The MethodSpec ``module:ATTR`` names, or :class:`_Broken` saying why not, in one line."""
     module_name, _, attr = reference.partition(":")
     try:
         obj: Any = importlib.import_module(module_name)
     except MethodSpecError as exc:  # the module made a malformed spec
-        raise UsageError(f"{label}: malformed spec: {exc}") from None
+        raise _Broken(f"malformed spec: {exc}") from None
     except Exception as exc:  # any error of a third-party import is the plug-in's, said in one line
         first = str(exc).splitlines()[0] if str(exc) else ""
-        raise UsageError(
-            f"{label}: import of '{module_name}' failed: {type(exc).__name__}: {first} "
+        raise _Broken(
+            f"import of '{module_name}' failed: {type(exc).__name__}: {first} "
             f"(see it in full: python -c 'import {module_name}')"
         ) from None
     for part in attr.split("."):
         if not hasattr(obj, part):
-            raise UsageError(f"{label}: malformed spec: module '{module_name}' has no attribute '{attr}'")
+            raise _Broken(f"malformed spec: module '{module_name}' has no attribute '{attr}'")
         obj = getattr(obj, part)
     if not isinstance(obj, MethodSpec):
-        raise UsageError(f"{label}: malformed spec: '{attr}' is a {type(obj).__name__}, not a petlprof.MethodSpec")
+        raise _Broken(f"malformed spec: '{attr}' is a {type(obj).__name__}, not a petlprof.MethodSpec")
     return obj
 
 
