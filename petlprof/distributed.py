@@ -4,8 +4,8 @@ one record that sums up what every rank measured.
 A run of ``nproc`` > 1 ranks (``RunSpec.nproc``) starts with :func:`launch`, torch's elastic launcher
 (``torchrun --standalone --nproc-per-node N``) run inside the worker process, so the ranks die with the
 sweep and a failed rank's exit code or signal reaches the record.  Each rank reads its place from the
-environment torchrun sets (:class:`RankContext`), joins the process group (gloo on CPU, nccl on CUDA,
-rank *i* of a node on ``cuda:LOCAL_RANK``; every collective times out after
+environment torchrun sets (:class:`petlprof.ranks.RankContext`), joins the process group (gloo on CPU,
+nccl on CUDA, rank *i* of a node on ``cuda:LOCAL_RANK``; every collective times out after
 :data:`COLLECTIVE_TIMEOUT_S`, so a lost peer ends the run instead of hanging it), and then:
 
 * trains the model wrapped in ``DistributedDataParallel``.  ``batch_size`` stays the *global* batch:
@@ -42,9 +42,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-import socket
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,8 +50,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from petlprof.errors import UsageError
 from petlprof.meters.base import ESTIMATED, MEASURED
+from petlprof.records import Phase, RunRecord
 
 COLLECTIVE_TIMEOUT_S = 600.0
 # how long the other ranks wait for rank 0's per-device phases (inference, merged evaluation) before the
@@ -95,64 +93,6 @@ COMMUNICATION_MARKERS = (
 )
 
 
-@dataclass(frozen=True)
-class RankContext:
-    """Where this process sits in a run of several ranks, as torchrun's environment says."""
-
-    rank: int
-    world_size: int
-    local_rank: int
-    local_world_size: int
-    host: str
-
-    @classmethod
-    def from_env(cls, environ=os.environ) -> RankContext | None:
-        """The context torchrun's variables describe, None outside torchrun."""
-        if "RANK" not in environ or "WORLD_SIZE" not in environ:
-            return None
-        world = int(environ["WORLD_SIZE"])
-        return cls(
-            rank=int(environ["RANK"]),
-            world_size=world,
-            local_rank=int(environ.get("LOCAL_RANK", 0)),
-            local_world_size=int(environ.get("LOCAL_WORLD_SIZE", world)),
-            host=socket.gethostname(),
-        )
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    def device(self, requested: str) -> str:
-        """The device of this rank: ``cuda:LOCAL_RANK`` for a CUDA run, else ``requested``."""
-        return f"cuda:{self.local_rank}" if requested.startswith("cuda") else requested
-
-    def describe(self, device: str) -> dict[str, Any]:
-        return {
-            "rank": self.rank,
-            "local_rank": self.local_rank,
-            "host": self.host,
-            "device": device,
-            "pid": os.getpid(),
-        }
-
-
-def rank_context(nproc: int) -> RankContext | None:
-    """This process's context in a run of ``nproc`` ranks (None for one rank); a UsageError when the
-    run was not started by torchrun with that many ranks (``--in-process``, a plain ``execute``)."""
-    if nproc == 1:
-        return None
-    ranks = RankContext.from_env()
-    if ranks is None:
-        raise UsageError(
-            f"a run of nproc={nproc} ranks needs one process per rank, started by torchrun "
-            "(execute_in_subprocess does that); it cannot run in this process (--in-process)"
-        )
-    if ranks.world_size != nproc:
-        raise UsageError(f"the run asks for nproc={nproc} ranks but torchrun started WORLD_SIZE={ranks.world_size}")
-    return ranks
-
-
 def init(device: str) -> str:
     """Join the process group (gloo on CPU, nccl on CUDA, this rank on ``device``); returns the backend."""
     cuda = device.startswith("cuda")
@@ -187,9 +127,9 @@ def wrap(model: torch.nn.Module, device: str) -> torch.nn.Module:
     return DistributedDataParallel(model, device_ids=device_ids)
 
 
-def my_part(indices: np.ndarray, ranks: RankContext) -> np.ndarray:
-    """This rank's positions of a global batch: ``rank::world_size``."""
-    return indices[ranks.rank :: ranks.world_size]
+def my_part(indices: np.ndarray, rank: int, world_size: int) -> np.ndarray:
+    """Rank ``rank``'s positions of a global batch: ``rank::world_size``."""
+    return indices[rank::world_size]
 
 
 def _tensor(values, dtype) -> torch.Tensor:
@@ -248,14 +188,14 @@ def gather_in_order(
     return np.concatenate([p[1] for p in parts])[order], np.concatenate([p[2] for p in parts])[order]
 
 
-def summary(ranks: RankContext, backend: str, batch_size: int, nodes: int, per_rank: list[dict]) -> dict[str, Any]:
+def summary(world_size: int, backend: str, batch_size: int, nodes: int, per_rank: list[dict]) -> dict[str, Any]:
     """The record's ``distributed`` entry: how the run was split and how its figures are to be read."""
     return {
-        "world_size": ranks.world_size,
+        "world_size": world_size,
         "backend": backend,
         "nodes": nodes,
         "batch": f"batch_size {batch_size} is the global batch: at each step rank r computes positions "
-        f"r::{ranks.world_size} of it",
+        f"r::{world_size} of it",
         "aggregation": "train/eval: energy summed over ranks (a node-wide meter such as RAPL once per node), peak "
         "memory the max over ranks, time the slowest rank's, samples summed; "
         f"{' and '.join(RANK0_ONLY_PHASES)} measured on rank 0 alone",
@@ -290,7 +230,7 @@ def aggregate_ranks(records: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _aggregate_phase(phases: list[dict], ranks: list[int], hosts: list[str], devices: list) -> dict[str, Any]:
+def _aggregate_phase(phases: list[Phase], ranks: list[int], hosts: list[str], devices: list) -> Phase:
     warnings: list[str] = []
     out = {
         key: phases[0][key]
@@ -440,7 +380,7 @@ def read_failure(out_path: str | Path, world_size: int) -> dict[str, Any] | None
     return failure(world_size, records, launched)
 
 
-def failure(world_size: int, rank_records: dict[int, dict], launched: dict[int, dict]) -> dict[str, Any] | None:
+def failure(world_size: int, rank_records: dict[int, RunRecord], launched: dict[int, dict]) -> dict[str, Any] | None:
     """The cause of a failed multi-rank run, as record fields (``status``, ``error`` naming the rank, its
     traceback and ``failed_at``, ``distributed``), from the failed ranks' own records and the launcher's
     exit codes; None when neither names a failure.

@@ -22,7 +22,7 @@ from petlprof.meters import ESTIMATED, Meter, Window
 from petlprof.meters.base import phase_warnings
 from petlprof.meters.energy import SHORT_WINDOW_S
 from petlprof.meters.latency import StepTimer
-from petlprof.train import PROGRESS, Batches, percentiles
+from petlprof.train import Batches, Progress, percentiles
 
 ESTIMATE_WINDOW_S = 0.5
 MIN_REPEATS = 10
@@ -46,13 +46,16 @@ def measure_inference(
     make_meters: Callable[[int], list[Meter]],
     min_window_s: float,
     warmup_steps: int,
+    progress: Progress | None = None,
 ) -> dict[str, Any]:
     """``{"batch_1": {...}, "batch_32": {...}}``: per batch size the repeats, window time, latency
-    percentiles per batch and per sample, throughput, and the meters' readings (energy per sample)."""
+    percentiles per batch and per sample, throughput, and the meters' readings (energy per sample).
+    ``progress`` is told which batch size is measured (for the record of a run that fails)."""
+    progress = progress if progress is not None else Progress()
     model.eval()
     phase: dict[str, Any] = {"target_window_s": min_window_s, "input": "the first examples of the evaluation split"}
     for size in dict.fromkeys(min(b, len(batches.encodings)) for b in batch_sizes):
-        PROGRESS.update(phase="inference", step=size)
+        progress.at("inference", size)
         fixed = Batches(batches.encodings[:size], batches.labels[:size], size, batches.tokenizer)
         inputs, _ = next(fixed.iterate(device))
         for _ in range(warmup_steps):

@@ -1,10 +1,15 @@
 """One run = (backbone, task, method + hyper-parameters, seed): execute it and return its record.
 
 :func:`execute` runs in the current process and never raises for a failure inside the run: the
-record says ``failed`` (or ``oom``) with the error text.  :func:`execute_in_subprocess` runs the
-same thing in a fresh Python process (the default), so peak-memory figures start clean and a
-crash — even a segfault or the kernel's OOM killer — becomes a ``failed`` record instead of
-taking the sweep down.  The child's progress bars pass through to the terminal.
+record says ``failed`` (or ``oom``) with the error text.  It runs the three named steps of
+:mod:`petlprof.pipeline`: ``prepare`` (ranks, memory cap, data, model, meters, cache, budget),
+``run_phases`` (train, evaluate, inference, merged evaluation) and ``to_record`` (the record's
+fields, :class:`petlprof.records.RunRecord`).
+
+:func:`execute_in_subprocess` runs the same thing in a fresh Python process (the default), so
+peak-memory figures start clean and a crash — even a segfault or the kernel's OOM killer — becomes a
+``failed`` record instead of taking the sweep down.  The child's progress bars pass through to the
+terminal.
 """
 
 from __future__ import annotations
@@ -23,16 +28,15 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from petlprof.records import CANCELLED, FAILED, OK, OOM, SCHEMA_VERSION, TIMEOUT, RunRecord
 from petlprof.spec import BUDGET_FIELDS, RunSpec, spec_identity  # noqa: F401  (re-exported)
-
-SCHEMA_VERSION = 1
 
 
 def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def _base_record(spec: RunSpec) -> dict[str, Any]:
+def _base_record(spec: RunSpec) -> RunRecord:
     """What every record holds, a failed one too: the run, its method's knob and the fields changed
     from the method's defaults (so a failed configuration reads like its finished seeds)."""
     from petlprof.errors import UsageError
@@ -47,7 +51,7 @@ def _base_record(spec: RunSpec) -> dict[str, Any]:
     return {
         "schema_version": SCHEMA_VERSION,
         "run_key": spec.run_key,
-        "status": "failed",
+        "status": FAILED,
         "error": None,
         "method": name,  # the spec's name, also for a plug-in given as module:ATTR (spec.method says so)
         "method_config": config,
@@ -61,19 +65,19 @@ def _base_record(spec: RunSpec) -> dict[str, Any]:
     }
 
 
-def failed_record(spec: RunSpec, error: str, status: str = "failed", **fields: Any) -> dict[str, Any]:
+def failed_record(spec: RunSpec, error: str, status: str = FAILED, **fields: Any) -> RunRecord:
     """The record of a run that gave no record of its own (its process or node was lost, ...)."""
     record = _base_record(spec)
     record.update(status=status, error=error, finished_at=_now(), **fields)
     return record
 
 
-def cancelled_record(spec: RunSpec, signal_name: str) -> dict[str, Any]:
+def cancelled_record(spec: RunSpec, signal_name: str) -> RunRecord:
     """The record of a run stopped by the user; ``petlprof run`` retries it on resume."""
-    return failed_record(spec, f"stopped by {signal_name}; not finished", status="cancelled")
+    return failed_record(spec, f"stopped by {signal_name}; not finished", status=CANCELLED)
 
 
-def execute(spec: RunSpec, max_memory_bytes: int | None = None) -> dict[str, Any]:
+def execute(spec: RunSpec, max_memory_bytes: int | None = None) -> RunRecord:
     """Run one spec in this process; always returns a record (status ``ok``, ``failed`` or ``oom``).
 
     ``max_memory_bytes`` caps what the run may allocate beyond the imported runtime (CUDA: a
@@ -82,35 +86,44 @@ def execute(spec: RunSpec, max_memory_bytes: int | None = None) -> dict[str, Any
     A run of ``spec.nproc`` > 1 ranks executes here only as one rank started by torchrun (see
     :mod:`petlprof.distributed`), else this raises a UsageError; rank 0's record is the run's.
     """
-    from petlprof import distributed
-    from petlprof.train import PROGRESS
+    from petlprof.envinfo import environment
+    from petlprof.pipeline import prepare, run_phases, to_record
+    from petlprof.ranks import rank_context
+    from petlprof.train import Progress
 
-    ranks = distributed.rank_context(spec.nproc)
-    record = _base_record(spec)
-    PROGRESS.update(phase="setup", step=None)
+    ranks = rank_context(spec.nproc)
+    record, progress = _base_record(spec), Progress()
+    progress.at("setup")
     t0 = time.perf_counter()
     try:
-        record.update(_execute(spec, max_memory_bytes, ranks))
-        record["status"] = "ok"
+        ctx = prepare(spec, ranks, progress, max_memory_bytes)
+        record.update(to_record(ctx, run_phases(ctx)))
+        record["status"] = OK
     except Exception as exc:  # a failed run is a result, not a crash of the sweep
-        record["status"] = "oom" if _is_oom(exc) else "failed"
-        record["error"] = f"{type(exc).__name__}: {exc}".strip()
-        record["traceback"] = traceback.format_exc(limit=20)
-        try:
-            record["failed_at"] = {**PROGRESS, **_memory_now(spec.device)}
-        except Exception:  # the figures at failure are a bonus; the record must come back
-            record["failed_at"] = dict(PROGRESS)
-    if record["status"] == "ok":  # a failed rank exits without the collective teardown (petlprof.worker)
-        distributed.destroy()
+        record.update(_failure(exc, progress, spec.device))
+    if record["status"] == OK:  # a failed rank exits without the collective teardown (petlprof.worker)
+        ranks.release()
     record["finished_at"] = _now()
     record["wall_time_s"] = time.perf_counter() - t0
-    from petlprof.envinfo import environment
-
     try:
         record["env"] = environment(spec.device)
     except Exception as exc:  # provenance must never cost a finished result
         record["env"] = {"error": f"{type(exc).__name__}: {exc}"}
     return record
+
+
+def _failure(exc: Exception, progress, device: str) -> dict[str, Any]:
+    """The fields of a run that raised ``exc``: status, error, traceback, where it was and its memory then."""
+    fields: dict[str, Any] = {
+        "status": OOM if _is_oom(exc) else FAILED,
+        "error": f"{type(exc).__name__}: {exc}".strip(),
+        "traceback": traceback.format_exc(limit=20),
+    }
+    try:
+        fields["failed_at"] = {**progress.as_dict(), **_memory_now(device)}
+    except Exception:  # the figures at failure are a bonus; the record must come back
+        fields["failed_at"] = progress.as_dict()
+    return fields
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -131,270 +144,6 @@ def _memory_now(device: str) -> dict[str, Any]:
             cuda_peak_allocated_bytes=int(torch.cuda.max_memory_allocated(device)),
         )
     return figures
-
-
-def _cap_memory(device: str, max_memory_bytes: int) -> None:
-    if device.startswith("cuda"):
-        import torch
-
-        total = torch.cuda.get_device_properties(device).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, max_memory_bytes / total), device)
-        return
-    import resource
-
-    import torch
-
-    from petlprof.meters.memory import status_bytes
-
-    # start the OpenMP thread pool first: thread stacks are address space, and a pool that cannot
-    # start under the cap aborts the process instead of raising
-    torch.mm(torch.ones(512, 512), torch.ones(512, 512))
-    address_space = status_bytes("VmSize") or 0
-    resource.setrlimit(resource.RLIMIT_AS, (address_space + max_memory_bytes, resource.RLIM_INFINITY))
-
-
-def _execute(spec: RunSpec, max_memory_bytes: int | None, ranks=None) -> dict[str, Any]:
-    """The run's record fields; ``ranks``: this process's :class:`~petlprof.distributed.RankContext` in
-    a run of several ranks (rank 0 returns the aggregated record, the others only their own part)."""
-    # library code is imported before the memory baseline: it is the runtime's memory, not the run's
-    import datasets  # noqa: F401
-    import pandas  # noqa: F401
-    import peft  # noqa: F401
-    import torch
-    import transformers  # noqa: F401
-
-    from petlprof import distributed
-    from petlprof.backbones import check_shape, load_backbone
-    from petlprof.budget import make_budget
-    from petlprof.errors import UsageError
-    from petlprof.inference import measure_inference, target_window_s
-    from petlprof.meters import energy_meter_for, extra_meters_for, memory_meter_for, start_power_timeline
-    from petlprof.meters.idle import sweep_idle
-    from petlprof.meters.memory import release_free_memory, rss_bytes, static_breakdown
-    from petlprof.modeling import SequenceClassifier
-    from petlprof.registry import get_method
-    from petlprof.tasks import load_task
-    from petlprof.train import Batches, evaluate, train
-
-    key = spec.run_key + (f"-rank{ranks.rank}" if ranks is not None else "")
-    if ranks is not None:  # each rank on its own device; the process group is runtime, not the run
-        spec = dataclasses.replace(spec, device=ranks.device(spec.device))
-        backend = distributed.init(spec.device)
-    release_free_memory()
-    runtime_baseline = rss_bytes()  # Python + torch/transformers/peft code, before any model or data exists
-    if max_memory_bytes is not None:
-        _cap_memory(spec.device, max_memory_bytes)
-    method = get_method(spec.method)
-    method_config = method.make_config(spec.method_config)
-    lr = spec.lr if spec.lr is not None else method.default_lr
-    task = load_task(
-        spec.task,
-        train_size=spec.train_size,
-        eval_size=spec.eval_size,
-        data_dir=spec.data_dir,
-        text_column=spec.text_column,
-        text_pair_column=spec.text_pair_column,
-        label_column=spec.label_column,
-    )
-    torch.manual_seed(spec.seed)
-    backbone = load_backbone(spec.backbone, num_layers=spec.num_layers, seed=spec.seed)
-    check_shape(spec.backbone, backbone.config, max_length=spec.max_length)
-    classifier = SequenceClassifier(backbone, task.num_labels)
-    model = method.build()(classifier, method_config).to(spec.device)
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    total = sum(p.numel() for p in model.parameters())
-
-    def make(split):
-        return Batches.from_split(
-            split,
-            backbone.tokenizer,
-            spec.batch_size,
-            spec.max_length,
-            task.is_regression,
-        )
-
-    train_batches, eval_batches = make(task.train), make(task.eval)
-    timeline_warnings = []
-    try:  # GPU power sampled in its own process; None off CUDA
-        timeline = start_power_timeline(spec.device, spec.energy_meter)
-    except Exception as error:  # the energy counter still measures; only the timeline is missing
-        timeline = None
-        timeline_warnings.append(
-            f"the NVML power timeline did not start ({type(error).__name__}: {error}): "
-            "energy comes from the counter alone, integrated power is missing"
-        )
-    breakdown = static_breakdown(model)
-
-    def meters(phase: str) -> list:
-        """Extra meters first: a window begins meters in order and ends them in reverse, so CodeCarbon's
-        start and stop (and the tensor tracker's) fall outside the energy and memory readings."""
-        resident = breakdown["total_bytes"] - breakdown["gradients_bytes"]  # tensors alive as a window opens
-        resident -= breakdown["optimizer_state_bytes"] if phase != "train" else 0
-        snapshot = f"{spec.memory_snapshot_dir}/{key}-{phase}.pickle" if spec.memory_snapshot_dir else None
-        return [
-            *extra_meters_for(spec.extra_meters, spec.device, country_code=spec.country_code, resident_bytes=resident),
-            memory_meter_for(spec.device, runtime_baseline, snapshot),
-            energy_meter_for(spec.device, spec.energy_meter, timeline, idle=sweep_idle()),
-        ]
-
-    label = f"{spec.method} s{spec.seed}"
-    train_meters, eval_meters = meters("train"), meters("eval")
-    cache = None
-    if spec.cache_hidden_states:
-        from petlprof.cache import DEFAULT_BUDGET_BYTES, HiddenStateCache
-
-        if not method.side_tuning:
-            raise UsageError(
-                f"--cache-hidden-states needs a side-tuning method; '{spec.method}' back-propagates "
-                "through its backbone"
-            )
-        if ranks is not None:
-            raise UsageError(
-                f"--cache-hidden-states cannot be used with --nproc-per-run {spec.nproc}: a cached step "
-                "runs the side network outside DistributedDataParallel, so its gradients would not be "
-                "averaged over the ranks"
-            )
-        cache = HiddenStateCache(
-            spec.cache_budget_bytes if spec.cache_budget_bytes is not None else DEFAULT_BUDGET_BYTES,
-            spec.cache_dir,
-            spec.cache_dtype,
-        )
-    budget = make_budget(spec, task, model, make)  # stop at a target metric value or a maximum time
-    stop = distributed.agreed_stop(budget) if ranks is not None and budget is not None else budget
-    try:
-        if budget is not None:
-            budget.start()
-        train_phase = train(
-            model if ranks is None else distributed.wrap(model, spec.device),
-            train_batches,
-            epochs=spec.epochs,
-            max_steps=spec.max_steps,
-            lr=lr,
-            seed=spec.seed,
-            device=spec.device,
-            meters=train_meters,
-            warmup_steps=spec.warmup_steps,
-            desc=f"{label} train",
-            cache=cache,
-            stop=stop,
-            ranks=ranks,
-        )
-        eval_phase, preds, golds = evaluate(
-            model,
-            eval_batches,
-            device=spec.device,
-            meters=eval_meters,
-            warmup_steps=spec.warmup_steps,
-            desc=f"{label} eval",
-            ranks=ranks,
-        )
-        for phase in (train_phase, eval_phase):
-            phase["warnings"] = timeline_warnings + phase["warnings"]
-        if ranks is not None:
-            per_rank = distributed.gather({**ranks.describe(spec.device), "train": train_phase, "eval": eval_phase})
-            if not ranks.is_main:  # rank 0 alone measures the per-device phases and writes the record
-                distributed.done()
-                return {"distributed": {"rank": ranks.rank, "world_size": ranks.world_size}}
-            aggregated = distributed.aggregate_ranks(per_rank)
-            train_phase, eval_phase = aggregated["train"], aggregated["eval"]
-        if budget is not None:
-            train_phase["budget"] = budget.summary(train_phase)
-        inference_phase = measure_inference(
-            model,
-            eval_batches,
-            device=spec.device,
-            batch_sizes=[1, spec.batch_size],
-            make_meters=lambda size: meters(f"inference-batch{size}"),
-            warmup_steps=spec.warmup_steps,
-            min_window_s=target_window_s(eval_phase.get("energy_kind"), spec.inference_window_s),
-        )
-    finally:
-        for meter in train_meters + eval_meters:
-            meter.close()
-        if cache is not None:
-            cache.close()
-        if timeline is not None and ranks is not None and not ranks.is_main:
-            timeline.stop()
-    merged = (
-        _evaluate_merged(method, model, eval_batches, preds, spec, meters("eval_merged"), label)
-        if method.merge
-        else None
-    )
-    if timeline is not None:  # on a failure the sampler stops when ``timeline`` is collected
-        timeline.stop()
-    if ranks is not None:
-        distributed.done()
-        inference_phase["measured_on"] = f"rank 0 alone ({spec.device}): a per-device figure"
-        if merged is not None:
-            merged["measured_on"] = f"rank 0 alone ({spec.device}), the whole evaluation split: a per-device figure"
-    return {
-        "method_config": dataclasses.asdict(method_config),
-        "backbone_info": backbone.info(),
-        "task_info": {
-            "num_labels": task.num_labels,
-            "label_names": task.label_names,
-            "train_samples": len(task.train),
-            "eval_samples": len(task.eval),
-            "description": task.description,
-        },
-        "primary_metric": task.primary_metric,
-        "training": {
-            "epochs": spec.epochs,
-            "max_steps": spec.max_steps,
-            "batch_size": spec.batch_size,
-            "lr": lr,
-            "lr_source": method.lr_source if lr == method.default_lr else "user",
-            "max_length": spec.max_length,
-            "warmup_steps": spec.warmup_steps,
-            "device": spec.device,
-            "optimizer": "AdamW(weight_decay=0.01 on matrices, 0 on biases/norms)",
-            "schedule": "linear, 6% warm-up",
-            "precision": str(next(model.parameters()).dtype).removeprefix("torch."),
-        },
-        "trainable_params": trainable,
-        "total_params": total,
-        "metrics": task.compute_metrics(preds, golds),
-        "train": train_phase,
-        "eval": eval_phase,
-        "inference": inference_phase,
-        "memory_breakdown": breakdown,
-        "idle_baseline": sweep_idle() or None,
-        **({"eval_merged": merged} if merged is not None else {}),
-        **(
-            {"distributed": distributed.summary(ranks, backend, spec.batch_size, aggregated["nodes"], per_rank)}
-            if ranks is not None
-            else {}
-        ),
-    }
-
-
-def _evaluate_merged(method, model, eval_batches, preds, spec: RunSpec, meters: list, label: str) -> dict[str, Any]:
-    """Phase ``eval_merged``: the same evaluation after the method folds its weights into the backbone.
-
-    Also records the fraction of predictions equal to the unmerged ones.  A merge that fails is
-    recorded as this phase's error; the unmerged results stand.
-    """
-    import numpy as np
-
-    from petlprof.train import evaluate
-
-    try:
-        merged_model = method.build_merge()(model)
-        phase, merged_preds, _ = evaluate(
-            merged_model,
-            eval_batches,
-            device=spec.device,
-            meters=meters,
-            warmup_steps=spec.warmup_steps,
-            desc=f"{label} eval merged",
-        )
-    except Exception as exc:
-        return {"error": f"{type(exc).__name__}: {exc}".strip()}
-    finally:
-        for meter in meters:
-            meter.close()
-    phase["predictions_agree_fraction"] = float(np.isclose(merged_preds, preds, rtol=1e-3, atol=1e-4).mean())
-    return phase
 
 
 def execute_in_subprocess(
@@ -429,7 +178,7 @@ def execute_in_subprocess(
             return failed_record(
                 spec,
                 f"run exceeded --timeout {timeout_s:g} s and was killed",
-                status="timeout",
+                status=TIMEOUT,
                 wall_time_s=time.perf_counter() - t0,
             )
         except BaseException:
@@ -457,7 +206,7 @@ def execute_in_subprocess(
         return failed_record(
             spec,
             f"{reason}: {text[-1] if text else 'no output'}",
-            status="oom" if killed else "failed",
+            status=OOM if killed else FAILED,
             stderr_tail="\n".join(text[-30:]),
             wall_time_s=time.perf_counter() - t0,
         )

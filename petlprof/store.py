@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from petlprof.errors import UsageError
+from petlprof.records import FINAL_STATUSES, RESULTS_FILE, RunRecord  # noqa: F401  (RESULTS_FILE re-exported)
 
-RESULTS_FILE = "results.jsonl"
 LOCK_FILE = ".petlprof.lock"
 MIN_FREE_BYTES = 50 * 2**20
 
 
-def append_record(path: Path, record: dict[str, Any]) -> None:
+def append_record(path: Path, record: RunRecord | dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     line = json.dumps(record, sort_keys=False, default=str) + "\n"
     with open(path, "a+b") as fh:
@@ -39,7 +39,7 @@ def append_record(path: Path, record: dict[str, Any]) -> None:
 
 
 def finished_keys(path: Path) -> set[str]:
-    """Run keys already recorded with status ``ok`` (failed, cancelled and timed-out runs are retried)."""
+    """Run keys already recorded with a final status (``ok``; failed, cancelled and timed-out runs are retried)."""
     if not path.exists():
         return set()
     keys = set()
@@ -48,7 +48,7 @@ def finished_keys(path: Path) -> set[str]:
             record = json.loads(line)
         except json.JSONDecodeError:
             continue  # a torn last line from a killed writer is not a finished run
-        if isinstance(record, dict) and record.get("status") == "ok" and record.get("run_key"):
+        if isinstance(record, dict) and record.get("status") in FINAL_STATUSES and record.get("run_key"):
             keys.add(record["run_key"])
     return keys
 

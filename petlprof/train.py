@@ -1,35 +1,35 @@
 """The one training and evaluation loop every method goes through, under meter windows.
 
-Same optimiser (AdamW, weight decay 0.01 on matrices, none on biases and norms), linear schedule
-with 6% warm-up, gradient clipping
-at 1.0, dynamic padding and sequence length for every method, so cost differences come from the
-methods alone.  The first ``warmup_steps`` steps of each phase run *outside* the meter window
-(allocator warm-up, lazy initialisation); their samples still train the model and, in
-evaluation, still count towards the metrics.
+Every method trains by the same :class:`~petlprof.recipe.TrainRecipe` (AdamW with weight decay on
+matrices only, linear schedule after a linear warm-up, gradient clipping), with dynamic padding and
+sequence length, so cost differences come from the methods alone.  The first ``warmup_steps`` steps
+of each phase run *outside* the meter window (allocator warm-up, lazy initialisation); their samples
+still train the model and, in evaluation, still count towards the metrics.  Where the run is goes to
+the :class:`Progress` the caller passes in (:class:`PhaseIO`).
 
-With ``ranks`` (a run of several data-parallel ranks, :mod:`petlprof.distributed`) every batch is
-still the global batch: this rank computes its part of it, its loss weighted by its share, and the
-reported losses and the evaluation's predictions are those of the whole batch and split.
+With several data-parallel ranks (``ranks``, :mod:`petlprof.distributed`) every batch is still the
+global batch: this rank computes its part of it, its loss weighted by its share, and the reported
+losses and the evaluation's predictions are those of the whole batch and split.  The one-process
+rank context makes all of that the identity.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from petlprof import distributed
 from petlprof.meters import Window
 from petlprof.meters.base import phase_warnings
 from petlprof.meters.latency import StepTimer
-
-# Where the run is, for the record of a run that fails: {"phase": "train"|"eval", "step": int}
-PROGRESS: dict[str, Any] = {"phase": None, "step": None}
+from petlprof.ranks import ONE_PROCESS
+from petlprof.recipe import TrainRecipe
 
 
 @dataclass
@@ -104,104 +104,122 @@ def _phase_summary(window: Window, timer: StepTimer, steps, samples, warmup, req
     }
 
 
-def _param_groups(model, weight_decay: float) -> list[dict]:
-    """Decay matrices only: biases and normalisation weights (1-D tensors) are not decayed."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    return [
-        {"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
-        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
-    ]
+@dataclass(frozen=True)
+class Steps:
+    """How long training runs and which of its steps are measured: ``epochs`` over the split, or
+    exactly ``max_steps`` optimiser steps (which overrides epochs); the first ``warmup_steps`` run
+    outside the meter window; ``seed`` shuffles each epoch."""
+
+    epochs: int = 1
+    max_steps: int | None = None
+    warmup_steps: int = 0
+    seed: int = 0
+
+    def total(self, batches_per_epoch: int) -> int:
+        return self.epochs * batches_per_epoch if self.max_steps is None else self.max_steps
 
 
-def _my_part(idx: np.ndarray, ranks) -> tuple[np.ndarray, float]:
-    """This rank's examples of a global batch and its share of the batch; a rank left without
-    examples (a last batch smaller than the world) computes the first one with weight 0, so it still
-    takes part in the gradient all-reduce."""
-    if ranks is None:
-        return idx, 1.0
-    mine = distributed.my_part(idx, ranks)
-    return (mine, len(mine) / len(idx)) if len(mine) else (idx[:1], 0.0)
+class Progress:
+    """Where a run is (phase, step), kept for the record of a run that fails."""
+
+    def __init__(self) -> None:
+        self.phase: str | None = None
+        self.step: int | None = None
+
+    def at(self, phase: str | None, step: int | None = None) -> None:
+        self.phase, self.step = phase, step
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"phase": self.phase, "step": self.step}
+
+
+@dataclass
+class PhaseIO:
+    """What a phase reports to: its device, the meters of its window, its progress bar's label and the
+    run's :class:`Progress`."""
+
+    device: str
+    meters: list
+    desc: str
+    progress: Progress = field(default_factory=Progress)
+
+    def bar(self, total: int, unit: str, ranks, **kwargs):
+        return tqdm(total=total, desc=self.desc, unit=unit, dynamic_ncols=True, disable=not ranks.is_main, **kwargs)
+
+
+def _step_order(batches: Batches, total: int, seed: int) -> Iterator[np.ndarray]:
+    """The batches of ``total`` optimiser steps: epoch after epoch, each shuffled by its own seed."""
+    epochs = range(math.ceil(total / len(batches)))
+    order = (batches.batch_indices(shuffle_seed=seed * 1000 + epoch) for epoch in epochs)
+    return itertools.islice(itertools.chain.from_iterable(order), total)
+
+
+class _Fit:
+    """The state of one training phase: one :meth:`step` per optimiser step."""
+
+    def __init__(self, model, batches: Batches, recipe: TrainRecipe, total: int, io: PhaseIO, cache, ranks):
+        self.model, self.batches, self.recipe, self.io = model, batches, recipe, io
+        self.cache, self.ranks = cache, ranks
+        self.optimizer, self.params = recipe.optimizer(model)
+        self.schedule = recipe.schedule(self.optimizer, total)
+        self.timer = StepTimer(io.device)
+        self.steps, self.samples, self.losses = 0, 0, []
+
+    def step(self, batch: np.ndarray, bar, measured: bool) -> None:
+        """One optimiser step on the global ``batch``; this rank computes its part of it.  Each rank's
+        loss is scaled by its share of the batch times the world size, so the gradient DDP averages is
+        the global batch's mean gradient."""
+        self.io.progress.at("train", self.steps)
+        idx, share = self.ranks.part(batch)
+        inputs, labels = self.batches.collate(idx, self.io.device)
+        self.timer.start()
+        with self.recipe.autocast(self.io.device):
+            logits = self.model(**inputs) if self.cache is None else self.cache.logits(self.model, inputs, idx)
+            loss = loss_fn(logits, labels)
+        (loss * (share * self.ranks.world_size)).backward()
+        self.recipe.clip(self.params)
+        self.optimizer.step()
+        self.schedule.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.timer.stop(keep=measured)
+        if measured:
+            self.samples += len(labels) if share else 0
+        value = float(loss.detach())
+        self.losses.append(value * share)  # this rank's part of the batch's mean loss
+        self.steps += 1
+        bar.update(1)
+        bar.set_postfix(loss=f"{value:.4f}")
 
 
 def train(
-    model,
-    batches: Batches,
-    *,
-    epochs: int,
-    max_steps: int | None,
-    lr: float,
-    seed: int,
-    device: str,
-    meters: list,
-    warmup_steps: int,
-    desc: str,
-    cache=None,
-    stop=None,
-    ranks=None,
+    model, batches: Batches, recipe: TrainRecipe, steps: Steps, io: PhaseIO, *, cache=None, stop=None, ranks=ONE_PROCESS
 ) -> dict[str, Any]:
-    """Train for ``epochs`` (or exactly ``max_steps`` optimiser steps, which overrides epochs).
+    """Train ``model`` by ``recipe`` for ``steps``; returns the phase summary.
 
-    ``cache``: a :class:`petlprof.cache.HiddenStateCache` for a side-tuning model; its size and
-    hit rate join the phase summary.  ``stop``: called with the number of steps done after each step
-    past the warm-up (a :class:`petlprof.budget.Budget`); a truthy answer ends training there.
-    ``ranks``: this rank's :class:`~petlprof.distributed.RankContext` (``model`` wrapped in
-    DistributedDataParallel); each rank's loss is scaled by its share of the batch times the world
-    size, so the gradient DDP averages is the global batch's mean gradient."""
-    from transformers import get_linear_schedule_with_warmup
-
-    groups = _param_groups(model, weight_decay=0.01)
-    params = [p for group in groups for p in group["params"]]
-    total = epochs * len(batches) if max_steps is None else max_steps
-    warmup = min(warmup_steps, max(total - 1, 0))
-    optimizer = torch.optim.AdamW(groups, lr=lr)
-    schedule = get_linear_schedule_with_warmup(optimizer, int(0.06 * total), total)
+    ``cache``: a :class:`petlprof.cache.HiddenStateCache` for a side-tuning model; its size and hit
+    rate join the summary.  ``stop``: called with the number of steps done after each step past the
+    warm-up (a :class:`petlprof.budget.Budget`); a truthy answer ends training there.  ``ranks``: this
+    process's rank context (:mod:`petlprof.ranks`; ``model`` wrapped in DistributedDataParallel
+    when there are several)."""
+    total = steps.total(len(batches))
+    warmup = min(steps.warmup_steps, max(total - 1, 0))
+    fit = _Fit(model, batches, recipe, total, io, cache, ranks)
+    order = _step_order(batches, total, steps.seed)
     model.train()
-    step, samples, losses, epoch, stopped = 0, 0, [], 0, None
-    world = 1 if ranks is None else ranks.world_size
-    window, timer = Window(meters, device), StepTimer(device)
-    with tqdm(
-        total=total,
-        desc=desc,
-        unit="step",
-        leave=True,
-        dynamic_ncols=True,
-        disable=ranks is not None and not ranks.is_main,
-    ) as bar:
-        for epoch in range(math.ceil(total / len(batches))):
-            for batch in batches.batch_indices(shuffle_seed=seed * 1000 + epoch):
-                PROGRESS.update(phase="train", step=step)
-                idx, share = _my_part(batch, ranks)
-                inputs, labels = batches.collate(idx, device)
-                if step == warmup:
-                    window.__enter__()
-                timer.start()
-                logits = model(**inputs) if cache is None else cache.logits(model, inputs, idx)
-                loss = loss_fn(logits, labels)
-                (loss * (share * world)).backward()
-                torch.nn.utils.clip_grad_norm_(params, 1.0)
-                optimizer.step()
-                schedule.step()
-                optimizer.zero_grad(set_to_none=True)
-                timer.stop(keep=step >= warmup)
-                if step >= warmup:
-                    samples += len(labels) if share else 0
-                value = float(loss.detach())
-                losses.append(value * share)  # this rank's part of the batch's mean loss
-                step += 1
-                bar.update(1)
-                bar.set_postfix(loss=f"{value:.4f}")
-                stopped = stop(step) if stop is not None and step > warmup else None
-                if step >= total or stopped:
+    window = Window(io.meters, io.device)
+    with io.bar(total, "step", ranks, leave=True) as bar:
+        for batch in itertools.islice(order, warmup):
+            fit.step(batch, bar, measured=False)
+        with window:
+            for batch in order:
+                fit.step(batch, bar, measured=True)
+                if stop is not None and stop(fit.steps):
                     break
-            if stopped:
-                break
-    window.__exit__(None, None, None)
-    del optimizer
-    if ranks is not None:
-        losses = distributed.sum_over_ranks(losses)
-    summary = _phase_summary(window, timer, step - warmup, samples, warmup, warmup_steps)
+    del fit.optimizer
+    losses = ranks.sum_over(fit.losses)
+    summary = _phase_summary(window, fit.timer, fit.steps - warmup, fit.samples, warmup, steps.warmup_steps)
     summary.update(
-        epochs_run=round(step / len(batches), 3), first_loss=losses[0], final_loss=float(np.mean(losses[-10:]))
+        epochs_run=round(fit.steps / len(batches), 3), first_loss=losses[0], final_loss=float(np.mean(losses[-10:]))
     )
     if cache is not None:
         summary.update(cache.summary())
@@ -217,45 +235,49 @@ def _as_array(tensors: list[torch.Tensor]) -> np.ndarray:
     return torch.cat(tensors).float().cpu().numpy() if tensors else np.zeros(0, dtype=np.float32)
 
 
+class _Predictions:
+    """What an evaluation collects: this rank's predictions, labels and their positions in the split."""
+
+    def __init__(self, model, batches: Batches, io: PhaseIO, ranks):
+        self.model, self.batches, self.io, self.ranks = model, batches, io, ranks
+        self.timer = StepTimer(io.device)
+        self.preds, self.golds, self.positions, self.samples = [], [], [], 0
+
+    def batch(self, step: int, batch: np.ndarray, bar, measured: bool) -> None:
+        """Predict this rank's part of ``batch``."""
+        self.io.progress.at("eval", step)
+        idx = self.ranks.predict_part(batch)
+        bar.update(1)
+        if not len(idx):  # a last batch smaller than the world leaves this rank nothing to predict
+            return
+        inputs, labels = self.batches.collate(idx, self.io.device)
+        self.timer.start()
+        logits = self.model(**inputs)
+        self.timer.stop(keep=measured)
+        if measured:
+            self.samples += len(labels)
+        self.preds.append(predict(logits))
+        self.golds.append(labels)
+        self.positions.append(idx)
+
+
 @torch.no_grad()
 def evaluate(
-    model, batches: Batches, *, device: str, meters: list, warmup_steps: int, desc: str, ranks=None
+    model, batches: Batches, io: PhaseIO, *, warmup_steps: int, ranks=ONE_PROCESS
 ) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
-    """Predict the whole split; returns (phase summary, predictions, labels).  With ``ranks`` this
+    """Predict the whole split; returns (phase summary, predictions, labels).  With several ranks this
     rank predicts its part of every batch (its summary counts only those) and the predictions and
     labels returned are the whole split's, gathered from every rank."""
     model.eval()
     warmup = min(warmup_steps, max(len(batches) - 1, 0))
-    preds, golds, positions, samples = [], [], [], 0
-    window, timer = Window(meters, device), StepTimer(device)
-    for step, batch in enumerate(
-        tqdm(
-            batches.batch_indices(),
-            total=len(batches),
-            desc=desc,
-            unit="batch",
-            dynamic_ncols=True,
-            disable=ranks is not None and not ranks.is_main,
-        )
-    ):
-        PROGRESS.update(phase="eval", step=step)
-        idx = batch if ranks is None else distributed.my_part(batch, ranks)
-        inputs, labels = batches.collate(idx, device) if len(idx) else (None, None)
-        if step == warmup:
-            window.__enter__()
-        if inputs is None:  # a last batch smaller than the world leaves this rank nothing to predict
-            continue
-        timer.start()
-        logits = model(**inputs)
-        timer.stop(keep=step >= warmup)
-        if step >= warmup:
-            samples += len(labels)
-        preds.append(predict(logits))
-        golds.append(labels)
-        positions.append(idx)
-    window.__exit__(None, None, None)
-    summary = _phase_summary(window, timer, len(batches) - warmup, samples, warmup, warmup_steps)
-    if ranks is None:
-        return summary, _as_array(preds), _as_array(golds)
-    mine = np.concatenate(positions) if positions else np.zeros(0, dtype=int)
-    return (summary, *distributed.gather_in_order(mine, _as_array(preds), _as_array(golds), len(batches.encodings)))
+    seen, window = _Predictions(model, batches, io, ranks), Window(io.meters, io.device)
+    order = enumerate(batches.batch_indices())
+    with io.bar(len(batches), "batch", ranks) as bar:
+        for step, batch in itertools.islice(order, warmup):
+            seen.batch(step, batch, bar, measured=False)
+        with window:
+            for step, batch in order:
+                seen.batch(step, batch, bar, measured=True)
+    summary = _phase_summary(window, seen.timer, len(batches) - warmup, seen.samples, warmup, warmup_steps)
+    mine = np.concatenate(seen.positions) if seen.positions else np.zeros(0, dtype=int)
+    return (summary, *ranks.whole_split(mine, _as_array(seen.preds), _as_array(seen.golds), len(batches.encodings)))

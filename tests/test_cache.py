@@ -16,9 +16,10 @@ from petlprof.cache import DTYPES, HiddenStateCache
 from petlprof.config import CACHE_DTYPES, build_options, expand
 from petlprof.errors import UsageError
 from petlprof.modeling import SequenceClassifier
+from petlprof.recipe import TrainRecipe
 from petlprof.registry import get_method
 from petlprof.runner import RunSpec
-from petlprof.train import Batches, train
+from petlprof.train import Batches, PhaseIO, Steps, train
 
 TEXTS = [
     "what a wonderful day",
@@ -59,19 +60,7 @@ def run(preset: str, method: str, config: dict, cache: HiddenStateCache | None, 
         return out
 
     model.side_forward = recorded
-    summary = train(
-        model,
-        batches,
-        epochs=EPOCHS,
-        max_steps=None,
-        lr=1e-2,
-        seed=0,
-        device="cpu",
-        meters=[],
-        warmup_steps=0,
-        desc="test",
-        cache=cache,
-    )
+    summary = train(model, batches, TrainRecipe(lr=1e-2), Steps(epochs=EPOCHS), PhaseIO("cpu", [], "test"), cache=cache)
     return summary, logits, model
 
 

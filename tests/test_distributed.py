@@ -20,6 +20,7 @@ import torch
 
 from petlprof import distributed
 from petlprof.errors import UsageError
+from petlprof.ranks import ONE_PROCESS, RankContext
 from petlprof.runner import RunSpec, execute, execute_in_subprocess
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -276,24 +277,15 @@ def _deterministic(method_name):
     return model, make(task.train), make(task.eval), method.default_lr
 
 
-def _loop(model, train_batches, eval_batches, lr, ranks=None):
-    from petlprof.train import evaluate, train
+def _loop(model, train_batches, eval_batches, lr, ranks=ONE_PROCESS):
+    from petlprof.recipe import TrainRecipe
+    from petlprof.train import PhaseIO, Steps, evaluate, train
 
-    wrapped = model if ranks is None else distributed.wrap(model, "cpu")
+    steps = Steps(epochs=1, max_steps=LOOP["max_steps"], warmup_steps=1)
     trained = train(
-        wrapped,
-        train_batches,
-        epochs=1,
-        max_steps=LOOP["max_steps"],
-        lr=lr,
-        seed=0,
-        device="cpu",
-        meters=[],
-        warmup_steps=1,
-        desc="t",
-        ranks=ranks,
+        ranks.wrap(model, "cpu"), train_batches, TrainRecipe(lr=lr), steps, PhaseIO("cpu", [], "t"), ranks=ranks
     )
-    scored, preds, golds = evaluate(model, eval_batches, device="cpu", meters=[], warmup_steps=1, desc="e", ranks=ranks)
+    scored, preds, golds = evaluate(model, eval_batches, PhaseIO("cpu", [], "e"), warmup_steps=1, ranks=ranks)
     params = {n: p.detach().numpy().tolist() for n, p in model.named_parameters() if p.requires_grad}
     return {"train": trained, "eval": scored, "preds": preds.tolist(), "golds": golds.tolist(), "params": params}
 
@@ -308,7 +300,7 @@ def _rank_main(rank, port, out_dir):
         MASTER_PORT=str(port),
     )
     torch.set_num_threads(1)
-    ranks = distributed.RankContext.from_env()
+    ranks = RankContext.from_env()
     distributed.init("cpu")
     try:
         for name in LOOP_METHODS:

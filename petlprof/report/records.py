@@ -1,6 +1,7 @@
 """Reading result records from the run store, and the small views of them every report part shares.
 
-Records are plain dicts as written to ``results.jsonl`` (schema version 1).  A failed run may lack
+Records are plain dicts as written to ``results.jsonl`` (:class:`petlprof.records.RunRecord`, one
+schema version, :data:`petlprof.records.SCHEMA_VERSION`).  A failed run may lack
 ``metrics``, ``train`` or ``eval`` and any figure may be ``null``; the accessors here answer
 ``None`` for all of those instead of raising, so the table, plots and report.md never crash on an
 incomplete record.
@@ -16,15 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from petlprof.errors import UsageError
-from petlprof.runner import spec_identity
+from petlprof.records import OK, RESULTS_FILE, SCHEMA_VERSION, RunRecord
+from petlprof.spec import spec_identity
 
-SCHEMA_VERSION = 1
-RESULTS_FILE = "results.jsonl"
 BYTES_PER_MIB = 2**20
 MISSING = "-"
 
 
-def load_records(paths: Sequence[Path | str], skipped: list[str] | None = None) -> list[dict]:
+def load_records(paths: Sequence[Path | str], skipped: list[str] | None = None) -> list[RunRecord]:
     """The valid records of one or more ``results.jsonl`` files (or folders holding one), in file
     order, the last attempt of each run only.
 
@@ -32,13 +32,13 @@ def load_records(paths: Sequence[Path | str], skipped: list[str] | None = None) 
     by a crash, not a JSON object, of another schema version, or missing ``status``/``method`` — is
     skipped, and a message naming the file and line number is appended to ``skipped``.
     """
-    records: list[dict] = []
+    records: list[RunRecord] = []
     for path in paths:
         records.extend(_read_results(_results_file(Path(path)), skipped if skipped is not None else []))
     return latest_per_run(records)
 
 
-def latest_per_run(records: list[dict]) -> list[dict]:
+def latest_per_run(records: list[RunRecord]) -> list[RunRecord]:
     """One record per run key, the last one written: a run cancelled or failed and then resumed
     shows as its final outcome (the earlier attempts stay in the store)."""
     last = {r.get("run_key") or id(r): i for i, r in enumerate(records)}
@@ -98,7 +98,7 @@ FIELD_TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
-def _read_results(path: Path, skipped: list[str]) -> list[dict]:
+def _read_results(path: Path, skipped: list[str]) -> list[RunRecord]:
     """The usable records of one JSON Lines file; blank lines are ignored, bad ones reported."""
     records = []
     with path.open(encoding="utf-8", errors="replace") as handle:
@@ -133,7 +133,7 @@ def number(record: Mapping[str, Any], *keys: str) -> float | None:
 
 def is_ok(record: Mapping[str, Any]) -> bool:
     """True for a run that finished (status ``ok``)."""
-    return record.get("status") == "ok"
+    return record.get("status") == OK
 
 
 def text(value: Any) -> str:

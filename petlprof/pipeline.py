@@ -1,0 +1,371 @@
+"""The steps of one run, in order: :func:`prepare` -> :class:`RunContext`, :func:`run_phases` ->
+:class:`Phases`, :func:`to_record` -> the record's fields.
+
+:func:`petlprof.runner.execute` calls them and turns an exception into a failed record.  ``prepare``
+joins the ranks' process group (nothing for one process), caps memory, loads the data and the model
+with its method applied, and sets up the meters, the hidden-state cache and the budget;
+``run_phases`` trains, evaluates, measures inference and evaluates the merged model; ``to_record``
+assembles the fields of :class:`petlprof.records.RunRecord`, the training recipe's description taken
+from the same :class:`~petlprof.recipe.TrainRecipe` the loop trained by.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from petlprof.spec import RunSpec
+
+
+def _cap_memory(device: str, max_memory_bytes: int) -> None:
+    if device.startswith("cuda"):
+        import torch
+
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, max_memory_bytes / total), device)
+        return
+    import resource
+
+    import torch
+
+    from petlprof.meters.memory import status_bytes
+
+    # start the OpenMP thread pool first: thread stacks are address space, and a pool that cannot
+    # start under the cap aborts the process instead of raising
+    torch.mm(torch.ones(512, 512), torch.ones(512, 512))
+    address_space = status_bytes("VmSize") or 0
+    resource.setrlimit(resource.RLIMIT_AS, (address_space + max_memory_bytes, resource.RLIM_INFINITY))
+
+
+# --- step 1: prepare -------------------------------------------------------------------------------
+
+
+class MeterFactory:
+    """The meters of one phase's window, made fresh for each phase.
+
+    Extra meters come first: a window begins meters in order and ends them in reverse, so CodeCarbon's
+    start and stop (and the tensor tracker's) fall outside the energy and memory readings."""
+
+    def __init__(self, spec: RunSpec, key: str, runtime_baseline: int, breakdown: dict[str, int], timeline):
+        self.spec, self.key, self.runtime_baseline = spec, key, runtime_baseline
+        self.breakdown, self.timeline = breakdown, timeline
+
+    def __call__(self, phase: str) -> list:
+        from petlprof.meters import energy_meter_for, extra_meters_for, memory_meter_for
+        from petlprof.meters.idle import sweep_idle
+
+        spec, breakdown = self.spec, self.breakdown
+        resident = breakdown["total_bytes"] - breakdown["gradients_bytes"]  # tensors alive as a window opens
+        resident -= breakdown["optimizer_state_bytes"] if phase != "train" else 0
+        snapshot = f"{spec.memory_snapshot_dir}/{self.key}-{phase}.pickle" if spec.memory_snapshot_dir else None
+        return [
+            *extra_meters_for(spec.extra_meters, spec.device, country_code=spec.country_code, resident_bytes=resident),
+            memory_meter_for(spec.device, self.runtime_baseline, snapshot),
+            energy_meter_for(spec.device, spec.energy_meter, self.timeline, idle=sweep_idle()),
+        ]
+
+
+@dataclass
+class RunContext:
+    """Everything a run's phases need, set up by :func:`prepare`."""
+
+    spec: RunSpec  # with this rank's device
+    ranks: Any  # petlprof.ranks.OneProcess or RankContext
+    backend: str | None  # the process group's, None for one process
+    progress: Any  # petlprof.train.Progress
+    method: Any  # petlprof.registry.MethodSpec
+    method_config: Any
+    recipe: Any  # petlprof.recipe.TrainRecipe
+    task: Any
+    backbone: Any
+    model: Any
+    trainable_params: int
+    total_params: int
+    make_batches: Callable
+    train_batches: Any
+    eval_batches: Any
+    breakdown: dict[str, int]
+    meters: MeterFactory
+    timeline: Any  # petlprof.meters.power.PowerTimeline or None
+    timeline_warnings: list[str]
+    cache: Any  # petlprof.cache.HiddenStateCache or None
+    budget: Any  # petlprof.budget.Budget or None
+
+    @property
+    def label(self) -> str:
+        return f"{self.spec.method} s{self.spec.seed}"
+
+    def io(self, phase: str, meters: list):
+        """Where a phase reports: its device, meters, progress bar label and the run's progress."""
+        from petlprof.train import PhaseIO
+
+        return PhaseIO(self.spec.device, meters, f"{self.label} {phase}", self.progress)
+
+
+def prepare(spec: RunSpec, ranks, progress, max_memory_bytes: int | None = None) -> RunContext:
+    """Join the ranks' group, cap memory, load the data and the model with its method applied, and set
+    up the meters, the hidden-state cache and the budget."""
+    # library code is imported before the memory baseline: it is the runtime's memory, not the run's
+    import datasets  # noqa: F401
+    import pandas  # noqa: F401
+    import peft  # noqa: F401
+    import torch  # noqa: F401
+    import transformers  # noqa: F401
+
+    from petlprof.budget import make_budget
+    from petlprof.meters.memory import release_free_memory, rss_bytes, static_breakdown
+
+    spec = dataclasses.replace(spec, device=ranks.device(spec.device))  # each rank on its own device
+    backend = ranks.join(spec.device)  # the process group is runtime, not the run
+    release_free_memory()
+    runtime_baseline = rss_bytes()  # Python + torch/transformers/peft code, before any model or data exists
+    if max_memory_bytes is not None:
+        _cap_memory(spec.device, max_memory_bytes)
+    method, method_config, task, backbone, model = _load(spec)
+    timeline, timeline_warnings = _start_timeline(spec)
+    breakdown = static_breakdown(model)
+
+    def make_batches(split):
+        from petlprof.train import Batches
+
+        return Batches.from_split(split, backbone.tokenizer, spec.batch_size, spec.max_length, task.is_regression)
+
+    return RunContext(
+        spec=spec,
+        ranks=ranks,
+        backend=backend,
+        progress=progress,
+        method=method,
+        method_config=method_config,
+        recipe=_recipe(spec, method),
+        task=task,
+        backbone=backbone,
+        model=model,
+        trainable_params=sum(p.numel() for p in model.parameters() if p.requires_grad),
+        total_params=sum(p.numel() for p in model.parameters()),
+        make_batches=make_batches,
+        train_batches=make_batches(task.train),
+        eval_batches=make_batches(task.eval),
+        breakdown=breakdown,
+        meters=MeterFactory(spec, spec.run_key + ranks.key_suffix(), runtime_baseline, breakdown, timeline),
+        timeline=timeline,
+        timeline_warnings=timeline_warnings,
+        cache=_hidden_state_cache(spec, method, ranks),
+        budget=make_budget(spec, task, model, make_batches),  # stop at a target metric value or a maximum time
+    )
+
+
+def _recipe(spec: RunSpec, method):
+    from petlprof.recipe import TrainRecipe
+
+    return TrainRecipe(lr=spec.lr if spec.lr is not None else method.default_lr)
+
+
+def _load(spec: RunSpec) -> tuple:
+    """(method, its config, task, backbone, model): the data and the backbone with the method applied."""
+    import torch
+
+    from petlprof.backbones import check_shape, load_backbone
+    from petlprof.modeling import SequenceClassifier
+    from petlprof.registry import get_method
+    from petlprof.tasks import load_task
+
+    method = get_method(spec.method)
+    method_config = method.make_config(spec.method_config)
+    task = load_task(
+        spec.task,
+        train_size=spec.train_size,
+        eval_size=spec.eval_size,
+        data_dir=spec.data_dir,
+        text_column=spec.text_column,
+        text_pair_column=spec.text_pair_column,
+        label_column=spec.label_column,
+    )
+    torch.manual_seed(spec.seed)
+    backbone = load_backbone(spec.backbone, num_layers=spec.num_layers, seed=spec.seed)
+    check_shape(spec.backbone, backbone.config, max_length=spec.max_length)
+    classifier = SequenceClassifier(backbone, task.num_labels)
+    model = method.build()(classifier, method_config).to(spec.device)
+    return method, method_config, task, backbone, model
+
+
+def _start_timeline(spec: RunSpec) -> tuple[Any, list[str]]:
+    """The GPU power timeline, sampled in its own process (None off CUDA), and a warning if it did not start."""
+    from petlprof.meters import start_power_timeline
+
+    try:
+        return start_power_timeline(spec.device, spec.energy_meter), []
+    except Exception as error:  # the energy counter still measures; only the timeline is missing
+        return None, [
+            f"the NVML power timeline did not start ({type(error).__name__}: {error}): "
+            "energy comes from the counter alone, integrated power is missing"
+        ]
+
+
+def _hidden_state_cache(spec: RunSpec, method, ranks):
+    """The side-tuning cache the spec asks for, or None.  ``petlprof run`` refuses these cases before
+    any run; this guards a direct caller of :func:`execute` with a spec that would train wrongly."""
+    if not spec.cache_hidden_states:
+        return None
+    from petlprof.cache import DEFAULT_BUDGET_BYTES, HiddenStateCache
+    from petlprof.errors import UsageError
+
+    if not method.side_tuning:
+        raise UsageError(f"cache_hidden_states needs a side-tuning method; '{spec.method}' is not one")
+    if ranks.several:  # a cached step runs the side network outside DistributedDataParallel
+        raise UsageError(f"cache_hidden_states cannot be used with nproc={spec.nproc}: its steps run outside DDP")
+    budget = spec.cache_budget_bytes if spec.cache_budget_bytes is not None else DEFAULT_BUDGET_BYTES
+    return HiddenStateCache(budget, spec.cache_dir, spec.cache_dtype)
+
+
+# --- step 2: the phases ----------------------------------------------------------------------------
+
+
+@dataclass
+class Phases:
+    """What :func:`run_phases` measured (rank 0 of several: the ranks' train and eval combined)."""
+
+    train: dict[str, Any]
+    eval: dict[str, Any]
+    preds: Any
+    golds: Any
+    combined: dict[str, Any]  # train and eval with, for several ranks, their aggregation's nodes and per-rank parts
+    inference: dict[str, Any] | None = None
+    merged: dict[str, Any] | None = None
+
+
+def run_phases(ctx: RunContext) -> Phases | None:
+    """Train, evaluate, measure inference and (for a method that merges) evaluate the merged model;
+    None on a rank other than rank 0, which alone measures the per-device phases."""
+    from petlprof.inference import measure_inference, target_window_s
+
+    spec = ctx.spec
+    train_meters, eval_meters = ctx.meters("train"), ctx.meters("eval")
+    try:
+        phases = _train_and_evaluate(ctx, train_meters, eval_meters)
+        if phases is not None:
+            phases.inference = measure_inference(
+                ctx.model,
+                ctx.eval_batches,
+                device=spec.device,
+                batch_sizes=[1, spec.batch_size],
+                make_meters=lambda size: ctx.meters(f"inference-batch{size}"),
+                warmup_steps=spec.warmup_steps,
+                min_window_s=target_window_s(phases.eval.get("energy_kind"), spec.inference_window_s),
+                progress=ctx.progress,
+            )
+    finally:
+        for meter in train_meters + eval_meters:
+            meter.close()
+        if ctx.cache is not None:
+            ctx.cache.close()
+    if phases is not None and ctx.method.merge:
+        phases.merged = _evaluate_merged(ctx, phases.preds)
+    if ctx.timeline is not None:  # on a failure the sampler stops when ``timeline`` is collected
+        ctx.timeline.stop()
+    if phases is not None:
+        ctx.ranks.rank0_phases_done(phases.inference, phases.merged, spec.device)
+    return phases
+
+
+def _train_and_evaluate(ctx: RunContext, train_meters: list, eval_meters: list) -> Phases | None:
+    from petlprof.train import Steps, evaluate, train
+
+    spec, ranks, budget = ctx.spec, ctx.ranks, ctx.budget
+    if budget is not None:
+        budget.start()
+    steps = Steps(epochs=spec.epochs, max_steps=spec.max_steps, warmup_steps=spec.warmup_steps, seed=spec.seed)
+    train_phase = train(
+        ranks.wrap(ctx.model, spec.device),
+        ctx.train_batches,
+        ctx.recipe,
+        steps,
+        ctx.io("train", train_meters),
+        cache=ctx.cache,
+        stop=ranks.agreed(budget),
+        ranks=ranks,
+    )
+    eval_phase, preds, golds = evaluate(
+        ctx.model, ctx.eval_batches, ctx.io("eval", eval_meters), warmup_steps=spec.warmup_steps, ranks=ranks
+    )
+    for phase in (train_phase, eval_phase):
+        phase["warnings"] = ctx.timeline_warnings + phase["warnings"]
+    combined = ranks.combine({"train": train_phase, "eval": eval_phase}, spec.device)
+    if combined is None:
+        return None
+    if budget is not None:
+        combined["train"]["budget"] = budget.summary(combined["train"])
+    return Phases(combined["train"], combined["eval"], preds, golds, combined)
+
+
+def _evaluate_merged(ctx: RunContext, preds) -> dict[str, Any]:
+    """Phase ``eval_merged``: the same evaluation after the method folds its weights into the backbone.
+
+    Also records the fraction of predictions equal to the unmerged ones.  A merge that fails is
+    recorded as this phase's error; the unmerged results stand.
+    """
+    import numpy as np
+
+    from petlprof.train import evaluate
+
+    meters = ctx.meters("eval_merged")
+    try:
+        merged_model = ctx.method.build_merge()(ctx.model)
+        phase, merged_preds, _ = evaluate(
+            merged_model, ctx.eval_batches, ctx.io("eval merged", meters), warmup_steps=ctx.spec.warmup_steps
+        )
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {exc}".strip()}
+    finally:
+        for meter in meters:
+            meter.close()
+    phase["predictions_agree_fraction"] = float(np.isclose(merged_preds, preds, rtol=1e-3, atol=1e-4).mean())
+    return phase
+
+
+# --- step 3: the record ----------------------------------------------------------------------------
+
+
+def to_record(ctx: RunContext, phases: Phases | None) -> dict[str, Any]:
+    """The record's fields from a run's context and phases (a rank other than rank 0: only its place)."""
+    from petlprof.meters.idle import sweep_idle
+
+    spec, method, task, ranks = ctx.spec, ctx.method, ctx.task, ctx.ranks
+    if phases is None:
+        return {"distributed": {"rank": ranks.rank, "world_size": ranks.world_size}}
+    lr = ctx.recipe.lr
+    return {
+        "method_config": dataclasses.asdict(ctx.method_config),
+        "backbone_info": ctx.backbone.info(),
+        "task_info": {
+            "num_labels": task.num_labels,
+            "label_names": task.label_names,
+            "train_samples": len(task.train),
+            "eval_samples": len(task.eval),
+            "description": task.description,
+        },
+        "primary_metric": task.primary_metric,
+        "training": {
+            "epochs": spec.epochs,
+            "max_steps": spec.max_steps,
+            "batch_size": spec.batch_size,
+            "lr": lr,
+            "lr_source": method.lr_source if lr == method.default_lr else "user",
+            "max_length": spec.max_length,
+            "warmup_steps": spec.warmup_steps,
+            "device": spec.device,
+            **ctx.recipe.describe(ctx.model),
+        },
+        "trainable_params": ctx.trainable_params,
+        "total_params": ctx.total_params,
+        "metrics": task.compute_metrics(phases.preds, phases.golds),
+        "train": phases.train,
+        "eval": phases.eval,
+        "inference": phases.inference,
+        "memory_breakdown": ctx.breakdown,
+        "idle_baseline": sweep_idle() or None,
+        **({"eval_merged": phases.merged} if phases.merged is not None else {}),
+        **ranks.record_fields(ctx.backend, spec.batch_size, phases.combined),
+    }

@@ -1,0 +1,120 @@
+"""The result record of one run, typed: its fields, its statuses, its schema version and its file name.
+
+Records stay plain dicts (JSON objects in the run store, :mod:`petlprof.store`); the TypedDicts here
+name their fields and what each holds, for the runner that builds them, the store that writes them,
+the distributed aggregation that merges the ranks' phases and the reports that read them.  Every
+field but the run's identity is optional (``total=False``): a failed run has no phases, an older one
+may lack a field added since.  ``SCHEMA_VERSION`` and ``RESULTS_FILE`` are defined here alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+SCHEMA_VERSION = 1
+RESULTS_FILE = "results.jsonl"
+
+# statuses: ``ok`` is the only one with scores
+OK, FAILED, OOM, TIMEOUT, CANCELLED = "ok", "failed", "oom", "timeout", "cancelled"
+STATUSES = (OK, FAILED, OOM, TIMEOUT, CANCELLED)
+FINAL_STATUSES = frozenset({OK})  # a resumed sweep does not run these again
+
+
+class Latency(TypedDict):
+    """Percentiles of per-step (per-batch) latency, seconds; None without timed steps."""
+
+    p50: float | None
+    p90: float | None
+    p99: float | None
+    mean: float | None
+
+
+class Phase(TypedDict, total=False):
+    """A measured phase (train, eval, merged eval): window figures and the meters' readings (``energy_j``,
+    ``peak_memory_bytes``, their ``*_kind``/``*_source`` provenance, ...), which vary with the meters."""
+
+    time_s: float | None
+    steps: int
+    samples: int
+    warmup_steps: int
+    samples_per_s: float | None
+    latency_s: Latency
+    latency_source: str
+    warnings: list[str]
+
+
+class TrainPhase(Phase, total=False):
+    epochs_run: float
+    first_loss: float | None
+    final_loss: float | None
+    budget: dict[str, Any]  # petlprof.budget.Budget.summary, with a target or a time limit
+
+
+class Training(TypedDict):
+    """How the run trained: the run's settings and the recipe's own description (petlprof.recipe)."""
+
+    epochs: int
+    max_steps: int | None
+    batch_size: int
+    lr: float
+    lr_source: str
+    max_length: int
+    warmup_steps: int
+    device: str
+    optimizer: str
+    schedule: str
+    precision: str
+
+
+class TaskInfo(TypedDict):
+    num_labels: int
+    label_names: list[str] | None
+    train_samples: int
+    eval_samples: int
+    description: str
+
+
+class FailedAt(TypedDict, total=False):
+    """Where a failed run was (phase, step) and its memory then (bytes)."""
+
+    phase: str | None
+    step: int | None
+    rss_bytes: int | None
+    peak_rss_bytes: int | None
+
+
+class RunRecord(TypedDict, total=False):
+    """One line of ``results.jsonl``."""
+
+    schema_version: int
+    run_key: str
+    status: str  # one of STATUSES
+    error: str | None
+    method: str
+    method_config: dict[str, Any]
+    method_config_changed: list[str]
+    pareto_knob: str | None
+    backbone: str
+    task: str
+    seed: int
+    spec: dict[str, Any]
+    started_at: str
+    finished_at: str
+    wall_time_s: float
+    backbone_info: dict[str, Any]
+    task_info: TaskInfo
+    primary_metric: str
+    training: Training
+    trainable_params: int
+    total_params: int
+    metrics: dict[str, float]  # only on a run with status ``ok``
+    train: TrainPhase
+    eval: Phase
+    inference: dict[str, Any]  # target_window_s, input, batch_<size>: Phase with per-sample figures
+    eval_merged: Phase
+    memory_breakdown: dict[str, int]
+    idle_baseline: dict[str, Any] | None
+    distributed: dict[str, Any]
+    traceback: str
+    failed_at: FailedAt
+    env: dict[str, Any]
