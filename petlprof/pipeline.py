@@ -111,7 +111,7 @@ def prepare(spec: RunSpec, ranks, progress, max_memory_bytes: int | None = None)
     import datasets  # noqa: F401
     import pandas  # noqa: F401
     import peft  # noqa: F401
-    import torch  # noqa: F401
+    import torch
     import transformers  # noqa: F401
 
     from petlprof.budget import make_budget
@@ -119,6 +119,8 @@ def prepare(spec: RunSpec, ranks, progress, max_memory_bytes: int | None = None)
 
     spec = dataclasses.replace(spec, device=ranks.device(spec.device))  # each rank on its own device
     backend = ranks.join(spec.device)  # the process group is runtime, not the run
+    if spec.device.startswith("cuda:"):  # work and CUDA events with no device named go to the run's GPU, not GPU 0
+        torch.cuda.set_device(spec.device)
     release_free_memory()
     runtime_baseline = rss_bytes()  # Python + torch/transformers/peft code, before any model or data exists
     if max_memory_bytes is not None:

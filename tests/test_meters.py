@@ -689,3 +689,27 @@ def test_petlprof_meters_json_needs_check(capsys):
 
     assert main(["meters", "--json"]) == 2
     assert "--json prints the results of --check; add --check" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("device, current", [("cuda:1", "cuda:1"), ("cuda", None), ("cpu", None)])
+def test_a_one_rank_run_on_cuda_n_makes_gpu_n_current(monkeypatch, device, current):
+    """So work and CUDA events that name no device land on the run's GPU, not on GPU 0."""
+    import torch
+
+    import petlprof.pipeline as pipeline
+    from petlprof.ranks import OneProcess
+    from petlprof.spec import RunSpec
+
+    made_current = []
+
+    class Loaded(Exception):
+        pass
+
+    def stop_at_load(spec):
+        raise Loaded
+
+    monkeypatch.setattr(torch.cuda, "set_device", made_current.append)
+    monkeypatch.setattr(pipeline, "_load", stop_at_load)
+    with pytest.raises(Loaded):
+        pipeline.prepare(RunSpec(method="bitfit", device=device), OneProcess(), progress=None)
+    assert made_current == ([current] if current else [])
