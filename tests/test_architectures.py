@@ -42,6 +42,18 @@ ARCHITECTURES: dict[str, dict] = {
     "phi": SIZES,
     "gemma": dict(SIZES, num_key_value_heads=1, head_dim=8),
     "falcon": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4),  # multi-query attention
+    "bart": dict(
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=64,
+    ),
+    "opt": dict(SIZES, ffn_dim=64, word_embed_proj_dim=32, max_position_embeddings=64),
+    "bloom": dict(hidden_size=32, n_layer=2, n_head=4),  # fused query-key-value, ALiBi
 }
 ROWS = list(PRESETS) + list(ARCHITECTURES)
 METHODS = builtin_method_names()
