@@ -137,12 +137,7 @@ def cpu_power_per_core(cpuinfo: str = "/proc/cpuinfo") -> dict[str, Any]:
         "fallback_reason": None,
     }
     named_cores = re.search(r"(\d+)-Core", name or "")
-    if not named_cores and topology["virtual"] and cores:
-        return {
-            **fallback,
-            "fallback_reason": f"a virtual machine's {cores} cores are a slice of a chip whose core count the "
-            "model name does not give, so its TDP cannot be divided",
-        }
+    guest_cores = topology["virtual"] and not named_cores  # a VM's cores are not the chip's
     cores = int(named_cores.group(1)) if named_cores else cores
     if name and cores:
         text = f" {_normalise(name)} "
@@ -150,6 +145,12 @@ def cpu_power_per_core(cpuinfo: str = "/proc/cpuinfo") -> dict[str, Any]:
         if matches:
             key = max(matches, key=len)
             tdp = cpu_power_table()[key]
+            if guest_cores:
+                return {
+                    **fallback,
+                    "fallback_reason": f"a virtual machine's {cores} cores are a slice of a chip whose core count "
+                    "the model name does not give, so its TDP cannot be divided",
+                }
             if tdp / cores > MAX_PLAUSIBLE_WATTS_PER_CORE:
                 return {
                     **fallback,
