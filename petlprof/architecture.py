@@ -41,7 +41,7 @@ EXPLICIT_SUBLAYERS: dict[str, tuple[str, str]] = {
 }
 _ATTENTION_NAME = re.compile(r"att(entio)?n", re.IGNORECASE)
 _QUERY, _KEY, _VALUE = {"q", "query", "wq"}, {"k", "key", "wk"}, {"v", "value", "wv"}
-_FUSED = {"qkv", "wqkv", "attn", "in"}  # qkv_proj, Wqkv, GPT-2's c_attn, torch's in_proj
+_FUSED_TOKENS, _FUSED_NAMES = {"qkv", "wqkv"}, {"c_attn", "in_proj"}  # qkv_proj, Wqkv; GPT-2's, torch's in_proj
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ class Architecture:
     layers: int  # depth per stack as the config states it (ALBERT runs one shared block that often)
     kv_cache: bool  # the base model's forward takes a key/value cache (what prefix tuning fills)
     embedding_dim: int | None  # width of the input embeddings (ALBERT's are narrower); None: the model has none
-    bias_terms: bool  # any bias parameter (BitFit's trainable set); T5, LLaMA, Mistral, Falcon have none
+    bias_terms: bool  # any bias parameter (BitFit's trainable set); T5, LLaMA, Mistral, Gemma have none
     module_names: tuple[str, ...] = field(default=(), repr=False)
 
     @property
@@ -174,7 +174,7 @@ def _attention_modules(block: nn.Module, prefix: str) -> list[tuple[str, nn.Modu
 def _role(leaf: str) -> str | None:
     tokens = set(re.split(r"[_\W]+", leaf.lower())) - {""}
     hits = [role for role, names in (("query", _QUERY), ("key", _KEY), ("value", _VALUE)) if tokens & names]
-    if len(hits) > 1 or tokens & _FUSED:
+    if len(hits) > 1 or tokens & _FUSED_TOKENS or leaf.lower() in _FUSED_NAMES:
         return "fused_qkv"
     return hits[0] if hits else None
 
