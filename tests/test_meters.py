@@ -713,3 +713,32 @@ def test_a_one_rank_run_on_cuda_n_makes_gpu_n_current(monkeypatch, device, curre
     with pytest.raises(Loaded):
         pipeline.prepare(RunSpec(method="bitfit", device=device), OneProcess(), progress=None)
     assert made_current == ([current] if current else [])
+
+
+def test_meters_check_of_rapl_reads_a_counter_that_moves(tmp_path):
+    """The RAPL part of `petlprof meters --check` on a powercap tree whose package counter a thread
+    advances every millisecond at 50 W (RAPL updates about every 1 ms)."""
+    import threading
+
+    from petlprof.meters.check import rapl_checks
+
+    root = make_powercap(tmp_path / "powercap", {0: {"energy": 0, "max": 2**40}})
+    stop = threading.Event()
+
+    def draw_50_w():
+        t0, counter, scratch = time.perf_counter(), root / "intel-rapl:0" / "energy_uj", tmp_path / "energy_uj"
+        while not stop.wait(0.001):
+            scratch.write_text(str(int((time.perf_counter() - t0) * 50 * 1e6)))
+            scratch.replace(counter)  # atomic, as a sysfs read is
+
+    writer = threading.Thread(target=draw_50_w, daemon=True)
+    writer.start()
+    try:
+        checks = {c.name: c for c in rapl_checks(root)}
+    finally:
+        stop.set()
+        writer.join()
+    assert set(checks) == {"counter update period", "short-window spread", "idle power"}
+    assert checks["counter update period"].verdict == "pass" and checks["counter update period"].value < 0.1
+    assert checks["idle power"].value == pytest.approx(50.0, rel=0.1) and checks["idle power"].verdict == "pass"
+    assert checks["short-window spread"].verdict in ("pass", "warn")  # a loaded 2-core machine may jitter

@@ -101,11 +101,11 @@ def spread_check(meter_factory: Callable[[], Any], what: str) -> Check:
     )
 
 
-def rapl_checks() -> list[Check]:
+def rapl_checks(root=rapl.POWERCAP) -> list[Check]:
     from petlprof.meters.energy import RaplEnergyMeter
     from petlprof.meters.idle import rapl_power_w
 
-    domains = rapl.domains()
+    domains = rapl.domains(root)
     period, changes = update_period_s(lambda: rapl.read_uj(domains))
     checks = [
         Check(
@@ -116,9 +116,9 @@ def rapl_checks() -> list[Check]:
             f"{', '.join(rapl.names(domains))} energy_uj changed {changes} times in 1 s of CPU work"
             + ("" if period is not None else ": it never changed, so windows read nothing"),
         ),
-        spread_check(RaplEnergyMeter, "rapl"),
+        spread_check(lambda: RaplEnergyMeter(root=root), "rapl"),
     ]
-    idle_w = rapl_power_w(1.0)
+    idle_w = rapl_power_w(1.0, root)
     checks.append(
         Check(
             "idle power",
