@@ -1,99 +1,64 @@
 """Run options from the command line and from a TOML/YAML file, validated and expanded into runs.
 
-Precedence: built-in defaults < ``--config FILE`` < options given on the command line.  Every
-check that can fail on user input runs here, before any process starts or any file is written,
-and fails with one :class:`~petlprof.errors.UsageError` line naming the bad value.
+The options themselves are declared in :mod:`petlprof.options`; this module reads them (precedence:
+built-in defaults < ``--config FILE`` < options given on the command line), checks them all in one place
+(:func:`validate`: each option's own range, then the relations between options; :func:`preflight`: what
+needs the data and the backbones) before any process starts or any file is written, and expands them
+into one :class:`~petlprof.spec.RunSpec` per run.  A bad value is one :class:`~petlprof.errors.UsageError`
+line naming it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import math
 import re
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from petlprof.errors import UsageError, unknown_choice
-from petlprof.runner import RunSpec
+from petlprof.errors import UsageError, shown, unknown_choice
+from petlprof.options import CACHE_DTYPES, DEVICES, OPTIONS, RunOptions, default_of, kind_of  # noqa: F401  (re-exported)
+from petlprof.spec import RunSpec, spec_default, spec_fields
+from petlprof.values import flag, parse_bytes  # noqa: F401  (parse_bytes re-exported)
 
-DEVICES = ("auto", "cpu", "cuda")
-CACHE_DTYPES = ("float16", "bfloat16", "float32")  # petlprof.cache.DTYPES, named without importing torch
-
-
-@dataclass
-class RunOptions:
-    methods: list[str] = field(default_factory=list)
-    backbone: list[str] = field(default_factory=lambda: ["minilm"])
-    task: list[str] = field(default_factory=lambda: ["tweets"])
-    seeds: list[int] = field(default_factory=lambda: [0])
-    epochs: int = 1
-    max_steps: int | None = None
-    train_size: int | None = 2000
-    eval_size: int | None = 1000
-    batch_size: int = 32
-    lr: float | None = None
-    max_length: int = 64
-    warmup_steps: int = 2
-    num_layers: int | None = None
-    data_dir: str | None = None
-    text_column: str | None = None
-    text_pair_column: str | None = None
-    label_column: str | None = None
-    device: str = "auto"
-    energy_meter: str = "auto"
-    output: str | None = None
-    in_process: bool = False
-    timeout: float | None = None  # seconds per run; not part of a run's identity
-    max_memory: str | int | None = None  # per run, e.g. "2GiB"; not part of a run's identity
-    # where runs execute (petlprof.executors), not part of a run's identity: this machine or a Ray
-    # cluster (its address, retries of a lost task, CPUs each run's task asks for)
-    executor: str = "local"
-    address: str | None = None
-    retries: int = 0
-    cpus_per_run: float = 1.0
-    nproc_per_run: int = 1  # data-parallel ranks of each run (petlprof.distributed); part of the identity
-    # measurement (petlprof.meters), not part of a run's identity: extra meters beside the energy and
-    # memory meters, codecarbon's country, CUDA memory snapshots, the inference phase's window
-    meters: list[str] = field(default_factory=list)
-    country_code: str | None = None
-    memory_snapshot: bool = False
-    inference_window_s: float | None = None
-    cache_hidden_states: bool = False  # side-tuning methods only (petlprof.cache)
-    cache_budget: str | int = "1GiB"  # in memory; the rest spills to a file in the output folder
-    cache_dtype: str = "float16"
-    method_config: dict[str, dict[str, Any]] = field(default_factory=dict)
-    # sweeps: each method's default grid of its Pareto knob, and/or explicit grids (field -> values,
-    # crossed with each other) per method; a grid point is laid over that method's method_config
-    grid: bool = False
-    method_grid: dict[str, dict[str, list]] = field(default_factory=dict)
-    # budget (petlprof.budget): stop a run at a target metric value (time-to-accuracy) or a time limit
-    target_value: float | None = None
-    target_metric: str | None = None  # default: the task's primary metric
-    eval_every: int = 10  # optimiser steps between target checks
-    target_eval_size: int | None = 200  # first N eval examples scored per check (None: all)
-    max_train_time: float | None = None  # seconds of training per run
-
-    @classmethod
-    def field_names(cls) -> list[str]:
-        return [f.name for f in dataclasses.fields(cls)]
+_YAML_12_FLOAT = re.compile(r"^[-+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$")
 
 
-def _as_list(value: Any) -> list:
-    if isinstance(value, str):
-        return [v.strip() for v in value.split(",") if v.strip()]
-    if isinstance(value, (list, tuple)):
-        return list(value)
-    return [value]
+def _yaml_loader():
+    """PyYAML's safe loader, with two changes: a number written ``1e-3`` (YAML 1.2; YAML 1.1 wants
+    ``1.0e-3``) is a number, not text, and a key given twice in one table is an error, as in TOML."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                if isinstance(key, (str, int, float, bool)) or key is None:
+                    if key in seen:
+                        raise yaml.constructor.ConstructorError(
+                            None, None, f"duplicate key {shown(key)}", key_node.start_mark
+                        )
+                    seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+    Loader.add_implicit_resolver("tag:yaml.org,2002:float", _YAML_12_FLOAT, list("-+0123456789"))
+    return Loader
+
+
+def yaml_value(text: str) -> Any:
+    """One YAML value as config files read it (``1e3`` is a number; a duplicate key is an error)."""
+    import yaml
+
+    return yaml.load(text, Loader=_yaml_loader())  # a SafeLoader subclass: no Python objects
 
 
 def load_config_file(path: str) -> dict[str, Any]:
     """Options from a ``.toml``, ``.yaml`` or ``.yml`` file (same names as the CLI, with underscores)."""
     file = Path(path)
     if not file.is_file():
-        raise UsageError(f"config file '{path}' does not exist")
+        raise UsageError(f"config file '{shown(path, quote=False)}' does not exist")
     suffix = file.suffix.lower()
     try:
         if suffix == ".toml":
@@ -103,35 +68,34 @@ def load_config_file(path: str) -> dict[str, Any]:
                 import tomli as tomllib
             data = tomllib.loads(file.read_text())
         elif suffix in (".yaml", ".yml"):
-            import yaml
-
-            data = yaml.safe_load(file.read_text()) or {}
+            data = yaml_value(file.read_text()) or {}
         else:
-            raise UsageError(f"config file '{path}' must end in .toml, .yaml or .yml, not '{suffix}'")
+            raise UsageError(f"config file '{path}' must end in .toml, .yaml or .yml, not '{shown(suffix, False)}'")
     except UsageError:
         raise
     except Exception as exc:  # tomllib.TOMLDecodeError, yaml.YAMLError
         detail = " ".join(str(exc).split())
-        raise UsageError(f"config file '{path}' is malformed: {detail}") from None
+        raise UsageError(f"config file '{path}' is malformed: {shown(detail, quote=False)}") from None
     if not isinstance(data, dict):
         raise UsageError(f"config file '{path}' must hold a table of options, not {type(data).__name__}")
     for key in data:
         if not isinstance(key, str):
             raise UsageError(
-                f"config file '{path}': option name {key!r} is not text; options are named, e.g. "
+                f"config file '{path}': option name {shown(key)} is not text; options are named, e.g. "
                 "methods, seeds, train_size"
             )
     data = {k.replace("-", "_"): v for k, v in data.items()}
     for key in data:
-        if key not in RunOptions.field_names():
-            raise unknown_choice(f"option in '{path}'", key, RunOptions.field_names())
+        if key not in OPTIONS:
+            raise unknown_choice(f"option in '{path}'", key, OPTIONS)
     return data
 
 
 def parse_method_overrides(
     items: list[str], option: str = "--method-config", example: str = "METHOD.FIELD=VALUE, e.g. lora.r=16"
 ) -> dict[str, dict[str, Any]]:
-    """``["lora.r=4", "read.cell=lstm"]`` -> ``{"lora": {"r": 4}, "read": {"cell": "lstm"}}``."""
+    """``["lora.r=4", "read.cell=lstm"]`` -> ``{"lora": {"r": 4}, "read": {"cell": "lstm"}}``; values are
+    read as YAML, so ``lora.alpha=1e3`` is the number 1000.0."""
     import yaml
 
     out: dict[str, dict[str, Any]] = {}
@@ -139,13 +103,14 @@ def parse_method_overrides(
         key, sep, text = item.partition("=")
         method, dot, name = key.partition(".")
         if not (sep and dot and method and name):
-            raise UsageError(f"{option} '{item}' must look like {example}")
+            raise UsageError(f"{option} {shown(item)} must look like {example}")
         if option == "--method-grid" and not text.strip().startswith("["):
             text = f"[{text}]"  # 2,8,32 is the list [2, 8, 32]
         try:
-            out.setdefault(method, {})[name] = yaml.safe_load(text)
+            out.setdefault(method, {})[name] = yaml_value(text)
         except yaml.YAMLError as exc:
-            raise UsageError(f"{option} '{item}': the value is not valid: {' '.join(str(exc).split())}") from None
+            detail = shown(" ".join(str(exc).split()), quote=False)
+            raise UsageError(f"{option} {shown(item)}: the value is not valid: {detail}") from None
     return out
 
 
@@ -160,139 +125,85 @@ def parse_method_grids(items: list[str]) -> dict[str, dict[str, list]]:
     return grids
 
 
-ALL_SIZES = ("train_size", "eval_size", "target_eval_size")  # options that take 'all'
+def _merge_tables(file_values: dict[str, Any], cli_values: dict[str, Any], name: str) -> dict | None:
+    """A table option (method_config, method_grid) of the file, with the command line's fields laid over it."""
+    if not cli_values.get(name):
+        return None
+    file_table = file_values.get(name) or {}
+    merged = {m: dict(v) for m, v in file_table.items()} if isinstance(file_table, dict) else {}
+    for method, fields in cli_values[name].items():
+        merged.setdefault(method, {}).update(fields)
+    return merged
 
 
 def build_options(file_values: dict[str, Any], cli_values: dict[str, Any]) -> RunOptions:
+    """The options of a file and a command line (given ones: not None), each read as its kind reads it
+    (``"1e-3"`` is a number where a number is expected, ``all`` a size of None), then :func:`validate`-d."""
     values = {**file_values, **{k: v for k, v in cli_values.items() if v is not None}}
-    for key in ("methods", "backbone", "task", "seeds", "meters"):
-        if key in values:
-            values[key] = _as_list(values[key])
-    if "seeds" in values:
-        values["seeds"] = [int(s) if isinstance(s, str) and s.isdigit() else s for s in values["seeds"]]
-    for key in ("methods", "backbone", "task"):
-        for item in values.get(key, []):
-            if not isinstance(item, str):
-                raise UsageError(f"option '{key}' must name strings, got {item!r}")
-    if "methods" in values:
-        values["methods"] = list(dict.fromkeys(values["methods"]))  # a method named twice runs once
-    for key in ALL_SIZES:  # 'all' (TOML has no null): every example of the split
-        if isinstance(values.get(key), str) and values[key].lower() == "all":
-            values[key] = None
-    if cli_values.get("method_grid"):
-        grids = {m: dict(v) for m, v in (file_values.get("method_grid") or {}).items()}
-        for method, fields in cli_values["method_grid"].items():
-            grids.setdefault(method, {}).update(fields)
-        values["method_grid"] = grids
-    if cli_values.get("method_config"):
-        merged = {m: dict(v) for m, v in (file_values.get("method_config") or {}).items()}
-        for method, fields in cli_values["method_config"].items():
-            merged.setdefault(method, {}).update(fields)
-        values["method_config"] = merged
-    try:
-        options = RunOptions(**values)
-    except TypeError as exc:
-        raise UsageError(str(exc)) from None
+    for name in ("method_config", "method_grid"):
+        merged = _merge_tables(file_values, cli_values, name)
+        if merged is not None:
+            values[name] = merged
+    for name in values:
+        if name not in OPTIONS:
+            raise unknown_choice("option", name, OPTIONS)
+        values[name] = kind_of(name).read(values[name])
+    options = RunOptions(**values)
     validate(options)
+    options.methods = list(dict.fromkeys(options.methods))  # a method named twice runs once
     return options
 
 
-def _is_number(value: Any) -> bool:
-    """A real, finite number: not a bool, not inf, not nan."""
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-
-
-def _is_positive_number(value: Any, allow_zero: bool = False) -> bool:
-    return _is_number(value) and (value >= 0 if allow_zero else value > 0)
-
-
-def _check_int(name: str, value: Any, minimum: int, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise UsageError(f"--{name.replace('_', '-')} must be an integer >= {minimum}, got {value!r}")
-
-
-_TYPES = {
-    "methods": list,
-    "backbone": list,
-    "task": list,
-    "seeds": list,
-    "device": str,
-    "energy_meter": str,
-    "in_process": bool,
-    "method_config": dict,
-    "output": (str, type(None)),
-    "data_dir": (str, type(None)),
-    "text_column": (str, type(None)),
-    "text_pair_column": (str, type(None)),
-    "label_column": (str, type(None)),
-    "grid": bool,
-    "method_grid": dict,
-    "target_metric": (str, type(None)),
-    "executor": str,
-    "address": (str, type(None)),
-}
-
-
 def validate(options: RunOptions) -> None:
-    from petlprof.backbones import check_backbone
-    from petlprof.meters import check_energy_meter
-    from petlprof.registry import get_method, method_names, methods_by_name
-    from petlprof.tasks import check_task
+    """Every check of the options that needs no data or model: first each option's own kind and range
+    (declared with it), then the relations between options."""
+    for name in OPTIONS:
+        kind_of(name).check(name, getattr(options, name))
+    _validate_methods(options)
+    _validate_relations(options)
+    _validate_executor(options)
 
-    for name, kind in _TYPES.items():
-        value = getattr(options, name)
-        if not isinstance(value, kind):
-            expected = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
-            raise UsageError(f"option '{name}' must be {expected.replace('NoneType', 'unset')}, got {value!r}")
-    for name, fields in options.method_config.items():
-        if not isinstance(fields, dict):
-            raise UsageError(f"method_config.{name} must be a table of fields, got {fields!r}")
+
+def _validate_methods(options: RunOptions) -> None:
+    from petlprof.registry import get_method
+
     if not options.methods:
         raise UsageError("no method given: use --methods, e.g. --methods read,lora (see `petlprof list`)")
     for name, example in (("seeds", "--seeds 0,1"), ("backbone", "--backbone minilm"), ("task", "--task tweets")):
         if not getattr(options, name):
             raise UsageError(f"no {name.rstrip('s')} given (an empty --{name}): give at least one, e.g. {example}")
-    for name in options.methods:
-        get_method(name)
-    named = methods_by_name(options.methods)  # a plug-in given as module:ATTR is addressed by its spec's name
     for name, fields in options.method_config.items():
-        if name not in named:
-            raise unknown_choice("method in method_config", name, named)
-        get_method(named[name]).make_config(fields)
+        if not isinstance(fields, dict):
+            raise UsageError(f"method_config.{shown(name, False)} must be a table of fields, got {shown(fields)}")
+        if name not in options.methods:
+            raise unknown_choice("method in method_config", name, options.methods)
+        get_method(name).make_config(fields)
     for name, fields in options.method_grid.items():
-        if name not in named:
-            raise unknown_choice("method in method_grid", name, named)
+        if name not in options.methods:
+            raise unknown_choice("method in method_grid", name, options.methods)
         if not isinstance(fields, dict) or not fields:
-            raise UsageError(f"method_grid.{name} must be a table of FIELD = [values], got {fields!r}")
+            raise UsageError(f"method_grid.{name} must be a table of FIELD = [values], got {shown(fields)}")
         for key, values in fields.items():
             if not isinstance(values, list) or not values:
-                raise UsageError(f"method_grid.{name}.{key} must be a non-empty list of values, got {values!r}")
+                raise UsageError(f"method_grid.{name}.{key} must be a non-empty list of values, got {shown(values)}")
     for method in options.methods:
         for point in grid_points(options, method):
             get_method(method).make_config(point)
-    _validate_budget(options)
-    for spec in options.backbone:
-        check_backbone(str(spec))
-    for spec in options.task:
-        check_task(str(spec))
-    for seed in options.seeds:
-        _check_int("seeds", seed, 0)
-    for name in ("epochs", "batch_size", "max_length"):
-        _check_int(name, getattr(options, name), 1)
-    for name in ("max_steps", "train_size", "eval_size", "num_layers"):
-        _check_int(name, getattr(options, name), 1, allow_none=True)
-    _check_int("warmup_steps", options.warmup_steps, 0)
-    if options.timeout is not None and not _is_positive_number(options.timeout):
-        raise UsageError(f"--timeout must be a positive number of seconds, got {options.timeout!r}")
-    parse_bytes(options.max_memory)
-    if not isinstance(options.cache_hidden_states, bool):
-        raise UsageError(f"option 'cache_hidden_states' must be true or false, got {options.cache_hidden_states!r}")
-    parse_bytes(options.cache_budget, option="--cache-budget")
-    if options.cache_dtype not in CACHE_DTYPES:
-        raise unknown_choice("cache dtype", options.cache_dtype, CACHE_DTYPES)
-    _only_with(options, "cache_hidden_states", ("cache_budget", "cache_dtype"))
+
+
+def _validate_relations(options: RunOptions) -> None:
+    """Options that act only with another (declared ``only_with``), and the other pairs that cannot go together."""
+    from petlprof.registry import get_method, method_names
+
+    for name, f in OPTIONS.items():
+        needed = f.metadata["only_with"]
+        given = getattr(options, needed) if needed else True
+        if given is not None and given is not False:  # a target of 0 is given
+            continue
+        if getattr(options, name) != default_of(name):
+            raise UsageError(f"{flag(name)} acts only with {flag(needed)}, which was not given")
+    if options.target_metric is not None and options.target_value is None:
+        raise UsageError(f"--target-metric {options.target_metric} needs --target-value")
     if options.cache_hidden_states and not any(get_method(m).side_tuning for m in options.methods):
         side = sorted(name for name in method_names() if get_method(name).side_tuning)
         raise UsageError(
@@ -301,44 +212,16 @@ def validate(options: RunOptions) -> None:
         )
     if options.in_process and (options.timeout is not None or options.max_memory is not None):
         raise UsageError("--timeout and --max-memory act on a run's own process; they cannot be used with --in-process")
-    if options.lr is not None and not _is_positive_number(options.lr):
-        raise UsageError(f"--lr must be a positive number, got {options.lr!r}")
-    if options.device not in DEVICES and not options.device.startswith("cuda:"):
-        raise unknown_choice("device", options.device, DEVICES)
-    check_energy_meter(options.energy_meter, need_available=False)
-    _validate_measurement(options)
-    _validate_executor(options)
-
-
-def _only_with(options: RunOptions, needed: str, names: tuple[str, ...]) -> None:
-    """Options that act only together with ``needed``: given without it, they would do nothing."""
-    given = getattr(options, needed)
-    if given is not None and given is not False:  # a target of 0 is given
-        return
-    defaults = {f.name: f.default for f in dataclasses.fields(RunOptions)}
-    for name in names:
-        if getattr(options, name) != defaults[name]:
-            raise UsageError(
-                f"--{name.replace('_', '-')} acts only with --{needed.replace('_', '-')}, which was not given"
-            )
+    if options.country_code is not None and "codecarbon" not in options.meters:
+        raise UsageError("--country-code sets codecarbon's carbon intensity; add --meters codecarbon")
 
 
 def _validate_executor(options: RunOptions) -> None:
-    from petlprof.executors import EXECUTORS
-
-    if options.executor not in EXECUTORS:
-        raise unknown_choice("executor", options.executor, EXECUTORS)
-    _check_int("retries", options.retries, 0)
-    _check_int("nproc_per_run", options.nproc_per_run, 1)
-    cpus = options.cpus_per_run
-    if not _is_positive_number(cpus):
-        raise UsageError(f"--cpus-per-run must be a positive number of CPUs, got {cpus!r}")
     if options.executor != "ray":
-        for name, default in (("address", None), ("retries", 0), ("cpus_per_run", 1.0)):
-            if getattr(options, name) != default:
+        for name, f in OPTIONS.items():
+            if f.metadata["ray_only"] and getattr(options, name) != default_of(name):
                 raise UsageError(
-                    f"--{name.replace('_', '-')} applies to --executor ray; the runs execute "
-                    f"on this machine ('{options.executor}')"
+                    f"{flag(name)} applies to --executor ray; the runs execute on this machine ('{options.executor}')"
                 )
     if options.in_process and options.executor == "ray":
         raise UsageError(
@@ -357,42 +240,6 @@ def _validate_executor(options: RunOptions) -> None:
         )
 
 
-def _validate_measurement(options: RunOptions) -> None:
-    from petlprof.meters import check_extra_meters
-
-    check_extra_meters(options.meters)
-    if options.country_code is not None and not re.fullmatch(r"[A-Za-z]{3}", str(options.country_code)):
-        raise UsageError(
-            f"--country-code must be an ISO 3166 alpha-3 code such as USA, FRA or DEU, got {options.country_code!r}"
-        )
-    if options.country_code is not None and "codecarbon" not in options.meters:
-        raise UsageError("--country-code sets codecarbon's carbon intensity; add --meters codecarbon")
-    if not isinstance(options.memory_snapshot, bool):
-        raise UsageError(f"option 'memory_snapshot' must be true or false, got {options.memory_snapshot!r}")
-    window = options.inference_window_s
-    if window is not None and not _is_positive_number(window, allow_zero=True):
-        raise UsageError(f"--inference-window-s must be a number of seconds >= 0, got {window!r}")
-
-
-def _validate_budget(options: RunOptions) -> None:
-    from petlprof.metrics import METRIC_FUNCTIONS
-
-    for name in ("target_value", "max_train_time"):
-        value = getattr(options, name)
-        if value is not None and not _is_number(value):
-            raise UsageError(f"--{name.replace('_', '-')} must be a number, got {value!r}")
-    if options.max_train_time is not None and options.max_train_time <= 0:
-        raise UsageError(f"--max-train-time must be a positive number of seconds, got {options.max_train_time!r}")
-    _check_int("eval_every", options.eval_every, 1)
-    _check_int("target_eval_size", options.target_eval_size, 1, allow_none=True)
-    _only_with(options, "target_value", ("eval_every", "target_eval_size"))
-    if options.target_metric is not None:
-        if options.target_value is None:
-            raise UsageError(f"--target-metric {options.target_metric} needs --target-value")
-        if options.target_metric not in METRIC_FUNCTIONS:  # a task metric, not a cost
-            raise unknown_choice("target metric", options.target_metric, METRIC_FUNCTIONS)
-
-
 def grid_points(options: RunOptions, method: str) -> list[dict[str, Any]]:
     """The method-config overrides one method runs with: its explicit grid (the cartesian product of
     the listed values) or, with ``grid``, its default grid, each laid over its ``method_config``."""
@@ -400,9 +247,8 @@ def grid_points(options: RunOptions, method: str) -> list[dict[str, Any]]:
 
     from petlprof.registry import get_method
 
-    name = get_method(method).name  # what method_config and method_grid call it
-    base = options.method_config.get(name, {})
-    explicit = options.method_grid.get(name)
+    base = options.method_config.get(method, {})
+    explicit = options.method_grid.get(method)
     if explicit:
         names = list(explicit)
         points = [dict(zip(names, values)) for values in itertools.product(*(explicit[n] for n in names))]
@@ -411,38 +257,6 @@ def grid_points(options: RunOptions, method: str) -> list[dict[str, Any]]:
     else:
         points = [{}]
     return [{**base, **point} for point in points]
-
-
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
-    "k": 2**10,
-    "m": 2**20,
-    "g": 2**30,
-    "t": 2**40,
-}
-
-
-def parse_bytes(value: str | int | None, option: str = "--max-memory") -> int | None:
-    """``"2GiB"``, ``"500MB"``, ``"1.5g"`` or a plain number of bytes; None stays None."""
-    if value is None:
-        return None
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
-    unit = match.group(2).lower() if match else None
-    if not match or unit not in _UNITS or float(match.group(1)) <= 0:
-        raise UsageError(f"{option} '{value}' is not a positive size; use e.g. 2GiB, 500MB or a number of bytes")
-    size = int(float(match.group(1)) * _UNITS[unit])
-    if size < 1:
-        raise UsageError(f"{option} '{value}' is less than one byte; use e.g. 2GiB, 500MB or a number of bytes")
-    return size
 
 
 def resolve_device(
@@ -544,60 +358,17 @@ def default_output_dir() -> Path:
 
 def expand(options: RunOptions, device: str) -> list[RunSpec]:
     """One :class:`RunSpec` per (backbone, task, method, grid point, seed), in that nesting order; a
-    grid point that resolves to a configuration already listed runs once."""
-    shared = {
-        name: getattr(options, name)
-        for name in (
-            "num_layers",
-            "data_dir",
-            "text_column",
-            "text_pair_column",
-            "label_column",
-            "epochs",
-            "max_steps",
-            "train_size",
-            "eval_size",
-            "batch_size",
-            "lr",
-            "max_length",
-            "warmup_steps",
-            "energy_meter",
-        )
-    }
+    grid point that resolves to a configuration already listed runs once.  Each option fills its
+    RunSpec field as declared (:class:`~petlprof.options.ToSpec`); the derived ones are set here: the
+    sweep axes, the method's full config and learning rate, the device (and, by the caller, the folders)."""
     from petlprof.registry import get_method
 
-    if options.target_value is not None or options.max_train_time is not None:
-        target = options.target_value is not None
-        shared.update(
-            target_value=options.target_value,
-            target_metric=options.target_metric,
-            eval_every=options.eval_every if target else None,
-            target_eval_size=options.target_eval_size if target else None,
-            max_train_time_s=options.max_train_time,
-        )
-
-    shared.pop("lr")
-    shared.update(
-        extra_meters=list(options.meters),
-        country_code=options.country_code,
-        inference_window_s=options.inference_window_s,
-        nproc=options.nproc_per_run,
-    )
     resolved = {}  # the full configs and learning rate, so an explicit default gives the same run key
     for method in options.methods:
         spec = get_method(method)
         configs = [dataclasses.asdict(spec.make_config(point)) for point in grid_points(options, method)]
         resolved[method] = (configs, options.lr if options.lr is not None else spec.default_lr)
-
-    def cache(method: str) -> dict[str, Any]:  # the cache serves side-tuning methods; the others run as usual
-        if not (options.cache_hidden_states and get_method(method).side_tuning):
-            return {}
-        return {
-            "cache_hidden_states": True,
-            "cache_dtype": options.cache_dtype,
-            "cache_budget_bytes": parse_bytes(options.cache_budget, option="--cache-budget"),
-        }
-
+    shared = {method: _copied(options, method) for method in options.methods}
     specs = [
         RunSpec(
             method=method,
@@ -607,8 +378,7 @@ def expand(options: RunOptions, device: str) -> list[RunSpec]:
             device=device,
             method_config=config,
             lr=resolved[method][1],
-            **shared,
-            **cache(method),
+            **shared[method],
         )
         for backbone in options.backbone
         for task in options.task
@@ -617,3 +387,18 @@ def expand(options: RunOptions, device: str) -> list[RunSpec]:
         for seed in options.seeds
     ]
     return list({spec.run_key: spec for spec in specs}.values())
+
+
+def _copied(options: RunOptions, method: str) -> dict[str, Any]:
+    """The RunSpec fields of one method's runs that options fill as they are (converted where declared),
+    or with the field's default where the option does not apply (e.g. the cache for a non-side-tuning method)."""
+    out = {}
+    for field, (name, to) in spec_fields().items():
+        if to.derived:
+            continue
+        if to.copy_if is None or to.copy_if(options, method):
+            value = getattr(options, name)
+            out[field] = to.convert(value) if to.convert else value
+        else:
+            out[field] = spec_default(name, to)
+    return out

@@ -5,16 +5,28 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 
+ECHO_CHARS = 60  # an echoed value longer than this is cut, so a 5 MB value is not a 5 MB error line
+
 
 class UsageError(ValueError):
     """Bad input from the user (unknown name, malformed config, negative size, ...)."""
 
 
+def shown(value: object, quote: bool = True) -> str:
+    """``value`` as an error message echoes it (its repr, or ``str`` without ``quote``), cut to
+    :data:`ECHO_CHARS` with its full length said."""
+    text = repr(value) if quote else str(value)
+    if len(text) <= ECHO_CHARS:
+        return text
+    return f"{text[: ECHO_CHARS - 10]}...{text[-6:]} ({len(text)} characters)"
+
+
 def unknown_choice(kind: str, value: str, choices: Iterable[str], extra: str = "") -> UsageError:
     """Build the standard error for an unknown name: the bad value, a "did you mean", the choices."""
     choices = sorted(choices)
-    close = difflib.get_close_matches(str(value), choices, n=1, cutoff=0.6)
+    text = str(value)
+    close = difflib.get_close_matches(text, choices, n=1, cutoff=0.6) if len(text) <= 255 else []
     hint = f"; did you mean '{close[0]}'?" if close else "."
     listed = ", ".join(choices)
     tail = f" {extra}" if extra else ""
-    return UsageError(f"unknown {kind} '{value}'{hint} Valid choices: {listed}.{tail}")
+    return UsageError(f"unknown {kind} '{shown(value, quote=False)}'{hint} Valid choices: {listed}.{tail}")

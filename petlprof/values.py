@@ -1,0 +1,246 @@
+"""The kinds of value a run option takes: how a value from the command line or a config file is read,
+and the range it must lie in.
+
+Each kind is one small object with ``read`` (a config-file value or a command-line string -> the
+option's value: numeric text such as YAML's ``1e-3`` becomes a number) and ``check`` (raise a
+one-line :class:`~petlprof.errors.UsageError` naming the flag and the bad value, shortened).  The
+option declarations in :mod:`petlprof.options` pick one per option; nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from petlprof.errors import UsageError, shown, unknown_choice
+
+MAX_NAME_CHARS = 255  # a file name's limit on common file systems; a longer backbone or task name is refused
+MAX_PATH_CHARS = 4096  # PATH_MAX on Linux
+MAX_BYTES = 2**60  # 1 EiB: no machine holds more memory than that
+_INT = re.compile(r"\s*[-+]?[0-9]+\s*")
+_FLOAT = re.compile(r"\s*[-+]?(([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?|inf(inity)?|nan)\s*", re.IGNORECASE)
+
+
+def flag(name: str) -> str:
+    """The command-line flag of an option: ``train_size`` -> ``--train-size``."""
+    return f"--{name.replace('_', '-')}"
+
+
+def is_number(value: Any) -> bool:
+    """A real, finite number: not a bool, not inf, not nan."""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Kind:
+    """Any value of ``types`` (``None`` allowed with ``optional``); subclasses narrow it."""
+
+    types: ClassVar[tuple[type, ...]] = (object,)
+    argtype: ClassVar[Any] = str  # argparse's ``type``
+    optional: bool = False
+
+    def read(self, value: Any) -> Any:
+        return value
+
+    def check(self, name: str, value: Any) -> None:
+        if value is None and self.optional:
+            return
+        if isinstance(value, bool) and bool not in self.types or not isinstance(value, self.types):
+            expected = " or ".join(t.__name__ for t in self.types) + (" or unset" if self.optional else "")
+            raise UsageError(f"option '{name}' must be {expected}, got {shown(value)}")
+
+
+@dataclass(frozen=True)
+class Table(Kind):
+    """A table (``method_config``, ``method_grid``); its entries are checked against the methods."""
+
+    types: ClassVar[tuple[type, ...]] = (dict,)
+
+
+@dataclass(frozen=True)
+class Flag(Kind):
+    types: ClassVar[tuple[type, ...]] = (bool,)
+
+    def check(self, name: str, value: Any) -> None:
+        if not isinstance(value, bool):
+            raise UsageError(f"option '{name}' must be bool (true or false), got {shown(value)}")
+
+
+@dataclass(frozen=True)
+class Integer(Kind):
+    """An integer in ``minimum..maximum``; ``why`` says where the maximum comes from."""
+
+    minimum: int = 0
+    maximum: int | None = None
+    why: str = ""
+    argtype: ClassVar[Any] = int
+
+    def read(self, value: Any) -> Any:
+        return int(value) if isinstance(value, str) and _INT.fullmatch(value) else value
+
+    def check(self, name: str, value: Any) -> None:
+        if value is None and self.optional:
+            return
+        if isinstance(value, bool) or not isinstance(value, int) or value < self.minimum:
+            raise UsageError(f"{flag(name)} must be an integer >= {self.minimum}, got {shown(value)}")
+        if self.maximum is not None and value > self.maximum:
+            why = f" ({self.why})" if self.why else ""
+            raise UsageError(f"{flag(name)} must be at most {self.maximum}{why}, got {shown(value)}")
+
+
+@dataclass(frozen=True)
+class Examples(Integer):
+    """A number of examples, or ``all`` (every example of the split: None once read)."""
+
+    minimum: int = 1
+    maximum: int | None = 10**9
+    why: str = "examples"
+
+    def read(self, value: Any) -> Any:
+        if isinstance(value, str) and value.strip().lower() in ("all", "none"):
+            return None
+        return super().read(value)
+
+
+@dataclass(frozen=True)
+class Number(Kind):
+    """A finite number with ``above < value`` (or ``>=`` with ``inclusive``) and ``value <= maximum``;
+    ``what`` completes "must be ..." (``finite``: the message for a value that is not a finite number)."""
+
+    above: float | None = None
+    inclusive: bool = False
+    maximum: float | None = None
+    what: str = "a number"
+    finite: str = ""
+    argtype: ClassVar[Any] = float
+
+    def read(self, value: Any) -> Any:
+        return float(value) if isinstance(value, str) and _FLOAT.fullmatch(value) else value
+
+    def check(self, name: str, value: Any) -> None:
+        if value is None and self.optional:
+            return
+        if not is_number(value):
+            raise UsageError(f"{flag(name)} must be {self.finite or self.what}, got {shown(value)}")
+        low = self.above is not None and (value < self.above if self.inclusive else value <= self.above)
+        if low:
+            raise UsageError(f"{flag(name)} must be {self.what}, got {shown(value)}")
+        if self.maximum is not None and value > self.maximum:
+            raise UsageError(f"{flag(name)} must be at most {self.maximum:g}, got {shown(value)}")
+
+
+@dataclass(frozen=True)
+class Text(Kind):
+    """A string of at most ``max_chars`` characters; ``path``: a file or folder, each part of it at most
+    :data:`MAX_NAME_CHARS` long (a longer one is an ``OSError: File name too long`` later)."""
+
+    types: ClassVar[tuple[type, ...]] = (str,)
+    max_chars: int = MAX_NAME_CHARS
+    path: bool = False
+    known: Callable[[str], None] | None = None  # raises a UsageError for a name it does not know
+
+    def check(self, name: str, value: Any) -> None:
+        super().check(name, value)
+        if value is None:
+            return
+        parts = Path(value).parts if self.path and len(value) <= MAX_PATH_CHARS else [value]
+        if len(value) > (MAX_PATH_CHARS if self.path else self.max_chars) or any(
+            len(p) > MAX_NAME_CHARS for p in parts
+        ):
+            raise UsageError(
+                f"{flag(name)} {shown(value)} is too long: at most {MAX_NAME_CHARS} characters a name"
+                + (f" and {MAX_PATH_CHARS} a path" if self.path else "")
+            )
+        if self.known is not None:
+            self.known(value)
+
+
+@dataclass(frozen=True)
+class Choice(Text):
+    """One of ``choices`` (or, with ``prefix``, a value starting with it, e.g. ``cuda:``)."""
+
+    choices: Sequence[str] = ()
+    kind: str = "value"
+    prefix: str = ""
+
+    def check(self, name: str, value: Any) -> None:
+        super().check(name, value)
+        if value is not None and value not in self.choices and not (self.prefix and value.startswith(self.prefix)):
+            raise unknown_choice(self.kind, value, self.choices)
+
+
+@dataclass(frozen=True)
+class Names(Kind):
+    """A list of items of ``item`` kind: a comma list on the command line, a list or comma text in a file."""
+
+    types: ClassVar[tuple[type, ...]] = (list,)
+    item: Kind = Text(path=True)
+
+    def read(self, value: Any) -> Any:
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        elif isinstance(value, tuple):
+            value = list(value)
+        elif not isinstance(value, list):
+            value = [value]
+        return [self.item.read(v) for v in value]
+
+    def check(self, name: str, value: Any) -> None:
+        super().check(name, value)
+        for item in value:
+            if isinstance(self.item, Text) and not isinstance(item, str):
+                raise UsageError(f"option '{name}' must name strings, got {shown(item)}")
+            self.item.check(name, item)
+
+
+@dataclass(frozen=True)
+class Bytes(Kind):
+    """A size such as ``2GiB``, ``500MB`` or a number of bytes, at least one byte and at most :data:`MAX_BYTES`."""
+
+    types: ClassVar[tuple[type, ...]] = (str, int, float)
+
+    def check(self, name: str, value: Any) -> None:
+        parse_bytes(value, option=flag(name))
+
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+    "k": 2**10,
+    "m": 2**20,
+    "g": 2**30,
+    "t": 2**40,
+}
+_SIZE = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*")
+_EXAMPLE = "use e.g. 2GiB, 500MB or a number of bytes"
+
+
+def parse_bytes(value: str | int | None, option: str = "--max-memory") -> int | None:
+    """``"2GiB"``, ``"500MB"``, ``"1.5g"`` or a plain number of bytes; None stays None."""
+    if value is None:
+        return None
+    text = str(value) if isinstance(value, (str, int, float)) and not isinstance(value, bool) else ""
+    match = _SIZE.fullmatch(text) if len(text) <= 100 else None
+    unit = match.group(2).lower() if match else None
+    if len(text) > 100 and re.fullmatch(r"\s*[0-9]+[a-zA-Z]*\s*", text):  # a 400-digit number of bytes
+        raise UsageError(f"{option} {shown(text)} is more than {MAX_BYTES} bytes (1 EiB); {_EXAMPLE}")
+    if not match or unit not in _UNITS or float(match.group(1)) <= 0:
+        raise UsageError(f"{option} {shown(text or value)} is not a positive size; {_EXAMPLE}")
+    size = float(match.group(1)) * _UNITS[unit]
+    if size > MAX_BYTES:
+        raise UsageError(f"{option} {shown(text)} is more than {MAX_BYTES} bytes (1 EiB); {_EXAMPLE}")
+    if int(size) < 1:
+        raise UsageError(f"{option} {shown(text)} is less than one byte; {_EXAMPLE}")
+    return int(size)
