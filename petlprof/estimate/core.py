@@ -1,0 +1,116 @@
+"""One estimate: a method on a backbone at a batch size and length -> parameters, bytes and FLOPs.
+
+The model is built on the meta device (:mod:`petlprof.estimate.model`) and one training step and
+one inference batch are traced on it (:mod:`petlprof.estimate.trace`).  Where an operation has no
+meta kernel the estimate falls back to real tensors at one and two layers, extrapolated in depth
+(:mod:`petlprof.estimate.fallback`), and the record's ``estimate_source`` says so.
+
+Peak bytes are the weights and buffers plus the peak of what the traced step creates and keeps
+alive at once: activations saved for backward, gradients, AdamW's state (created by the first of
+two traced steps and alive through the second), temporaries; the same quantity the ``cpu-tensors``
+meter measures.  FLOPs are those ``torch.utils.flop_counter`` counts (matrix products, convolutions,
+attention; element-wise work is not counted).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from petlprof.estimate import gpus
+from petlprof.estimate.model import ResolvedBackbone, build_model, weight_breakdown
+from petlprof.estimate.trace import UntraceableError, example_batch, inference_batch, train_steps
+
+META_TRACE = "meta-device trace of the step (no weights allocated)"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What every estimate of one command shares."""
+
+    batch_size: int = 8
+    max_length: int = 128
+    num_labels: int = 2
+    device_memory_bytes: int | None = None
+    gpu: str = gpus.DEFAULT_GPU
+
+
+def estimate(resolved: ResolvedBackbone, method_name: str, overrides: dict, settings: Settings) -> dict[str, Any]:
+    """The ``estimates.jsonl`` record of one method configuration (status ``failed`` with its error
+    when the model cannot be built or traced; a bad option is a UsageError before that)."""
+    from petlprof.registry import get_method
+
+    method = get_method(method_name)
+    config = method.make_config(overrides)
+    record: dict[str, Any] = {
+        "method": method.name,
+        "method_config": dataclasses.asdict(config),
+        "backbone": resolved.name,
+        "backbone_source": resolved.source,
+        "batch_size": settings.batch_size,
+        "max_length": settings.max_length,
+        "num_labels": settings.num_labels,
+        "status": "ok",
+        "error": None,
+    }
+    try:
+        figures = trace_figures(resolved, method, config, settings)
+    except UntraceableError as exc:
+        from petlprof.estimate.fallback import extrapolated_figures
+
+        figures = extrapolated_figures(resolved, method, config, settings, reason=str(exc))
+    except Exception as exc:  # a method or model that cannot be built is a failed row, not a crash
+        record.update(status="failed", error=f"{type(exc).__name__}: {exc}".strip())
+        return record
+    record.update(figures)
+    record.update(_verdicts(record["memory"]["peak_train_bytes"], record["flops"]["train_step"], figures, settings))
+    return record
+
+
+def trace_figures(resolved: ResolvedBackbone, method, config, settings: Settings, device: str = "meta") -> dict:
+    """Parameters, bytes and FLOPs of ``method`` on ``resolved`` from one traced step on ``device``."""
+    model = build_model(resolved, method, config, settings.num_labels, device=device)
+    static = weight_breakdown(model)
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    inputs, labels = example_batch(settings.batch_size, settings.max_length, _token_id(resolved))
+    resident = static["frozen_weights_bytes"] + static["trainable_weights_bytes"] + static["buffers_bytes"]
+    train = train_steps(model, inputs, labels)
+    infer = inference_batch(model, inputs)
+    return {
+        "dtype": dtype,
+        "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
+        "total_params": sum(p.numel() for p in model.parameters()),
+        "memory": {
+            "weights_bytes": static["frozen_weights_bytes"] + static["trainable_weights_bytes"],
+            "trainable_weights_bytes": static["trainable_weights_bytes"],
+            "buffers_bytes": static["buffers_bytes"],
+            "gradients_bytes": static["gradients_bytes"],
+            "optimizer_bytes": static["optimizer_bytes"],
+            "peak_train_bytes": resident + train.peak_new_bytes,
+            "peak_inference_bytes": resident + infer.peak_new_bytes,
+        },
+        "flops": {"train_step": train.flops, "inference_batch": infer.flops},
+        "estimate_source": META_TRACE,
+    }
+
+
+def _token_id(resolved: ResolvedBackbone) -> int:
+    """A token id inside the vocabulary (the values of ids change no shape)."""
+    return min(100, int(resolved.config.vocab_size) - 1)
+
+
+def _verdicts(peak_train_bytes: int, train_flops: int, figures: dict, settings: Settings) -> dict[str, Any]:
+    gpu = gpus.get_gpu(settings.gpu)
+    peak_flops = gpu.peak_flops(figures["dtype"])
+    return {
+        "fits_train": gpus.fits(peak_train_bytes, settings.device_memory_bytes),
+        "fits_inference": gpus.fits(figures["memory"]["peak_inference_bytes"], settings.device_memory_bytes),
+        "step_time_lower_bound": {
+            "gpu": gpu.name,
+            "peak_flops_per_s": peak_flops,
+            "train_step_s": train_flops / peak_flops,
+            "inference_batch_s": figures["flops"]["inference_batch"] / peak_flops,
+            "kind": "bound: FLOPs / the GPU's peak dense throughput in the model's dtype",
+        },
+    }

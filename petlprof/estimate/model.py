@@ -1,0 +1,184 @@
+"""The model a run of a backbone would train, built from its config alone with no weight allocated.
+
+A backbone for an estimate is a bundled shape (``petlprof/shapes/NAME.json``, the published config's
+numbers), a tiny preset or ``minilm``, a local ``config.json`` or model folder, or a hub id.  The
+model is built as :func:`petlprof.backbones.load_backbone` and the runner build it (the same
+transformers class from the config, the pooler dropped, the pad token set, the same
+:class:`~petlprof.modeling.SequenceClassifier` head, the method applied by the registry's
+``apply``), but under ``torch.device("meta")``, so every parameter is a shape without storage.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from petlprof.errors import UsageError, unknown_choice
+
+SHAPES_DIR = Path(__file__).resolve().parent.parent / "shapes"
+
+
+def shape_names() -> list[str]:
+    return sorted(path.stem for path in SHAPES_DIR.glob("*.json"))
+
+
+@dataclass
+class ResolvedBackbone:
+    """A backbone's config and what a run would take from its tokenizer."""
+
+    name: str
+    config: Any  # transformers PretrainedConfig
+    tokenizer: Any  # the preset's tokenizer, or a stand-in with pad_token_id and name_or_path
+    source: str
+
+
+def resolve_backbone(spec: str, num_layers: int | None = None) -> ResolvedBackbone:
+    """A bundled shape, preset, config.json, model folder or hub id -> its config (depth cut to ``num_layers``)."""
+    from petlprof.backbones import BACKBONES
+
+    path = Path(spec)
+    if spec in shape_names():
+        config = _config_from_dict(json.loads((SHAPES_DIR / f"{spec}.json").read_text()), spec)
+        resolved = ResolvedBackbone(spec, config, _stand_in(config), f"bundled shape {spec} ({config.source_url})")
+    elif spec in BACKBONES:
+        resolved = _preset(spec)
+    elif path.is_file():
+        resolved = ResolvedBackbone(spec, _config_from_file(path), None, f"config file {path}")
+    elif path.is_dir() or "/" in spec:
+        from petlprof.backbones import check_backbone, pretrained_config
+
+        check_backbone(spec)
+        resolved = ResolvedBackbone(spec, pretrained_config(spec), None, f"config of {spec}")
+    else:
+        raise unknown_choice(
+            "backbone", spec, [*shape_names(), *BACKBONES], extra="Or give a config.json, a model folder or a hub id."
+        )
+    if resolved.tokenizer is None:
+        resolved.tokenizer = _stand_in(resolved.config)
+    if num_layers is not None:
+        _cut_depth(resolved, num_layers)
+    return resolved
+
+
+def _preset(spec: str) -> ResolvedBackbone:
+    from transformers import AutoTokenizer
+
+    from petlprof.backbones import backbone_config, minilm_path
+
+    tokenizer = AutoTokenizer.from_pretrained(minilm_path())
+    source = "pretrained all-MiniLM-L6-v2 config" if spec == "minilm" else f"{spec} preset config"
+    return ResolvedBackbone(spec, backbone_config(spec), tokenizer, source)
+
+
+def _config_from_file(path: Path):
+    try:
+        values = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UsageError(f"backbone config '{path}' is not a JSON file: {exc}") from None
+    return _config_from_dict(values, str(path))
+
+
+def _config_from_dict(values: Any, label: str):
+    from transformers import AutoConfig
+
+    if not isinstance(values, dict) or "model_type" not in values:
+        raise UsageError(f"backbone config '{label}' is not a transformers model config (it has no 'model_type')")
+    values = dict(values)
+    source = values.pop("_source", None)
+    try:
+        config = AutoConfig.for_model(values.pop("model_type"), **values)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"backbone config '{label}' is not a model config transformers knows: {exc}") from None
+    config.source_url = source
+    return config
+
+
+def _stand_in(config) -> SimpleNamespace:
+    """What a classifier reads from a tokenizer: the pad id (the config's, else 0) and a path for
+    prompt tuning's text initialisation (all-MiniLM-L6-v2's tokenizer: its ids fit every bundled vocabulary)."""
+    from petlprof.backbones import minilm_path
+
+    pad = getattr(config, "pad_token_id", None)
+    if pad is None:
+        pad = getattr(config, "eos_token_id", None)
+    pad = pad[0] if isinstance(pad, list) else pad
+    return SimpleNamespace(pad_token_id=0 if pad is None else pad, name_or_path=str(minilm_path()))
+
+
+def _cut_depth(resolved: ResolvedBackbone, num_layers: int) -> None:
+    from petlprof.backbones import BACKBONES
+
+    if num_layers < 1:
+        raise UsageError(f"--num-layers must be a positive integer, got {num_layers}")
+    config = resolved.config
+    if resolved.name not in BACKBONES or resolved.name == "minilm":
+        if num_layers > config.num_hidden_layers:
+            raise UsageError(
+                f"--num-layers {num_layers} exceeds the {config.num_hidden_layers} layers of '{resolved.name}'"
+            )
+    config.num_hidden_layers = num_layers
+    if getattr(config, "is_encoder_decoder", False):
+        config.num_decoder_layers = num_layers
+
+
+def family(resolved: ResolvedBackbone) -> str:
+    from petlprof.backbones import family_of
+
+    return family_of(resolved.config)
+
+
+def build_model(resolved: ResolvedBackbone, method, method_config, num_labels: int, device: str = "meta"):
+    """The model a run trains: backbone from the config, classifier head, method applied; on ``device``."""
+    import torch
+    from transformers import AutoModel
+
+    from petlprof.backbones import Backbone
+    from petlprof.modeling import SequenceClassifier
+
+    with torch.device(device), _fast_meta(device):
+        model = AutoModel.from_config(resolved.config)
+        if getattr(model, "pooler", None) is not None:
+            model.pooler = None  # as load_backbone: petlprof pools itself
+        if getattr(model.config, "pad_token_id", None) is None:
+            model.config.pad_token_id = resolved.tokenizer.pad_token_id
+        backbone = Backbone(resolved.name, model, resolved.tokenizer, family(resolved), resolved.source)
+        return method.build()(SequenceClassifier(backbone, num_labels), method_config)
+
+
+def _fast_meta(device: str):
+    """On meta, the weight initialisation runs under the tracer's shortcuts (in-place fills are no-ops there)."""
+    import contextlib
+
+    from petlprof.estimate.trace import MetaTrace
+
+    return MetaTrace() if device == "meta" else contextlib.nullcontext()
+
+
+def weight_breakdown(model) -> dict[str, int]:
+    """Weights, buffers, gradients and AdamW state in bytes by the rule of
+    :func:`petlprof.meters.memory.static_breakdown` (tied tensors once; ``exp_avg`` and ``exp_avg_sq``
+    in the parameter's dtype plus a 4-byte step per trainable tensor), keyed by storage so meta tensors count."""
+    seen: set[int] = set()
+    figures = dict.fromkeys(("frozen_weights_bytes", "trainable_weights_bytes", "buffers_bytes"), 0)
+    figures.update(gradients_bytes=0, optimizer_bytes=0)
+    for param in model.parameters():
+        key = param.untyped_storage()._cdata
+        if key in seen:
+            continue
+        seen.add(key)
+        size = param.numel() * param.element_size()
+        if param.requires_grad:
+            figures["trainable_weights_bytes"] += size
+            figures["gradients_bytes"] += size
+            figures["optimizer_bytes"] += 2 * size + 4
+        else:
+            figures["frozen_weights_bytes"] += size
+    for buffer in model.buffers():
+        key = buffer.untyped_storage()._cdata
+        if key not in seen:
+            seen.add(key)
+            figures["buffers_bytes"] += buffer.numel() * buffer.element_size()
+    return figures

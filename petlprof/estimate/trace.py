@@ -1,0 +1,279 @@
+"""Trace one training step and one inference batch of a model whose weights live on the meta device.
+
+The model's parameters, buffers, activations, gradients and optimiser state are meta tensors:
+shapes and dtypes without storage, so a 70B model costs no memory.  The batch (token ids,
+attention mask, labels) stays real, and so does everything computed from it alone (positions,
+padding masks, the optimiser's step counters): the model's control flow reads those values
+(transformers skips an all-ones mask; READ gathers the real tokens), so they must be known.
+
+:class:`MetaTrace` is a dispatch mode that does both jobs:
+
+* runs each ATen operation: an operation that mixes real and meta tensors runs on meta (real
+  arguments moved there; a boolean index becomes the indices it selects, so the result's shape is
+  known); moving a real tensor to the meta device keeps it real (a real run's inputs live on the
+  model's device, so a value the model reads stays readable);
+* remembers the result's shape of each operation on meta tensors that creates new tensors (no
+  views, no in-place update), by the operation and its arguments' shapes: the layers of a stack
+  repeat the same operations on the same shapes, so the meta kernels run once per distinct call;
+* counts the bytes of every storage an operation creates, real or meta, until the last tensor on
+  it is freed -- the rule of the ``cpu-tensors`` meter (:mod:`petlprof.meters.tensors`): an output
+  that aliases an input (views, in-place updates) is not new memory, but a view keeps its storage
+  alive until the view is freed too.
+
+An operation without a meta kernel raises :class:`UntraceableError`; the caller then uses the
+exact fallback in :mod:`petlprof.estimate.fallback`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
+from torch.utils.flop_counter import FlopCounterMode
+
+aten = torch.ops.aten
+_INDEX_OPS = {aten.index.Tensor, aten.index_put.default, aten.index_put_.default, aten._index_put_impl_.default}
+
+
+_CACHE_LIMIT = 200_000
+_OUTPUTS: dict[tuple, tuple] = {}  # (op, arguments' shapes) -> (output tree spec, output leaves' metadata)
+_RESHAPING = {aten.resize_.default, aten.set_.source_Storage, aten.set_.source_Tensor, aten.set_.default}
+_ALIASING: set = set()
+_KINDS: dict = {}  # operation -> "new" | "update" | "other" (see _kind)
+_PLAIN = (
+    int,
+    float,
+    bool,
+    str,
+    type(None),
+    torch.dtype,
+    torch.device,
+    torch.layout,
+)  # operations seen returning a view of an argument although their schema does not say so
+
+
+class UntraceableError(RuntimeError):
+    """An operation of the step has no meta kernel (or needs a value only a real tensor has)."""
+
+
+def _storage_key(tensor: torch.Tensor) -> int:
+    return tensor.untyped_storage()._cdata
+
+
+def _to_meta(value):
+    return value.to("meta") if isinstance(value, torch.Tensor) and not value.is_meta else value
+
+
+def _index_on_meta(args: tuple) -> tuple:
+    """A real boolean index -> the real indices it selects (their count is the result's shape)."""
+    indices = []
+    for index in args[1]:
+        if index is not None and not index.is_meta and index.dtype == torch.bool:
+            indices.extend(index.nonzero(as_tuple=True))
+        else:
+            indices.append(index)
+    return (args[0], indices, *args[2:])
+
+
+class MetaTrace(TorchDispatchMode):
+    """Runs a step on meta weights and real inputs; ``peak_bytes``: peak of the bytes created under it."""
+
+    def __init__(self):
+        super().__init__()
+        self.live_bytes = 0
+        self.peak_bytes = 0
+        self._storages: dict[int, list[int]] = {}  # storage key -> [bytes, tensors alive on it]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out, inputs = self._run(func, args, kwargs)
+        for tensor in tree_leaves(out):
+            if isinstance(tensor, torch.Tensor):
+                self._track(tensor, inputs)
+        return out
+
+    def _run(self, func, args, kwargs) -> tuple[Any, set[int]]:
+        """(the operation's output, the storage keys of its tensor arguments)."""
+        kind = _kind(func)
+        first = args[0] if args else None
+        if kind == "update" and isinstance(first, torch.Tensor) and first.is_meta:
+            return first, {_storage_key(first)}  # an in-place update of a meta tensor changes only its values
+        if func is aten._to_copy.default and not first.is_meta and _device_type(kwargs.get("device")) == "meta":
+            return func(*args, **{k: v for k, v in kwargs.items() if k != "device"}), {_storage_key(first)}
+        leaves, spec = tree_flatten((args, kwargs))
+        tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
+        inputs = {_storage_key(t) for t in tensors}
+        if any(t.is_meta for t in tensors) and not all(t.is_meta for t in tensors):
+            if func in _INDEX_OPS:
+                args = _index_on_meta(args)
+            args, kwargs = tree_map(_to_meta, (args, kwargs))
+            leaves, spec = tree_flatten((args, kwargs))
+        key = _cache_key(func, spec, leaves) if kind == "new" and tensors else None
+        if key is not None and key in _OUTPUTS:
+            return _replay(*_OUTPUTS[key]), inputs
+        try:
+            out = func(*args, **kwargs)
+        except (NotImplementedError, RuntimeError) as exc:
+            if any(isinstance(t, torch.Tensor) and t.is_meta for t in tree_leaves((args, kwargs))):
+                raise UntraceableError(f"{func} cannot run on meta tensors: {str(exc).splitlines()[0]}") from exc
+            raise
+        if key is not None and len(_OUTPUTS) < _CACHE_LIMIT:
+            _remember(key, out, inputs | {_storage_key(t) for t in leaves if isinstance(t, torch.Tensor)})
+        return out, inputs
+
+    def _track(self, tensor: torch.Tensor, inputs: set[int]) -> None:
+        key = _storage_key(tensor)
+        entry = self._storages.get(key)
+        if entry is None and key in inputs:
+            return  # a view or in-place result of a tensor this trace did not create (a weight, an input)
+        if entry is None:
+            entry = self._storages[key] = [tensor.untyped_storage().nbytes(), 0]
+            self.live_bytes += entry[0]
+            self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+        entry[1] += 1
+        weakref.finalize(tensor, self._release, key)
+
+    def _release(self, key: int) -> None:
+        entry = self._storages.get(key)
+        if entry is None:
+            return
+        entry[1] -= 1
+        if entry[1] == 0:
+            self.live_bytes -= entry[0]
+            del self._storages[key]
+
+
+def _kind(func) -> str:
+    """``new``: creates new tensors only (no argument written, no output an alias); ``update``: writes its
+    first argument only and returns it, without changing its shape (fills, optimiser updates); else ``other``."""
+    kind = _KINDS.get(func)
+    if kind is None:
+        kind = _KINDS[func] = _schema_kind(func)
+    return kind
+
+
+def _schema_kind(func) -> str:
+    if not isinstance(func, torch._ops.OpOverload) or func in _ALIASING:
+        return "other"
+    schema = func._schema
+    arguments, returns = list(schema.arguments), list(schema.returns)
+    if all(a.alias_info is None for a in (*arguments, *returns)):
+        return "new"
+    if func in _RESHAPING or torch.Tag.inplace_view in func.tags or not arguments or len(returns) != 1:
+        return "other"
+    first, written = arguments[0].alias_info, returns[0].alias_info
+    if (
+        first is not None
+        and first.is_write
+        and written is not None
+        and written.is_write
+        and all(a.alias_info is None for a in arguments[1:])
+    ):
+        return "update"
+    return "other"
+
+
+def _cache_key(func, spec, leaves: list) -> tuple | None:
+    """The call's identity by its arguments' shapes, or None where that does not decide its output."""
+    key = [func, spec]
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            if not leaf.is_meta:
+                return None
+            key.append((tuple(leaf.shape), leaf.stride(), leaf.dtype, leaf.storage_offset()))
+        elif isinstance(leaf, _PLAIN):
+            key.append((type(leaf), leaf))
+        elif isinstance(leaf, torch.memory_format):
+            key.append(str(leaf))
+        else:
+            return None
+    return tuple(key)
+
+
+def _remember(key: tuple, out, inputs: set[int]) -> None:
+    leaves, spec = tree_flatten(out)
+    meta = []
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            if _storage_key(leaf) in inputs:  # e.g. _unsafe_view: no alias in its schema, but a view
+                _ALIASING.add(key[0])
+                _KINDS[key[0]] = "other"
+                return
+            plain = torch.empty_strided(leaf.shape, leaf.stride(), dtype=leaf.dtype, device="meta")
+            if leaf.storage_offset() or leaf.untyped_storage().nbytes() != plain.untyped_storage().nbytes():
+                return  # an output on a larger storage: not replayable by empty_strided
+            meta.append((tuple(leaf.shape), leaf.stride(), leaf.dtype))
+        elif isinstance(leaf, (int, float, bool, type(None))):
+            meta.append(("value", leaf))
+        else:
+            return
+    _OUTPUTS[key] = (spec, meta)
+
+
+def _replay(spec, meta):
+    leaves = [
+        leaf[1] if leaf[0] == "value" else torch.empty_strided(leaf[0], leaf[1], dtype=leaf[2], device="meta")
+        for leaf in meta
+    ]
+    return tree_unflatten(leaves, spec)
+
+
+def _device_type(device) -> str | None:
+    return None if device is None else torch.device(device).type
+
+
+@dataclass
+class StepTrace:
+    """What one traced phase created: the peak of its new bytes and its FLOPs."""
+
+    peak_new_bytes: int
+    flops: int
+
+
+def example_batch(batch_size: int, max_length: int, token_id: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """A full batch (every row ``max_length`` real tokens, the worst case a run's dynamic padding meets)."""
+    inputs = {
+        "input_ids": torch.full((batch_size, max_length), token_id, dtype=torch.long),
+        "attention_mask": torch.ones(batch_size, max_length, dtype=torch.long),
+    }
+    return inputs, torch.zeros(batch_size, dtype=torch.long)
+
+
+def train_steps(model, inputs: dict, labels: torch.Tensor, steps: int = 2) -> StepTrace:
+    """Trace ``steps`` training steps as :func:`petlprof.train.train` runs them (forward, loss, backward,
+    gradient clipping, AdamW step, gradients set to None).  The first step creates the optimiser state,
+    which stays alive as the later ones run; FLOPs are those of the last step."""
+    from petlprof.train import loss_fn
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=1e-3)
+    model.train()
+    tracer, flops = MetaTrace(), 0
+    with tracer:
+        for step in range(steps):
+            counter = FlopCounterMode(display=False)
+            with counter if step == steps - 1 else contextlib.nullcontext():
+                loss = loss_fn(model(**inputs), labels)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(params, 1.0)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            del loss
+            flops = counter.get_total_flops()
+        del optimizer
+    return StepTrace(peak_new_bytes=tracer.peak_bytes, flops=flops)
+
+
+@torch.no_grad()
+def inference_batch(model, inputs: dict) -> StepTrace:
+    """Trace one evaluation forward pass (eval mode, no autograd)."""
+    model.eval()
+    tracer = MetaTrace()
+    with tracer, FlopCounterMode(display=False) as counter:
+        model(**inputs)
+    return StepTrace(peak_new_bytes=tracer.peak_bytes, flops=counter.get_total_flops())
