@@ -15,6 +15,7 @@ from pathlib import Path
 
 from petlprof import __version__
 from petlprof.errors import UsageError
+from petlprof.estimate.command import add_estimate_parser, cmd_estimate
 from petlprof.options import add_run_arguments
 
 
@@ -51,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     report.add_argument("dirs", nargs="+", help="output folders (or results.jsonl files)")
     report.add_argument("--output", help="where to write the report (default: the first folder)")
+    add_estimate_parser(sub)
     return parser
 
 
@@ -322,7 +324,8 @@ def _print_summary(records: list[dict], skipped: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    handler = {"run": cmd_run, "list": cmd_list, "meters": cmd_meters, "report": cmd_report}[args.command]
+    handlers = {"run": cmd_run, "list": cmd_list, "meters": cmd_meters, "report": cmd_report, "estimate": cmd_estimate}
+    handler = handlers[args.command]
     try:
         return handler(args)
     except UsageError as exc:

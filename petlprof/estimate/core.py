@@ -18,6 +18,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from petlprof.errors import UsageError
 from petlprof.estimate import gpus
 from petlprof.estimate.model import ResolvedBackbone, build_model, weight_breakdown
 from petlprof.estimate.trace import UntraceableError, example_batch, inference_batch, train_steps
@@ -56,6 +57,8 @@ def estimate(resolved: ResolvedBackbone, method_name: str, overrides: dict, sett
     }
     try:
         figures = trace_figures(resolved, method, config, settings)
+    except UsageError:
+        raise
     except UntraceableError as exc:
         from petlprof.estimate.fallback import extrapolated_figures
 

@@ -1,0 +1,233 @@
+"""``petlprof estimate``: its options, the printed table, ``estimates.jsonl`` and the memory-vs-size plot."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from petlprof.errors import UsageError
+from petlprof.estimate import gpus
+
+GIB = 1024**3
+
+
+def add_estimate_parser(sub) -> argparse.ArgumentParser:
+    """Register ``estimate`` on the ``petlprof`` sub-command parsers."""
+    parser = sub.add_parser(
+        "estimate",
+        help="every method's parameters, memory and FLOPs at any model size from the config alone (no weights, no GPU)",
+    )
+    parser.add_argument(
+        "--backbone",
+        default="minilm",
+        help="a bundled shape (t5-large, llama-3-8b, ...; `petlprof estimate --list-shapes`), a preset (minilm, "
+        "tiny-*), a config.json, a model folder or a hub id; comma list for several (default minilm)",
+    )
+    parser.add_argument("--methods", help="comma list of methods (default: every registered method)")
+    parser.add_argument(
+        "--method-config", action="append", default=[], metavar="METHOD.FIELD=VALUE", help="e.g. lora.r=16"
+    )
+    parser.add_argument("--grid", action="store_true", help="each method at every value of its default Pareto grid")
+    parser.add_argument("--batch-size", type=int, default=8, help="training and inference batch (default 8)")
+    parser.add_argument("--max-length", type=int, default=128, help="tokens per example, every row full (default 128)")
+    parser.add_argument("--num-layers", type=int, help="keep only the first N layers of the backbone")
+    parser.add_argument("--num-labels", type=int, default=2, help="classes of the task head (default 2)")
+    parser.add_argument("--device-memory", help="say whether each peak fits this size, e.g. 24GiB")
+    parser.add_argument(
+        "--gpu",
+        default=gpus.DEFAULT_GPU,
+        help=f"GPU for the step-time lower bound: {', '.join(gpus.GPUS)} (default {gpus.DEFAULT_GPU})",
+    )
+    parser.add_argument("--output", help="output folder (default petlprof-out/estimate-<time>)")
+    parser.add_argument("--list-shapes", action="store_true", help="print the bundled shapes and exit")
+    return parser
+
+
+def _positive(value: int, option: str) -> int:
+    if value < 1:
+        raise UsageError(f"{option} must be a positive integer, got {value}")
+    return value
+
+
+def _configurations(methods: list[str], overrides: dict[str, dict], grid: bool) -> list[tuple[str, dict]]:
+    """(method, its option overrides) for every configuration to estimate."""
+    from petlprof.registry import get_method
+
+    unknown = set(overrides) - set(methods)
+    if unknown:
+        raise UsageError(f"--method-config names method(s) not in --methods: {', '.join(sorted(unknown))}")
+    out = []
+    for name in methods:
+        spec = get_method(name)
+        spec.make_config(overrides.get(name))  # a bad option is refused before anything is traced
+        for values in spec.grid_configs() if grid else [{}]:
+            out.append((name, {**values, **overrides.get(name, {})}))
+    return out
+
+
+def _check_applies(resolved, configurations: list[tuple[str, dict]]) -> None:
+    from petlprof.architecture import unsupported_reason
+
+    for name, overrides in configurations:
+        reason = unsupported_reason(name, resolved.config, overrides)
+        if reason is not None:
+            raise UsageError(f"method '{name}' cannot apply to backbone '{resolved.name}': {reason}")
+
+
+def cmd_estimate(args: argparse.Namespace) -> int:
+    from petlprof.config import parse_method_overrides
+    from petlprof.estimate.core import Settings, estimate
+    from petlprof.estimate.model import resolve_backbone, shape_names
+    from petlprof.registry import method_names
+    from petlprof.values import parse_bytes
+
+    if args.list_shapes:
+        print("\n".join(shape_names()))
+        return 0
+    settings = Settings(
+        batch_size=_positive(args.batch_size, "--batch-size"),
+        max_length=_positive(args.max_length, "--max-length"),
+        num_labels=_positive(args.num_labels, "--num-labels"),
+        device_memory_bytes=parse_bytes(args.device_memory, "--device-memory"),
+        gpu=gpus.get_gpu(args.gpu).name,
+    )
+    methods = [m for m in (args.methods or ",".join(method_names())).split(",") if m]
+    configurations = _configurations(methods, parse_method_overrides(args.method_config), args.grid)
+    backbones = [b for b in args.backbone.split(",") if b]
+    resolved = [resolve_backbone(spec, args.num_layers) for spec in backbones]
+    for backbone in resolved:
+        _check_applies(backbone, configurations)
+        _check_length(backbone, settings.max_length)
+    out = Path(args.output or f"petlprof-out/estimate-{time.strftime('%Y%m%d-%H%M%S')}")
+    out.mkdir(parents=True, exist_ok=True)
+    records = []
+    with open(out / "estimates.jsonl", "w") as fh:
+        for backbone in resolved:
+            for name, overrides in configurations:
+                record = estimate(backbone, name, overrides, settings)
+                fh.write(json.dumps(record) + "\n")
+                fh.flush()
+                records.append(record)
+    print(format_table(records, settings))
+    print(f"\nwrote {out / 'estimates.jsonl'}")
+    if len(resolved) > 1:
+        print(f"wrote {plot_memory_vs_size(records, out / 'peak_train_memory.png')}")
+    return 0
+
+
+def _check_length(backbone, max_length: int) -> None:
+    positions = getattr(backbone.config, "max_position_embeddings", None)
+    if positions is not None and max_length > positions:
+        raise UsageError(f"--max-length {max_length} exceeds the {positions} positions of backbone '{backbone.name}'")
+
+
+def _scaled(value: float, units: tuple[str, ...], step: float) -> str:
+    """``value`` in the largest unit it reaches, with three significant figures: '1.23 GiB'."""
+    index = 0
+    while index < len(units) - 1 and abs(value) >= step:
+        value, index = value / step, index + 1
+    return f"{value:.3g} {units[index]}"
+
+
+def size(value: int) -> str:
+    return _scaled(value, ("B", "KiB", "MiB", "GiB", "TiB"), 1024)
+
+
+def flops(value: int) -> str:
+    return _scaled(value, ("FLOP", "kFLOP", "MFLOP", "GFLOP", "TFLOP", "PFLOP"), 1000)
+
+
+def seconds(value: float) -> str:
+    return f"{value * 1e6:.3g} us" if value < 1e-3 else f"{value * 1e3:.3g} ms" if value < 1 else f"{value:.3g} s"
+
+
+def _smallest_fit(fits: dict[str, bool | None]) -> str:
+    sizes = sorted(gpus.GPUS[name].memory_gib for name, ok in fits.items() if name in gpus.GPUS and ok)
+    return f"{sizes[0]:g} GiB" if sizes else "none"
+
+
+def _config_label(record: dict) -> str:
+    from petlprof.registry import get_method
+
+    knob = get_method(record["method"]).pareto_knob
+    return f"{knob}={record['method_config'][knob]}" if knob else ""
+
+
+def table_rows(records: list[dict], settings) -> list[dict[str, Any]]:
+    """One row of strings per record, every number with its unit in the column name."""
+    rows = []
+    for record in records:
+        row = {"backbone": record["backbone"], "method": record["method"], "config": _config_label(record)}
+        if record["status"] != "ok":
+            rows.append({**row, "note": record["error"]})
+            continue
+        memory, counts, bound = record["memory"], record["flops"], record["step_time_lower_bound"]
+        row.update(
+            {
+                "trainable_params": f"{record['trainable_params']:,}",
+                "total_params": f"{record['total_params']:,}",
+                "weights": size(memory["weights_bytes"]),
+                "gradients": size(memory["gradients_bytes"]),
+                "adamw_state": size(memory["optimizer_bytes"]),
+                "peak_train": size(memory["peak_train_bytes"]),
+                "peak_inference": size(memory["peak_inference_bytes"]),
+                "train_step": flops(counts["train_step"]),
+                "inference_batch": flops(counts["inference_batch"]),
+                f"step_time>= ({settings.gpu})": seconds(bound["train_step_s"]),
+                "train_fits_from": _smallest_fit(record["fits_train"]),
+            }
+        )
+        if settings.device_memory_bytes is not None:
+            row["fits_device_memory"] = "yes" if record["fits_train"]["device_memory"] else "no"
+        if record["estimate_source"] != "meta-device trace of the step (no weights allocated)":
+            row["note"] = record["estimate_source"]
+        rows.append(row)
+    return rows
+
+
+def format_table(records: list[dict], settings) -> str:
+    rows = table_rows(records, settings)
+    columns = list(dict.fromkeys(key for row in rows for key in row if key != "note"))
+    widths = {c: max(len(c), *(len(str(row.get(c, ""))) for row in rows)) for c in columns}
+    lines = [
+        f"batch {settings.batch_size} x {settings.max_length} tokens, AdamW, the model's dtype; "
+        "step_time>= is a lower bound: FLOPs / the GPU's peak (see the GPU table in the README)",
+        "  ".join(c.ljust(widths[c]) for c in columns),
+    ]
+    for row in rows:
+        lines.append("  ".join(str(row.get(c, "")).ljust(widths[c]) for c in columns))
+        if row.get("note"):
+            lines.append(f"    note: {row['note']}")
+    return "\n".join(lines)
+
+
+def plot_memory_vs_size(records: list[dict], path: Path) -> Path:
+    """Peak training memory (GiB) against total parameters, one line per method configuration."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    lines: dict[str, list[tuple[int, float]]] = {}
+    for record in records:
+        if record["status"] == "ok":
+            label = " ".join(filter(None, (record["method"], _config_label(record))))
+            lines.setdefault(label, []).append((record["total_params"], record["memory"]["peak_train_bytes"] / GIB))
+    for label, points in sorted(lines.items()):
+        points.sort()
+        ax.plot([p for p, _ in points], [m for _, m in points], marker="o", label=label)
+    for gib in sorted({gpu.memory_gib for gpu in gpus.GPUS.values()}):
+        ax.axhline(gib, color="grey", linewidth=0.5, linestyle="--")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("total parameters")
+    ax.set_ylabel("peak training memory (GiB, estimated)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
