@@ -370,14 +370,21 @@ def unsupported_reason(method: str, backbone, method_config: dict[str, Any] | No
     check = REQUIREMENTS.get(method)
     if check is None or (method in ("lora", "ia3") and (method_config or {}).get("target_modules")):
         return None
+    arch = describe_any(backbone)
+    return None if arch is None else check(arch)
+
+
+def describe_any(backbone) -> Architecture | None:
+    """An :class:`Architecture` as is, a model's, or a config's (built on the meta device); None for a
+    config transformers cannot build without weights (its run's ``apply`` then checks the loaded model)."""
+    if isinstance(backbone, Architecture):
+        return backbone
     if isinstance(backbone, nn.Module):
-        backbone = describe(backbone)
-    elif not isinstance(backbone, Architecture):
-        try:
-            backbone = describe_config(backbone)
-        except Exception:  # noqa: BLE001 - a model that cannot be built on the meta device: its run's apply decides
-            return None
-    return check(backbone)
+        return describe(backbone)
+    try:
+        return describe_config(backbone)
+    except Exception:  # noqa: BLE001 - any failure to build the meta model: the preflight cannot tell
+        return None
 
 
 def require(method: str, arch: Architecture) -> None:

@@ -124,7 +124,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _run_sweep(options, executor, out_dir: Path, device: str | None) -> int:
     """The sweep, with ``out_dir`` locked: the device (``None``: check it against the Ray cluster's,
     as a driver may have no GPU of its own), the runs not yet recorded, each record as it finishes."""
-    from petlprof.config import expand, resolve_device
+    from petlprof.config import expand, resolve_device, unsupported_pairs
     from petlprof.store import RESULTS_FILE, finished_keys
 
     if device is None:
@@ -163,6 +163,8 @@ def _run_sweep(options, executor, out_dir: Path, device: str | None) -> int:
         if in_main:
             signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
     _finish(store, out_dir)
+    for pair in unsupported_pairs(options) if options.skip_unsupported else ():  # left out before any run
+        print(f"petlprof: skipped (--skip-unsupported): {pair}", file=sys.stderr)
     return 1 if failed else 0
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 import re
 import sys
 from pathlib import Path
@@ -328,6 +329,13 @@ def preflight(options: RunOptions, meters_here: bool = True) -> list[str]:
                 method_config = get_method(method).make_config(point)
                 if hasattr(method_config, "check_width"):
                     method_config.check_width(int(config.hidden_size), spec)
+    refused = unsupported_pairs(options)
+    if refused and not options.skip_unsupported:
+        raise UsageError(
+            f"{len(refused)} method/backbone pair(s) cannot run (--skip-unsupported runs the rest): "
+            + "; ".join(refused)
+        )
+    notes += [f"skipped (--skip-unsupported): {pair}" for pair in refused]
     for name in options.task:
         task = load_task(
             name,
@@ -354,6 +362,35 @@ def preflight(options: RunOptions, meters_here: bool = True) -> list[str]:
 
 def default_output_dir() -> Path:
     return Path("petlprof-out") / dt.datetime.now().strftime("run-%Y%m%d-%H%M%S")
+
+
+@functools.cache
+def _architecture(backbone: str):
+    """The architecture description of a backbone by name (``petlprof.architecture``), built once per process."""
+    from petlprof.architecture import describe_any
+    from petlprof.backbones import backbone_config
+
+    return describe_any(backbone_config(backbone))
+
+
+def _unsupported(backbone: str, method: str, method_config: dict[str, Any]) -> str | None:
+    from petlprof.architecture import unsupported_reason
+
+    arch = _architecture(backbone)
+    return None if arch is None else unsupported_reason(method, arch, method_config)
+
+
+def unsupported_pairs(options: RunOptions) -> list[str]:
+    """``<method> on <backbone>: <why>`` for each method that cannot apply to a backbone of the sweep
+    (:func:`petlprof.architecture.unsupported_reason`, from the config alone), once per pair."""
+    pairs = {
+        f"{method} on {backbone}: {reason}": None
+        for backbone in options.backbone
+        for method in options.methods
+        for point in grid_points(options, method)
+        if (reason := _unsupported(backbone, method, point))
+    }
+    return list(pairs)
 
 
 def expand(options: RunOptions, device: str) -> list[RunSpec]:
@@ -385,6 +422,7 @@ def expand(options: RunOptions, device: str) -> list[RunSpec]:
         for method in options.methods
         for config in resolved[method][0]
         for seed in options.seeds
+        if not (options.skip_unsupported and _unsupported(str(backbone), method, config))
     ]
     return list({spec.run_key: spec for spec in specs}.values())
 

@@ -331,6 +331,12 @@ class RunOptions:
         only_with="cache_hidden_states",
     )
     grid: bool = option(False, "sweep each method's default grid of its Pareto knob (see `petlprof list`)", Flag())
+    skip_unsupported: bool = option(
+        False,
+        "run the rest of the sweep when a method cannot apply to a backbone (e.g. prefix tuning on a model "
+        "without a key/value cache), naming the pairs left out; without it such a pair stops the sweep before any run",
+        Flag(),
+    )
     method_grid: dict[str, dict[str, list]] = option(
         {},
         "values of a method hyper-parameter to sweep, e.g. lora.r=4,16,64 (repeatable; several fields of one "

@@ -303,3 +303,36 @@ def test_record_says_which_path_and_where(row, path, config, source, targets, ba
     assert info["placement"]["targets_from"].startswith(source)
     if targets is not None:
         assert set(targets) <= set(info["placement"]["target_modules"])
+
+
+def test_a_sweep_with_an_unsupported_pair_stops_before_any_run(backbones, capsys, tmp_path):
+    from petlprof.cli import main
+
+    out = tmp_path / "out"
+    args = ["run", "--backbone", f"{backbones['distilbert']},{backbones['albert']}", "--output", str(out)]
+    code = main([*args, "--methods", "lora,prefix_tuning,read"])
+    err = capsys.readouterr().err
+    assert code == 2 and not out.exists()
+    assert "2 method/backbone pair(s) cannot run (--skip-unsupported runs the rest)" in err
+    for row in ("distilbert", "albert"):
+        assert f"prefix_tuning on {backbones[row]}: prefix tuning puts trained keys and values" in err
+
+
+def test_skip_unsupported_runs_the_rest_and_names_what_it_left_out(backbones, capsys, tmp_path, monkeypatch):
+    import petlprof.runner
+    from petlprof.cli import main
+
+    seen = []
+
+    def fake_execute(spec, **limits):  # the runs themselves are tested above; here: which runs are made
+        seen.append((spec.method, spec.backbone))
+        return {"schema_version": 1, "run_key": spec.run_key, "status": "failed", "error": "-", "method": spec.method}
+
+    monkeypatch.setattr(petlprof.runner, "execute", fake_execute)
+    distilbert, neox = backbones["distilbert"], backbones["gpt_neox"]
+    args = ["run", "--backbone", f"{distilbert},{neox}", "--methods", "lora,prefix_tuning", "--in-process"]
+    assert main([*args, "--skip-unsupported", "--output", str(tmp_path / "out")]) == 1  # the fake runs "failed"
+    err = capsys.readouterr().err
+    assert sorted(seen) == sorted([("lora", distilbert), ("lora", neox), ("prefix_tuning", neox)])
+    line = f"skipped (--skip-unsupported): prefix_tuning on {distilbert}: prefix tuning puts"
+    assert err.count(line) == 2  # before the runs (a note) and after them, with the summary
