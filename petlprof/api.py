@@ -12,8 +12,10 @@ Columns: ``task``, ``backbone``, ``method``, ``config``, ``seed``, ``status``, e
 name and ``quality`` (the primary metric), the train phase's ``energy_j``, ``peak_memory_bytes``,
 ``time_s``, ``steps``, ``latency_p50_s`` with ``energy_kind``/``energy_source``/``memory_source``, the
 same for the eval phase prefixed ``eval_``, ``trainable_params``, ``total_params``, and the budget's
-``stop_reason``/``target_reached``.  Missing figures are NaN.  Frontier directions come from
-:data:`petlprof.metrics.METRIC_DIRECTIONS`.
+``stop_reason``/``target_reached``, ``diverged_at_step`` (the step whose loss was not finite, for status
+``diverged``) and ``warnings`` (about the result, e.g. every prediction one class).  Missing figures are
+NaN.  Only runs of status ``ok`` enter :func:`summarise`, :func:`frontier` and :func:`plot_frontier`.
+Frontier directions come from :data:`petlprof.metrics.METRIC_DIRECTIONS`.
 """
 
 from __future__ import annotations

@@ -32,6 +32,11 @@ from petlprof.meters import synchronize
 from petlprof.modeling import SequenceClassifier
 from petlprof.registry import get_method
 
+
+class Diverged(RuntimeError):
+    """A profiled method's training loss stopped being a finite number."""
+
+
 SENTENCE = "the quick brown fox jumps over the lazy dog and keeps running through the field"
 
 
@@ -91,10 +96,17 @@ class MethodStep:
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=lr)
         self.batch_size, self.seq_len = batch_size, seq_len
+        self.steps = 0
 
     def train_step(self) -> None:
+        """One optimiser step; :class:`Diverged` when its loss is not a finite number (a step on NaN
+        or infinite numbers costs something else than a real one, so its figures would mislead)."""
         self.model.train()
         loss = torch.nn.functional.cross_entropy(self.model(**self.inputs), self.labels)
+        self.steps += 1
+        if not torch.isfinite(loss.detach()):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise Diverged(f"{self.method} diverged at training step {self.steps}: the loss was {loss.item()}")
         loss.backward()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)

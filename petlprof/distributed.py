@@ -151,6 +151,13 @@ def gather(obj: Any) -> list[Any]:
     return out
 
 
+def any_rank(flag: bool) -> bool:
+    """True on every rank when ``flag`` is true on some rank (an all-reduce MAX)."""
+    total = _tensor([flag], torch.int32)
+    dist.all_reduce(total, op=dist.ReduceOp.MAX)
+    return bool(total.item())
+
+
 def agree(reason: str | None) -> str | None:
     """The same stop decision on every rank: stop if any rank would (an all-reduce MAX of the flag
     each check); the reason is the lowest such rank's."""

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from petlprof.records import DIVERGED, OK
 from petlprof.spec import RunSpec
 
 
@@ -230,46 +231,57 @@ class Phases:
     """What :func:`run_phases` measured (rank 0 of several: the ranks' train and eval combined)."""
 
     train: dict[str, Any]
-    eval: dict[str, Any]
+    eval: dict[str, Any] | None  # None when training diverged
     preds: Any
     golds: Any
     combined: dict[str, Any]  # train and eval with, for several ranks, their aggregation's nodes and per-rank parts
     inference: dict[str, Any] | None = None
     merged: dict[str, Any] | None = None
 
+    @property
+    def diverged(self) -> dict[str, Any] | None:
+        """Where training diverged (:class:`petlprof.records.Divergence`), or None."""
+        return self.train.get("diverged_at")
+
 
 def run_phases(ctx: RunContext) -> Phases | None:
     """Train, evaluate, measure inference and (for a method that merges) evaluate the merged model;
-    None on a rank other than rank 0, which alone measures the per-device phases."""
-    from petlprof.inference import measure_inference, target_window_s
-
+    None on a rank other than rank 0, which alone measures the per-device phases.  A run whose
+    training diverged stops after training: nothing is scored or measured further."""
     spec = ctx.spec
     train_meters, eval_meters = ctx.meters("train"), ctx.meters("eval")
     try:
         phases = _train_and_evaluate(ctx, train_meters, eval_meters)
-        if phases is not None:
-            phases.inference = measure_inference(
-                ctx.model,
-                ctx.eval_batches,
-                device=spec.device,
-                batch_sizes=[1, spec.batch_size],
-                make_meters=lambda size: ctx.meters(f"inference-batch{size}"),
-                warmup_steps=spec.warmup_steps,
-                min_window_s=target_window_s(phases.eval.get("energy_kind"), spec.inference_window_s),
-                progress=ctx.progress,
-            )
+        if phases is not None and not phases.diverged:
+            phases.inference = _inference(ctx, phases.eval)
     finally:
         for meter in train_meters + eval_meters:
             meter.close()
         if ctx.cache is not None:
             ctx.cache.close()
-    if phases is not None and ctx.method.merge:
+    if phases is not None and not phases.diverged and ctx.method.merge:
         phases.merged = _evaluate_merged(ctx, phases.preds)
     if ctx.timeline is not None:  # on a failure the sampler stops when ``timeline`` is collected
         ctx.timeline.stop()
     if phases is not None:
         ctx.ranks.rank0_phases_done(phases.inference, phases.merged, spec.device)
     return phases
+
+
+def _inference(ctx: RunContext, eval_phase: dict[str, Any]) -> dict[str, Any]:
+    from petlprof.inference import measure_inference, target_window_s
+
+    spec = ctx.spec
+    return measure_inference(
+        ctx.model,
+        ctx.eval_batches,
+        device=spec.device,
+        batch_sizes=[1, spec.batch_size],
+        make_meters=lambda size: ctx.meters(f"inference-batch{size}"),
+        warmup_steps=spec.warmup_steps,
+        min_window_s=target_window_s(eval_phase.get("energy_kind"), spec.inference_window_s),
+        progress=ctx.progress,
+    )
 
 
 def _train_and_evaluate(ctx: RunContext, train_meters: list, eval_meters: list) -> Phases | None:
@@ -289,17 +301,20 @@ def _train_and_evaluate(ctx: RunContext, train_meters: list, eval_meters: list) 
         stop=ranks.agreed(budget),
         ranks=ranks,
     )
-    eval_phase, preds, golds = evaluate(
-        ctx.model, ctx.eval_batches, ctx.io("eval", eval_meters), warmup_steps=spec.warmup_steps, ranks=ranks
-    )
-    for phase in (train_phase, eval_phase):
+    phases: dict[str, Any] = {"train": train_phase}
+    preds = golds = None
+    if "diverged_at" not in train_phase:  # every rank agrees on a divergence
+        phases["eval"], preds, golds = evaluate(
+            ctx.model, ctx.eval_batches, ctx.io("eval", eval_meters), warmup_steps=spec.warmup_steps, ranks=ranks
+        )
+    for phase in phases.values():
         phase["warnings"] = ctx.timeline_warnings + phase["warnings"]
-    combined = ranks.combine({"train": train_phase, "eval": eval_phase}, spec.device)
+    combined = ranks.combine(phases, spec.device)
     if combined is None:
         return None
     if budget is not None:
         combined["train"]["budget"] = budget.summary(combined["train"])
-    return Phases(combined["train"], combined["eval"], preds, golds, combined)
+    return Phases(combined["train"], combined.get("eval"), preds, golds, combined)
 
 
 def _evaluate_merged(ctx: RunContext, preds) -> dict[str, Any]:
@@ -331,13 +346,32 @@ def _evaluate_merged(ctx: RunContext, preds) -> dict[str, Any]:
 
 
 def to_record(ctx: RunContext, phases: Phases | None) -> dict[str, Any]:
-    """The record's fields from a run's context and phases (a rank other than rank 0: only its place)."""
+    """The record's fields from a run's context and phases, ``status`` included: ``ok``, or ``diverged``
+    without scores (a rank other than rank 0: only its place)."""
     from petlprof.meters.idle import sweep_idle
 
-    spec, method, task, ranks = ctx.spec, ctx.method, ctx.task, ctx.ranks
     if phases is None:
-        return {"distributed": {"rank": ranks.rank, "world_size": ranks.world_size}}
-    lr = ctx.recipe.lr
+        return {"status": OK, "distributed": {"rank": ctx.ranks.rank, "world_size": ctx.ranks.world_size}}
+    record = {"status": OK, **_described(ctx)}
+    if phases.diverged:
+        record.update(status=DIVERGED, error=_diverged_error(phases.diverged), diverged_at=phases.diverged)
+    else:
+        record["metrics"] = ctx.task.compute_metrics(phases.preds, phases.golds)
+        warnings = prediction_warnings(phases.preds, ctx.task)
+        record.update({"warnings": warnings} if warnings else {})
+    record["train"] = phases.train
+    if not phases.diverged:
+        record.update(eval=phases.eval, inference=phases.inference)
+    record.update(memory_breakdown=ctx.breakdown, idle_baseline=sweep_idle() or None)
+    if phases.merged is not None:
+        record["eval_merged"] = phases.merged
+    record.update(ctx.ranks.record_fields(ctx.backend, ctx.spec.batch_size, phases.combined))
+    return record
+
+
+def _described(ctx: RunContext) -> dict[str, Any]:
+    """What ran: the method's config, backbone, task, training settings and recipe, parameter counts."""
+    spec, method, task, lr = ctx.spec, ctx.method, ctx.task, ctx.recipe.lr
     return {
         "method_config": dataclasses.asdict(ctx.method_config),
         "backbone_info": ctx.backbone.info(),
@@ -362,12 +396,32 @@ def to_record(ctx: RunContext, phases: Phases | None) -> dict[str, Any]:
         },
         "trainable_params": ctx.trainable_params,
         "total_params": ctx.total_params,
-        "metrics": task.compute_metrics(phases.preds, phases.golds),
-        "train": phases.train,
-        "eval": phases.eval,
-        "inference": phases.inference,
-        "memory_breakdown": ctx.breakdown,
-        "idle_baseline": sweep_idle() or None,
-        **({"eval_merged": phases.merged} if phases.merged is not None else {}),
-        **ranks.record_fields(ctx.backend, spec.batch_size, phases.combined),
     }
+
+
+def _diverged_error(diverged: dict[str, Any]) -> str:
+    last = diverged.get("last_finite_loss")
+    before = f"; the step before, it was {last:.4g}" if last is not None else "; it was the first step"
+    return (
+        f"training diverged at step {diverged['step']}: the loss was {diverged['loss']} and the gradient norm "
+        f"{diverged['grad_norm']}{before}. The run is not scored (a smaller --lr or other method settings may help)"
+    )
+
+
+def prediction_warnings(preds, task) -> list[str]:
+    """A warning when a classifier's evaluation predictions are all one class: its scores are then those
+    of always answering that class (the majority rate), not of a learned model."""
+    import numpy as np
+
+    if task.is_regression or len(preds) < 2:
+        return []
+    classes = np.unique(preds)
+    if len(classes) != 1:
+        return []
+    names = task.label_names
+    label = int(classes[0])
+    shown = f"'{names[label]}' ({label})" if names and 0 <= label < len(names) else str(label)
+    return [
+        f"every one of the {len(preds)} evaluation predictions is class {shown}: the model answers one class "
+        f"whatever the input, so its {task.primary_metric} is that class's share, not a sign of learning"
+    ]

@@ -10,7 +10,8 @@ It lets any test suite guard a fine-tuning method's cost against a committed bas
 ``pytest --petlprof-update-baseline`` writes the figures measured now into the baseline file
 (``--petlprof-baseline``, default ``petlprof-baseline.json`` in the rootdir).  A figure with no
 baseline entry yet is shown as a warning and does not fail, so a fresh clone or a new
-method never fails for want of history.  Importing this module does not import torch.
+method never fails for want of history.  A method whose training loss stops being a finite number
+fails the test with the step it diverged at: its figures are not a result.  Importing this module does not import torch.
 """
 
 from __future__ import annotations
@@ -49,9 +50,12 @@ class PetlprofBench:
         self.failures: list[str] = []
 
     def profile(self, method: str, backbone: str = "tiny-bert", **kwargs):
-        from petlprof.bench import MethodStep
+        from petlprof.bench import Diverged, MethodStep
 
-        return MethodStep(method, backbone, **kwargs).profile()
+        try:
+            return MethodStep(method, backbone, **kwargs).profile()
+        except Diverged as diverged:
+            pytest.fail(f"petlprof_bench: {diverged}; no figure of it is a result", pytrace=False)
 
     def _compare(
         self, key: str, value: float, rtol: float | None, default_rtol: float, two_sided: bool = False
@@ -85,10 +89,13 @@ class PetlprofBench:
         **kwargs,
     ) -> float:
         """Time one training step of ``method`` and of ``reference`` in alternation; check the ratio."""
-        from petlprof.bench import MethodStep, paired_ratio, time_rounds
+        from petlprof.bench import Diverged, MethodStep, paired_ratio, time_rounds
 
         steps = {name: MethodStep(name, backbone, **kwargs) for name in (method, reference)}
-        samples = time_rounds({name: step.train_step for name, step in steps.items()}, rounds=rounds)
+        try:
+            samples = time_rounds({name: step.train_step for name, step in steps.items()}, rounds=rounds)
+        except Diverged as diverged:
+            pytest.fail(f"petlprof_bench: {diverged}; its step time is not a result", pytrace=False)
         ratio = paired_ratio(samples, method, reference)
         self._compare(f"{method}/{reference}/{backbone}/step_time_ratio", ratio, rtol, RATIO_RTOL)
         self._raise_failures()

@@ -20,6 +20,7 @@ import torch
 from petlprof.distributed import (
     aggregate_ranks,
     agreed_stop,
+    any_rank,
     destroy,
     done,
     gather,
@@ -68,6 +69,10 @@ class OneProcess:
     def agreed(self, stop: Callable[[int], str | None] | None) -> Callable[[int], str | None] | None:
         return stop
 
+    def any(self, flag: bool) -> bool:
+        """True on every rank when ``flag`` is true on some rank."""
+        return flag
+
     def whole_split(
         self, positions: np.ndarray, preds: np.ndarray, golds: np.ndarray, size: int
     ) -> tuple[np.ndarray, np.ndarray]:
@@ -81,7 +86,7 @@ class OneProcess:
         """What the run's record says about its ranks."""
         return {}
 
-    def rank0_phases_done(self, inference: dict[str, Any], merged: dict[str, Any] | None, device: str) -> None:
+    def rank0_phases_done(self, inference: dict[str, Any] | None, merged: dict[str, Any] | None, device: str) -> None:
         """After rank 0's per-device phases (inference, merged evaluation): notes on them, and the ranks
         tear the group down together."""
 
@@ -159,6 +164,9 @@ class RankContext:
     def agreed(self, stop: Callable[[int], str | None] | None) -> Callable[[int], str | None] | None:
         return None if stop is None else agreed_stop(stop)
 
+    def any(self, flag: bool) -> bool:
+        return any_rank(flag)
+
     def whole_split(
         self, positions: np.ndarray, preds: np.ndarray, golds: np.ndarray, size: int
     ) -> tuple[np.ndarray, np.ndarray]:
@@ -174,9 +182,10 @@ class RankContext:
     def record_fields(self, backend: str | None, batch_size: int, combined: dict[str, Any]) -> dict[str, Any]:
         return {"distributed": summary(self.world_size, backend, batch_size, combined["nodes"], combined["per_rank"])}
 
-    def rank0_phases_done(self, inference: dict[str, Any], merged: dict[str, Any] | None, device: str) -> None:
+    def rank0_phases_done(self, inference: dict[str, Any] | None, merged: dict[str, Any] | None, device: str) -> None:
         done()
-        inference["measured_on"] = f"rank 0 alone ({device}): a per-device figure"
+        if inference is not None:  # None: training diverged
+            inference["measured_on"] = f"rank 0 alone ({device}): a per-device figure"
         if merged is not None:
             merged["measured_on"] = f"rank 0 alone ({device}), the whole evaluation split: a per-device figure"
 

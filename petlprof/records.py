@@ -14,10 +14,11 @@ from typing import Any, TypedDict
 SCHEMA_VERSION = 1
 RESULTS_FILE = "results.jsonl"
 
-# statuses: ``ok`` is the only one with scores
-OK, FAILED, OOM, TIMEOUT, CANCELLED = "ok", "failed", "oom", "timeout", "cancelled"
-STATUSES = (OK, FAILED, OOM, TIMEOUT, CANCELLED)
-FINAL_STATUSES = frozenset({OK})  # a resumed sweep does not run these again
+# statuses: ``ok`` is the only one with scores; ``diverged`` (the training loss stopped being a finite
+# number) is final too, since the same run diverges again, but has no scores and is never plotted
+OK, FAILED, OOM, TIMEOUT, CANCELLED, DIVERGED = "ok", "failed", "oom", "timeout", "cancelled", "diverged"
+STATUSES = (OK, FAILED, OOM, TIMEOUT, CANCELLED, DIVERGED)
+FINAL_STATUSES = frozenset({OK, DIVERGED})  # a resumed sweep does not run these again
 
 
 class Latency(TypedDict):
@@ -43,11 +44,21 @@ class Phase(TypedDict, total=False):
     warnings: list[str]
 
 
+class Divergence(TypedDict):
+    """Where training stopped because its loss (or gradient norm) stopped being a finite number."""
+
+    step: int  # the optimiser step (1-based) whose loss or gradient was not finite; it was not applied
+    loss: str  # that step's loss as text ("nan", "inf"): JSON has no non-finite numbers
+    grad_norm: str  # that step's gradient norm before clipping, as text
+    last_finite_loss: float | None  # the step before's (None when the first step diverged)
+
+
 class TrainPhase(Phase, total=False):
     epochs_run: float
     first_loss: float | None
     final_loss: float | None
     budget: dict[str, Any]  # petlprof.budget.Budget.summary, with a target or a time limit
+    diverged_at: Divergence  # only on a run that diverged
 
 
 class Training(TypedDict):
@@ -108,6 +119,8 @@ class RunRecord(TypedDict, total=False):
     trainable_params: int
     total_params: int
     metrics: dict[str, float]  # only on a run with status ``ok``
+    warnings: list[str]  # about the result itself, e.g. every evaluation prediction is one class
+    diverged_at: Divergence  # status ``diverged``: the step and its loss (also in ``train``)
     train: TrainPhase
     eval: Phase
     inference: dict[str, Any]  # target_window_s, input, batch_<size>: Phase with per-sample figures

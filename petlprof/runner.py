@@ -28,7 +28,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from petlprof.records import CANCELLED, FAILED, OK, OOM, SCHEMA_VERSION, TIMEOUT, RunRecord
+from petlprof.records import CANCELLED, FAILED, FINAL_STATUSES, OOM, SCHEMA_VERSION, TIMEOUT, RunRecord
 from petlprof.spec import BUDGET_FIELDS, RunSpec, spec_identity  # noqa: F401  (re-exported)
 
 
@@ -78,7 +78,8 @@ def cancelled_record(spec: RunSpec, signal_name: str) -> RunRecord:
 
 
 def execute(spec: RunSpec, max_memory_bytes: int | None = None) -> RunRecord:
-    """Run one spec in this process; always returns a record (status ``ok``, ``failed`` or ``oom``).
+    """Run one spec in this process; always returns a record (status ``ok``, ``diverged``, ``failed`` or
+    ``oom``).
 
     ``max_memory_bytes`` caps what the run may allocate beyond the imported runtime (CUDA: a
     per-process memory fraction; CPU: the address-space limit of this process, so use it in a
@@ -97,11 +98,10 @@ def execute(spec: RunSpec, max_memory_bytes: int | None = None) -> RunRecord:
     t0 = time.perf_counter()
     try:
         ctx = prepare(spec, ranks, progress, max_memory_bytes)
-        record.update(to_record(ctx, run_phases(ctx)))
-        record["status"] = OK
+        record.update(to_record(ctx, run_phases(ctx)))  # status ok, or diverged
     except Exception as exc:  # a failed run is a result, not a crash of the sweep
         record.update(_failure(exc, progress, spec.device))
-    if record["status"] == OK:  # a failed rank exits without the collective teardown (petlprof.worker)
+    if record["status"] in FINAL_STATUSES:  # a failed rank exits without the collective teardown (petlprof.worker)
         ranks.release()
     record["finished_at"] = _now()
     record["wall_time_s"] = time.perf_counter() - t0

@@ -164,11 +164,13 @@ class _Fit:
         self.schedule = recipe.schedule(self.optimizer, total)
         self.timer = StepTimer(io.device)
         self.steps, self.samples, self.losses = 0, 0, []
+        self.diverged: dict[str, Any] | None = None  # petlprof.records.Divergence, once a step diverged
 
-    def step(self, batch: np.ndarray, bar, measured: bool) -> None:
+    def step(self, batch: np.ndarray, bar, measured: bool) -> bool:
         """One optimiser step on the global ``batch``; this rank computes its part of it.  Each rank's
         loss is scaled by its share of the batch times the world size, so the gradient DDP averages is
-        the global batch's mean gradient."""
+        the global batch's mean gradient.  False, with the step not applied, when the loss or the
+        gradient norm is not a finite number on some rank (:attr:`diverged` says where)."""
         self.io.progress.at("train", self.steps)
         idx, share = self.ranks.part(batch)
         inputs, labels = self.batches.collate(idx, self.io.device)
@@ -177,18 +179,34 @@ class _Fit:
             logits = self.model(**inputs) if self.cache is None else self.cache.logits(self.model, inputs, idx)
             loss = loss_fn(logits, labels)
         (loss * (share * self.ranks.world_size)).backward()
-        self.recipe.clip(self.params)
+        norm, value = self.recipe.clip(self.params), float(loss.detach())
+        if self.ranks.any(not (math.isfinite(value) and math.isfinite(norm))):
+            self.optimizer.zero_grad(set_to_none=True)
+            self.timer.stop(keep=False)
+            self.diverged = {"step": self.steps + 1, "loss": str(value), "grad_norm": str(norm)}
+            bar.set_postfix(loss=f"{value:.4f}", diverged=True)
+            return False
         self.optimizer.step()
         self.schedule.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.timer.stop(keep=measured)
         if measured:
             self.samples += len(labels) if share else 0
-        value = float(loss.detach())
         self.losses.append(value * share)  # this rank's part of the batch's mean loss
         self.steps += 1
         bar.update(1)
         bar.set_postfix(loss=f"{value:.4f}")
+        return True
+
+
+def _divergence(step: int, loss: float, grad_norm: float, losses: list[float]) -> dict[str, Any]:
+    """The ``diverged_at`` entry (:class:`petlprof.records.Divergence`): non-finite numbers as text."""
+    return {
+        "step": step,
+        "loss": str(loss),
+        "grad_norm": str(grad_norm),
+        "last_finite_loss": losses[-1] if losses else None,
+    }
 
 
 def train(
@@ -200,7 +218,8 @@ def train(
     rate join the summary.  ``stop``: called with the number of steps done after each step past the
     warm-up (a :class:`petlprof.budget.Budget`); a truthy answer ends training there.  ``ranks``: this
     process's rank context (:mod:`petlprof.ranks`; ``model`` wrapped in DistributedDataParallel
-    when there are several)."""
+    when there are several).  Training stops at the first step whose loss or gradient norm is not a
+    finite number; the summary's ``diverged_at`` says which (:class:`petlprof.records.Divergence`)."""
     total = steps.total(len(batches))
     warmup = min(steps.warmup_steps, max(total - 1, 0))
     fit = _Fit(model, batches, recipe, total, io, cache, ranks)
@@ -208,19 +227,23 @@ def train(
     model.train()
     window = Window(io.meters, io.device)
     with io.bar(total, "step", ranks, leave=True) as bar:
-        for batch in itertools.islice(order, warmup):
-            fit.step(batch, bar, measured=False)
-        with window:
-            for batch in order:
-                fit.step(batch, bar, measured=True)
-                if stop is not None and stop(fit.steps):
-                    break
+        warmed = all(fit.step(batch, bar, measured=False) for batch in itertools.islice(order, warmup))
+        if warmed:  # a run that diverged in its warm-up has no measured window
+            with window:
+                for batch in order:
+                    if not fit.step(batch, bar, measured=True) or (stop is not None and stop(fit.steps)):
+                        break
     del fit.optimizer
     losses = ranks.sum_over(fit.losses)
-    summary = _phase_summary(window, fit.timer, fit.steps - warmup, fit.samples, warmup, steps.warmup_steps)
+    measured = max(fit.steps - warmup, 0)
+    summary = _phase_summary(window, fit.timer, measured, fit.samples, warmup, steps.warmup_steps)
     summary.update(
-        epochs_run=round(fit.steps / len(batches), 3), first_loss=losses[0], final_loss=float(np.mean(losses[-10:]))
+        epochs_run=round(fit.steps / len(batches), 3),
+        first_loss=losses[0] if losses else None,
+        final_loss=float(np.mean(losses[-10:])) if losses else None,
     )
+    if fit.diverged is not None:  # non-finite numbers as text (JSON has none); the last finite loss is the batch's
+        summary["diverged_at"] = {**fit.diverged, "last_finite_loss": losses[-1] if losses else None}
     if cache is not None:
         summary.update(cache.summary())
     return summary

@@ -17,6 +17,7 @@ import time
 import warnings
 from pathlib import Path
 
+from petlprof.records import FINAL_STATUSES
 from petlprof.runner import RunSpec, execute
 
 
@@ -39,7 +40,7 @@ def main(argv: list[str]) -> int:
         from petlprof.distributed import rank_record_path
 
         rank = int(os.environ["RANK"])
-        if record["status"] != "ok":  # the time orders the ranks' failures: the first is the cause
+        if record["status"] not in FINAL_STATUSES:  # the time orders the ranks' failures: the first is the cause
             _write(rank_record_path(out_path, rank), {**record, "failed_unix_s": time.time()})
             sys.stderr.flush()
             os._exit(1)  # at once, without tearing down the process group its peers may still block in

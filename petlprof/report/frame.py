@@ -72,6 +72,8 @@ def _row(record: Mapping[str, Any]) -> dict[str, Any]:
         "steps_to_target": number(record, "train", "budget", "reached_at_step"),
         "time_to_target_s": number(record, "train", "budget", "time_to_target_s"),
         "energy_to_target_j": number(record, "train", "budget", "energy_to_target_j"),
+        "diverged_at_step": number(record, "diverged_at", "step"),
+        "warnings": "; ".join(record["warnings"]) if isinstance(record.get("warnings"), list) else None,
     }
     batch = field(record, "spec", "batch_size")
     row.update(
@@ -119,6 +121,7 @@ def runs_frame(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
         "steps_to_target",
         "time_to_target_s",
         "energy_to_target_j",
+        "diverged_at_step",
         *metrics,
         *(prefix + column for prefix in ("", "eval_") for column in PHASE_FIGURES),
     }
@@ -146,7 +149,7 @@ def _t_quantile(p: float, dof: int) -> float:
 
 
 def _numeric_columns(frame: pd.DataFrame) -> list[str]:
-    skip = set(CONFIG) | {"seed", "knob_value", "target_reached"}
+    skip = set(CONFIG) | {"seed", "knob_value", "target_reached", "diverged_at_step"}
     return [c for c in frame.columns if c not in skip and pd.api.types.is_numeric_dtype(frame[c])]
 
 

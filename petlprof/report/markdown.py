@@ -1,5 +1,6 @@
 """report.md: what was run, a table per task of every configuration, the Pareto plots, every run,
-how each figure was obtained, warnings, failed runs and the environment; written next to the plots
+how each figure was obtained, warnings on results and measurements, failed and diverged runs and the
+environment; written next to the plots
 by :func:`write_report`, which also writes the same text as a self-contained report.html.
 """
 
@@ -10,9 +11,20 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from petlprof.records import DIVERGED
 from petlprof.report.html import write_html
 from petlprof.report.plots import PlotResult, pareto_figures
-from petlprof.report.records import config_label, distinct, field, is_ok, run_label, run_warnings, sort_key, text
+from petlprof.report.records import (
+    config_label,
+    distinct,
+    field,
+    is_ok,
+    result_warnings,
+    run_label,
+    run_warnings,
+    sort_key,
+    text,
+)
 from petlprof.report.table import REFERENCE, configuration_tables, summary_table
 
 REPORT_FILE = "report.md"
@@ -171,6 +183,12 @@ def _failed(records: Sequence[Mapping[str, Any]]) -> list[str]:
     failed = sorted((r for r in records if not is_ok(r)), key=sort_key)
     if not failed:
         return lines + ["None: every run finished.", ""]
+    if any(r.get("status") == DIVERGED for r in failed):
+        lines += [
+            "A `diverged` run trained until its loss stopped being a finite number; it has no scores and "
+            "appears in no table of results, frontier or plot.",
+            "",
+        ]
     for record in failed:
         error = [line.rstrip() for line in str(record.get("error") or "(no error text)").splitlines()]
         if len(error) > ERROR_LINES:
@@ -188,10 +206,14 @@ def _failed(records: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def _warnings(records: Sequence[Mapping[str, Any]]) -> list[str]:
-    warnings = run_warnings(records)
-    if not warnings:
-        return []
-    return ["## Measurement warnings", "", *(f"- {w}" for w in warnings), ""]
+    lines = []
+    results = result_warnings(records)
+    if results:
+        lines += ["## Warnings on results", "", *(f"- {w}" for w in results), ""]
+    measurements = run_warnings(records)
+    if measurements:
+        lines += ["## Measurement warnings", "", *(f"- {w}" for w in measurements), ""]
+    return lines
 
 
 def _environment(records: Sequence[Mapping[str, Any]]) -> list[str]:

@@ -244,3 +244,13 @@ def run_warnings(records: Sequence[Mapping[str, Any]]) -> list[str]:
             for warning in notes:
                 out.append(f"{run_label(record)}, seed {text(record.get('seed'))}, {phase}: {warning}")
     return out
+
+
+def result_warnings(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Every warning a run recorded about its result (``warnings``: e.g. every prediction one class), as
+    ``<run>, seed N: <warning>``."""
+    return [
+        f"{run_label(record)}, seed {text(record.get('seed'))}: {warning}"
+        for record in sorted(records, key=sort_key)
+        for warning in (record.get("warnings") if isinstance(record.get("warnings"), list) else [])
+    ]
