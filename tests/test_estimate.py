@@ -1,0 +1,239 @@
+"""``petlprof estimate`` against real steps: predicted bytes versus the ``cpu-tensors`` meter and
+``static_breakdown`` of the same model, the exact depth fallback, the bundled shapes, bad input."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from petlprof.backbones import load_backbone
+from petlprof.cli import main
+from petlprof.estimate.core import Settings, estimate
+from petlprof.estimate.fallback import DEPTH_RULE
+from petlprof.estimate.model import build_model, resolve_backbone, shape_names
+from petlprof.estimate.trace import example_batch
+from petlprof.meters import Window
+from petlprof.meters.memory import static_breakdown
+from petlprof.meters.tensors import CpuTensorMeter
+from petlprof.method_api import MethodConfig
+from petlprof.modeling import SequenceClassifier
+from petlprof.registry import MethodSpec, get_method, method_names
+from petlprof.train import loss_fn
+
+BATCH, LENGTH = 4, 16
+SETTINGS = Settings(batch_size=BATCH, max_length=LENGTH)
+BACKBONES = ["tiny-bert", "tiny-t5", "tiny-gpt2", "tiny-llama", "minilm"]
+
+
+@dataclass
+class Measured:
+    peak_train_bytes: int
+    peak_inference_bytes: int
+    static: dict
+
+
+def measure(spec: str, method: str, num_layers: int = 2) -> Measured:
+    """The cpu-tensors meter's peaks of a real training step (after one unmeasured step, as a run's
+    warm-up) and a real inference batch, on the inputs the estimate assumes."""
+    torch.manual_seed(0)
+    method_spec = get_method(method)
+    model = method_spec.build()(
+        SequenceClassifier(load_backbone(spec, num_layers=num_layers), 2), method_spec.make_config({})
+    )
+    static = static_breakdown(model)
+    inputs, labels = example_batch(BATCH, LENGTH, 100)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=1e-3)
+    model.train()
+
+    def step():
+        loss_fn(model(**inputs), labels).backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    step()
+    resident = static["total_bytes"] - static["gradients_bytes"]
+    with Window([CpuTensorMeter("cpu", resident_bytes=resident)]) as train:
+        step()
+    model.eval()
+    with (
+        torch.no_grad(),
+        Window([CpuTensorMeter("cpu", resident_bytes=resident - static["optimizer_state_bytes"])]) as infer,
+    ):
+        model(**inputs)
+    return Measured(train.reading["peak_tensor_bytes"], infer.reading["peak_tensor_bytes"], static)
+
+
+def check_against_real(record: dict, measured: Measured) -> None:
+    assert record["status"] == "ok", record["error"]
+    memory, static = record["memory"], measured.static
+    assert memory["weights_bytes"] == static["frozen_weights_bytes"] + static["trainable_weights_bytes"]
+    assert memory["trainable_weights_bytes"] == static["trainable_weights_bytes"]
+    assert memory["buffers_bytes"] == static["buffers_bytes"]
+    assert memory["gradients_bytes"] == static["gradients_bytes"]
+    assert memory["optimizer_bytes"] == static["optimizer_state_bytes"]
+    assert memory["peak_train_bytes"] == pytest.approx(measured.peak_train_bytes, rel=0.05)
+    assert memory["peak_inference_bytes"] == pytest.approx(measured.peak_inference_bytes, rel=0.05)
+
+
+@pytest.mark.parametrize("backbone", BACKBONES)
+@pytest.mark.parametrize("method", method_names())
+def test_estimate_agrees_with_a_measured_step(backbone, method):
+    record = estimate(resolve_backbone(backbone, num_layers=2), method, {}, SETTINGS)
+    assert record["estimate_source"].startswith("meta-device trace")
+    check_against_real(record, measure(backbone, method))
+
+
+def test_every_estimate_counts_flops_and_the_full_model():
+    resolved = resolve_backbone("tiny-llama", num_layers=2)
+    full = estimate(resolved, "full", {}, SETTINGS)
+    lora = estimate(resolved, "lora", {}, SETTINGS)
+    # the training step of full fine-tuning is forward + backward: 3x the inference matmuls, exactly
+    assert full["flops"]["train_step"] == 3 * full["flops"]["inference_batch"] > 0
+    assert full["trainable_params"] == full["total_params"] > lora["total_params"] - lora["trainable_params"] > 0
+
+
+# --- the exact fallback: a method with an operation that has no meta kernel ------------------------
+
+
+@torch.library.custom_op("petlprof_test::doubled", mutates_args=(), device_types="cpu")
+def doubled(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+doubled.register_autograd(lambda ctx, grad: grad * 2)
+
+
+@dataclass
+class DoubledHeadConfig(MethodConfig):
+    """No options."""
+
+
+class DoubledHead(torch.nn.Module):
+    def __init__(self, head):
+        super().__init__()
+        self.inner = head
+
+    def forward(self, x):
+        return doubled(self.inner(x))
+
+
+def _apply_doubled_head(classifier, config):
+    classifier.head = DoubledHead(classifier.head)
+    return classifier  # full fine-tuning with a CPU-only operation on the logits
+
+
+UNTRACEABLE = MethodSpec(
+    name="doubled_head",
+    description="full fine-tuning through a CPU-only custom operation (tests the fallback)",
+    config_cls=DoubledHeadConfig,
+    apply=_apply_doubled_head,
+    default_lr=1e-3,
+    lr_source="test",
+)
+
+
+def test_an_untraceable_method_falls_back_to_the_exact_depth_rule():
+    record = estimate(resolve_backbone("tiny-llama", num_layers=4), "test_estimate:UNTRACEABLE", {}, SETTINGS)
+    assert record["estimate_source"].startswith(DEPTH_RULE)
+    assert "petlprof_test.doubled" in record["estimate_source"]
+    check_against_real(record, measure("tiny-llama", "test_estimate:UNTRACEABLE", num_layers=4))
+
+
+# --- bundled shapes ----------------------------------------------------------------------------------
+
+# parameters of the transformers base model (no LM head) of the published checkpoints
+PUBLISHED_PARAMS = {
+    "bert-base": 109_482_240 - 590_592,  # BertModel less its pooler, which petlprof drops
+    "gpt2": 124_439_808,
+    "t5-large": 737_668_096,
+    "qwen2.5-0.5b": 494_032_768,
+    "llama-2-7b": 6_738_415_616 - 32_000 * 4096,
+    "llama-3-8b": 8_030_261_248 - 128_256 * 4096,
+    "mistral-7b": 7_241_732_096 - 32_000 * 4096,
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_PARAMS))
+def test_bundled_shapes_have_the_published_parameter_counts(name):
+    resolved = resolve_backbone(name)
+    model = build_model(resolved, get_method("full"), get_method("full").make_config({}), num_labels=2)
+    head = resolved.config.hidden_size * 2 + 2
+    assert sum(p.numel() for p in model.parameters()) - head == PUBLISHED_PARAMS[name]
+    assert next(model.parameters()).is_meta
+
+
+def test_the_bundled_shapes_cover_the_families_users_fine_tune():
+    names = set(shape_names())
+    for expected in ("t5-small", "t5-11b", "bert-large", "roberta-large", "gpt2-xl", "llama-2-70b", "llama-3.2-1b"):
+        assert expected in names
+    assert {n for n in names if n.startswith(("qwen2.5", "mistral", "opt"))} >= {"qwen2.5-7b", "mistral-7b", "opt-1.3b"}
+
+
+# --- the command -------------------------------------------------------------------------------------
+
+
+def test_the_command_writes_records_and_a_plot(tmp_path, capsys):
+    code = main(
+        ["estimate", "--backbone", "tiny-bert,tiny-llama", "--methods", "lora,read", "--method-config", "lora.r=4"]
+        + ["--batch-size", "2", "--max-length", "8", "--device-memory", "1GiB", "--output", str(tmp_path)]
+    )
+    assert code == 0
+    records = [json.loads(line) for line in (tmp_path / "estimates.jsonl").read_text().splitlines()]
+    assert [(r["backbone"], r["method"]) for r in records] == [
+        ("tiny-bert", "lora"),
+        ("tiny-bert", "read"),
+        ("tiny-llama", "lora"),
+        ("tiny-llama", "read"),
+    ]
+    for record in records:
+        assert record["status"] == "ok" and record["error"] is None
+        assert set(record["memory"]) >= {
+            "weights_bytes",
+            "gradients_bytes",
+            "optimizer_bytes",
+            "peak_train_bytes",
+            "peak_inference_bytes",
+        }
+        assert set(record["flops"]) == {"train_step", "inference_batch"}
+        assert record["fits_train"]["device_memory"] is True and record["fits_train"]["rtx4090-24gb"] is True
+    assert records[0]["method_config"]["r"] == 4
+    assert (tmp_path / "peak_train_memory.png").stat().st_size > 0
+    table = capsys.readouterr().out
+    assert "MiB" in table and "FLOP" in table and "r=4" in table
+
+
+def _config_file(tmp_path, values) -> str:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(values))
+    return str(path)
+
+
+BAD_INPUT = [
+    (lambda tmp: ["--backbone", "t5-lage"], "t5-large"),
+    (lambda tmp: ["--backbone", _config_file(tmp, {"hidden_size": 8})], "not a transformers model config"),
+    (lambda tmp: ["--backbone", _config_file(tmp, {"model_type": "no-such-model"})], "no-such-model"),
+    (
+        lambda tmp: (
+            ["--methods", "lora"]
+            + ["--backbone", _config_file(tmp, {"model_type": "xlnet", "d_model": 32, "n_layer": 2, "n_head": 2})]
+        ),
+        "method 'lora' cannot apply",
+    ),
+    (lambda tmp: ["--backbone", "tiny-bert", "--methods", "no_such_method"], "no_such_method"),
+    (lambda tmp: ["--backbone", "tiny-bert", "--method-config", "lora.r=4", "--methods", "read"], "lora"),
+    (lambda tmp: ["--backbone", "tiny-bert", "--gpu", "h300"], "h300"),
+    (lambda tmp: ["--backbone", "tiny-bert", "--max-length", "100000"], "--max-length 100000"),
+]
+
+
+@pytest.mark.parametrize("args, names", BAD_INPUT)
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, names):
+    assert main(["estimate", "--output", str(tmp_path / "out"), *args(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and names in err
+    assert not (tmp_path / "out").exists()
