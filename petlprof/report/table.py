@@ -180,8 +180,8 @@ OPTIONAL_COLUMNS = (
 def configuration_tables(records: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, str]]:
     """(task, backbone, Markdown table) with one row per configuration: its seeds, the primary
     metric and each cost as mean ± 95% CI, the change against ``full`` (percent for costs, difference
-    for the metric), and the costs on whose frontier it lies."""
-    from petlprof.report.frame import frontier, knob_sort_value, relative_to, runs_frame
+    for the metric), and the costs on whose frontier it lies.  Only finished (``ok``) runs count."""
+    from petlprof.report.frame import frontier, relative_to, runs_frame
     from petlprof.report.plots import COST_AXES
 
     runs = runs_frame(records)
@@ -194,86 +194,87 @@ def configuration_tables(records: Sequence[Mapping[str, Any]]) -> list[tuple[str
         marks = frontier(ok, x=axis.column)["on_front"]
         for i in configs.index[marks.to_numpy()]:
             configs.at[i, "fronts"].append(axis.slug)
-    out = []
-    for (task, backbone), group in configs.groupby(["task", "backbone"], sort=True, dropna=False):
-        metric = text(group["primary_metric"].iloc[0])
-        order = sorted(
-            range(len(group)),
-            key=lambda k: (
-                group["method"].iloc[k],
-                knob_sort_value(group["knob_value"].iloc[k]),
-                group["config"].iloc[k],
-            ),
-        )
-        group = group.iloc[order]
-        vs = f"vs {REFERENCE}"
-        headers = [
-            "method",
-            "config",
-            "seeds",
-            f"{metric} (mean ± 95% CI)",
-            f"Δ {metric} {vs}",
-            "trainable params (count)",
-            f"params {vs}",
-            "train time (s)",
-            f"time {vs}",
-            "train peak mem (MiB)",
-            f"memory {vs}",
-            "train energy (J)",
-            f"energy {vs}",
-            "energy kind",
-            "eval p50 latency (ms/batch)",
-            "on frontier of",
-        ]
-        numeric = [False, False] + [True] * 11 + [False, True, False]
-        optional = [
-            (column, title, factor, decimals)
-            for column, title, factor, decimals in OPTIONAL_COLUMNS
-            if column in group and group[column].notna().any()
-        ]
-        headers += [title for _, title, _, _ in optional]
-        numeric += [True] * len(optional)
-        budget = group["target_reached"].notna().any()
-        if budget:  # time-to-accuracy runs: how many seeds reached the target, and at what cost (means over those)
-            headers += ["reached target (seeds)", "steps to target", "time to target (s)", "energy to target (J)"]
-            numeric += [True] * 4
-        rows = []
-        for _, row in group.iterrows():
-            reference = row["method"] == REFERENCE
+    return [
+        (text(task), text(backbone), _configuration_table(group))
+        for (task, backbone), group in configs.groupby(["task", "backbone"], sort=True, dropna=False)
+    ]
 
-            def rel(cost: str, reference: bool = reference, row=row) -> str:
-                return "ref" if reference else _signed(row.get(f"{cost}_vs_{REFERENCE}_pct"), ".0f", "%")
 
-            rows.append(
-                [
-                    text(row["method"]),
-                    text(row["config"]),
-                    str(int(row["n_seeds"])),
-                    _mean_ci(row, "quality", 1.0, 4),
-                    "ref" if reference else _signed(row.get(f"quality_vs_{REFERENCE}"), ".4f"),
-                    _fixed(row.get("trainable_params"), 0),
-                    rel("trainable_params"),
-                    _mean_ci(row, "time_s", 1.0, 1),
-                    rel("time_s"),
-                    _mean_ci(row, "peak_memory_bytes", 1 / BYTES_PER_MIB, 1),
-                    rel("peak_memory_bytes"),
-                    _mean_ci(row, "energy_j", 1.0, 1),
-                    rel("energy_j"),
-                    text(row.get("energy_kind")),
-                    _mean_ci(row, "eval_latency_p50_s", 1000.0, 1),
-                    ", ".join(row["fronts"]) or MISSING,
-                ]
-                + [_mean_ci(row, column, factor, decimals) for column, _, factor, decimals in optional]
-                + (
-                    [
-                        text(row.get("target_reached")),
-                        _mean_ci(row, "steps_to_target", 1.0, 0),
-                        _mean_ci(row, "time_to_target_s", 1.0, 1),
-                        _mean_ci(row, "energy_to_target_j", 1.0, 1),
-                    ]
-                    if budget
-                    else []
-                )
-            )
-        out.append((text(task), text(backbone), _render_markdown(headers, rows, numeric)))
-    return out
+def _configuration_table(group) -> str:
+    """The Markdown table of one task and backbone's configurations (rows of :func:`summarise`)."""
+    from petlprof.report.frame import knob_sort_value
+
+    metric = text(group["primary_metric"].iloc[0])
+    order = sorted(
+        range(len(group)),
+        key=lambda k: (group["method"].iloc[k], knob_sort_value(group["knob_value"].iloc[k]), group["config"].iloc[k]),
+    )
+    group = group.iloc[order]
+    vs = f"vs {REFERENCE}"
+    headers = [
+        "method",
+        "config",
+        "seeds",
+        f"{metric} (mean ± 95% CI)",
+        f"Δ {metric} {vs}",
+        "trainable params (count)",
+        f"params {vs}",
+        "train time (s)",
+        f"time {vs}",
+        "train peak mem (MiB)",
+        f"memory {vs}",
+        "train energy (J)",
+        f"energy {vs}",
+        "energy kind",
+        "eval p50 latency (ms/batch)",
+        "on frontier of",
+    ]
+    numeric = [False, False] + [True] * 11 + [False, True, False]
+    optional = [
+        (column, title, factor, decimals)
+        for column, title, factor, decimals in OPTIONAL_COLUMNS
+        if column in group and group[column].notna().any()
+    ]
+    headers += [title for _, title, _, _ in optional]
+    numeric += [True] * len(optional)
+    budget = group["target_reached"].notna().any()
+    if budget:  # time-to-accuracy runs: how many seeds reached the target, and at what cost (means over those)
+        headers += ["reached target (seeds)", "steps to target", "time to target (s)", "energy to target (J)"]
+        numeric += [True] * 4
+    rows = [_configuration_row(row, optional, budget) for _, row in group.iterrows()]
+    return _render_markdown(headers, rows, numeric)
+
+
+def _configuration_row(row, optional: list[tuple[str, str, float, int]], budget: bool) -> list[str]:
+    reference = row["method"] == REFERENCE
+
+    def rel(cost: str) -> str:
+        return "ref" if reference else _signed(row.get(f"{cost}_vs_{REFERENCE}_pct"), ".0f", "%")
+
+    cells = [
+        text(row["method"]),
+        text(row["config"]),
+        str(int(row["n_seeds"])),
+        _mean_ci(row, "quality", 1.0, 4),
+        "ref" if reference else _signed(row.get(f"quality_vs_{REFERENCE}"), ".4f"),
+        _fixed(row.get("trainable_params"), 0),
+        rel("trainable_params"),
+        _mean_ci(row, "time_s", 1.0, 1),
+        rel("time_s"),
+        _mean_ci(row, "peak_memory_bytes", 1 / BYTES_PER_MIB, 1),
+        rel("peak_memory_bytes"),
+        _mean_ci(row, "energy_j", 1.0, 1),
+        rel("energy_j"),
+        text(row.get("energy_kind")),
+        _mean_ci(row, "eval_latency_p50_s", 1000.0, 1),
+        ", ".join(row["fronts"]) or MISSING,
+    ]
+    cells += [_mean_ci(row, column, factor, decimals) for column, _, factor, decimals in optional]
+    if budget:
+        cells += [
+            text(row.get("target_reached")),
+            _mean_ci(row, "steps_to_target", 1.0, 0),
+            _mean_ci(row, "time_to_target_s", 1.0, 1),
+            _mean_ci(row, "energy_to_target_j", 1.0, 1),
+        ]
+    return cells
