@@ -261,7 +261,7 @@ class MethodSpec:
         names = {f.name for f in dataclasses.fields(self.config_cls)}
         for key in overrides:
             if not names:
-                raise UsageError(f"method '{self.name}' has no options (got '{key}')")
+                raise UsageError(f"method '{self.name}' has no options (got {shown(key)})")
             if key not in names:
                 raise unknown_choice(f"option of method '{self.name}'", key, names)
         try:
