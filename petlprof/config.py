@@ -166,22 +166,23 @@ def validate(options: RunOptions) -> None:
 
 
 def _validate_methods(options: RunOptions) -> None:
-    from petlprof.registry import get_method
+    from petlprof.registry import get_method, methods_by_name
 
     if not options.methods:
         raise UsageError("no method given: use --methods, e.g. --methods read,lora (see `petlprof list`)")
     for name, example in (("seeds", "--seeds 0,1"), ("backbone", "--backbone minilm"), ("task", "--task tweets")):
         if not getattr(options, name):
             raise UsageError(f"no {name.rstrip('s')} given (an empty --{name}): give at least one, e.g. {example}")
+    named = methods_by_name(options.methods)  # a plug-in given as module:ATTR is addressed by its spec's name
     for name, fields in options.method_config.items():
         if not isinstance(fields, dict):
             raise UsageError(f"method_config.{shown(name, False)} must be a table of fields, got {shown(fields)}")
-        if name not in options.methods:
-            raise unknown_choice("method in method_config", name, options.methods)
-        get_method(name).make_config(fields)
+        if name not in named:
+            raise unknown_choice("method in method_config", name, named)
+        get_method(named[name]).make_config(fields)
     for name, fields in options.method_grid.items():
-        if name not in options.methods:
-            raise unknown_choice("method in method_grid", name, options.methods)
+        if name not in named:
+            raise unknown_choice("method in method_grid", name, named)
         if not isinstance(fields, dict) or not fields:
             raise UsageError(f"method_grid.{name} must be a table of FIELD = [values], got {shown(fields)}")
         for key, values in fields.items():
@@ -248,8 +249,9 @@ def grid_points(options: RunOptions, method: str) -> list[dict[str, Any]]:
 
     from petlprof.registry import get_method
 
-    base = options.method_config.get(method, {})
-    explicit = options.method_grid.get(method)
+    name = get_method(method).name  # what method_config and method_grid call it
+    base = options.method_config.get(name, {})
+    explicit = options.method_grid.get(name)
     if explicit:
         names = list(explicit)
         points = [dict(zip(names, values)) for values in itertools.product(*(explicit[n] for n in names))]
