@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import threading
+import warnings
 from pathlib import Path
 
 from petlprof import __version__
@@ -320,20 +322,53 @@ def _print_summary(records: list[dict], skipped: list[str]) -> None:
     }
     for model in sorted(m for m in estimated if m):
         print(f"energy marked 'estimated' is a model, not a measurement: {model}")
-    for warning in run_warnings(records):
+    for warning in _grouped(run_warnings(records)):
         print(f"warning: {warning}")
+
+
+def _grouped(warnings: list[str], examples: int = 3) -> list[str]:
+    """``<run>, seed N, <phase>: <text>`` lines, one per distinct text: a text that many runs or phases
+    share (a warm-up too long for short phases) is said once, with how many and the first few."""
+    by_text: dict[str, list[str]] = {}
+    for line in warnings:
+        where, _, text = line.partition(": ")
+        by_text.setdefault(text or where, []).append(where if text else "")
+    out = []
+    for text, places in by_text.items():
+        if len(places) == 1:
+            out.append(f"{places[0]}: {text}" if places[0] else text)
+            continue
+        more = f", ... ({len(places) - examples} more)" if len(places) > examples else ""
+        out.append(f"{text} [{len(places)} phases: {'; '.join(places[:examples])}{more}]")
+    return out
+
+
+MAX_ERROR_CHARS = 2000  # an error line is cut here, whatever value it echoes
+
+
+def _quiet_libraries() -> None:
+    """Transformers' per-run "Loading weights" bars (HF_HUB_DISABLE_PROGRESS_BARS, passed on to each
+    run's process; a user who sets it keeps theirs) and its FutureWarnings about its own API (the
+    user cannot act on them); every other warning stays."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers(\.|$)")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handlers = {"run": cmd_run, "list": cmd_list, "meters": cmd_meters, "report": cmd_report, "estimate": cmd_estimate}
     handler = handlers[args.command]
+    _quiet_libraries()
     try:
         return handler(args)
     except UsageError as exc:
         if args.debug:
             raise
-        print(f"petlprof: error: {exc}", file=sys.stderr)
+        line = " ".join(str(exc).split())
+        if len(line) > MAX_ERROR_CHARS:
+            line = f"{line[:MAX_ERROR_CHARS]}... ({len(line)} characters)"
+        print(f"petlprof: error: {line}", file=sys.stderr)
         return 2
 
 

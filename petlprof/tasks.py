@@ -337,7 +337,7 @@ def _load_user(
         if text_column is None:
             raise UsageError(
                 f"{next(iter(sources))} has none of the default text columns "
-                f"{list(DEFAULT_TEXT_COLUMNS)}; name one with text_column. "
+                f"{list(DEFAULT_TEXT_COLUMNS)}; name one with --text-column. "
                 f"Its columns: {', '.join(map(str, first.columns))}"
             )
     label_column = label_column or "label"

@@ -9,7 +9,7 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from petlprof.config import build_options, load_config_file
+from petlprof.config import build_options, load_config_file, parse_method_overrides
 from petlprof.errors import UsageError
 from petlprof.report import load_records
 
@@ -36,11 +36,32 @@ KEYS = st.sampled_from(
         "max_memory",
         "warmup_steps",
         "num_layers",
+        "inference_window_s",
+        "cache_budget",
+        "eval_every",
+        "target_eval_size",
+        "target_value",
+        "max_train_time",
+        "cpus_per_run",
+        "nproc_per_run",
         "bogus",
     ]
 )
+# numbers at the edges, as numbers and as the text a YAML file or a command line gives
+EDGES = st.sampled_from(
+    [float("nan"), float("inf"), float("-inf"), 1e308, -1e308, 10**30, -(10**30), -0.0, 0, 2**63, 2**64, 5e-324]
+)
+NUMERIC_TEXT = st.sampled_from(
+    ["1e-3", "1e308", "-1e308", "nan", ".nan", "inf", "-inf", "-0", "-0.0", "9" * 400, "1E3"]
+)
 SCALARS = st.one_of(
-    st.none(), st.booleans(), st.integers(-(10**6), 10**6), st.floats(allow_nan=True), st.text(max_size=12)
+    st.none(),
+    st.booleans(),
+    st.integers(-(10**6), 10**6),
+    st.floats(allow_nan=True),
+    st.text(max_size=12),
+    EDGES,
+    NUMERIC_TEXT,
 )
 VALUES = st.recursive(
     SCALARS,
@@ -67,6 +88,47 @@ def test_config_values_of_any_shape(values):
         build_options(values, {})
     except UsageError:
         pass
+
+
+EDGE_OPTIONS = st.sampled_from(
+    ["seeds", "epochs", "warmup_steps", "num_layers", "lr", "timeout", "max_memory", "cache_budget", "max_length"]
+    + ["inference_window_s", "train_size", "batch_size", "eval_every", "max_train_time", "target_value"]
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(name=EDGE_OPTIONS, value=st.one_of(EDGES, NUMERIC_TEXT))
+def test_numbers_at_the_edges_are_refused_or_sane(name, value):
+    """A value at the edge is either refused with one line or kept inside the option's declared range."""
+    import math
+
+    from petlprof.options import kind_of
+
+    values = {"methods": ["read"], name: value}
+    if name in ("eval_every",):
+        values["target_value"] = 0.5
+    if name == "cache_budget":
+        values["cache_hidden_states"] = True
+    try:
+        options = build_options(values, {})
+    except UsageError as exc:
+        assert "\n" not in str(exc) and len(str(exc)) < 400
+        return
+    kept = getattr(options, name)
+    for item in kept if isinstance(kept, list) else [kept]:
+        assert not (isinstance(item, float) and not math.isfinite(item)), (name, value)
+        if isinstance(item, (int, float)) and getattr(kind_of(name), "maximum", None) is not None:
+            assert item <= kind_of(name).maximum
+
+
+@settings(max_examples=60, deadline=None)
+@given(text=st.one_of(NUMERIC_TEXT, st.text(max_size=30)))
+def test_method_config_values_of_any_text(text):
+    try:
+        parsed = parse_method_overrides([f"lora.alpha={text}"])
+    except UsageError:
+        return
+    assert set(parsed) == {"lora"} and set(parsed["lora"]) == {"alpha"}
 
 
 RECORDS = st.one_of(
