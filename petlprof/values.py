@@ -130,7 +130,8 @@ class Number(Kind):
         if low:
             raise UsageError(f"{flag(name)} must be {self.what}, got {shown(value)}")
         if self.maximum is not None and value > self.maximum:
-            raise UsageError(f"{flag(name)} must be at most {self.maximum:g}, got {shown(value)}")
+            limit = int(self.maximum) if float(self.maximum).is_integer() else self.maximum
+            raise UsageError(f"{flag(name)} must be at most {limit}, got {shown(value)}")
 
 
 @dataclass(frozen=True)
