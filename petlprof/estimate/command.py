@@ -69,10 +69,12 @@ def _configurations(methods: list[str], overrides: dict[str, dict], grid: bool) 
 
 
 def _check_applies(resolved, configurations: list[tuple[str, dict]]) -> None:
-    from petlprof.architecture import unsupported_reason
+    from petlprof.architecture import describe, unsupported_reason
+    from petlprof.estimate.model import build_backbone_model
 
+    architecture = describe(build_backbone_model(resolved))  # once per backbone, on the meta device
     for name, overrides in configurations:
-        reason = unsupported_reason(name, resolved.config, overrides)
+        reason = unsupported_reason(name, architecture, overrides)
         if reason is not None:
             raise UsageError(f"method '{name}' cannot apply to backbone '{resolved.name}': {reason}")
 

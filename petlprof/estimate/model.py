@@ -133,19 +133,28 @@ def family(resolved: ResolvedBackbone) -> str:
 def build_model(resolved: ResolvedBackbone, method, method_config, num_labels: int, device: str = "meta"):
     """The model a run trains: backbone from the config, classifier head, method applied; on ``device``."""
     import torch
-    from transformers import AutoModel
 
     from petlprof.backbones import Backbone
     from petlprof.modeling import SequenceClassifier
 
     with torch.device(device), _fast_meta(device):
-        model = AutoModel.from_config(resolved.config)
-        if getattr(model, "pooler", None) is not None:
-            model.pooler = None  # as load_backbone: petlprof pools itself
-        if getattr(model.config, "pad_token_id", None) is None:
-            model.config.pad_token_id = resolved.tokenizer.pad_token_id
+        model = build_backbone_model(resolved, device)
         backbone = Backbone(resolved.name, model, resolved.tokenizer, family(resolved), resolved.source)
         return method.build()(SequenceClassifier(backbone, num_labels), method_config)
+
+
+def build_backbone_model(resolved: ResolvedBackbone, device: str = "meta"):
+    """The backbone as load_backbone makes it from a config (the pooler dropped, the pad id set), on ``device``."""
+    import torch
+    from transformers import AutoModel
+
+    with torch.device(device), _fast_meta(device):
+        model = AutoModel.from_config(resolved.config)
+    if getattr(model, "pooler", None) is not None:
+        model.pooler = None  # petlprof pools itself
+    if getattr(model.config, "pad_token_id", None) is None:
+        model.config.pad_token_id = resolved.tokenizer.pad_token_id
+    return model
 
 
 def _fast_meta(device: str):
