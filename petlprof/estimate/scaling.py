@@ -1,0 +1,142 @@
+"""The scaling report (``reports/scaling/README.md``) from ``petlprof estimate`` records.
+
+``python -m petlprof.estimate.scaling FOLDER SWEEP...`` reads ``FOLDER/SWEEP/estimates.jsonl`` for
+each sweep (one family of backbones, every method) and writes ``FOLDER/README.md``: peak training
+memory and FLOPs per step of each method at each size, their ratios to full fine-tuning, the largest
+model each method fits on 24, 80 and 141 GiB, and READ's predicted memory saving on T5-large beside
+the READ paper's claim.  Every number in it comes from the records; the commands that made them are
+read from ``FOLDER/SWEEP/command.txt``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from petlprof.estimate.command import GIB, flops, size
+
+FIT_GIB = (24, 80, 141)
+PAPER_READ_SAVING = -0.56  # READ (arXiv 2305.15348): 56% less training memory than full fine-tuning on T5-large
+
+
+def load(folder: Path) -> list[dict]:
+    return [json.loads(line) for line in (folder / "estimates.jsonl").read_text().splitlines() if line.strip()]
+
+
+def _grid(records: list[dict]) -> tuple[list[str], list[str], dict]:
+    """(backbones by size, methods, {(backbone, method): record}) of the records that are ok."""
+    ok = [r for r in records if r["status"] == "ok"]
+    sizes = {r["backbone"]: r["total_params"] for r in ok if r["method"] == "full"}
+    backbones = sorted(sizes, key=sizes.get)
+    methods = sorted({r["method"] for r in ok})
+    return backbones, methods, {(r["backbone"], r["method"]): r for r in ok}
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + " --- |" * len(header),
+        *("| " + " | ".join(r) + " |" for r in rows),
+    ]
+
+
+def sweep_section(records: list[dict]) -> list[str]:
+    backbones, methods, cell = _grid(records)
+
+    def rows(figure, ratio: bool) -> list[list[str]]:
+        out = []
+        for method in methods:
+            row = [method]
+            for backbone in backbones:
+                record, full = cell.get((backbone, method)), cell.get((backbone, "full"))
+                if record is None:
+                    row.append("-")
+                elif ratio:
+                    row.append(f"{figure(record) / figure(full):.2f}")
+                else:
+                    row.append(figure.show(record))
+            out.append(row)
+        return out
+
+    peak = _Figure(lambda r: r["memory"]["peak_train_bytes"], lambda r: size(r["memory"]["peak_train_bytes"]))
+    step = _Figure(lambda r: r["flops"]["train_step"], lambda r: flops(r["flops"]["train_step"]))
+    header = ["method", *backbones]
+    lines = ["Peak training memory per step:", "", *_table(header, rows(peak, False)), ""]
+    lines += ["Peak training memory, ratio to `full`:", "", *_table(header, rows(peak, True)), ""]
+    lines += ["FLOPs of one training step:", "", *_table(header, rows(step, False)), ""]
+    lines += ["FLOPs of one training step, ratio to `full`:", "", *_table(header, rows(step, True)), ""]
+    fit_rows = []
+    for method in methods:
+        row = [method]
+        for gib in FIT_GIB:
+            fitting = [b for b in backbones if (b, method) in cell and peak(cell[(b, method)]) <= gib * GIB]
+            row.append(fitting[-1] if fitting else "none")
+        fit_rows.append(row)
+    lines += ["Largest model whose training step fits:", ""]
+    lines += [*_table(["method", *(f"{gib} GiB" for gib in FIT_GIB)], fit_rows), ""]
+    return lines
+
+
+class _Figure:
+    def __init__(self, value, show):
+        self.value, self.show = value, show
+
+    def __call__(self, record: dict) -> float:
+        return self.value(record)
+
+
+def read_vs_paper(records: list[dict]) -> list[str]:
+    _, _, cell = _grid(records)
+    read, full = cell.get(("t5-large", "read")), cell.get(("t5-large", "full"))
+    if read is None or full is None:
+        return []
+    saving = read["memory"]["peak_train_bytes"] / full["memory"]["peak_train_bytes"] - 1
+    return [
+        "## READ on T5-large against the paper's claim",
+        "",
+        *_table(
+            ["", "full", "read", "READ vs full"],
+            [
+                [
+                    "predicted here (peak training memory)",
+                    size(full["memory"]["peak_train_bytes"]),
+                    size(read["memory"]["peak_train_bytes"]),
+                    f"{saving:+.0%}",
+                ],
+                ["READ paper (arXiv 2305.15348)", "", "", f"{PAPER_READ_SAVING:+.0%}"],
+            ],
+        ),
+        "",
+    ]
+
+
+def write_report(folder: Path, sweeps: list[str]) -> Path:
+    lines = ["# Scaling: every method's memory and compute from T5-small to T5-11B and LLaMA 1B to 70B", ""]
+    lines += [
+        "Made by `petlprof estimate` (meta-device trace, no weights; see the README section 'Estimating before",
+        "you rent the GPU' for what each figure is) and rendered by `python -m petlprof.estimate.scaling "
+        f"{folder} {' '.join(sweeps)}`.",
+        "",
+    ]
+    everything = []
+    for sweep in sweeps:
+        records = load(folder / sweep)
+        everything += records
+        first = records[0]
+        lines += [f"## {sweep}: batch {first['batch_size']} x {first['max_length']} tokens, {first.get('dtype')}", ""]
+        command = folder / sweep / "command.txt"
+        if command.exists():
+            lines += ["```bash", command.read_text().strip(), "```", ""]
+        lines += sweep_section(records)
+    lines += read_vs_paper(everything)
+    speed = folder / "speed.md"  # how long the estimates took, measured separately
+    if speed.exists():
+        lines += [speed.read_text().strip(), ""]
+    path = folder / "README.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
+if __name__ == "__main__":
+    print(write_report(Path(sys.argv[1]), sys.argv[2:]))
