@@ -159,7 +159,9 @@ def _config_label(record: dict) -> str:
 
 
 def table_rows(records: list[dict], settings) -> list[dict[str, Any]]:
-    """One row of strings per record, every number with its unit in the column name."""
+    """One row of strings per record, every number with its unit."""
+    from petlprof.estimate.core import META_TRACE
+
     rows = []
     for record in records:
         row = {"backbone": record["backbone"], "method": record["method"], "config": _config_label(record)}
@@ -184,7 +186,7 @@ def table_rows(records: list[dict], settings) -> list[dict[str, Any]]:
         )
         if settings.device_memory_bytes is not None:
             row["fits_device_memory"] = "yes" if record["fits_train"]["device_memory"] else "no"
-        if record["estimate_source"] != "meta-device trace of the step (no weights allocated)":
+        if record["estimate_source"] != META_TRACE:
             row["note"] = record["estimate_source"]
         rows.append(row)
     return rows
