@@ -43,18 +43,9 @@ _INDEX_OPS = {aten.index.Tensor, aten.index_put.default, aten.index_put_.default
 _CACHE_LIMIT = 200_000
 _OUTPUTS: dict[tuple, tuple] = {}  # (op, arguments' shapes) -> (output tree spec, output leaves' metadata)
 _RESHAPING = {aten.resize_.default, aten.set_.source_Storage, aten.set_.source_Tensor, aten.set_.default}
-_ALIASING: set = set()
+_ALIASING: set = set()  # operations seen returning a view of an argument although their schema says no alias
 _KINDS: dict = {}  # operation -> "new" | "update" | "other" (see _kind)
-_PLAIN = (
-    int,
-    float,
-    bool,
-    str,
-    type(None),
-    torch.dtype,
-    torch.device,
-    torch.layout,
-)  # operations seen returning a view of an argument although their schema does not say so
+_PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout)
 
 
 class UntraceableError(RuntimeError):
@@ -245,13 +236,15 @@ def example_batch(batch_size: int, max_length: int, token_id: int) -> tuple[dict
 
 
 def train_steps(model, inputs: dict, labels: torch.Tensor, steps: int = 2) -> StepTrace:
-    """Trace ``steps`` training steps as :func:`petlprof.train.train` runs them (forward, loss, backward,
-    gradient clipping, AdamW step, gradients set to None).  The first step creates the optimiser state,
+    """Trace ``steps`` training steps as :func:`petlprof.train.train` runs them with the run's
+    :class:`~petlprof.recipe.TrainRecipe` (forward, loss, backward, gradient clipping, AdamW step, gradients
+    set to None).  The first step creates the optimiser state,
     which stays alive as the later ones run; FLOPs are those of the last step."""
+    from petlprof.recipe import TrainRecipe
     from petlprof.train import loss_fn
 
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=1e-3)
+    recipe = TrainRecipe(lr=1e-3)  # the learning rate changes no shape
+    optimizer, params = recipe.optimizer(model)
     model.train()
     tracer, flops = MetaTrace(), 0
     with tracer:
@@ -260,7 +253,7 @@ def train_steps(model, inputs: dict, labels: torch.Tensor, steps: int = 2) -> St
             with counter if step == steps - 1 else contextlib.nullcontext():
                 loss = loss_fn(model(**inputs), labels)
                 loss.backward()
-                torch.nn.utils.clip_grad_norm_(params, 1.0)
+                torch.nn.utils.clip_grad_norm_(params, recipe.max_grad_norm)  # recipe.clip reads the norm's value
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
             del loss
