@@ -1,0 +1,58 @@
+"""The install declaration in pyproject.toml covers every package and data file of the source tree.
+
+``[tool.setuptools] packages`` is an explicit list, so a new sub-package (``petlprof.meters.devices``) or data
+folder is left out of a non-editable ``pip install .`` unless it is named there; the editable install the
+tests run from does not notice.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python < 3.11
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parent.parent
+SETUPTOOLS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+
+
+def _source_packages() -> dict[str, Path]:
+    """Every package of the source tree, by the name it installs as, mapped through package-dir."""
+    found = {}
+    for name, folder in SETUPTOOLS["package-dir"].items():
+        base = ROOT / folder
+        for init in base.rglob("__init__.py"):
+            if "__pycache__" in init.parts:
+                continue
+            parts = init.parent.relative_to(base).parts
+            found[".".join((name, *parts))] = init.parent
+    return found
+
+
+@pytest.mark.parametrize("package", sorted(_source_packages()))
+def test_every_package_is_declared(package):
+    assert package in SETUPTOOLS["packages"], f"{package} is not in pyproject.toml's [tool.setuptools] packages"
+
+
+def _data_files() -> list[tuple[str, Path]]:
+    """Non-Python files inside the declared packages' folders that are not in a sub-package."""
+    files = []
+    for package, folder in _source_packages().items():
+        for path in folder.rglob("*"):
+            if path.is_file() and path.suffix not in {".py", ".pyc"} and "__pycache__" not in path.parts:
+                owner = path.parent
+                if owner == folder or not (owner / "__init__.py").exists():
+                    files.append((package, path))
+    return files
+
+
+@pytest.mark.parametrize(("package", "path"), _data_files(), ids=lambda v: str(v))
+def test_every_data_file_is_declared(package, path):
+    folder = _source_packages()[package]
+    relative = path.relative_to(folder)
+    patterns = SETUPTOOLS.get("package-data", {}).get(package, [])
+    assert any(relative.match(p) for p in patterns), f"{relative} of {package} is not in package-data"
