@@ -108,6 +108,10 @@ def read_vs_paper(records: list[dict]) -> list[str]:
             ],
         ),
         "",
+        f"Predicted here: batch {full['batch_size']} x {full['max_length']} tokens, {full['dtype']}, peak live tensor "
+        "bytes (no allocator cache, no CUDA context). The paper measured the GPU memory of its own GLUE runs, at "
+        "its own batch sizes and lengths, so the two figures answer the same question in different settings.",
+        "",
     ]
 
 
