@@ -31,8 +31,10 @@ def flag(name: str) -> str:
 
 
 def is_number(value: Any) -> bool:
-    """A real, finite number: not a bool, not inf, not nan."""
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    """A real, finite number: not a bool, not inf, not nan (any int, even one too large for a float)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return isinstance(value, int) or math.isfinite(value)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -32,6 +32,8 @@ BAD = [
     ("output folder name too long", ["--output-name-too-long"], None, "is too long"),
     ("lr 1e308", ["--lr", "1e308"], None, "--lr must be at most 10"),
     ("lr 1e308 in a file", [], ("s.yaml", "lr: 1e308\n"), "--lr must be at most 10"),
+    ("lr a 400-digit integer in a file", [], ("s.toml", f"lr = {HUGE}\n"), "--lr must be at most 10, got 9999"),
+    ("window a 400-digit integer", [], ("s.yaml", f"inference_window_s: {HUGE}\n"), "--inference-window-s must be at"),
     ("lr nan in a file", [], ("s.yaml", "lr: .nan\n"), "--lr must be a positive number, got nan"),
     ("lr -inf as text", [], ("s.toml", 'lr = "-inf"\n'), "--lr must be a positive number, got -inf"),
     ("timeout 1e308", ["--timeout", "1e308"], None, "--timeout must be at most"),
