@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from petlprof.errors import UsageError
-from petlprof.method_api import MethodConfig, choice, integer, shown, text
+from petlprof.errors import UsageError, shown
+from petlprof.method_api import MethodConfig, choice, integer, text
 from petlprof.registry import MethodSpec, register_method
 
 INITS = {"text": "TEXT", "vocab": "SAMPLE_VOCAB", "random": "RANDOM"}

@@ -45,22 +45,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from petlprof.errors import UsageError
+from petlprof.errors import UsageError, shown, unknown_choice
 
 MAX_WIDTH = 2**14  # no transformer in use is wider (LLaMA-3 405B: 16384): ranks, side widths, RNN sizes
 MAX_COUNT = 2**12  # virtual tokens, heads, multipliers: beyond any backbone's positions or memory
 NAME_PATTERN = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
-_SHOWN_CHARS = 40
 
 
 class MethodSpecError(UsageError):
     """A malformed :class:`MethodSpec` (raised where it is made)."""
-
-
-def shown(value: Any) -> str:
-    """``repr(value)``, shortened: an error line never echoes a huge value."""
-    text = repr(value)
-    return text if len(text) <= _SHOWN_CHARS else f"{text[: _SHOWN_CHARS - 10]}... ({len(text)} characters)"
 
 
 def _is_number(value: Any) -> bool:
@@ -255,8 +248,6 @@ class MethodSpec:
 
     def make_config(self, overrides: dict[str, Any] | None = None):
         """The method's config dataclass from user overrides, rejecting unknown fields and bad values by name."""
-        from petlprof.errors import unknown_choice
-
         overrides = dict(overrides or {})
         names = {f.name for f in dataclasses.fields(self.config_cls)}
         for key in overrides:

@@ -26,8 +26,8 @@ import re
 import sys
 from typing import Any
 
-from petlprof.errors import UsageError, unknown_choice
-from petlprof.method_api import MethodSpec, MethodSpecError, field_check, shown
+from petlprof.errors import UsageError, shown, unknown_choice
+from petlprof.method_api import MethodSpec, MethodSpecError, field_check
 
 ENTRY_POINT_GROUP = "petlprof.methods"
 REFERENCE = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")

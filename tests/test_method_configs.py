@@ -14,7 +14,7 @@ import math
 import pytest
 
 from petlprof.cli import main
-from petlprof.errors import UsageError
+from petlprof.errors import UsageError, shown
 from petlprof.method_api import Choice, MethodConfig, Number, field_check
 from petlprof.registry import builtin_method_names, get_method
 
@@ -157,3 +157,11 @@ def test_bad_method_values_in_sweep_files_stop_before_any_run(tmp_path, capsys, 
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1, err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("value", ["x" * 5000, 10**400, ["y" * 80]], ids=["5000-char text", "400-digit int", "list"])
+def test_a_long_field_value_is_echoed_as_a_run_option_echoes_it(value):
+    """One way to shorten an echoed value (petlprof.errors.shown), for run options and method fields alike."""
+    with pytest.raises(UsageError) as refused:
+        get_method("lora").make_config({"alpha": value})
+    assert str(refused.value).endswith(f", got {shown(value)}"), str(refused.value)
