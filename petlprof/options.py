@@ -444,16 +444,14 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _argtype(name: str, kind: Kind) -> Callable[[str], Any]:
+    """How argparse reads the option's text: as the kind reads it (numeric text becomes the number), text
+    that is not one kept as it is, so the kind's check refuses it in one line (argparse's own type error
+    prints the whole usage)."""
     if isinstance(kind, Examples):
         return _size_or_all
-    return kind.argtype
+    return kind.read
 
 
 def _size_or_all(text: str):
     """A number of examples, or ``all`` (kept as the word, so that it is not mistaken for "not given")."""
-    if text.lower() in ("all", "none"):
-        return "all"
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of examples or 'all', got {text!r}") from None
+    return "all" if text.lower() in ("all", "none") else Examples().read(text)

@@ -42,7 +42,6 @@ class Kind:
     """Any value of ``types`` (``None`` allowed with ``optional``); subclasses narrow it."""
 
     types: ClassVar[tuple[type, ...]] = (object,)
-    argtype: ClassVar[Any] = str  # argparse's ``type``
     optional: bool = False
 
     def read(self, value: Any) -> Any:
@@ -79,7 +78,6 @@ class Integer(Kind):
     minimum: int = 0
     maximum: int | None = None
     why: str = ""
-    argtype: ClassVar[Any] = int
 
     def read(self, value: Any) -> Any:
         return int(value) if isinstance(value, str) and _INT.fullmatch(value) else value
@@ -107,6 +105,13 @@ class Examples(Integer):
             return None
         return super().read(value)
 
+    def check(self, name: str, value: Any) -> None:
+        if value is None or isinstance(value, int) and not isinstance(value, bool):
+            super().check(name, value)
+        else:
+            allowed = f"a number of examples >= {self.minimum} or 'all'"
+            raise UsageError(f"{flag(name)} must be {allowed}, got {shown(value)}")
+
 
 @dataclass(frozen=True)
 class Number(Kind):
@@ -118,7 +123,6 @@ class Number(Kind):
     maximum: float | None = None
     what: str = "a number"
     finite: str = ""
-    argtype: ClassVar[Any] = float
 
     def read(self, value: Any) -> Any:
         return float(value) if isinstance(value, str) and _FLOAT.fullmatch(value) else value

@@ -168,10 +168,8 @@ def test_sizes_take_all_on_the_command_line_and_in_files(tmp_path, file_text, ar
 
 
 def test_a_size_that_is_not_a_number_is_named(capsys):
-    with pytest.raises(SystemExit) as exit_:  # argparse's own usage error
-        main(["run", "--methods", "read", "--train-size", "lots"])
-    err = capsys.readouterr().err
-    assert exit_.value.code == 2 and "--train-size: expected a number of examples or 'all', got 'lots'" in err
+    code, _, err = run_cli(["run", "--methods", "read", "--train-size", "lots"], capsys)
+    assert code == 2 and err == "petlprof: error: --train-size must be a number of examples >= 1 or 'all', got 'lots'\n"
 
 
 @pytest.mark.parametrize("content", ["", '{"status": "ok", "meth', "not a record\n"])
