@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_methods import logits, train_steps  # the same training loop and its step-0 gradient check
 
 from petlprof.architecture import describe, describe_config, name_patterns, unsupported_reason
 from petlprof.backbones import backbone_config, load_backbone
@@ -59,7 +60,6 @@ ROWS = list(PRESETS) + list(ARCHITECTURES)
 METHODS = builtin_method_names()
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "<s>", "</s>"]
 TEXTS = ["what a wonderful day", "this is terrible and I hate it", "love it", "worst thing ever made"]
-LABELS = torch.tensor([1, 0, 1, 0])
 # what each method lets train (besides the task head): a test on the parameter's name
 OWN = {
     "full": lambda name: True,
@@ -114,29 +114,6 @@ def build(backbone: str):
     torch.manual_seed(0)
     loaded = load_backbone(backbone)
     return loaded, SequenceClassifier(loaded, 2)
-
-
-def logits(model, batch):
-    return model(batch["input_ids"], batch["attention_mask"])
-
-
-def train(model, batch, method: str, steps: int = 10) -> list[float]:
-    """A few AdamW steps on a fixed batch without dropout; checks which parameters got gradients at step 0."""
-    lr = {"full": 1e-3, "prompt_tuning": 1e-3}.get(method, 3e-3)
-    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
-    model.eval()
-    losses = []
-    for step in range(steps * (2 if method == "prompt_tuning" else 1)):
-        loss = torch.nn.functional.cross_entropy(logits(model, batch), LABELS)
-        loss.backward()
-        if step == 0:
-            with_grad = {n for n, p in model.named_parameters() if p.grad is not None}
-            assert with_grad == trainable, sorted(with_grad ^ trainable)[:5]
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(loss.item())
-    return losses
 
 
 def check_placement(method: str, arch, placement: dict, model) -> None:
@@ -197,7 +174,7 @@ def test_method_trains_or_is_refused_up_front(method, row, backbones):
         with torch.no_grad():
             torch.testing.assert_close(logits(model, batch), logits(plain, batch), rtol=0, atol=1e-5)
 
-    losses = train(model, batch, method)
+    losses = train_steps(model, batch, method)
     assert losses[-1] < losses[0] - 0.05, f"{method} on {row} did not learn: {losses}"
     frozen = [n for n, p in model.named_parameters() if not p.requires_grad and p.grad is not None]
     assert not frozen, frozen[:5]
