@@ -280,16 +280,22 @@ def describe_config(config) -> Architecture:
     return describe(model)
 
 
+def _pair_or_fused(attention: Attention, roles: tuple[str, str]) -> list[str]:
+    """The attention's projections of both ``roles`` where it has them apart, else its fused projection."""
+    names = [getattr(attention, role) for role in roles]
+    if all(names):
+        return names
+    return [attention.fused_qkv] if attention.fused_qkv else []
+
+
 def lora_targets(arch: Architecture) -> list[str]:
     """LoRA's generic placement: each attention's query and value projections, or its fused projection."""
-    names = []
-    for block in arch.blocks:
-        for attention in block.attentions:
-            if attention.query and attention.value:
-                names += [attention.query, attention.value]
-            elif attention.fused_qkv:
-                names.append(attention.fused_qkv)
-    return names
+    return [
+        name
+        for block in arch.blocks
+        for attention in block.attentions
+        for name in _pair_or_fused(attention, ("query", "value"))
+    ]
 
 
 def ia3_targets(arch: Architecture) -> tuple[list[str], list[str]]:
@@ -298,10 +304,7 @@ def ia3_targets(arch: Architecture) -> tuple[list[str], list[str]]:
     targets, feedforward = [], []
     for block in arch.blocks:
         for attention in block.attentions:
-            if attention.key and attention.value:
-                targets += [attention.key, attention.value]
-            elif attention.fused_qkv:
-                targets.append(attention.fused_qkv)
+            targets += _pair_or_fused(attention, ("key", "value"))
         if block.ffn_output:
             targets.append(block.ffn_output)
             feedforward.append(block.ffn_output)
@@ -327,7 +330,7 @@ def _missing_projections(method: str, arch: Architecture) -> str | None:
     for block in arch.blocks:
         attention = block.attentions[0] if block.attentions else None
         wanted = ("query", "value") if method == "lora" else ("key", "value")
-        if attention is None or not (all(getattr(attention, r) for r in wanted) or attention.fused_qkv):
+        if attention is None or not _pair_or_fused(attention, wanted):
             return (
                 f"PEFT has no {method} targets for '{arch.model_type}' and block '{block.name}' has no "
                 f"recognisable {' and '.join(wanted)} projections; give target_modules"
