@@ -230,12 +230,12 @@ _UNITS = {
     "g": 2**30,
     "t": 2**40,
 }
-_SIZE = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*")
+_SIZE = re.compile(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Z]*)\s*")  # 2GiB, 1e9, 1.5e3MB
 _EXAMPLE = "use e.g. 2GiB, 500MB or a number of bytes"
 
 
 def parse_bytes(value: str | int | None, option: str = "--max-memory") -> int | None:
-    """``"2GiB"``, ``"500MB"``, ``"1.5g"`` or a plain number of bytes; None stays None."""
+    """``"2GiB"``, ``"500MB"``, ``"1.5g"``, ``"1e9"`` or a plain number of bytes; None stays None."""
     if value is None:
         return None
     text = str(value) if isinstance(value, (str, int, float)) and not isinstance(value, bool) else ""

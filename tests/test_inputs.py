@@ -11,6 +11,7 @@ import pytest
 from petlprof.cli import main
 from petlprof.config import build_options, load_config_file, parse_method_overrides
 from petlprof.options import MAX_SEED
+from petlprof.values import parse_bytes
 
 HUGE = "9" * 400  # a 400-digit number
 LONG = "x" * 300  # longer than a file name may be
@@ -25,7 +26,7 @@ BAD = [
     ("400-digit max_memory", ["--max-memory", HUGE], None, "--max-memory '999999"),
     ("400-digit max_memory in a file", [], ("s.toml", f"max_memory = {HUGE}\n"), "is more than"),
     ("400-digit cache budget", ["--cache-hidden-states", "--cache-budget", HUGE], None, "--cache-budget '9999"),
-    ("max_memory of 1e308 bytes", ["--max-memory", "1e308"], None, "is not a positive size"),
+    ("max_memory of 1e308 bytes", ["--max-memory", "1e308"], None, "is more than 1152921504606846976 bytes"),
     ("task name too long", ["--task", LONG], None, "--task 'xxxx"),
     ("backbone name too long", ["--backbone", LONG], None, "is too long"),
     ("backbone path part too long", ["--backbone", f"./{LONG}/model"], None, "is too long"),
@@ -145,3 +146,12 @@ def test_one_warning_shared_by_many_runs_is_said_once():
         "lora r=8, seed 0, train, ... (1 more)]",
         "bitfit, seed 0, eval: power sampled at 1 Hz",
     ]
+
+
+@pytest.mark.parametrize(
+    "text, expected_bytes",
+    [("1e9", 10**9), ("1.5e3MB", 1_500_000_000), ("2E1GiB", 20 * 2**30), ("2GiB", 2 * 2**30), (1e9, 10**9)],
+)
+def test_a_size_in_exponent_notation_is_read(text, expected_bytes):
+    """YAML reads ``max_memory: 1e9`` as text; it is the number it looks like, as for every numeric option."""
+    assert parse_bytes(text) == expected_bytes
