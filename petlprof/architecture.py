@@ -29,6 +29,8 @@ from typing import Any
 
 from torch import nn
 
+from petlprof.errors import UsageError
+
 # model_type -> (attention block's output projection, feed-forward block's output projection), full names
 EXPLICIT_SUBLAYERS: dict[str, tuple[str, str]] = {
     "bert": (r"(.*\.)?layer\.\d+\.attention\.output\.dense", r"(.*\.)?layer\.\d+\.output\.dense"),
@@ -392,8 +394,6 @@ def describe_any(backbone) -> Architecture | None:
 
 def require(method: str, arch: Architecture) -> None:
     """Raise the one-line UsageError of :func:`unsupported_reason` (apply's guard when no preflight ran)."""
-    from petlprof.errors import UsageError
-
     reason = REQUIREMENTS[method](arch)
     if reason is not None:
         raise UsageError(f"{method} cannot apply to this backbone: {reason}")

@@ -29,6 +29,7 @@ from petlprof.values import (
     Table,
     Text,
     flag,
+    parse_bytes,
 )
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -108,8 +109,6 @@ def _cache(options, method: str) -> bool:  # the cache serves side-tuning method
 
 
 def _cache_bytes(value) -> int | None:
-    from petlprof.values import parse_bytes
-
     return parse_bytes(value, option="--cache-budget")
 
 
