@@ -20,6 +20,7 @@ from typing import Any
 
 from petlprof.errors import UsageError
 from petlprof.estimate import gpus
+from petlprof.estimate.fallback import extrapolated_figures
 from petlprof.estimate.model import ResolvedBackbone, build_model, weight_breakdown
 from petlprof.estimate.trace import UntraceableError, example_batch, inference_batch, train_steps
 
@@ -60,9 +61,7 @@ def estimate(resolved: ResolvedBackbone, method_name: str, overrides: dict, sett
     except UsageError:
         raise
     except UntraceableError as exc:
-        from petlprof.estimate.fallback import extrapolated_figures
-
-        figures = extrapolated_figures(resolved, method, config, settings, reason=str(exc))
+        figures = extrapolated_figures(resolved, method, config, settings, reason=str(exc), trace=trace_figures)
     except Exception as exc:  # a method or model that cannot be built is a failed row, not a crash
         record.update(status="failed", error=f"{type(exc).__name__}: {exc}".strip())
         return record

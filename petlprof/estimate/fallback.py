@@ -46,12 +46,11 @@ def _extend(one, two, layers: int):
     return one + (layers - 1) * (two - one)
 
 
-def extrapolated_figures(resolved: ResolvedBackbone, method, config, settings, reason: str) -> dict:
-    """:func:`petlprof.estimate.core.trace_figures` of the full depth, from real steps at depth 1 and 2."""
-    from petlprof.estimate.core import trace_figures
-
+def extrapolated_figures(resolved: ResolvedBackbone, method, config, settings, reason: str, trace) -> dict:
+    """``trace``'s figures (:func:`petlprof.estimate.core.trace_figures`) of the full depth, from real
+    steps at depth 1 and 2; ``trace`` is passed in so this module does not import its caller."""
     layers = depth(resolved)
-    one, two = (trace_figures(_at_depth(resolved, k), method, config, settings, device="cpu") for k in (1, 2))
+    one, two = (trace(_at_depth(resolved, k), method, config, settings, device="cpu") for k in (1, 2))
     figures = _extend(one, two, layers)
     figures["estimate_source"] = f"{DEPTH_RULE} (the meta-device trace failed: {reason})"
     return figures
