@@ -18,6 +18,7 @@ import dataclasses
 import datetime as dt
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -146,6 +147,31 @@ def _memory_now(device: str) -> dict[str, Any]:
     return figures
 
 
+RUN_DIR_PREFIX = "petlprof-run-"  # + the sweep's pid + "-": a run's spec and record pass through it
+
+
+def remove_stale_run_dirs(root: str | Path | None = None) -> list[Path]:
+    """Remove the scratch folders that sweeps killed outright left behind (``kill -9`` runs no
+    clean-up): ``petlprof-run-<pid>-*`` in the temporary folder, whose process no longer exists."""
+    removed = []
+    for path in Path(root or tempfile.gettempdir()).glob(f"{RUN_DIR_PREFIX}*-*"):
+        pid = path.name[len(RUN_DIR_PREFIX) :].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):  # another user's process, or not a pid: leave it alone
+        return True
+    return True
+
+
 def execute_in_subprocess(
     spec: RunSpec, *, timeout_s: float | None = None, max_memory_bytes: int | None = None
 ) -> dict[str, Any]:
@@ -158,7 +184,8 @@ def execute_in_subprocess(
     runs under torchrun (:func:`petlprof.distributed.launch`); when a rank fails, the record names the
     rank and its cause.
     """
-    with tempfile.TemporaryDirectory(prefix="petlprof-run-") as tmp:
+    remove_stale_run_dirs()
+    with tempfile.TemporaryDirectory(prefix=f"{RUN_DIR_PREFIX}{os.getpid()}-") as tmp:
         spec_path, out_path = Path(tmp) / "spec.json", Path(tmp) / "record.json"
         spec_path.write_text(json.dumps({"spec": spec.to_dict(), "max_memory_bytes": max_memory_bytes}))
         ranks = ["--nproc", str(spec.nproc)] if spec.nproc > 1 else []

@@ -111,8 +111,10 @@ def test_signals_stop_the_run_in_flight_and_keep_the_store_valid(tmp_path, sig, 
 
 
 def test_sigkill_mid_sweep_then_resume_records_every_run_once(tmp_path):
-    out = tmp_path / "out"
-    proc = subprocess.Popen(sweep_cmd(out), stderr=subprocess.DEVNULL, start_new_session=True)
+    out, scratch = tmp_path / "out", tmp_path / "tmp"
+    scratch.mkdir()
+    env = {**os.environ, "TMPDIR": str(scratch)}  # where the runs' scratch folders go
+    proc = subprocess.Popen(sweep_cmd(out), stderr=subprocess.DEVNULL, start_new_session=True, env=env)
     wait_for(lambda: first_run_recorded_and_next_started(out, proc))
     workers = worker_pids(proc.pid)
     proc.kill()
@@ -127,8 +129,10 @@ def test_sigkill_mid_sweep_then_resume_records_every_run_once(tmp_path):
         timeout=30,
     )  # no orphan
     assert json.loads((out / LOCK_FILE).read_text())["pid"] == proc.pid  # left behind, as after a power cut
-    resumed = subprocess.run(sweep_cmd(out), capture_output=True, text=True, timeout=600)
+    assert list(scratch.glob(f"petlprof-run-{proc.pid}-*"))  # so is the run in flight's scratch folder ...
+    resumed = subprocess.run(sweep_cmd(out), capture_output=True, text=True, timeout=600, env=env)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert not list(scratch.glob("petlprof-run-*"))  # ... which the next sweep removes
     assert "took over the lock" in resumed.stderr and "1 already in" in resumed.stderr
     ok = [r["run_key"] for r in records(out) if r["status"] == "ok"]
     assert len(ok) == 3 and len(set(ok)) == 3
