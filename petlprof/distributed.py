@@ -69,6 +69,7 @@ ENERGY_FIELDS = (
     "idle_power_w",
     "mean_power_w",
     "cpu_time_s",
+    "cpu_core_s",
 )
 CODECARBON_FIELDS = (
     "codecarbon_energy_j",
@@ -263,8 +264,12 @@ def _aggregate_phase(phases: list[Phase], ranks: list[int], hosts: list[str], de
         kinds = [p.get(key) for p in phases]
         if any(k is not None for k in kinds):
             out[key] = ESTIMATED if ESTIMATED in kinds else MEASURED if all(k == MEASURED for k in kinds) else None
-    if any("energy_low_confidence" in p for p in phases):
-        out["energy_low_confidence"] = any(p.get("energy_low_confidence") for p in phases)
+    for flag in ("energy_low_confidence", "energy_sources_disagree"):  # one rank's doubt is the total's
+        if any(flag in p for p in phases):
+            out[flag] = any(p.get(flag) for p in phases)
+    if any("energy_integrated_vs_counter" in p for p in phases):  # the cross-check of the totals
+        counter, integrated = out.get("energy_counter_j"), out.get("energy_integrated_j")
+        out["energy_integrated_vs_counter"] = integrated / counter if counter and integrated is not None else None
     out["per_rank"] = {
         "rank": ranks,
         "host": hosts,

@@ -136,6 +136,34 @@ AGGREGATION_CASES = [
         {"warnings": ["all ranks: short window", "rank 0: only on 0"]},
     ),
     (
+        "the estimate's CPU core-seconds are summed like its CPU time",
+        [
+            rank(0, energy_kind="estimated", cpu_time_s=2.0, cpu_core_s=1.5),
+            rank(1, energy_kind="estimated", cpu_time_s=3.0, cpu_core_s=2.5),
+        ],
+        {"cpu_time_s": 5.0, "cpu_core_s": 4.0},
+    ),
+    (
+        "counter and integrated energy cross-checked on the totals; one rank's disagreement is the total's",
+        [
+            rank(
+                0,
+                energy_counter_j=10.0,
+                energy_integrated_j=10.5,
+                energy_integrated_vs_counter=1.05,
+                energy_sources_disagree=False,
+            ),
+            rank(
+                1,
+                energy_counter_j=10.0,
+                energy_integrated_j=13.5,
+                energy_integrated_vs_counter=1.35,
+                energy_sources_disagree=True,
+            ),
+        ],
+        {"energy_integrated_vs_counter": 1.2, "energy_sources_disagree": True},
+    ),
+    (
         "a field that differs between ranks is left to the per-rank dicts",
         [rank(0, rss_baseline_bytes=1), rank(1, rss_baseline_bytes=2)],
         {"rss_baseline_bytes": "absent"},
