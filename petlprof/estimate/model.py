@@ -17,6 +17,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from petlprof.errors import UsageError, unknown_choice
+from petlprof.meters.memory import static_breakdown
 
 SHAPES_DIR = Path(__file__).resolve().parent.parent / "shapes"
 
@@ -167,27 +168,9 @@ def _fast_meta(device: str):
 
 
 def weight_breakdown(model) -> dict[str, int]:
-    """Weights, buffers, gradients and AdamW state in bytes by the rule of
-    :func:`petlprof.meters.memory.static_breakdown` (tied tensors once; ``exp_avg`` and ``exp_avg_sq``
-    in the parameter's dtype plus a 4-byte step per trainable tensor), keyed by storage so meta tensors count."""
-    seen: set[int] = set()
-    figures = dict.fromkeys(("frozen_weights_bytes", "trainable_weights_bytes", "buffers_bytes"), 0)
-    figures.update(gradients_bytes=0, optimizer_bytes=0)
-    for param in model.parameters():
-        key = param.untyped_storage()._cdata
-        if key in seen:
-            continue
-        seen.add(key)
-        size = param.numel() * param.element_size()
-        if param.requires_grad:
-            figures["trainable_weights_bytes"] += size
-            figures["gradients_bytes"] += size
-            figures["optimizer_bytes"] += 2 * size + 4
-        else:
-            figures["frozen_weights_bytes"] += size
-    for buffer in model.buffers():
-        key = buffer.untyped_storage()._cdata
-        if key not in seen:
-            seen.add(key)
-            figures["buffers_bytes"] += buffer.numel() * buffer.element_size()
+    """Weights, buffers, gradients and AdamW state in bytes: :func:`petlprof.meters.memory.static_breakdown`,
+    the rule the runs' records use, with the optimiser's figure under this module's name."""
+    figures = static_breakdown(model)
+    figures["optimizer_bytes"] = figures.pop("optimizer_state_bytes")
+    figures.pop("total_bytes")
     return figures

@@ -153,7 +153,8 @@ def static_breakdown(model) -> dict[str, int]:
     """Bytes the method's model holds whatever the batch: frozen and trainable weights, buffers,
     the gradients of the trainable weights, and AdamW's state (``exp_avg`` and ``exp_avg_sq`` in
     the parameter's dtype, plus a 4-byte ``step`` per trainable tensor).  Shared (tied) tensors
-    count once."""
+    count once: tensors are told apart by their storage, so a model on the ``meta`` device (no data
+    pointer) is counted the same way (``petlprof estimate`` uses this too)."""
     seen: set[int] = set()
     figures = dict.fromkeys(
         (
@@ -166,9 +167,9 @@ def static_breakdown(model) -> dict[str, int]:
         0,
     )
     for param in model.parameters():
-        if param.data_ptr() in seen:
+        if _storage(param) in seen:
             continue
-        seen.add(param.data_ptr())
+        seen.add(_storage(param))
         size = param.numel() * param.element_size()
         if param.requires_grad:
             figures["trainable_weights_bytes"] += size
@@ -177,8 +178,13 @@ def static_breakdown(model) -> dict[str, int]:
         else:
             figures["frozen_weights_bytes"] += size
     for buffer in model.buffers():
-        if buffer.data_ptr() not in seen:
-            seen.add(buffer.data_ptr())
+        if _storage(buffer) not in seen:
+            seen.add(_storage(buffer))
             figures["buffers_bytes"] += buffer.numel() * buffer.element_size()
     figures["total_bytes"] = sum(figures.values())
     return figures
+
+
+def _storage(tensor) -> int:
+    """Which storage ``tensor`` lives in (tied tensors share one), on any device including ``meta``."""
+    return tensor.untyped_storage()._cdata
