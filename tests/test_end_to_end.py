@@ -32,24 +32,15 @@ def petlprof(*args, cwd=None):
     return subprocess.run([sys.executable, "-m", "petlprof.cli", *args], capture_output=True, text=True, cwd=cwd)
 
 
+# the sweep of this module, and the same command again to resume it
+SWEEP = ("run", "--methods", ",".join(METHODS), "--num-layers", "2", "--batch-size", "16")
+SWEEP = (*SWEEP, "--train-size", "96", "--eval-size", "64")
+
+
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
     out = tmp_path_factory.mktemp("sweep")
-    result = petlprof(
-        "run",
-        "--methods",
-        ",".join(METHODS),
-        "--num-layers",
-        "2",
-        "--train-size",
-        "96",
-        "--eval-size",
-        "64",
-        "--batch-size",
-        "16",
-        "--output",
-        str(out),
-    )
+    result = petlprof(*SWEEP, "--output", str(out))
     return out, result
 
 
@@ -116,21 +107,7 @@ def test_plots_and_report_are_written(sweep):
 def test_rerun_skips_finished_runs_and_report_rerenders(sweep, tmp_path):
     out, _ = sweep
     before = (out / "results.jsonl").read_text()
-    again = petlprof(
-        "run",
-        "--methods",
-        ",".join(METHODS),
-        "--num-layers",
-        "2",
-        "--train-size",
-        "96",
-        "--eval-size",
-        "64",
-        "--batch-size",
-        "16",
-        "--output",
-        str(out),
-    )
+    again = petlprof(*SWEEP, "--output", str(out))
     assert again.returncode == 0 and "4 already in" in again.stderr
     assert (out / "results.jsonl").read_text() == before
     report_dir = tmp_path / "rendered"
