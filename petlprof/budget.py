@@ -6,7 +6,12 @@ examples of the evaluation split, or all of it), and tells the loop to stop once
 reached (at or past it, in the metric's better direction from :mod:`petlprof.metrics`) or once
 ``max_time_s`` of training have passed.  The checks' own time is measured and reported, because
 it falls inside the train phase's window: when a run stops at its target, the train phase's time,
-energy and steps *are* the cost of reaching it, checks included.
+energy and steps *are* the cost of reaching it, checks included.  The checks' own time and energy
+(the run's energy meter, opened around each check alone) are reported too, and the cost to the
+target without them, so a method whose checks are a large share of its training is not hidden by
+them.  With ``--cache-hidden-states`` a side-tuning model's check slice runs its frozen backbone
+once: the slice's states are kept (in the model's dtype, so the scores are exactly those of a full
+forward pass) and each later check runs only the side network.
 """
 
 from __future__ import annotations
@@ -38,12 +43,17 @@ class Budget:
         model: Any,
         max_time_s: float | None,
         eval_size: int | None,
+        check_meter: Any = None,
     ):
+        """``check_meter``: an energy meter (:class:`petlprof.meters.Meter`) opened around each check
+        alone, for the checks' own energy; None leaves it unmeasured."""
         self.metric, self.target_value, self.eval_every = metric, target_value, eval_every
         self.score, self.model, self.max_time_s, self.eval_size = score, model, max_time_s, eval_size
         self.higher = direction(metric) == HIGHER if metric else True
         self.checks: list[dict[str, float]] = []
         self.check_time_s = 0.0
+        self.check_meter = check_meter
+        self.check_energy_j: float | None = 0.0 if check_meter is not None else None
         self.stop_reason: str | None = None
         self.reached_at_step: int | None = None
         self._t0 = time.perf_counter()
@@ -58,9 +68,7 @@ class Budget:
     def __call__(self, step: int) -> str | None:
         """After optimiser step ``step`` (1-based): why to stop now, or None to go on."""
         if self.target_value is not None and step % self.eval_every == 0:
-            t0 = time.perf_counter()
-            value = float(self.score(self.model))
-            self.check_time_s += time.perf_counter() - t0
+            value = self._check()
             self.checks.append({"step": step, "value": value, "elapsed_s": time.perf_counter() - self._t0})
             if self._reached(value):
                 self.stop_reason, self.reached_at_step = TARGET, step
@@ -70,10 +78,24 @@ class Budget:
             return MAX_TIME
         return None
 
+    def _check(self) -> float:
+        """Score the model on the held-out slice, adding the check's time (and energy) to the totals."""
+        if self.check_meter is not None:
+            self.check_meter.prepare()
+            self.check_meter.begin()
+        t0 = time.perf_counter()
+        value = float(self.score(self.model))
+        self.check_time_s += time.perf_counter() - t0
+        if self.check_meter is not None:
+            self.check_energy_j += float(self.check_meter.end()["energy_j"])
+        return value
+
     def summary(self, train_phase: dict[str, Any]) -> dict[str, Any]:
         """The ``budget`` entry of the train phase; ``*_to_target`` figures are the phase's own
-        (window) figures when the target was reached, None otherwise."""
+        (window) figures when the target was reached, None otherwise; ``*_without_checks`` subtract
+        the checks' own time and energy."""
         reached = self.stop_reason == TARGET
+        time_s, energy_j = train_phase.get("time_s"), train_phase.get("energy_j")
         return {
             "target_metric": self.metric,
             "target_value": self.target_value,
@@ -83,33 +105,66 @@ class Budget:
             "stop_reason": self.stop_reason,
             "reached": reached if self.target_value is not None else None,
             "reached_at_step": self.reached_at_step,
-            "time_to_target_s": train_phase.get("time_s") if reached else None,
-            "energy_to_target_j": train_phase.get("energy_j") if reached else None,
+            "time_to_target_s": time_s if reached else None,
+            "energy_to_target_j": energy_j if reached else None,
             "check_time_s": self.check_time_s,
+            "check_energy_j": self.check_energy_j,
+            "check_states_reused": bool(getattr(self.score, "reuses_states", False)),
+            "time_to_target_without_checks_s": _less(time_s, self.check_time_s) if reached else None,
+            "energy_to_target_without_checks_j": _less(energy_j, self.check_energy_j) if reached else None,
             "checks": self.checks,
         }
 
 
-def slice_scorer(task, batches, metric: str, device: str) -> Callable[[Any], float]:
-    """A function scoring a model's predictions on ``batches`` (a held-out slice) with ``metric``;
-    the model is put back in training mode afterwards.  Unlike the evaluation phase it opens no
-    meter window and shows no progress bar: its time is the budget's ``check_time_s``."""
-    import torch
+def _less(total: float | None, part: float | None) -> float | None:
+    """``total - part``, None when either is unknown; never below 0 (two meters' rounding)."""
+    return None if total is None or part is None else max(float(total) - float(part), 0.0)
 
-    from petlprof.train import predict
 
-    def score(model) -> float:
+class SliceScorer:
+    """Scores a model's predictions on ``batches`` (a held-out slice) with ``metric``; the model is
+    put back in training mode afterwards.  Unlike the evaluation phase it opens no meter window and
+    shows no progress bar: its time is the budget's ``check_time_s``.
+
+    ``reuse_states``: the model is a side-tuning model (``backbone_states``/``side_forward``) whose
+    frozen backbone gives the same states at every check, so they are computed at the first check
+    and kept; later checks run the side network alone."""
+
+    def __init__(self, task, batches, metric: str, device: str, reuse_states: bool = False):
+        self.task, self.batches, self.metric, self.device = task, batches, metric, device
+        self.reuses_states = reuse_states
+        self._kept: list[tuple[dict, dict, Any]] | None = None  # per batch: (states, inputs, labels)
+
+    def _logits(self, model):
+        """(logits, labels) of every batch of the slice."""
+        if not self.reuses_states:
+            for inputs, labels in self.batches.iterate(self.device):
+                yield model(**inputs), labels
+            return
+        if self._kept is None:
+            self._kept = [
+                (model.backbone_states(inputs["input_ids"], inputs["attention_mask"]), inputs, labels)
+                for inputs, labels in self.batches.iterate(self.device)
+            ]
+        for states, inputs, labels in self._kept:
+            yield model.side_forward(states, inputs["input_ids"], inputs["attention_mask"]), labels
+
+    def __call__(self, model) -> float:
+        import torch
+
+        from petlprof.train import predict
+
         model.eval()
         preds, golds = [], []
         with torch.no_grad():
-            for inputs, labels in batches.iterate(device):
-                preds.append(predict(model(**inputs)))
+            for logits, labels in self._logits(model):
+                preds.append(predict(logits))
                 golds.append(labels)
         model.train()
-        scores = task.compute_metrics(torch.cat(preds).float().cpu().numpy(), torch.cat(golds).float().cpu().numpy())
-        return scores[metric]
-
-    return score
+        scores = self.task.compute_metrics(
+            torch.cat(preds).float().cpu().numpy(), torch.cat(golds).float().cpu().numpy()
+        )
+        return scores[self.metric]
 
 
 def check_target(task, name: str, metric: str, value: float) -> None:
@@ -128,9 +183,10 @@ def check_target(task, name: str, metric: str, value: float) -> None:
         )
 
 
-def make_budget(spec, task, model, make_batches) -> Budget | None:
+def make_budget(spec, task, model, make_batches, check_meter=None) -> Budget | None:
     """The budget a :class:`~petlprof.runner.RunSpec` asks for (None without one); ``make_batches``
-    turns a task split into batches the way the run does."""
+    turns a task split into batches the way the run does; ``check_meter``: the energy meter opened
+    around each target check."""
     from petlprof.tasks import Split
 
     if spec.target_value is None and spec.max_train_time_s is None:
@@ -144,7 +200,10 @@ def make_budget(spec, task, model, make_batches) -> Budget | None:
                 held_out.texts[:size], held_out.pairs[:size] if held_out.pairs else None, held_out.labels[:size]
             )
         size = len(held_out)
-        score = slice_scorer(task, make_batches(held_out), metric, spec.device)
+        from petlprof.methods.side_tuning import SideTunedModel
+
+        reuse = bool(spec.cache_hidden_states) and isinstance(model, SideTunedModel)
+        score = SliceScorer(task, make_batches(held_out), metric, spec.device, reuse_states=reuse)
     return Budget(
         metric=metric if spec.target_value is not None else None,
         target_value=spec.target_value,
@@ -153,4 +212,5 @@ def make_budget(spec, task, model, make_batches) -> Budget | None:
         model=model,
         max_time_s=spec.max_train_time_s,
         eval_size=size if spec.target_value is not None else None,
+        check_meter=check_meter if spec.target_value is not None else None,
     )

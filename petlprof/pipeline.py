@@ -156,8 +156,18 @@ def prepare(spec: RunSpec, ranks, progress, max_memory_bytes: int | None = None)
         timeline=timeline,
         timeline_warnings=timeline_warnings,
         cache=_hidden_state_cache(spec, method, ranks),
-        budget=make_budget(spec, task, model, make_batches),  # stop at a target metric value or a maximum time
+        budget=make_budget(spec, task, model, make_batches, _check_meter(spec, timeline)),  # stop at a target or time
     )
+
+
+def _check_meter(spec: RunSpec, timeline):
+    """The energy meter of the target checks alone: the same kind as the phases' (None without a target)."""
+    if spec.target_value is None:
+        return None
+    from petlprof.meters import energy_meter_for
+    from petlprof.meters.idle import sweep_idle
+
+    return energy_meter_for(spec.device, spec.energy_meter, timeline, idle=sweep_idle())
 
 
 def _recipe(spec: RunSpec, method):

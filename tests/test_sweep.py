@@ -277,3 +277,117 @@ def test_a_run_stops_at_its_target(tmp_path, capsys):
     assert budget["check_eval_size"] == 8 and budget["target_metric"] == "accuracy"
     assert budget["time_to_target_s"] == target["train"]["time_s"] and budget["check_time_s"] > 0
     assert target["train"]["steps"] == 3 - target["train"]["warmup_steps"]  # 12 steps planned
+
+
+class FixedEnergy:
+    """A stand-in energy meter: each window it is opened around reads ``joules`` (hardware fake)."""
+
+    def __init__(self, joules: float):
+        self.joules, self.opened = joules, 0
+
+    def prepare(self) -> None:
+        pass
+
+    def begin(self) -> None:
+        self.opened += 1
+
+    def end(self) -> dict:
+        return {"energy_j": self.joules}
+
+
+CHECK_COST_CASES = [
+    # (id, scores per check, eval_every, steps, phase time_s, phase energy_j, joules per check,
+    #  expected checks, expected energy_to_target_without_checks_j)
+    ("reached at the 3rd check", [0.1, 0.2, 0.9], 2, 10, 30.0, 100.0, 2.5, 3, 92.5),
+    ("reached at the 1st check", [0.95], 1, 5, 4.0, 10.0, 4.0, 1, 6.0),
+    ("checks cost more than the phase (two meters disagree): floored at 0", [0.99], 1, 2, 1.0, 1.0, 3.0, 1, 0.0),
+    ("never reached: no cost to the target", [0.1] * 4, 1, 4, 8.0, 20.0, 1.0, 4, None),
+]
+
+
+@pytest.mark.parametrize(
+    "scores, every, steps, time_s, energy_j, joules, checks, without",
+    [c[1:] for c in CHECK_COST_CASES],
+    ids=[c[0] for c in CHECK_COST_CASES],
+)
+def test_the_checks_own_cost_is_measured_and_taken_off(scores, every, steps, time_s, energy_j, joules, checks, without):
+    values, meter = iter(scores), FixedEnergy(joules)
+    budget = Budget(
+        metric="accuracy",
+        target_value=0.9,
+        eval_every=every,
+        score=lambda model: next(values),
+        model=None,
+        max_time_s=None,
+        eval_size=8,
+        check_meter=meter,
+    )
+    next((step for step in range(1, steps + 1) if budget(step)), None)
+    summary = budget.summary({"time_s": time_s, "energy_j": energy_j})
+    assert meter.opened == len(summary["checks"]) == checks
+    assert summary["check_energy_j"] == pytest.approx(checks * joules)
+    assert summary["energy_to_target_without_checks_j"] == (pytest.approx(without) if without is not None else None)
+    if without is None:
+        assert summary["time_to_target_without_checks_s"] is None
+    else:
+        expected = max(time_s - summary["check_time_s"], 0.0)
+        assert summary["time_to_target_without_checks_s"] == pytest.approx(expected)
+
+
+def test_without_a_check_meter_the_checks_energy_is_unknown_not_zero():
+    budget = Budget(
+        metric="accuracy", target_value=0.5, eval_every=1, score=lambda m: 1.0, model=None, max_time_s=None, eval_size=4
+    )
+    assert budget(1) == TARGET
+    summary = budget.summary({"time_s": 2.0, "energy_j": 5.0})
+    assert summary["check_energy_j"] is None and summary["energy_to_target_without_checks_j"] is None
+    assert summary["time_to_target_without_checks_s"] is not None
+
+
+@pytest.mark.parametrize("preset, config", [("tiny-bert", {}), ("tiny-t5", {}), ("tiny-gpt2", {})])
+def test_a_side_tuned_check_slice_runs_its_backbone_once_and_scores_the_same(preset, config):
+    """Kept states give exactly the scores of full forward passes, check after check, while the
+    side network changes between checks; the backbone runs at the first check only."""
+    import torch
+
+    from petlprof.backbones import load_backbone
+    from petlprof.budget import SliceScorer
+    from petlprof.modeling import SequenceClassifier
+    from petlprof.tasks import load_task
+    from petlprof.train import Batches
+
+    torch.manual_seed(0)
+    backbone = load_backbone(preset)
+    task = load_task("tweets3", train_size=8, eval_size=24)
+    model = get_method("read").build()(
+        SequenceClassifier(backbone, task.num_labels), get_method("read").make_config(config)
+    )
+    enc = backbone.tokenizer(task.eval.texts, truncation=True, max_length=32)
+    rows = [{k: enc[k][i] for k in ("input_ids", "attention_mask")} for i in range(len(task.eval.texts))]
+    batches = Batches(rows, torch.tensor(task.eval.labels), 8, backbone.tokenizer)
+    metric = task.primary_metric
+    plain, kept = (SliceScorer(task, batches, metric, "cpu", reuse_states=r) for r in (False, True))
+    calls, states = [], model.backbone_states
+    model.backbone_states = lambda *a, **k: calls.append(1) or states(*a, **k)
+    head = [p for n, p in model.named_parameters() if p.requires_grad]
+    seen = set()
+    for check in range(4):
+        value = plain(model)
+        assert kept(model) == value
+        seen.add(value)
+        with torch.no_grad():
+            for p in head:
+                p.add_(torch.randn_like(p) * (check + 1))
+    assert len(calls) == 3 * 4 + 3  # plain: 3 batches x 3 calls per check; kept: 3 batches once
+    assert len(seen) > 1  # the side network's changes do reach the scores
+
+
+def test_a_run_with_cached_states_reports_its_checks_cost(tmp_path, capsys):
+    out = tmp_path / "out"
+    args = ["run", "--methods", "read", *TINY, "--cache-hidden-states", "--target-value", "1.0"]
+    code = main([*args, "--eval-every", "1", "--target-eval-size", "8", "--output", str(out)])
+    assert code == 0, capsys.readouterr().err[-2000:]
+    (record,) = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    budget = record["train"]["budget"]
+    assert budget["check_states_reused"] is True and len(budget["checks"]) == record["train"]["steps"]
+    assert budget["check_energy_j"] > 0 and budget["energy_to_target_without_checks_j"] is None  # 1.0 not reached
