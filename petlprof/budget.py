@@ -128,10 +128,12 @@ class SliceScorer:
 
     ``reuse_states``: the model is a side-tuning model (``backbone_states``/``side_forward``) whose
     frozen backbone gives the same states at every check, so they are computed at the first check
-    and kept; later checks run the side network alone."""
+    and kept; later checks run the side network alone.  ``precision``: the run's, whose autocast the
+    forward passes run under (:func:`petlprof.recipe.autocast`)."""
 
-    def __init__(self, task, batches, metric: str, device: str, reuse_states: bool = False):
+    def __init__(self, task, batches, metric: str, device: str, reuse_states: bool = False, precision: str = "fp32"):
         self.task, self.batches, self.metric, self.device = task, batches, metric, device
+        self.precision = precision
         self.reuses_states = reuse_states
         self._kept: list[tuple[dict, dict, Any]] | None = None  # per batch: (states, inputs, labels)
 
@@ -152,11 +154,12 @@ class SliceScorer:
     def __call__(self, model) -> float:
         import torch
 
+        from petlprof.recipe import autocast
         from petlprof.train import predict
 
         model.eval()
         preds, golds = [], []
-        with torch.no_grad():
+        with torch.no_grad(), autocast(self.precision, self.device):
             for logits, labels in self._logits(model):
                 preds.append(predict(logits))
                 golds.append(labels)
@@ -203,7 +206,7 @@ def make_budget(spec, task, model, make_batches, check_meter=None) -> Budget | N
         from petlprof.methods.side_tuning import SideTunedModel
 
         reuse = bool(spec.cache_hidden_states) and isinstance(model, SideTunedModel)
-        score = SliceScorer(task, make_batches(held_out), metric, spec.device, reuse_states=reuse)
+        score = SliceScorer(task, make_batches(held_out), metric, spec.device, reuse, spec.precision)
     return Budget(
         metric=metric if spec.target_value is not None else None,
         target_value=spec.target_value,

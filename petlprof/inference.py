@@ -22,6 +22,7 @@ from petlprof.meters import ESTIMATED, Meter, Window
 from petlprof.meters.base import phase_warnings
 from petlprof.meters.energy import SHORT_WINDOW_S
 from petlprof.meters.latency import StepTimer
+from petlprof.recipe import FP32, autocast
 from petlprof.train import Batches, Progress, percentiles
 
 ESTIMATE_WINDOW_S = 0.5
@@ -47,10 +48,12 @@ def measure_inference(
     min_window_s: float,
     warmup_steps: int,
     progress: Progress | None = None,
+    precision: str = FP32,
 ) -> dict[str, Any]:
     """``{"batch_1": {...}, "batch_32": {...}}``: per batch size the repeats, window time, latency
     percentiles per batch and per sample, throughput, and the meters' readings (energy per sample).
-    ``progress`` is told which batch size is measured (for the record of a run that fails)."""
+    ``progress`` is told which batch size is measured (for the record of a run that fails); every
+    forward pass runs at the run's ``precision`` (:func:`petlprof.recipe.autocast`)."""
     progress = progress if progress is not None else Progress()
     model.eval()
     phase: dict[str, Any] = {"target_window_s": min_window_s, "input": "the first examples of the evaluation split"}
@@ -58,11 +61,12 @@ def measure_inference(
         progress.at("inference", size)
         fixed = Batches(batches.encodings[:size], batches.labels[:size], size, batches.tokenizer)
         inputs, _ = next(fixed.iterate(device))
-        for _ in range(warmup_steps):
-            model(**inputs)
+        with autocast(precision, device):
+            for _ in range(warmup_steps):
+                model(**inputs)
         timer, repeats, meters = StepTimer(device), 0, make_meters(size)
         try:
-            with Window(meters, device) as window:
+            with Window(meters, device) as window, autocast(precision, device):
                 t0 = time.perf_counter()
                 while repeats < MAX_REPEATS and (repeats < MIN_REPEATS or time.perf_counter() - t0 < min_window_s):
                     timer.start()

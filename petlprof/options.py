@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from petlprof.errors import UsageError, shown, unknown_choice
+from petlprof.recipe import PRECISIONS
 from petlprof.values import (
     Bytes,
     Choice,
@@ -242,6 +243,13 @@ class RunOptions:
         cli={"action": "append", "metavar": "METHOD.FIELD=VALUE"},
     )
     device: str = option(
+    precision: str = option(
+        "fp32",
+        "fp32 (default), bf16 or fp16: every forward pass and the loss (training, evaluation, inference) under "
+        "autocast to that dtype, weights and optimiser state kept in float32; fp16 with dynamic loss scaling",
+        Choice(choices=PRECISIONS, kind="precision"),
+        spec=ToSpec(identity=WHEN_CHANGED),  # fp32 runs keep the keys they had before the option
+    )
         "auto",
         "auto (default), cpu, cuda or cuda:N",
         Choice(choices=DEVICES, kind="device", prefix="cuda:"),

@@ -173,7 +173,7 @@ def _check_meter(spec: RunSpec, timeline):
 def _recipe(spec: RunSpec, method):
     from petlprof.recipe import TrainRecipe
 
-    return TrainRecipe(lr=spec.lr if spec.lr is not None else method.default_lr)
+    return TrainRecipe(lr=spec.lr if spec.lr is not None else method.default_lr, precision=spec.precision)
 
 
 def _load(spec: RunSpec) -> tuple:
@@ -291,6 +291,7 @@ def _inference(ctx: RunContext, eval_phase: dict[str, Any]) -> dict[str, Any]:
         warmup_steps=spec.warmup_steps,
         min_window_s=target_window_s(eval_phase.get("energy_kind"), spec.inference_window_s),
         progress=ctx.progress,
+        precision=spec.precision,
     )
 
 
@@ -315,7 +316,12 @@ def _train_and_evaluate(ctx: RunContext, train_meters: list, eval_meters: list) 
     preds = golds = None
     if "diverged_at" not in train_phase:  # every rank agrees on a divergence
         phases["eval"], preds, golds = evaluate(
-            ctx.model, ctx.eval_batches, ctx.io("eval", eval_meters), warmup_steps=spec.warmup_steps, ranks=ranks
+            ctx.model,
+            ctx.eval_batches,
+            ctx.io("eval", eval_meters),
+            warmup_steps=spec.warmup_steps,
+            ranks=ranks,
+            precision=spec.precision,
         )
     for phase in phases.values():
         phase["warnings"] = ctx.timeline_warnings + phase["warnings"]
@@ -341,7 +347,11 @@ def _evaluate_merged(ctx: RunContext, preds) -> dict[str, Any]:
     try:
         merged_model = ctx.method.build_merge()(ctx.model)
         phase, merged_preds, _ = evaluate(
-            merged_model, ctx.eval_batches, ctx.io("eval merged", meters), warmup_steps=ctx.spec.warmup_steps
+            merged_model,
+            ctx.eval_batches,
+            ctx.io("eval merged", meters),
+            warmup_steps=ctx.spec.warmup_steps,
+            precision=ctx.spec.precision,
         )
     except Exception as exc:
         return {"error": f"{type(exc).__name__}: {exc}".strip()}

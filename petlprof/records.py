@@ -57,6 +57,7 @@ class TrainPhase(Phase, total=False):
     epochs_run: float
     first_loss: float | None
     final_loss: float | None
+    overflow_skipped_steps: int  # --precision fp16: steps skipped by the loss scaler (scaled gradients overflowed)
     budget: dict[str, Any]  # petlprof.budget.Budget.summary, with a target or a time limit
     diverged_at: Divergence  # only on a run that diverged
 

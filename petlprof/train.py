@@ -29,7 +29,7 @@ from petlprof.meters import Window
 from petlprof.meters.base import phase_warnings
 from petlprof.meters.latency import StepTimer
 from petlprof.ranks import ONE_PROCESS
-from petlprof.recipe import TrainRecipe
+from petlprof.recipe import FP32, TrainRecipe, autocast
 
 
 @dataclass
@@ -162,15 +162,18 @@ class _Fit:
         self.cache, self.ranks = cache, ranks
         self.optimizer, self.params = recipe.optimizer(model)
         self.schedule = recipe.schedule(self.optimizer, total)
+        self.scaler = recipe.scaler(io.device)  # fp16's loss scaler; a pass-through otherwise
         self.timer = StepTimer(io.device)
-        self.steps, self.samples, self.losses = 0, 0, []
+        self.steps, self.samples, self.losses, self.overflows = 0, 0, [], 0
         self.diverged: dict[str, Any] | None = None  # petlprof.records.Divergence, once a step diverged
 
     def step(self, batch: np.ndarray, bar, measured: bool) -> bool:
         """One optimiser step on the global ``batch``; this rank computes its part of it.  Each rank's
         loss is scaled by its share of the batch times the world size, so the gradient DDP averages is
         the global batch's mean gradient.  False, with the step not applied, when the loss or the
-        gradient norm is not a finite number on some rank (:attr:`diverged` says where)."""
+        gradient norm is not a finite number on some rank (:attr:`diverged` says where); with fp16's
+        loss scaling a non-finite gradient is an overflow of the scaled loss (the step is skipped and
+        the scale lowered, as ``GradScaler`` does) unless the scale is already 1 or less."""
         self.io.progress.at("train", self.steps)
         idx, share = self.ranks.part(batch)
         inputs, labels = self.batches.collate(idx, self.io.device)
@@ -178,16 +181,23 @@ class _Fit:
         with self.recipe.autocast(self.io.device):
             logits = self.model(**inputs) if self.cache is None else self.cache.logits(self.model, inputs, idx)
             loss = loss_fn(logits, labels)
-        (loss * (share * self.ranks.world_size)).backward()
-        norm, value = self.recipe.clip(self.params), float(loss.detach())
-        if self.ranks.any(not (math.isfinite(value) and math.isfinite(norm))):
+        with self.recipe.kernels_checked(self.io.device):
+            self.scaler.scale(loss * (share * self.ranks.world_size)).backward()
+        self.scaler.unscale_(self.optimizer)  # clipping reads the true gradients
+        norm, value, scale = self.recipe.clip(self.params), float(loss.detach()), self.scaler.get_scale()
+        overflow = self.scaler.is_enabled() and scale > 1 and not math.isfinite(norm)
+        if self.ranks.any(not math.isfinite(value) or not (overflow or math.isfinite(norm))):
             self.optimizer.zero_grad(set_to_none=True)
             self.timer.stop(keep=False)
             self.diverged = {"step": self.steps + 1, "loss": str(value), "grad_norm": str(norm)}
             bar.set_postfix(loss=f"{value:.4f}", diverged=True)
             return False
-        self.optimizer.step()
-        self.schedule.step()
+        self.scaler.step(self.optimizer)  # skipped by the scaler on an overflow
+        self.scaler.update()
+        if overflow:
+            self.overflows += 1
+        else:
+            self.schedule.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.timer.stop(keep=measured)
         if measured:
@@ -244,6 +254,8 @@ def train(
     )
     if fit.diverged is not None:  # non-finite numbers as text (JSON has none); the last finite loss is the batch's
         summary["diverged_at"] = {**fit.diverged, "last_finite_loss": losses[-1] if losses else None}
+    if fit.scaler.is_enabled():  # fp16: steps whose scaled gradients overflowed (not applied, scale lowered)
+        summary["overflow_skipped_steps"] = fit.overflows
     if cache is not None:
         summary.update(cache.summary())
     return summary
@@ -261,8 +273,8 @@ def _as_array(tensors: list[torch.Tensor]) -> np.ndarray:
 class _Predictions:
     """What an evaluation collects: this rank's predictions, labels and their positions in the split."""
 
-    def __init__(self, model, batches: Batches, io: PhaseIO, ranks):
-        self.model, self.batches, self.io, self.ranks = model, batches, io, ranks
+    def __init__(self, model, batches: Batches, io: PhaseIO, ranks, precision: str):
+        self.model, self.batches, self.io, self.ranks, self.precision = model, batches, io, ranks, precision
         self.timer = StepTimer(io.device)
         self.preds, self.golds, self.positions, self.samples = [], [], [], 0
 
@@ -275,7 +287,8 @@ class _Predictions:
             return
         inputs, labels = self.batches.collate(idx, self.io.device)
         self.timer.start()
-        logits = self.model(**inputs)
+        with autocast(self.precision, self.io.device):
+            logits = self.model(**inputs)
         self.timer.stop(keep=measured)
         if measured:
             self.samples += len(labels)
@@ -286,14 +299,15 @@ class _Predictions:
 
 @torch.no_grad()
 def evaluate(
-    model, batches: Batches, io: PhaseIO, *, warmup_steps: int, ranks=ONE_PROCESS
+    model, batches: Batches, io: PhaseIO, *, warmup_steps: int, ranks=ONE_PROCESS, precision: str = FP32
 ) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
-    """Predict the whole split; returns (phase summary, predictions, labels).  With several ranks this
-    rank predicts its part of every batch (its summary counts only those) and the predictions and
-    labels returned are the whole split's, gathered from every rank."""
+    """Predict the whole split at ``precision`` (:func:`petlprof.recipe.autocast`); returns (phase summary,
+    predictions, labels).  With several ranks this rank predicts its part of every batch (its summary
+    counts only those) and the predictions and labels returned are the whole split's, gathered from
+    every rank."""
     model.eval()
     warmup = min(warmup_steps, max(len(batches) - 1, 0))
-    seen, window = _Predictions(model, batches, io, ranks), Window(io.meters, io.device)
+    seen, window = _Predictions(model, batches, io, ranks, precision), Window(io.meters, io.device)
     order = enumerate(batches.batch_indices())
     with io.bar(len(batches), "batch", ranks) as bar:
         for step, batch in itertools.islice(order, warmup):

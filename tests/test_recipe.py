@@ -12,7 +12,7 @@ import torch
 
 from petlprof.recipe import TrainRecipe
 
-# (id, recipe, optimizer text, schedule text, precision text)
+# (id, recipe, optimizer text, schedule text, precision text, dtype of a matrix product under its autocast)
 CASES = [
     (
         "default (as every record of schema 1 says)",
@@ -20,6 +20,7 @@ CASES = [
         "AdamW(weight_decay=0.01 on matrices, 0 on biases/norms)",
         "linear, 6% warm-up",
         "float32",
+        torch.float32,
     ),
     (
         "stronger decay, longer warm-up",
@@ -27,13 +28,23 @@ CASES = [
         "AdamW(weight_decay=0.1 on matrices, 0 on biases/norms)",
         "linear, 10% warm-up",
         "float32",
+        torch.float32,
     ),
     (
         "fractional warm-up, bfloat16 autocast",
-        TrainRecipe(lr=1e-3, warmup_fraction=0.025, precision="bfloat16"),
+        TrainRecipe(lr=1e-3, warmup_fraction=0.025, precision="bf16"),
         "AdamW(weight_decay=0.01 on matrices, 0 on biases/norms)",
         "linear, 2.5% warm-up",
-        "bfloat16",
+        "bfloat16 autocast, float32 weights",
+        torch.bfloat16,
+    ),
+    (
+        "float16 autocast with loss scaling",
+        TrainRecipe(lr=1e-3, precision="fp16"),
+        "AdamW(weight_decay=0.01 on matrices, 0 on biases/norms)",
+        "linear, 6% warm-up",
+        "float16 autocast + dynamic loss scaling, float32 weights",
+        torch.float16,
     ),
 ]
 
@@ -43,8 +54,8 @@ def small_model() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.LayerNorm(3))
 
 
-@pytest.mark.parametrize("case, recipe, optimizer, schedule, precision", CASES, ids=[c[0] for c in CASES])
-def test_the_record_describes_what_the_loop_does(case, recipe, optimizer, schedule, precision):
+@pytest.mark.parametrize("case, recipe, optimizer, schedule, precision, dtype", CASES, ids=[c[0] for c in CASES])
+def test_the_record_describes_what_the_loop_does(case, recipe, optimizer, schedule, precision, dtype):
     model = small_model()
     assert recipe.describe(model) == {"optimizer": optimizer, "schedule": schedule, "precision": precision}
 
@@ -66,7 +77,10 @@ def test_the_record_describes_what_the_loop_does(case, recipe, optimizer, schedu
 
     with recipe.autocast("cpu"):
         out = model[0](torch.ones(2, 4))
-    assert str(out.dtype).removeprefix("torch.") == precision
+    assert out.dtype == dtype and model[0].weight.dtype == torch.float32  # master weights stay float32
+    scaler = recipe.scaler("cpu")
+    assert scaler.is_enabled() == (recipe.precision == "fp16")
+    assert float(scaler.scale(torch.tensor(1.0))) == scaler.get_scale()  # 65536 for fp16, 1 otherwise
 
     for p in params:
         p.grad = torch.full_like(p, 10.0)
