@@ -598,7 +598,7 @@ def test_time_to_target_columns_appear_for_budgeted_runs():
     ],
 )
 def test_error_bars_stay_inside_the_metric_range(y, half, metric, below, above):
-    from petlprof.report.plots import _bounded_ci
+    from petlprof.report.plotkit import bounded_interval
 
-    [[low], [high]] = _bounded_ci(y, half, metric)
+    low, high = bounded_interval(y, half, metric)
     assert (low, high) == (pytest.approx(below), pytest.approx(above))

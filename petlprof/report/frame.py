@@ -3,16 +3,16 @@
 :func:`runs_frame` flattens records into one row per run with the cost figures under the names of
 the metric-direction table (``energy_j``, ``peak_memory_bytes``, ``time_s``, ``trainable_params``
 for the train phase; ``eval_*`` for the eval phase) and each quality metric under its own name.
-:func:`summarise` merges a configuration's seeds into one row: the mean of every figure and the
-half-width of its 95% confidence interval (Student's t, ``n - 1`` degrees of freedom; NaN for one
-seed).  :func:`frontier` marks the configurations no other one dominates on a quality metric and a
-cost, per task and backbone, from the seed means; :func:`relative_to` adds the READ paper's
-columns against a reference method (``full``).  Missing figures are NaN, never an error.
+:func:`summarise` merges a configuration's seeds into one row: the mean of every figure, the
+half-width of its 95% confidence interval (Student's t, ``n - 1`` degrees of freedom) and its
+standard error (NaN for one seed).  :func:`frontier` marks the configurations no other one
+dominates on a quality metric and a cost, per task and backbone, from the seed means;
+:func:`relative_to` adds the READ paper's columns against a reference method (``full``).  Missing
+figures are NaN, never an error.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -22,6 +22,7 @@ import pandas as pd
 
 from petlprof.metrics import METRIC_DIRECTIONS, direction
 from petlprof.pareto import pareto_front
+from petlprof.report.intervals import ci_half_width, standard_error
 from petlprof.report.records import config_key, config_label, field, number
 
 GROUP = ["task", "backbone"]  # a frontier is drawn within one task and backbone
@@ -37,7 +38,14 @@ PHASE_FIGURES = {  # column suffix -> keys inside a phase
 }
 PHASE_TEXT = ("energy_kind", "energy_source", "energy_model", "memory_source")
 COSTS = ("energy_j", "peak_memory_bytes", "time_s", "trainable_params")
-CONFIDENCE = 0.95
+TARGET_FIGURES = (  # the budget's cost-to-target figures (None when not reached; the last three are newer)
+    "time_to_target_s",
+    "energy_to_target_j",
+    "check_time_s",
+    "check_energy_j",
+    "time_to_target_without_checks_s",
+    "energy_to_target_without_checks_j",
+)
 
 
 def objective_direction(name: str) -> str:
@@ -70,8 +78,9 @@ def _row(record: Mapping[str, Any]) -> dict[str, Any]:
         "stop_reason": field(record, "train", "budget", "stop_reason"),
         "target_reached": field(record, "train", "budget", "reached"),
         "steps_to_target": number(record, "train", "budget", "reached_at_step"),
-        "time_to_target_s": number(record, "train", "budget", "time_to_target_s"),
-        "energy_to_target_j": number(record, "train", "budget", "energy_to_target_j"),
+        **{name: number(record, "train", "budget", name) for name in TARGET_FIGURES},
+        "target_metric": field(record, "train", "budget", "target_metric"),
+        "target_value": number(record, "train", "budget", "target_value"),
         "diverged_at_step": number(record, "diverged_at", "step"),
         "warnings": "; ".join(record["warnings"]) if isinstance(record.get("warnings"), list) else None,
     }
@@ -119,8 +128,8 @@ def runs_frame(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
         "trainable_params",
         "total_params",
         "steps_to_target",
-        "time_to_target_s",
-        "energy_to_target_j",
+        *TARGET_FIGURES,
+        "target_value",
         "diverged_at_step",
         *metrics,
         *(prefix + column for prefix in ("", "eval_") for column in PHASE_FIGURES),
@@ -130,26 +139,8 @@ def runs_frame(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     return frame
 
 
-def ci_half_width(values: Sequence[float], confidence: float = CONFIDENCE) -> float:
-    """Half-width of the t-distribution confidence interval of the mean; NaN below two values."""
-    clean = [float(v) for v in values if v is not None and not math.isnan(float(v))]
-    n = len(clean)
-    if n < 2:
-        return math.nan
-    mean = math.fsum(clean) / n
-    sem = math.sqrt(math.fsum((v - mean) ** 2 for v in clean) / (n - 1) / n)  # sample sd (ddof=1) / sqrt(n)
-    return _t_quantile((1 + confidence) / 2, n - 1) * sem
-
-
-@functools.cache
-def _t_quantile(p: float, dof: int) -> float:
-    from scipy import stats
-
-    return float(stats.t.ppf(p, dof))
-
-
 def _numeric_columns(frame: pd.DataFrame) -> list[str]:
-    skip = set(CONFIG) | {"seed", "knob_value", "target_reached", "diverged_at_step"}
+    skip = set(CONFIG) | {"seed", "knob_value", "target_reached", "target_value", "diverged_at_step"}
     return [c for c in frame.columns if c not in skip and pd.api.types.is_numeric_dtype(frame[c])]
 
 
@@ -173,11 +164,14 @@ def summarise(runs: pd.DataFrame, ok_only: bool = True) -> pd.DataFrame:
             pareto_knob=group["pareto_knob"].iloc[0],
             knob_value=group["knob_value"].iloc[0],
             primary_metric=group["primary_metric"].iloc[0],
+            target_metric=group["target_metric"].iloc[0],
+            target_value=group["target_value"].iloc[0],
         )
         for column in numeric:
             values = group[column].dropna()
             row[column] = float(values.mean()) if len(values) else math.nan
             row[f"{column}_ci95"] = ci_half_width(values.tolist())
+            row[f"{column}_se"] = standard_error(values.tolist())
         for column in ("energy_kind", "eval_energy_kind"):
             kinds = set(group[column].dropna()) if column in group else set()
             row[column] = "estimated" if "estimated" in kinds else (kinds.pop() if len(kinds) == 1 else None)

@@ -3,7 +3,10 @@ train time and trainable parameters, as PNG and SVG.
 
 One figure per (task, backbone, primary metric) and cost.  Each method has one colour and marker
 and its grid points (ordered by its Pareto knob) are joined by a line; each point is the mean over
-the configuration's seeds with 95% confidence-interval bars (Student's t) when it has several.  The
+the configuration's seeds with thin bars when it has several: the 95% confidence interval (Student's
+t) or ± 1 standard error (``interval``, :mod:`petlprof.report.intervals`), said in the legend.  The
+axes follow the means (:mod:`petlprof.report.plotkit`); a bar that runs past them is cut at the edge
+and marked with a caret, and the legend counts those.  The
 overall frontier (from :func:`petlprof.report.frame.frontier` and the metric-direction table) is a
 dashed step line with its points ringed.  Axis labels carry units and say ``estimated`` where any
 plotted figure is an estimate.  Point labels are placed so they do not overlap each other or the
@@ -26,35 +29,24 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from petlprof.metrics import METRIC_RANGES, direction
+from petlprof.metrics import direction
 from petlprof.report.frame import frontier, knob_sort_value, runs_frame
+from petlprof.report.intervals import DEFAULT_INTERVAL, caption, check_interval
+from petlprof.report.plotkit import (
+    COST,
+    Bars,
+    axis_limits,
+    bar_legend,
+    bounded_interval,
+    clipped_caption,
+    draw_bars,
+    place_labels,
+)
 from petlprof.report.records import BYTES_PER_MIB, MISSING, distinct, text
 
 MARKERS = "osD^vP*Xh<>p"
 LOG_SPREAD = 10.0  # a cost axis goes logarithmic when its largest value exceeds this times its smallest
 FORMATS = ("png", "svg")
-LABEL_OFFSETS = (
-    (7, 6),
-    (7, -7),
-    (-7, 6),
-    (-7, -7),
-    (0, 11),
-    (0, -11),
-    (12, 0),
-    (-12, 0),
-    (12, 12),
-    (-12, -12),
-    (12, -12),
-    (-12, 12),
-    (0, 18),
-    (0, -18),
-    (-20, -20),
-    (20, -20),
-    (-20, 20),
-    (20, 20),
-    (0, -28),
-    (0, 28),
-)
 
 
 @dataclass(frozen=True)
@@ -110,6 +102,8 @@ class PlotResult:
     on_front: list[str] = dataclass_field(default_factory=list)
     runs: int = 0
     configs: int = 0
+    caption: str = ""  # what the bars are, and how many were cut at the axes
+    clipped: list[str] = dataclass_field(default_factory=list)  # "<method config>: x high", ...
 
     @property
     def path(self) -> Path | None:
@@ -117,7 +111,7 @@ class PlotResult:
         return next((p for p in self.paths if p.suffix == ".png"), None)
 
 
-def _slug(value: str) -> str:
+def file_slug(value: str) -> str:
     """A file-name-safe form of a task, backbone or metric name."""
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", value).strip("-.") or "unnamed"
 
@@ -149,163 +143,104 @@ def point_label(row: Mapping[str, Any]) -> str | None:
     return None if row.get("config") in (None, MISSING) else str(row["config"])
 
 
-def _ci(value: Any, factor: float) -> float:
-    return 0.0 if value is None or math.isnan(value) else float(value) * factor
-
-
-COST = "cost"  # energy, memory, time and parameter counts are never negative
-
-
-def _bounded_ci(y: float, half_width: Any, metric: str) -> Any:
-    """The interval y ± half_width cut to the metric's range (accuracy cannot pass 1, nor energy fall
-    below 0, however few the seeds), as matplotlib's [[below], [above]]."""
-    half = _ci(half_width, 1.0)
-    low, high = (0.0, math.inf) if metric == COST else METRIC_RANGES.get(metric, (-math.inf, math.inf))
-    return [[max(min(half, y - low), 0.0)], [max(min(half, high - y), 0.0)]]
-
-
-def _place_labels(
-    fig: Figure, ax, items: list[tuple[float, float, str, str]], rings: list[tuple[float, float]]
-) -> None:
-    """Annotate points so labels overlap neither each other nor any marker or frontier ring, trying
-    offsets in turn (the least-overlapping one when none is free)."""
-    fig.canvas.draw()  # lays the figure out, so display coordinates are final
-    renderer = fig.canvas.get_renderer()
-    taken = []
-    for points, half in ((((x, y) for x, y, _, _ in items), 7), (rings, 13)):
-        for x, y in points:
-            px, py = ax.transData.transform((x, y))
-            taken.append((px - half, py - half, px + half, py + half))
-    frame = ax.get_window_extent(renderer)
-
-    def cost(box) -> float:
-        inside = box.x0 >= frame.x0 and box.x1 <= frame.x1 and box.y0 >= frame.y0 and box.y1 <= frame.y1
-        area = sum(
-            max(0.0, min(box.x1, b[2]) - max(box.x0, b[0])) * max(0.0, min(box.y1, b[3]) - max(box.y0, b[1]))
-            for b in taken
-        )
-        return area + (0.0 if inside else 1e6)
-
-    for x, y, label, colour in items:
-        best = None
-        for dx, dy in LABEL_OFFSETS:
-            ha = "left" if dx > 0 else "right" if dx < 0 else "center"
-            note = ax.annotate(
-                label,
-                (x, y),
-                xytext=(dx, dy),
-                textcoords="offset points",
-                fontsize=7,
-                color=colour,
-                ha=ha,
-                va="bottom" if dy >= 0 else "top",
-                zorder=4,
-                bbox={"boxstyle": "round,pad=0.1", "facecolor": "white", "edgecolor": "none", "alpha": 0.8},
-                arrowprops={"arrowstyle": "-", "color": colour, "linewidth": 0.6, "shrinkA": 0, "shrinkB": 4},
-            )  # a leader line ties a displaced label to its point
-            box = note.get_window_extent(renderer)
-            score = cost(box)
-            if best is None or score < best[0]:
-                if best is not None:
-                    best[1].remove()
-                best = (score, note, box)
-            else:
-                note.remove()
-            if score == 0:
-                break
-        taken.append((best[2].x0, best[2].y0, best[2].x1, best[2].y1))
-
-
-def draw(configs: pd.DataFrame, y: str, metric: str, axis: CostAxis, xlabel: str, title: str, ax=None) -> Figure:
-    """Draw one Pareto plot of per-configuration rows (from :func:`frontier`, with ``on_front``):
-    column ``y`` (the quality ``metric``) against ``axis``; into ``ax`` if given, else a new figure."""
+def new_axes(ax=None, figsize: tuple[float, float] = (10, 6)):
+    """(figure, axes): ``ax`` and its figure, or a new figure on the Agg canvas."""
     if ax is None:
-        fig = Figure(figsize=(10, 6), layout="constrained")
+        fig = Figure(figsize=figsize, layout="constrained")
         FigureCanvasAgg(fig)
         ax = fig.add_subplot()
-    fig = ax.get_figure()
-    y_col = y
-    x_col, x_ci = axis.column, f"{axis.column}_ci95"
+    return ax.get_figure(), ax
+
+
+def _knob_order(rows: pd.DataFrame, x_col: str) -> pd.DataFrame:
+    """A method's grid points in the order of its knob (then cost), as its line joins them."""
+    keys = [(knob_sort_value(rows.iloc[k]["knob_value"]), rows.iloc[k][x_col]) for k in range(len(rows))]
+    return rows.iloc[sorted(range(len(rows)), key=keys.__getitem__)]
+
+
+def _set_limits(ax, configs: pd.DataFrame, x_col: str, y_col: str, factor: float) -> None:
+    """Axes that follow the means (log x where they spread past LOG_SPREAD), not the bars."""
+    xs = list(configs[x_col] * factor)
+    log = wants_log_scale(xs)
+    if log:
+        ax.set_xscale("log")
+    ax.set_xlim(*axis_limits(xs, log=log))
+    ax.set_ylim(*axis_limits(list(configs[y_col])))
+
+
+def draw(
+    configs: pd.DataFrame,
+    y: str,
+    metric: str,
+    axis: CostAxis,
+    xlabel: str,
+    title: str,
+    ax=None,
+    interval: str = DEFAULT_INTERVAL,
+) -> Figure:
+    """Draw one Pareto plot of per-configuration rows (from :func:`frontier`, with ``on_front``):
+    column ``y`` (the quality ``metric``) against ``axis``, bars of kind ``interval``; into ``ax``
+    if given, else a new figure."""
+    return draw_pareto(configs, y, metric, axis, xlabel, title, ax, interval)[0]
+
+
+def draw_pareto(configs, y, metric, axis, xlabel, title, ax=None, interval=DEFAULT_INTERVAL):
+    """:func:`draw`, returning (figure, caption, the bar ends cut at the axes as ``<config>: x high``)."""
+    fig, ax = new_axes(ax)
+    x_col, suffix = axis.column, f"_{check_interval(interval)}"
+    _set_limits(ax, configs, x_col, y, axis.factor)
     mixed = axis.kind_column is not None and configs[axis.kind_column].nunique() > 1
-    labels, handles = [], []
+    labels, handles, clipped = [], [], []
     for i, method in enumerate(sorted(configs["method"].unique())):
         colour, marker = f"C{i % 10}", MARKERS[i % len(MARKERS)]
-        rows = configs[configs["method"] == method]
-        rows = rows.iloc[
-            sorted(range(len(rows)), key=lambda k: (knob_sort_value(rows.iloc[k]["knob_value"]), rows.iloc[k][x_col]))
-        ]
-        xs, ys = rows[x_col] * axis.factor, rows[y_col]
+        rows = _knob_order(configs[configs["method"] == method], x_col)
+        xs, ys = rows[x_col] * axis.factor, rows[y]
         if len(rows) > 1:
             ax.plot(xs, ys, "-", color=colour, alpha=0.55, linewidth=1.2, zorder=1)
-        for (_, row), x, y in zip(rows.iterrows(), xs, ys):
+        for (_, row), x, y_mean in zip(rows.iterrows(), xs, ys):
             hollow = mixed and row.get(axis.kind_column) == "estimated"
-            ax.errorbar(
+            ax.plot(
                 x,
-                y,
-                xerr=_bounded_ci(x, _ci(row.get(x_ci), axis.factor), COST),
-                yerr=_bounded_ci(y, row.get(f"{y_col}_ci95"), metric),
-                fmt=marker,
+                y_mean,
+                marker=marker,
                 color=colour,
                 markersize=7,
-                capsize=3,
-                elinewidth=1,
+                linestyle="",
                 zorder=2,
                 markerfacecolor="none" if hollow else colour,
             )
+            x_half = row.get(x_col + suffix, float("nan")) * axis.factor
+            bars = Bars(*bounded_interval(x, x_half, COST), *bounded_interval(y_mean, row.get(y + suffix), metric))
+            name = f"{method} {row['config']}" if row["config"] != MISSING else method
+            clipped += [f"{name}: {end}" for end in draw_bars(ax, x, y_mean, bars, colour)]
             note = point_label(row)
             if note:
-                labels.append((x, y, note, colour))
+                labels.append((x, y_mean, note, colour))
         knob = rows["pareto_knob"].dropna()
         name = f"{method} ({knob.iloc[0]} = point label)" if len(knob) else method
         handles.append(Line2D([], [], color=colour, marker=marker, linestyle="-" if len(rows) > 1 else "", label=name))
     best = configs[configs["on_front"]].sort_values(x_col)
-    front_x, front_y = best[x_col] * axis.factor, best[y_col]
+    front_x, front_y = best[x_col] * axis.factor, best[y]
     ax.step(front_x, front_y, where="post", color="black", linestyle="--", linewidth=1, zorder=0)
     ax.scatter(front_x, front_y, s=230, facecolors="none", edgecolors="black", linewidths=1.2, zorder=3)
-    handles.append(
-        Line2D(
-            [],
-            [],
-            color="black",
-            linestyle="--",
-            marker="o",
-            markerfacecolor="none",
-            markersize=11,
-            label="Pareto frontier (ringed points)",
-        )
-    )
-    if (configs["n_seeds"] > 1).any():
-        seeds = sorted({int(n) for n in configs["n_seeds"]})
-        handles.append(
-            Line2D(
-                [],
-                [],
-                color="grey",
-                marker="|",
-                markersize=10,
-                linestyle="-",
-                label=f"mean ± 95% CI over {'/'.join(map(str, seeds))} seeds (t)",
-            )
-        )
-    else:
-        handles.append(Line2D([], [], linestyle="", label="one seed: no error bars"))
-    lows = (configs[x_col] - configs[x_ci].fillna(0)) * axis.factor
-    if wants_log_scale(list(lows.clip(lower=0)) + list(configs[x_col] * axis.factor)):
-        ax.set_xscale("log")
+    ring = {"marker": "o", "markerfacecolor": "none", "markersize": 11}
+    handles.append(Line2D([], [], color="black", linestyle="--", label="Pareto frontier (ringed points)", **ring))
+    bars_are = caption(interval, list(configs["n_seeds"]))
+    handles += bar_legend(bars_are, len(clipped))
     ax.set_xlabel(xlabel + (" [log scale]" if ax.get_xscale() == "log" else ""))
     unit = "fraction, " if metric == "accuracy" else ""
     ax.set_ylabel(f"{metric} on eval set ({unit}{direction(metric)} is better)")
     ax.set_title(title, fontsize=11)
     ax.grid(True, which="major", alpha=0.3)
     ax.grid(True, which="minor", alpha=0.08)
-    ax.margins(x=0.08, y=0.12)
     ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-    _place_labels(fig, ax, labels, list(zip(front_x, front_y)))
-    return fig
+    place_labels(fig, ax, labels, list(zip(front_x, front_y)))
+    return fig, clipped_caption(bars_are, len(clipped)), clipped
 
 
-def pareto_plot(runs: pd.DataFrame, result: PlotResult, stem: Path) -> PlotResult:
-    """Fill ``result`` by plotting ``runs`` (one task/backbone/metric) against its cost to ``stem``.png/.svg."""
+def pareto_plot(runs: pd.DataFrame, result: PlotResult, stem: Path, interval: str = DEFAULT_INTERVAL) -> PlotResult:
+    """Fill ``result`` by plotting ``runs`` (one task/backbone/metric) against its cost to ``stem``.png/.svg,
+    with bars of kind ``interval``."""
     if result.metric == MISSING:
         result.skipped = "the runs record no primary metric"
         return result
@@ -327,7 +262,10 @@ def pareto_plot(runs: pd.DataFrame, result: PlotResult, stem: Path) -> PlotResul
     configs = frontier(plotted, x=column, y=result.metric)
     title = f"{result.metric} vs {result.axis.title.lower()} — backbone {result.backbone}, task {result.task}"
     result.paths = [stem.parent / f"{stem.name}.{fmt}" for fmt in FORMATS]
-    fig = draw(configs, result.metric, result.metric, result.axis, cost_label(result.axis, plotted), title)
+    xlabel = cost_label(result.axis, plotted)
+    fig, result.caption, result.clipped = draw_pareto(
+        configs, result.metric, result.metric, result.axis, xlabel, title, interval=interval
+    )
     for path in result.paths:
         fig.savefig(path, dpi=120)
     result.runs, result.configs = len(plotted), len(configs)
@@ -336,8 +274,11 @@ def pareto_plot(runs: pd.DataFrame, result: PlotResult, stem: Path) -> PlotResul
     return result
 
 
-def pareto_figures(records: Sequence[Mapping[str, Any]], out_dir: Path) -> list[PlotResult]:
-    """Draw every Pareto plot ``records`` allow into ``out_dir``: per task, backbone and metric, one per cost.
+def pareto_figures(
+    records: Sequence[Mapping[str, Any]], out_dir: Path, interval: str = DEFAULT_INTERVAL
+) -> list[PlotResult]:
+    """Draw every Pareto plot ``records`` allow into ``out_dir``: per task, backbone and metric, one per
+    cost, with bars of kind ``interval``.
 
     File names are ``pareto_<metric>_vs_<cost>.{png,svg}``, with ``_<task>`` (and ``_<backbone>``)
     added when the records span several tasks (backbones).
@@ -352,8 +293,10 @@ def pareto_figures(records: Sequence[Mapping[str, Any]], out_dir: Path) -> list[
     several_tasks, several_backbones = keys["task"].nunique() > 1, keys["backbone"].nunique() > 1
     results = []
     for (task, backbone, metric), index in sorted(keys.groupby(list(keys.columns)).groups.items()):
-        suffix = (f"_{_slug(task)}" if several_tasks else "") + (f"_{_slug(backbone)}" if several_backbones else "")
+        suffix = (f"_{file_slug(task)}" if several_tasks else "") + (
+            f"_{file_slug(backbone)}" if several_backbones else ""
+        )
         for axis in COST_AXES:
-            stem = out_dir / f"pareto_{_slug(metric)}_vs_{axis.slug}{suffix}"
-            results.append(pareto_plot(runs.loc[index], PlotResult(task, backbone, metric, axis), stem))
+            stem = out_dir / f"pareto_{file_slug(metric)}_vs_{axis.slug}{suffix}"
+            results.append(pareto_plot(runs.loc[index], PlotResult(task, backbone, metric, axis), stem, interval))
     return results

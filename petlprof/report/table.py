@@ -15,10 +15,12 @@ from petlprof.errors import unknown_choice
 from petlprof.report.records import (
     BYTES_PER_MIB,
     MISSING,
+    config_key,
     config_label,
     distinct,
     field,
     is_ok,
+    is_random_init,
     number,
     short_error,
     sort_key,
@@ -62,12 +64,13 @@ def _scaled(*keys: str, factor: float, decimals: int) -> Callable[[Mapping[str, 
 
 
 def _metric(name: str) -> Callable[[Mapping[str, Any]], str]:
-    """A cell getter for a quality metric, shown only on the runs whose primary metric it is."""
+    """A cell getter for a quality metric, shown only on the runs whose primary metric it is (and
+    marked cost-only on runs with random weights)."""
 
     def cell(record: Mapping[str, Any]) -> str:
         if record.get("primary_metric") != name:
             return MISSING
-        return _fixed(number(record, "metrics", name), 4)
+        return _cost_only(_fixed(number(record, "metrics", name), 4), is_random_init(record))
 
     return cell
 
@@ -105,6 +108,11 @@ def columns(records: Sequence[Mapping[str, Any]]) -> list[Column]:
     return cols
 
 
+def _cost_only(score: str, random_init: bool) -> str:
+    """A score as shown: marked when the run had random weights (--random-init), so it is not read as the method's."""
+    return f"{score} (cost-only)" if random_init and score != MISSING else score
+
+
 def _render_text(headers: list[str], rows: list[list[str]], numeric: list[bool]) -> str:
     """An aligned plain-text table: numbers right-aligned, text left-aligned, a rule under the header."""
     widths = [max(len(cell) for cell in column) for column in zip(headers, *rows)]
@@ -117,7 +125,7 @@ def _render_text(headers: list[str], rows: list[list[str]], numeric: list[bool])
     return "\n".join([line(headers), rule, *(line(row) for row in rows)])
 
 
-def _render_markdown(headers: list[str], rows: list[list[str]], numeric: list[bool]) -> str:
+def render_markdown(headers: list[str], rows: list[list[str]], numeric: list[bool]) -> str:
     """A GitHub Markdown table with numeric columns right-aligned; pipes in cells are escaped."""
 
     def line(cells: list[str]) -> str:
@@ -140,7 +148,7 @@ def summary_table(records: Sequence[Mapping[str, Any]], fmt: str = "text") -> st
     headers = [c.header for c in cols]
     numeric = [c.numeric for c in cols]
     rows = [[c.cell(r) for c in cols] for r in sorted(records, key=sort_key)]
-    render = _render_text if fmt == "text" else _render_markdown
+    render = _render_text if fmt == "text" else render_markdown
     return render(headers, rows, numeric)
 
 
@@ -185,6 +193,7 @@ def configuration_tables(records: Sequence[Mapping[str, Any]]) -> list[tuple[str
     from petlprof.report.plots import COST_AXES
 
     runs = runs_frame(records)
+    random_init = {config_key(r) for r in records if is_random_init(r)}  # configurations whose score is meaningless
     ok = runs[runs["status"] == "ok"]
     if ok.empty:
         return []
@@ -195,12 +204,12 @@ def configuration_tables(records: Sequence[Mapping[str, Any]]) -> list[tuple[str
         for i in configs.index[marks.to_numpy()]:
             configs.at[i, "fronts"].append(axis.slug)
     return [
-        (text(task), text(backbone), _configuration_table(group))
+        (text(task), text(backbone), _configuration_table(group, random_init))
         for (task, backbone), group in configs.groupby(["task", "backbone"], sort=True, dropna=False)
     ]
 
 
-def _configuration_table(group) -> str:
+def _configuration_table(group, random_init: set[str]) -> str:
     """The Markdown table of one task and backbone's configurations (rows of :func:`summarise`)."""
     from petlprof.report.frame import knob_sort_value
 
@@ -241,11 +250,11 @@ def _configuration_table(group) -> str:
     if budget:  # time-to-accuracy runs: how many seeds reached the target, and at what cost (means over those)
         headers += ["reached target (seeds)", "steps to target", "time to target (s)", "energy to target (J)"]
         numeric += [True] * 4
-    rows = [_configuration_row(row, optional, budget) for _, row in group.iterrows()]
-    return _render_markdown(headers, rows, numeric)
+    rows = [_configuration_row(row, optional, budget, row["config_key"] in random_init) for _, row in group.iterrows()]
+    return render_markdown(headers, rows, numeric)
 
 
-def _configuration_row(row, optional: list[tuple[str, str, float, int]], budget: bool) -> list[str]:
+def _configuration_row(row, optional: list[tuple[str, str, float, int]], budget: bool, random_init: bool) -> list[str]:
     reference = row["method"] == REFERENCE
 
     def rel(cost: str) -> str:
@@ -255,8 +264,8 @@ def _configuration_row(row, optional: list[tuple[str, str, float, int]], budget:
         text(row["method"]),
         text(row["config"]),
         str(int(row["n_seeds"])),
-        _mean_ci(row, "quality", 1.0, 4),
-        "ref" if reference else _signed(row.get(f"quality_vs_{REFERENCE}"), ".4f"),
+        _cost_only(_mean_ci(row, "quality", 1.0, 4), random_init),
+        _cost_only("ref" if reference else _signed(row.get(f"quality_vs_{REFERENCE}"), ".4f"), random_init),
         _fixed(row.get("trainable_params"), 0),
         rel("trainable_params"),
         _mean_ci(row, "time_s", 1.0, 1),

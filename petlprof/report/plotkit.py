@@ -1,0 +1,168 @@
+"""Drawing pieces the report's plots share: axis limits that follow the points, thin error bars cut
+at the axes and marked where they run off, the legend entries that say what the bars are, and point
+labels placed where they overlap nothing.
+
+An axis spans the plotted means with a margin (:func:`axis_limits`), never the bars: a two-seed
+interval can be 25 standard errors wide and would otherwise squeeze every point into a corner.  A bar
+that runs past an axis is drawn up to the edge and ends there in a caret pointing off the axes
+instead of a cap (:func:`bar_ends`, :func:`draw_bars`), and the legend says how many were cut.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+
+from petlprof.metrics import METRIC_RANGES
+
+MARGIN = 0.08  # of the span of the means, on each side of an axis
+COST = "cost"  # energy, memory, time and parameter counts are never negative
+BAR = {"linewidth": 0.8, "alpha": 0.75, "zorder": 1.5}  # thin bars under the markers
+CAP_SIZE = 4  # points: a small cap where a bar ends inside the axes
+CARET_SIZE = 5  # points: the caret where a bar is cut at the axes' edge
+CARETS = {("x", "low"): "<", ("x", "high"): ">", ("y", "low"): "v", ("y", "high"): "^"}
+CLIPPED_NOTE = "bar cut at the axes' edge (runs further): caret"
+LABEL_OFFSETS = (
+    *((7, 6), (7, -7), (-7, 6), (-7, -7), (0, 11), (0, -11), (12, 0), (-12, 0), (12, 12), (-12, -12)),
+    *((12, -12), (-12, 12), (0, 18), (0, -18), (-20, -20), (20, -20), (-20, 20), (20, 20), (0, -28), (0, 28)),
+)
+
+
+def bounded_interval(y: float, half_width: Any, metric: str) -> tuple[float, float]:
+    """(below, above) of the interval y ± half_width cut to the metric's range (accuracy cannot pass
+    1, nor energy fall below 0, however few the seeds); (0, 0) for no interval (one seed)."""
+    half = 0.0 if half_width is None or math.isnan(half_width) else float(half_width)
+    low, high = (0.0, math.inf) if metric == COST else METRIC_RANGES.get(metric, (-math.inf, math.inf))
+    return max(min(half, y - low), 0.0), max(min(half, high - y), 0.0)
+
+
+def axis_limits(values: Sequence[float], log: bool = False, margin: float = MARGIN) -> tuple[float, float]:
+    """Limits spanning ``values`` (the means) with ``margin`` of their span on each side, in log space
+    for a log axis; a single value gets ±``margin`` of itself (±``margin`` around 0)."""
+    finite = [float(v) for v in values if v is not None and not math.isnan(v)]
+    if log and any(v <= 0 for v in finite):
+        raise ValueError(f"a log axis needs positive values, got {sorted(finite)}")
+    points = [math.log10(v) for v in finite] if log else finite
+    if not points:
+        return (0.0, 1.0)
+    low, high = min(points), max(points)
+    pad = margin * (high - low) if high > low else (margin if log or low == 0 else margin * abs(low))
+    low, high = low - pad, high + pad
+    return (10**low, 10**high) if log else (low, high)
+
+
+def bar_ends(centre: float, below: float, above: float, limits: tuple[float, float]) -> tuple[float, float, bool, bool]:
+    """(low end, high end, cut at low, cut at high) of the bar centre - below .. centre + above drawn
+    within ``limits``; an end that would leave the axes is cut at the edge (a cost bar reaching 0 is
+    cut at the edge of a log axis too)."""
+    low, high = centre - below, centre + above
+    cut_low, cut_high = low < limits[0], high > limits[1]
+    return max(low, limits[0]), min(high, limits[1]), cut_low, cut_high
+
+
+@dataclass
+class Bars:
+    """The bars of one point: half-widths below and above, on x and y (0 where there is none)."""
+
+    x_below: float = 0.0
+    x_above: float = 0.0
+    y_below: float = 0.0
+    y_above: float = 0.0
+
+
+def draw_bars(ax, x: float, y: float, bars: Bars, colour: str) -> list[str]:
+    """Draw a point's thin bars within the axes' current limits: a small cap where a bar ends inside,
+    a caret at the edge where it runs off; return the cut ends as ``x low``, ``y high``, ..."""
+    cut = []
+    for name, centre, below, above in (("x", x, bars.x_below, bars.x_above), ("y", y, bars.y_below, bars.y_above)):
+        if below <= 0 and above <= 0:
+            continue
+        limits = ax.get_xlim() if name == "x" else ax.get_ylim()
+        low, high, cut_low, cut_high = bar_ends(centre, below, above, limits)
+        xs, ys = ((low, high), (y, y)) if name == "x" else ((x, x), (low, high))
+        ax.plot(xs, ys, color=colour, solid_capstyle="butt", **BAR)
+        for end, is_cut, side in ((low, cut_low, "low"), (high, cut_high, "high")):
+            if end == centre:
+                continue
+            point = (end, y) if name == "x" else (x, end)
+            if is_cut:
+                cut.append(f"{name} {side}")
+                ax.plot(*point, marker=CARETS[name, side], color=colour, markersize=CARET_SIZE, clip_on=False, zorder=3)
+            else:
+                cap = "|" if name == "x" else "_"
+                ax.plot(*point, marker=cap, color=colour, markersize=CAP_SIZE, markeredgewidth=BAR["linewidth"])
+    return cut
+
+
+def bar_legend(caption: str, cut: int) -> list[Line2D]:
+    """Legend entries saying what the bars are and, when ``cut`` bars ran off the axes, how they are marked."""
+    handles = [Line2D([], [], color="grey", marker="|", markersize=8, linewidth=0.8, label=caption)]
+    if cut:
+        handles.append(
+            Line2D(
+                [], [], color="grey", marker=">", markersize=CARET_SIZE, linestyle="", label=f"{CLIPPED_NOTE} ({cut})"
+            )
+        )
+    return handles
+
+
+def clipped_caption(caption: str, cut: int) -> str:
+    """The caption of a plot: what its bars are, and how many run off the axes."""
+    if not cut:
+        return caption
+    return f"{caption}; {cut} bar end(s) run past the axes: cut at the edge and marked with a caret"
+
+
+def place_labels(fig: Figure, ax, items: list[tuple[float, float, str, str]], rings: list[tuple[float, float]]) -> None:
+    """Annotate points so labels overlap neither each other nor any marker or frontier ring, trying
+    offsets in turn (the least-overlapping one when none is free)."""
+    fig.canvas.draw()  # lays the figure out, so display coordinates are final
+    renderer = fig.canvas.get_renderer()
+    taken = []
+    for points, half in ((((x, y) for x, y, _, _ in items), 7), (rings, 13)):
+        for x, y in points:
+            px, py = ax.transData.transform((x, y))
+            taken.append((px - half, py - half, px + half, py + half))
+    frame = ax.get_window_extent(renderer)
+
+    def cost(box) -> float:
+        inside = box.x0 >= frame.x0 and box.x1 <= frame.x1 and box.y0 >= frame.y0 and box.y1 <= frame.y1
+        area = sum(
+            max(0.0, min(box.x1, b[2]) - max(box.x0, b[0])) * max(0.0, min(box.y1, b[3]) - max(box.y0, b[1]))
+            for b in taken
+        )
+        return area + (0.0 if inside else 1e6)
+
+    for x, y, label, colour in items:
+        best = None
+        for dx, dy in LABEL_OFFSETS:
+            ha = "left" if dx > 0 else "right" if dx < 0 else "center"
+            note = ax.annotate(
+                label,
+                (x, y),
+                xytext=(dx, dy),
+                textcoords="offset points",
+                fontsize=7,
+                color=colour,
+                ha=ha,
+                va="bottom" if dy >= 0 else "top",
+                zorder=4,
+                bbox={"boxstyle": "round,pad=0.1", "facecolor": "white", "edgecolor": "none", "alpha": 0.8},
+                arrowprops={"arrowstyle": "-", "color": colour, "linewidth": 0.6, "shrinkA": 0, "shrinkB": 4},
+            )  # a leader line ties a displaced label to its point
+            box = note.get_window_extent(renderer)
+            score = cost(box)
+            if best is None or score < best[0]:
+                if best is not None:
+                    best[1].remove()
+                best = (score, note, box)
+            else:
+                note.remove()
+            if score == 0:
+                break
+        taken.append((best[2].x0, best[2].y0, best[2].x1, best[2].y1))
