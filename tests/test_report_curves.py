@@ -1,0 +1,82 @@
+"""Learning curves from the target checks: which runs give points, the mean over the seeds still
+training at each step, which targets get a line, and the files written."""
+
+from __future__ import annotations
+
+import pytest
+
+from petlprof.report.curves import curve_frame, learning_curve_figures, mean_curve, target_lines
+
+
+def record(method, seed, checks, target=0.6, status="ok", config=None, task="tweets3"):
+    return {
+        "status": status,
+        "method": method,
+        "method_config": config or {},
+        "method_config_changed": [],
+        "task": task,
+        "backbone": "minilm",
+        "seed": seed,
+        "train": {
+            "budget": {
+                "target_metric": "accuracy",
+                "target_value": target,
+                "check_eval_size": 300,
+                "eval_every_steps": 4,
+                "checks": [{"step": s, "value": v, "elapsed_s": 1.0} for s, v in checks],
+            }
+        },
+    }
+
+
+RECORDS = [
+    record("full", 0, [(4, 0.40), (8, 0.50), (12, 0.62)]),  # reached 0.6 at step 12
+    record("full", 1, [(4, 0.44), (8, 0.52), (12, 0.58), (16, 0.61)]),
+    record("read", 0, [(4, 0.30), (8, 0.35)]),
+    record("read", 1, [(4, 0.50)], status="failed"),  # not ok: no points
+    {"status": "ok", "method": "lora", "seed": 0, "task": "tweets3", "backbone": "minilm", "train": {}},  # no budget
+]
+
+
+def test_the_frame_holds_every_check_of_every_ok_run_with_a_budget():
+    frame = curve_frame(RECORDS)
+    assert sorted(frame["label"].unique()) == ["full", "read"]
+    assert len(frame) == 3 + 4 + 2
+    assert set(frame["slice"]) == {300} and set(frame["every"]) == {4}
+
+
+MEAN_CASES = [
+    # (label, expected (step, mean, seeds) rows): a seed that stopped at its target leaves the mean
+    ("full", [(4, 0.42, 2), (8, 0.51, 2), (12, 0.60, 2), (16, 0.61, 1)]),
+    ("read", [(4, 0.30, 1), (8, 0.35, 1)]),
+]
+
+
+@pytest.mark.parametrize("label, expected", MEAN_CASES)
+def test_the_mean_is_over_the_seeds_checked_at_each_step(label, expected):
+    frame = curve_frame(RECORDS)
+    mean = mean_curve(frame[frame["label"] == label])
+    got = [(int(r.step), round(float(r.value), 6), int(r.seeds)) for r in mean.itertuples()]
+    assert got == [(s, pytest.approx(v), n) for s, v, n in expected]
+
+
+@pytest.mark.parametrize(
+    "targets, lines",
+    [
+        ([0.6], [0.6]),  # inside the values' span
+        ([1.0], []),  # an unreachable target that only traced the curve: no line squeezing it
+        ([0.6, 0.5], [0.5, 0.6]),
+        ([0.645], [0.645]),  # within a tenth of the span (0.30 .. 0.62: 0.032) above the highest value
+    ],
+)
+def test_only_targets_near_the_curves_get_a_line(targets, lines):
+    records = [record("full", i, [(4, 0.30), (8, 0.62)], target=t) for i, t in enumerate(targets)]
+    assert target_lines(curve_frame(records)) == lines
+
+
+def test_one_plot_per_task_and_backbone_with_both_formats(tmp_path):
+    plots = learning_curve_figures([*RECORDS, record("full", 0, [(4, 0.7)], task="tweets")], tmp_path)
+    assert [(p.task, p.configurations) for p in plots] == [("tweets", 1), ("tweets3", 2)]
+    for plot in plots:
+        assert plot.path.stat().st_size > 0 and plot.stem.with_suffix(".svg").exists()
+    assert learning_curve_figures(RECORDS[-1:], tmp_path / "none") == []
