@@ -22,6 +22,7 @@ from petlprof.spec import spec_identity
 
 BYTES_PER_MIB = 2**20
 MISSING = "-"
+COST_ONLY = "accuracy of random-init runs is meaningless: cost-only"  # said wherever such a run's score shows
 
 
 def load_records(paths: Sequence[Path | str], skipped: list[str] | None = None) -> list[RunRecord]:
@@ -136,6 +137,16 @@ def is_ok(record: Mapping[str, Any]) -> bool:
     return record.get("status") == OK
 
 
+def is_random_init(record: Mapping[str, Any]) -> bool:
+    """A run on random weights (``petlprof run --random-init``): its costs are measured, its score means nothing."""
+    return field(record, "backbone_info", "random_init") is True
+
+
+def random_init_backbones(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The backbones some of whose runs had random weights, in order of appearance."""
+    return [text(name) for name in distinct(r.get("backbone") for r in records if is_random_init(r))]
+
+
 def text(value: Any) -> str:
     """A value as table/report text, with ``-`` for a missing one."""
     return MISSING if value is None or value == "" else str(value)
@@ -248,8 +259,11 @@ def run_warnings(records: Sequence[Mapping[str, Any]]) -> list[str]:
 
 def result_warnings(records: Sequence[Mapping[str, Any]]) -> list[str]:
     """Every warning a run recorded about its result (``warnings``: e.g. every prediction one class), as
-    ``<run>, seed N: <warning>``."""
-    return [
+    ``<run>, seed N: <warning>``), after one line per backbone run with random weights."""
+    cost_only = [
+        f"backbone {name} (--random-init, random weights): {COST_ONLY}" for name in random_init_backbones(records)
+    ]
+    return cost_only + [
         f"{run_label(record)}, seed {text(record.get('seed'))}: {warning}"
         for record in sorted(records, key=sort_key)
         for warning in (record.get("warnings") if isinstance(record.get("warnings"), list) else [])
