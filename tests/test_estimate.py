@@ -13,7 +13,7 @@ from petlprof.backbones import load_backbone
 from petlprof.cli import main
 from petlprof.estimate.core import Settings, estimate
 from petlprof.estimate.fallback import DEPTH_RULE
-from petlprof.estimate.model import build_model, resolve_backbone, shape_names
+from petlprof.estimate.model import build_model, resolve_backbone
 from petlprof.estimate.trace import example_batch
 from petlprof.meters import Window
 from petlprof.meters.memory import static_breakdown
@@ -21,6 +21,7 @@ from petlprof.meters.tensors import CpuTensorMeter
 from petlprof.method_api import MethodConfig
 from petlprof.modeling import SequenceClassifier
 from petlprof.registry import MethodSpec, get_method, method_names
+from petlprof.shapes import shape_names
 from petlprof.train import loss_fn
 
 BATCH, LENGTH = 4, 16

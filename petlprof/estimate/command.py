@@ -82,8 +82,9 @@ def _check_applies(resolved, configurations: list[tuple[str, dict]]) -> None:
 def cmd_estimate(args: argparse.Namespace) -> int:
     from petlprof.config import parse_method_overrides
     from petlprof.estimate.core import Settings, estimate
-    from petlprof.estimate.model import resolve_backbone, shape_names
+    from petlprof.estimate.model import resolve_backbone
     from petlprof.registry import method_names
+    from petlprof.shapes import shape_names
     from petlprof.values import parse_bytes
 
     if args.list_shapes:

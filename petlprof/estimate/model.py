@@ -10,7 +10,6 @@ transformers class from the config, the pooler dropped, the pad token set, the s
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,12 +17,7 @@ from typing import Any
 
 from petlprof.errors import UsageError, unknown_choice
 from petlprof.meters.memory import static_breakdown
-
-SHAPES_DIR = Path(__file__).resolve().parent.parent / "shapes"
-
-
-def shape_names() -> list[str]:
-    return sorted(path.stem for path in SHAPES_DIR.glob("*.json"))
+from petlprof.shapes import config_from_file, shape_config, shape_names
 
 
 @dataclass
@@ -42,12 +36,12 @@ def resolve_backbone(spec: str, num_layers: int | None = None) -> ResolvedBackbo
 
     path = Path(spec)
     if spec in shape_names():
-        config = _config_from_dict(json.loads((SHAPES_DIR / f"{spec}.json").read_text()), spec)
+        config = shape_config(spec)
         resolved = ResolvedBackbone(spec, config, _stand_in(config), f"bundled shape {spec} ({config.source_url})")
     elif spec in BACKBONES:
         resolved = _preset(spec)
     elif path.is_file():
-        resolved = ResolvedBackbone(spec, _config_from_file(path), None, f"config file {path}")
+        resolved = ResolvedBackbone(spec, config_from_file(path), None, f"config file {path}")
     elif path.is_dir() or "/" in spec:
         from petlprof.backbones import check_backbone, pretrained_config
 
@@ -72,29 +66,6 @@ def _preset(spec: str) -> ResolvedBackbone:
     tokenizer = AutoTokenizer.from_pretrained(minilm_path())
     source = "pretrained all-MiniLM-L6-v2 config" if spec == "minilm" else f"{spec} preset config"
     return ResolvedBackbone(spec, backbone_config(spec), tokenizer, source)
-
-
-def _config_from_file(path: Path):
-    try:
-        values = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UsageError(f"backbone config '{path}' is not a JSON file: {exc}") from None
-    return _config_from_dict(values, str(path))
-
-
-def _config_from_dict(values: Any, label: str):
-    from transformers import AutoConfig
-
-    if not isinstance(values, dict) or "model_type" not in values:
-        raise UsageError(f"backbone config '{label}' is not a transformers model config (it has no 'model_type')")
-    values = dict(values)
-    source = values.pop("_source", None)
-    try:
-        config = AutoConfig.for_model(values.pop("model_type"), **values)
-    except (ValueError, KeyError, TypeError) as exc:
-        raise UsageError(f"backbone config '{label}' is not a model config transformers knows: {exc}") from None
-    config.source_url = source
-    return config
 
 
 def _stand_in(config) -> SimpleNamespace:

@@ -1,0 +1,83 @@
+"""Backbone configs without weights: the bundled shapes (``petlprof/shapes/NAME.json``) and config files.
+
+A bundled shape is the published ``config.json`` of a model users fine-tune (T5 small to 11B, BERT,
+RoBERTa, GPT-2, LLaMA, Qwen2.5, Mistral, OPT; its ``_source`` says where it was copied from), usable by
+name wherever a backbone is named: ``petlprof estimate --backbone t5-large`` traces it on the meta device,
+``petlprof run --backbone t5-large --random-init`` trains it on random weights (a cost-only run).  A local
+``config.json`` is read the same way.  This module is the one place both commands look them up.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from petlprof.errors import UsageError
+
+SHAPES_DIR = Path(__file__).resolve().parent / "shapes"
+
+
+def shape_names() -> list[str]:
+    """The bundled shapes, by name (``petlprof estimate --list-shapes``)."""
+    return sorted(path.stem for path in SHAPES_DIR.glob("*.json"))
+
+
+def is_shape(spec: str) -> bool:
+    return spec in shape_names()
+
+
+def is_config_file(spec: str) -> bool:
+    """A backbone named by a file (a ``config.json``), not a model folder."""
+    return Path(spec).is_file()
+
+
+def shape_config(name: str):
+    """The transformers config of bundled shape ``name``, with its ``source_url``."""
+    return config_from_dict(json.loads((SHAPES_DIR / f"{name}.json").read_text()), name)
+
+
+def config_from_file(path: Path | str):
+    """The transformers config a ``config.json`` describes; a UsageError if it is not one."""
+    path = Path(path)
+    try:
+        values = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UsageError(f"backbone config '{path}' is not a JSON file: {exc}") from None
+    return config_from_dict(values, str(path))
+
+
+def config_from_dict(values: Any, label: str):
+    """A transformers config from a ``config.json``'s values (``_source``, where a shape was copied
+    from, becomes the config's ``source_url``)."""
+    from transformers import AutoConfig
+
+    if not isinstance(values, dict) or "model_type" not in values:
+        raise UsageError(f"backbone config '{label}' is not a transformers model config (it has no 'model_type')")
+    values = dict(values)
+    source = values.pop("_source", None)
+    try:
+        config = AutoConfig.for_model(values.pop("model_type"), **values)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"backbone config '{label}' is not a model config transformers knows: {exc}") from None
+    config.source_url = source
+    return config
+
+
+def weightless_config(spec: str):
+    """The config of a bundled shape or a config file, or None for any other backbone."""
+    if is_shape(spec):
+        return shape_config(spec)
+    if is_config_file(spec):
+        return config_from_file(spec)
+    return None
+
+
+def config_label(spec: str) -> str:
+    """What a config-only backbone is, for a record's source: ``shape t5-large``, ``config file PATH``
+    or ``config of NAME`` (a model folder or hub id whose weights are not used)."""
+    if is_shape(spec):
+        return f"shape {spec}"
+    if is_config_file(spec):
+        return f"config file {spec}"
+    return f"config of {spec}"
