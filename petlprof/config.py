@@ -195,6 +195,7 @@ def _validate_methods(options: RunOptions) -> None:
 
 def _validate_relations(options: RunOptions) -> None:
     """Options that act only with another (declared ``only_with``), and the other pairs that cannot go together."""
+    from petlprof.backbones import check_weights
     from petlprof.registry import get_method, method_names
 
     for name, f in OPTIONS.items():
@@ -216,6 +217,8 @@ def _validate_relations(options: RunOptions) -> None:
         raise UsageError("--timeout and --max-memory act on a run's own process; they cannot be used with --in-process")
     if options.country_code is not None and "codecarbon" not in options.meters:
         raise UsageError("--country-code sets codecarbon's carbon intensity; add --meters codecarbon")
+    for backbone in options.backbone:  # a bundled shape or a config file has no weights to load
+        check_weights(backbone, options.random_init)
 
 
 def _validate_executor(options: RunOptions) -> None:
@@ -314,7 +317,7 @@ def preflight(options: RunOptions, meters_here: bool = True) -> list[str]:
     written.  ``meters_here``: the runs measure on this machine (not on a cluster's nodes), so a
     named energy meter must work here.  Returns notes for the user: sizes asked for that the data
     cannot give."""
-    from petlprof.backbones import backbone_config, check_shape
+    from petlprof.backbones import backbone_config, check_random_init, check_shape
     from petlprof.budget import check_target
     from petlprof.meters import check_energy_meter
     from petlprof.registry import get_method
@@ -326,6 +329,8 @@ def preflight(options: RunOptions, meters_here: bool = True) -> list[str]:
     for spec in options.backbone:
         config = backbone_config(spec)  # the config of a folder or hub id: a bad one fails here
         check_shape(spec, config, num_layers=options.num_layers, max_length=options.max_length)
+        if options.random_init:  # the weights are built on this machine unless the runs go to a cluster
+            check_random_init(spec, config, options.num_layers, memory=meters_here)
         for method in options.methods:
             for point in grid_points(options, method):  # every grid point, e.g. a LoRA rank wider than the model
                 method_config = get_method(method).make_config(point)

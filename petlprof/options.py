@@ -177,7 +177,7 @@ class RunOptions:
     backbone: list[str] = option(
         ["minilm"],
         "minilm (offline default), tiny-bert|tiny-t5|tiny-gpt2|tiny-llama, a local model folder or a Hugging Face "
-        "id; comma list for several",
+        "id, or with --random-init a bundled shape or a config.json; comma list for several",
         Names(item=Text(path=True, known=_backbone)),
         spec=ToSpec("backbone", str, "minilm", derived=True),
     )
@@ -186,6 +186,14 @@ class RunOptions:
         "keep only the first N layers of a pretrained backbone (a tiny-* preset is built with N layers)",
         Integer(1, MAX_LAYERS, "layers", optional=True),
         spec=SAME,
+    )
+    random_init: bool = option(
+        False,
+        "build each backbone from its config with random weights seeded by the run's seed: a cost-only run "
+        "(accuracy meaningless) of a bundled shape (t5-large, llama-3-8b, ...: `petlprof estimate --list-shapes`), "
+        "a config.json, or a folder's or hub id's config, to compare with `petlprof estimate`",
+        Flag(),
+        spec=ToSpec(identity=WHEN_CHANGED),  # runs on weights keep the keys they had before the option
     )
     task: list[str] = option(
         ["tweets"],

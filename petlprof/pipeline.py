@@ -197,7 +197,7 @@ def _load(spec: RunSpec) -> tuple:
         label_column=spec.label_column,
     )
     torch.manual_seed(spec.seed)
-    backbone = load_backbone(spec.backbone, num_layers=spec.num_layers, seed=spec.seed)
+    backbone = load_backbone(spec.backbone, num_layers=spec.num_layers, seed=spec.seed, random_init=spec.random_init)
     check_shape(spec.backbone, backbone.config, max_length=spec.max_length)
     classifier = SequenceClassifier(backbone, task.num_labels)
     model = method.build()(classifier, method_config).to(spec.device)
