@@ -19,6 +19,7 @@ from petlprof import __version__
 from petlprof.errors import UsageError
 from petlprof.estimate.command import add_estimate_parser, cmd_estimate
 from petlprof.options import add_run_arguments
+from petlprof.report.intervals import DEFAULT_INTERVAL, INTERVALS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,6 +55,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     report.add_argument("dirs", nargs="+", help="output folders (or results.jsonl files)")
     report.add_argument("--output", help="where to write the report (default: the first folder)")
+    report.add_argument(
+        "--interval",
+        choices=list(INTERVALS),
+        default=DEFAULT_INTERVAL,
+        help=(
+            "what the plots' error bars show: "
+            + "; ".join(f"{kind}: {what}" for kind, what in INTERVALS.items())
+            + f" (default {DEFAULT_INTERVAL}; petlprof run's report uses the default)"
+        ).replace("%", "%%"),  # argparse formats help with %
+    )
     add_estimate_parser(sub)
     return parser
 
@@ -302,7 +313,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     first = paths[0] if paths[0].is_dir() else paths[0].parent
     out_dir = Path(args.output) if args.output else first
     _print_summary(records, skipped)
-    for path in write_report(records, out_dir):
+    for path in write_report(records, out_dir, interval=args.interval):
         print(f"wrote {path}", file=sys.stderr)
     return 0
 

@@ -1,4 +1,5 @@
-"""report.md: what was run, a table per task of every configuration, the Pareto plots, every run,
+"""report.md: what was run, a table per task of every configuration, which differences in the metric
+are larger than their intervals, the cost to reach the target (runs with one), the Pareto plots, every run,
 how each figure was obtained, warnings on results and measurements, failed and diverged runs and the
 environment; written next to the plots
 by :func:`write_report`, which also writes the same text as a self-contained report.html.
@@ -12,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from petlprof.records import DIVERGED
+from petlprof.report.differences import difference_tables
 from petlprof.report.html import write_html
+from petlprof.report.intervals import DEFAULT_INTERVAL, INTERVALS, check_interval
 from petlprof.report.plots import PlotResult, pareto_figures
 from petlprof.report.records import (
     config_label,
@@ -26,6 +29,8 @@ from petlprof.report.records import (
     text,
 )
 from petlprof.report.table import REFERENCE, configuration_tables, summary_table
+from petlprof.report.target import NOT_RECORDED, target_tables
+from petlprof.report.target_plot import TargetPlot, cost_to_target_figures
 
 REPORT_FILE = "report.md"
 PHASES = ("train", "eval")
@@ -94,12 +99,15 @@ def _what_was_run(records: Sequence[Mapping[str, Any]]) -> list[str]:
     return lines + [""]
 
 
-def _figures(figures: Sequence[PlotResult]) -> list[str]:
+def _figures(figures: Sequence[PlotResult], interval: str) -> list[str]:
     lines = [
         "## Pareto fronts",
         "",
-        "Each point is one configuration: the mean over its seeds, with bars for the 95% confidence "
-        "interval of the mean (Student's t) when it has several seeds.  A method's grid points are "
+        f"Each point is one configuration: the mean over its seeds, with thin bars for the {INTERVALS[interval]} "
+        "when it has several seeds (`petlprof report --interval` chooses: "
+        + ", ".join(f"`{kind}`" for kind in INTERVALS)
+        + ").  The axes follow the points, not the bars: a bar that runs past the axes is cut at the edge and "
+        "ends in a caret there instead of a cap.  A method's grid points are "
         "joined in the order of its Pareto knob, whose value labels each point.  The dashed step line "
         "is the frontier over all methods: the ringed configurations are those no other configuration "
         "beats on both quality and the cost at once.  Up and to the left is better.  Each plot is "
@@ -119,9 +127,61 @@ def _figures(figures: Sequence[PlotResult]) -> list[str]:
             "",
             f"{fig.runs} finished run(s) in {fig.configs} configuration(s) plotted"
             + (f" ([SVG]({svg}))" if svg else "")
-            + f"; configurations on the Pareto front: {', '.join(fig.on_front)}.",
+            + f"; configurations on the Pareto front: {', '.join(fig.on_front)}.  {_sentence(fig.caption)}",
             "",
         ]
+    return lines
+
+
+def _sentence(caption: str) -> str:
+    """A plot's caption (``bars: ...``) as a sentence of the report."""
+    return (caption[0].upper() + caption[1:] + ".") if caption else ""
+
+
+def _differences(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    tables = difference_tables(records)
+    if not tables:
+        return []
+    lines = [
+        "## Which differences are larger than their intervals",
+        "",
+        "Each configuration's mean primary metric against the best configuration's and against "
+        f"`{REFERENCE}`'s (where it ran): the difference of the means ± the half-width of its 95% confidence "
+        "interval (Welch's t: the two configurations' seeds, unequal variances).  *Larger than its interval* "
+        "is *yes* where the difference exceeds that half-width (the interval excludes no difference), *no* "
+        "where it does not — the two cannot be told apart at this number of seeds — and — where a side has "
+        "one seed.  Many comparisons are made at once and none is corrected for that: at 95%, about one "
+        "in twenty *yes* is expected by chance among configurations that do not really differ.",
+        "",
+    ]
+    for task, backbone, table in tables:
+        if len(tables) > 1:
+            lines += [f"### {task} on {backbone}", ""]
+        lines += [table, ""]
+    return lines
+
+
+def _cost_to_target(records: Sequence[Mapping[str, Any]], plots: Sequence[TargetPlot]) -> list[str]:
+    tables = target_tables(records)
+    if not tables:
+        return []
+    lines = [
+        "## Cost to reach the target",
+        "",
+        "Runs trained with a target stop once their held-out checks reach it, so their train time and energy are "
+        "the cost of getting there, *including the checks* (scoring the check slice every few steps).  Each "
+        "cost is shown as measured and without the checks' own measured cost; the checks' share is that cost "
+        "over the cost to the target.  Figures are means ± the 95% CI over the seeds that reached the target "
+        f"(*reached k of n*); `vs {REFERENCE}` is the ratio of the means to `{REFERENCE}`'s (0.25× = a quarter).  "
+        f"{NOT_RECORDED} marks a figure there is none of: no seed reached the target, or records written before "
+        "petlprof metered the checks' energy separately.",
+        "",
+    ]
+    for key, heading, table in tables:
+        lines += [f"### {heading}", "", table, ""]
+        for plot in (p for p in plots if p.key == key and p.path is not None):
+            svg = next((p.name for p in plot.paths if p.suffix == ".svg"), None)
+            lines += [f"![{plot.title}]({plot.path.name})", "", _sentence(plot.caption) + f" ([SVG]({svg}))", ""]
     return lines
 
 
@@ -240,14 +300,21 @@ def _where_run(records: Sequence[Mapping[str, Any]]) -> list[str]:
     return lines + [f"- {where}: {count} run(s)" for where, count in sorted(places.items())] + [""]
 
 
-def render_report(records: Sequence[Mapping[str, Any]], figures: Sequence[PlotResult]) -> str:
-    """The text of report.md for ``records`` and the plots drawn from them."""
+def render_report(
+    records: Sequence[Mapping[str, Any]],
+    figures: Sequence[PlotResult],
+    target_plots: Sequence[TargetPlot] = (),
+    interval: str = DEFAULT_INTERVAL,
+) -> str:
+    """The text of report.md for ``records`` and the plots drawn from them (bars of kind ``interval``)."""
     if not records:
         return "# petlprof report\n\nNo result records were given, so there is nothing to report.\n"
     lines = [f"# petlprof report: {_names(records, 'backbone')} on {_names(records, 'task')}", ""]
     lines += _what_was_run(records)
     lines += _configurations(records)
-    lines += _figures(figures)
+    lines += _differences(records)
+    lines += _cost_to_target(records, target_plots)
+    lines += _figures(figures, interval)
     lines += [
         "## All runs",
         "",
@@ -265,13 +332,16 @@ def render_report(records: Sequence[Mapping[str, Any]], figures: Sequence[PlotRe
     return "\n".join(lines)
 
 
-def write_report(records: Sequence[Mapping[str, Any]], out_dir: Path) -> list[Path]:
-    """Write the Pareto plots (PNG and SVG), report.md and the self-contained report.html for
-    ``records`` into ``out_dir``; return the written paths."""
+def write_report(records: Sequence[Mapping[str, Any]], out_dir: Path, interval: str = DEFAULT_INTERVAL) -> list[Path]:
+    """Write the Pareto and cost-to-target plots (PNG and SVG, bars of kind ``interval``), report.md
+    and the self-contained report.html for ``records`` into ``out_dir``; return the written paths."""
+    check_interval(interval)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    figures = pareto_figures(records, out_dir)
+    figures = pareto_figures(records, out_dir, interval)
+    target_plots = cost_to_target_figures(records, out_dir, interval)
     report = out_dir / REPORT_FILE
-    text_md = render_report(records, figures)
+    text_md = render_report(records, figures, target_plots, interval)
     report.write_text(text_md, encoding="utf-8")
-    return [path for fig in figures for path in fig.paths] + [report, write_html(text_md, out_dir)]
+    written = [path for plot in [*figures, *target_plots] for path in plot.paths]
+    return written + [report, write_html(text_md, out_dir)]

@@ -1,0 +1,92 @@
+"""Which differences in the primary metric are larger than their intervals.
+
+For each task and backbone, every configuration's mean primary metric is compared with the best
+configuration's (best in the metric's direction) and with ``full`` fine-tuning's: the difference of
+the means with the 95% confidence interval of that difference by Welch's t
+(:func:`petlprof.report.intervals.welch_difference`, unequal variances), and a plain *yes* where the
+difference is larger than the interval's half-width (the interval excludes 0), *no* where it is not,
+and ``—`` where a side has a single seed (no interval can be given).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pandas as pd
+
+from petlprof.metrics import HIGHER, direction
+from petlprof.report.frame import CONFIG, GROUP, runs_frame
+from petlprof.report.intervals import welch_difference
+from petlprof.report.records import MISSING, text
+from petlprof.report.table import render_markdown
+
+REFERENCE = "full"
+NO_INTERVAL = "—"
+
+
+def configuration_values(runs: pd.DataFrame) -> list[dict[str, Any]]:
+    """One entry per configuration of one task and backbone: method, config, and its seeds' ``quality``
+    values (finished runs only), best mean first in the metric's direction."""
+    ok = runs[(runs["status"] == "ok") & runs["quality"].notna()]
+    entries = [
+        {"method": keys[2], "config": keys[3], "values": list(group["quality"])}
+        for keys, group in ok.groupby(CONFIG, sort=False, dropna=False)
+    ]
+    metric = text(ok["primary_metric"].iloc[0]) if len(ok) else MISSING
+    try:
+        higher = direction(metric) == HIGHER
+    except KeyError:
+        higher = True
+    for entry in entries:
+        entry["mean"] = math.fsum(entry["values"]) / len(entry["values"])
+    return sorted(entries, key=lambda e: (-e["mean"] if higher else e["mean"], e["method"], str(e["config"])))
+
+
+def compare(entry: Mapping[str, Any], other: Mapping[str, Any]) -> tuple[float, float, str]:
+    """(difference of means, half-width of its 95% Welch interval, ``yes``/``no``/``—``: is the
+    difference larger than its interval)."""
+    diff, half = welch_difference(entry["values"], other["values"])
+    if math.isnan(half):
+        return diff, half, NO_INTERVAL
+    return diff, half, "yes" if abs(diff) > half else "no"
+
+
+def _shown(diff: float, half: float) -> str:
+    sign = f"{diff:+.4f}".replace("-", "−")
+    return sign if math.isnan(half) else f"{sign} ± {half:.4f}"
+
+
+def difference_table(runs: pd.DataFrame) -> str:
+    """The Markdown table of one task and backbone's configurations against the best and ``full``."""
+    entries = configuration_values(runs)
+    metric = text(runs["primary_metric"].dropna().iloc[0]) if runs["primary_metric"].notna().any() else "metric"
+    best = entries[0]
+    full = next((e for e in entries if e["method"] == REFERENCE), None)
+    headers = ["method", "config", "seeds", f"{metric} (mean)", "Δ vs best (95% CI, Welch)", "larger than its interval"]
+    if full is not None:
+        headers += [f"Δ vs {REFERENCE} (95% CI, Welch)", "larger than its interval"]
+    pairs = [best] + ([full] if full is not None else [])
+    rows = []
+    for entry in entries:
+        cells = [text(entry["method"]), text(entry["config"]), str(len(entry["values"])), f"{entry['mean']:.4f}"]
+        for other, mark in zip(pairs, ("best", "ref")):
+            if entry is other:
+                cells += [mark, NO_INTERVAL]
+                continue
+            diff, half, larger = compare(entry, other)
+            cells += [_shown(diff, half), larger]
+        rows.append(cells)
+    numeric = [False, False, True, True] + [True, False] * len(pairs)
+    return render_markdown(headers, rows, numeric)
+
+
+def difference_tables(records: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, str]]:
+    """(task, backbone, Markdown table) for every task and backbone with a finished run."""
+    runs = runs_frame(records)
+    runs = runs[(runs["status"] == "ok") & runs["quality"].notna()]
+    return [
+        (text(task), text(backbone), difference_table(group))
+        for (task, backbone), group in runs.groupby(GROUP, sort=True, dropna=False)
+    ]
