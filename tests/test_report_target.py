@@ -167,7 +167,7 @@ def test_cost_to_target_plot(kind, clipped, caption):
     assert [t.get_text() for t in ax.get_yticklabels()] == plot.order
     assert ax.get_xlim() == pytest.approx((25 - 0.08 * 185, 210 + 0.08 * 185))
     assert plot.clipped == clipped and plot.caption == caption
-    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
     assert legend[:2] == ["as measured (target checks included)", "without the checks' measured cost"]
 
 
@@ -175,7 +175,7 @@ def test_old_records_only_say_the_figures_without_checks_are_not_recorded():
     old = [r for r in sweep() if r["method"] == "lora"]
     plot = TargetPlot(title="t", cost=TIME, key=())
     fig = draw_cost_to_target(target_configs(old), runs_frame(old), plot, "ci95")
-    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
     assert "without the checks' measured cost: not recorded (older records)" in legend
 
 

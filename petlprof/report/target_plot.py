@@ -54,7 +54,7 @@ def draw_cost_to_target(configs: pd.DataFrame, runs: pd.DataFrame, plot: TargetP
     :func:`~petlprof.report.target.target_configs`); fill ``plot``'s order, caption and clipped."""
     cost, suffix = plot.cost, f"_{check_interval(interval)}"
     rows = by_cost(configs, cost.with_checks)
-    fig, ax = new_axes(figsize=(10, 1.6 + 0.42 * len(rows)))
+    fig, ax = new_axes(figsize=(10, 2.4 + 0.42 * len(rows)))
     points = _points(rows, cost)
     log = wants_log_scale(points)
     if log:
@@ -94,7 +94,7 @@ def draw_cost_to_target(configs: pd.DataFrame, runs: pd.DataFrame, plot: TargetP
         else Line2D([], [], linestyle="", label=f"{WITHOUT_CHECKS}: not recorded (older records)"),
         *bar_legend(bars_are, len(plot.clipped)),
     ]
-    ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    fig.legend(handles=handles, fontsize=8, loc="outside lower center", ncols=2)  # under the axes: they keep the width
     return fig
 
 
