@@ -5,7 +5,8 @@ configuration's (best in the metric's direction) and with ``full`` fine-tuning's
 the means with the 95% confidence interval of that difference by Welch's t
 (:func:`petlprof.report.intervals.welch_difference`, unequal variances), and a plain *yes* where the
 difference is larger than the interval's half-width (the interval excludes 0), *no* where it is not,
-and ``—`` where a side has a single seed (no interval can be given).
+and ``—`` where a side has a single seed (no interval can be given).  Runs on random weights are
+left out (cost-only).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import pandas as pd
 from petlprof.metrics import HIGHER, direction
 from petlprof.report.frame import CONFIG, GROUP, runs_frame
 from petlprof.report.intervals import welch_difference
-from petlprof.report.records import MISSING, text
+from petlprof.report.records import MISSING, is_random_init, text
 from petlprof.report.table import render_markdown
 
 REFERENCE = "full"
@@ -83,8 +84,9 @@ def difference_table(runs: pd.DataFrame) -> str:
 
 
 def difference_tables(records: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, str]]:
-    """(task, backbone, Markdown table) for every task and backbone with a finished run."""
-    runs = runs_frame(records)
+    """(task, backbone, Markdown table) for every task and backbone with a finished run; runs on random
+    weights (``--random-init``, cost-only) are left out: their scores mean nothing."""
+    runs = runs_frame([r for r in records if not is_random_init(r)])
     runs = runs[(runs["status"] == "ok") & runs["quality"].notna()]
     return [
         (text(task), text(backbone), difference_table(group))

@@ -59,6 +59,11 @@ def _knob(record: Mapping[str, Any]) -> Any:
     return field(record, "method_config", knob) if knob else None
 
 
+def _typed(value: Any, kind: type) -> Any:
+    """``value`` when it is a ``kind``, else None (a hand-edited record's odd value is no figure)."""
+    return value if isinstance(value, kind) else None
+
+
 def _row(record: Mapping[str, Any]) -> dict[str, Any]:
     row: dict[str, Any] = {
         "run_key": record.get("run_key"),
@@ -76,10 +81,10 @@ def _row(record: Mapping[str, Any]) -> dict[str, Any]:
         "trainable_params": number(record, "trainable_params"),
         "total_params": number(record, "total_params"),
         "stop_reason": field(record, "train", "budget", "stop_reason"),
-        "target_reached": field(record, "train", "budget", "reached"),
+        "target_reached": _typed(field(record, "train", "budget", "reached"), bool),
         "steps_to_target": number(record, "train", "budget", "reached_at_step"),
         **{name: number(record, "train", "budget", name) for name in TARGET_FIGURES},
-        "target_metric": field(record, "train", "budget", "target_metric"),
+        "target_metric": _typed(field(record, "train", "budget", "target_metric"), str),
         "target_value": number(record, "train", "budget", "target_value"),
         "diverged_at_step": number(record, "diverged_at", "step"),
         "warnings": "; ".join(record["warnings"]) if isinstance(record.get("warnings"), list) else None,

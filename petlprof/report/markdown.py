@@ -151,7 +151,8 @@ def _differences(records: Sequence[Mapping[str, Any]]) -> list[str]:
         "is *yes* where the difference exceeds that half-width (the interval excludes no difference), *no* "
         "where it does not — the two cannot be told apart at this number of seeds — and — where a side has "
         "one seed.  Many comparisons are made at once and none is corrected for that: at 95%, about one "
-        "in twenty *yes* is expected by chance among configurations that do not really differ.",
+        "in twenty *yes* is expected by chance among configurations that do not really differ.  Runs on random "
+        "weights (`--random-init`, cost-only) are left out.",
         "",
     ]
     for task, backbone, table in tables:
