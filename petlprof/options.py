@@ -243,6 +243,13 @@ class RunOptions:
         Integer(0, MAX_WARMUP_STEPS, "unmeasured steps per phase"),
         spec=SAME,
     )
+    precision: str = option(
+        "fp32",
+        "fp32 (default), bf16 or fp16: every forward pass and the loss (training, evaluation, inference) under "
+        "autocast to that dtype, weights and optimiser state kept in float32; fp16 with dynamic loss scaling",
+        Choice(choices=PRECISIONS, kind="precision"),
+        spec=ToSpec(identity=WHEN_CHANGED),  # fp32 runs keep the keys they had before the option
+    )
     method_config: dict[str, dict[str, Any]] = option(
         {},
         "a method hyper-parameter, e.g. lora.r=16 (repeatable)",
@@ -251,13 +258,6 @@ class RunOptions:
         cli={"action": "append", "metavar": "METHOD.FIELD=VALUE"},
     )
     device: str = option(
-    precision: str = option(
-        "fp32",
-        "fp32 (default), bf16 or fp16: every forward pass and the loss (training, evaluation, inference) under "
-        "autocast to that dtype, weights and optimiser state kept in float32; fp16 with dynamic loss scaling",
-        Choice(choices=PRECISIONS, kind="precision"),
-        spec=ToSpec(identity=WHEN_CHANGED),  # fp32 runs keep the keys they had before the option
-    )
         "auto",
         "auto (default), cpu, cuda or cuda:N",
         Choice(choices=DEVICES, kind="device", prefix="cuda:"),
