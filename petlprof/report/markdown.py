@@ -148,7 +148,7 @@ def _differences(records: Sequence[Mapping[str, Any]]) -> list[str]:
         "Each configuration's mean primary metric against the best configuration's and against "
         f"`{REFERENCE}`'s (where it ran): the difference of the means ± the half-width of its 95% confidence "
         "interval (Welch's t: the two configurations' seeds, unequal variances).  *Larger than its interval* "
-        "is *yes* where the difference exceeds that half-width (the interval excludes no difference), *no* "
+        "is *yes* where the difference exceeds that half-width (its interval does not contain 0), *no* "
         "where it does not — the two cannot be told apart at this number of seeds — and — where a side has "
         "one seed.  Many comparisons are made at once and none is corrected for that: at 95%, about one "
         "in twenty *yes* is expected by chance among configurations that do not really differ.  Runs on random "
