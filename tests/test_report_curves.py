@@ -80,3 +80,14 @@ def test_one_plot_per_task_and_backbone_with_both_formats(tmp_path):
     for plot in plots:
         assert plot.path.stat().st_size > 0 and plot.stem.with_suffix(".svg").exists()
     assert learning_curve_figures(RECORDS[-1:], tmp_path / "none") == []
+
+
+def test_the_report_shows_the_curves_only_for_runs_with_checks(tmp_path):
+    from petlprof.report.markdown import write_report
+
+    written = write_report(RECORDS[:3], tmp_path / "with")
+    text = (tmp_path / "with" / "report.md").read_text()
+    assert "## Learning curves" in text and "(learning_curves.png)" in text
+    assert tmp_path / "with" / "learning_curves.png" in written
+    write_report(RECORDS[-1:], tmp_path / "without")
+    assert "## Learning curves" not in (tmp_path / "without" / "report.md").read_text()

@@ -76,6 +76,10 @@ class CurvePlot:
     def path(self) -> Path:
         return self.stem.with_suffix(".png")
 
+    @property
+    def paths(self) -> list[Path]:
+        return [self.stem.with_suffix(".png"), self.stem.with_suffix(".svg")]
+
 
 def _title(frame: pd.DataFrame) -> str:
     metric = frame["metric"].iloc[0]

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from petlprof.records import DIVERGED
+from petlprof.report.curves import CurvePlot, learning_curve_figures
 from petlprof.report.differences import difference_tables
 from petlprof.report.html import write_html
 from petlprof.report.intervals import DEFAULT_INTERVAL, INTERVALS, check_interval
@@ -301,11 +302,29 @@ def _where_run(records: Sequence[Mapping[str, Any]]) -> list[str]:
     return lines + [f"- {where}: {count} run(s)" for where, count in sorted(places.items())] + [""]
 
 
+def _curves(plots: Sequence[CurvePlot]) -> list[str]:
+    """The learning-curve section: the target checks' scores against steps (none without checks)."""
+    if not plots:
+        return []
+    lines = [
+        "## Learning curves",
+        "",
+        "The target checks' scores on the held-out slice against optimiser steps: the mean over the seeds "
+        "still training at each step (thick), single seeds (thin), the target (dashed) where it is near "
+        "the curves. A run stops at its first check at or past its target.",
+        "",
+    ]
+    for plot in plots:
+        lines += [f"![learning curves, {plot.task} / {plot.backbone}]({plot.path.name})", ""]
+    return lines
+
+
 def render_report(
     records: Sequence[Mapping[str, Any]],
     figures: Sequence[PlotResult],
     target_plots: Sequence[TargetPlot] = (),
     interval: str = DEFAULT_INTERVAL,
+    curve_plots: Sequence[CurvePlot] = (),
 ) -> str:
     """The text of report.md for ``records`` and the plots drawn from them (bars of kind ``interval``)."""
     if not records:
@@ -315,6 +334,7 @@ def render_report(
     lines += _configurations(records)
     lines += _differences(records)
     lines += _cost_to_target(records, target_plots)
+    lines += _curves(curve_plots)
     lines += _figures(figures, interval)
     lines += [
         "## All runs",
@@ -341,8 +361,9 @@ def write_report(records: Sequence[Mapping[str, Any]], out_dir: Path, interval: 
     out_dir.mkdir(parents=True, exist_ok=True)
     figures = pareto_figures(records, out_dir, interval)
     target_plots = cost_to_target_figures(records, out_dir, interval)
+    curve_plots = learning_curve_figures(records, out_dir)
     report = out_dir / REPORT_FILE
-    text_md = render_report(records, figures, target_plots, interval)
+    text_md = render_report(records, figures, target_plots, interval, curve_plots)
     report.write_text(text_md, encoding="utf-8")
-    written = [path for plot in [*figures, *target_plots] for path in plot.paths]
+    written = [path for plot in [*figures, *target_plots, *curve_plots] for path in plot.paths]
     return written + [report, write_html(text_md, out_dir)]
