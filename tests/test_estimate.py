@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 
@@ -20,6 +21,7 @@ from petlprof.meters.memory import static_breakdown
 from petlprof.meters.tensors import CpuTensorMeter
 from petlprof.method_api import MethodConfig
 from petlprof.modeling import SequenceClassifier
+from petlprof.recipe import TrainRecipe
 from petlprof.registry import MethodSpec, get_method, method_names
 from petlprof.shapes import shape_names
 from petlprof.train import loss_fn
@@ -36,33 +38,45 @@ class Measured:
     static: dict
 
 
-def measure(spec: str, method: str, num_layers: int = 2) -> Measured:
-    """The cpu-tensors meter's peaks of a real training step (after one unmeasured step, as a run's
-    warm-up) and a real inference batch, on the inputs the estimate assumes."""
+def measure(spec: str, method: str, num_layers: int = 2, settings: Settings = SETTINGS) -> Measured:
+    """The cpu-tensors meter's peaks of a real training step (after unmeasured steps, as a run's
+    warm-up: with fp16, until the loss scaler has applied one, so AdamW's state exists) and a real
+    inference batch, on the inputs the estimate assumes, at its precision as a run trains."""
     torch.manual_seed(0)
     method_spec = get_method(method)
     model = method_spec.build()(
         SequenceClassifier(load_backbone(spec, num_layers=num_layers), 2), method_spec.make_config({})
     )
     static = static_breakdown(model)
-    inputs, labels = example_batch(BATCH, LENGTH, 100)
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=1e-3)
+    inputs, labels = example_batch(settings.batch_size, settings.max_length, 100)
+    recipe = TrainRecipe(lr=1e-3, precision=settings.precision)
+    optimizer, params = recipe.optimizer(model)
+    scaler = recipe.scaler("cpu")
     model.train()
 
     def step():
-        loss_fn(model(**inputs), labels).backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
+        with recipe.autocast("cpu"):
+            loss = loss_fn(model(**inputs), labels)
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+        recipe.clip(params)
+        scaler.step(optimizer)
+        scaler.update()
         optimizer.zero_grad(set_to_none=True)
 
-    step()
+    for _ in range(30):
+        step()
+        if optimizer.state:
+            break
+    scale = scaler.get_scale()
     resident = static["total_bytes"] - static["gradients_bytes"]
     with Window([CpuTensorMeter("cpu", resident_bytes=resident)]) as train:
         step()
+    assert scaler.get_scale() == scale, "the measured step overflowed: the scaler skipped it"
     model.eval()
     with (
         torch.no_grad(),
+        recipe.autocast("cpu"),
         Window([CpuTensorMeter("cpu", resident_bytes=resident - static["optimizer_state_bytes"])]) as infer,
     ):
         model(**inputs)
@@ -87,6 +101,34 @@ def test_estimate_agrees_with_a_measured_step(backbone, method):
     record = estimate(resolve_backbone(backbone, num_layers=2), method, {}, SETTINGS)
     assert record["estimate_source"].startswith("meta-device trace")
     check_against_real(record, measure(backbone, method))
+
+
+# mixed precision by CPU autocast's rules (the measured step's): (backbone, method, settings)
+MIXED = [
+    ("tiny-bert", "lora", dataclasses.replace(SETTINGS, precision="bf16", device="cpu")),
+    ("tiny-llama", "read", dataclasses.replace(SETTINGS, precision="bf16", device="cpu")),
+    ("tiny-t5", "prompt_tuning", dataclasses.replace(SETTINGS, precision="fp16", device="cpu")),
+    ("tiny-gpt2", "ia3", dataclasses.replace(SETTINGS, precision="fp16", device="cpu")),
+]
+
+
+@pytest.mark.parametrize("backbone, method, settings", MIXED, ids=[f"{c[0]}-{c[1]}-{c[2].precision}" for c in MIXED])
+def test_a_mixed_precision_estimate_agrees_with_a_measured_step(backbone, method, settings):
+    record = estimate(resolve_backbone(backbone, num_layers=2), method, {}, settings)
+    assert record["precision"] == settings.precision and record["autocast_rules"] == "cpu"
+    check_against_real(record, measure(backbone, method, settings=settings))
+
+
+def test_bf16_saves_activation_memory_and_counts_its_flops_at_bf16_peak():
+    """Activations saved at bfloat16 (half the bytes); weights, gradients and AdamW state float32 as at fp32."""
+    resolved = resolve_backbone("tiny-bert", num_layers=2)
+    wide = Settings(batch_size=16, max_length=64)
+    fp32, bf16 = (estimate(resolved, "lora", {}, dataclasses.replace(wide, precision=p)) for p in ("fp32", "bf16"))
+    for key in ("weights_bytes", "gradients_bytes", "optimizer_bytes"):
+        assert bf16["memory"][key] == fp32["memory"][key]
+    assert bf16["memory"]["peak_train_bytes"] < 0.95 * fp32["memory"]["peak_train_bytes"]
+    assert bf16["flops"] == fp32["flops"] and bf16["compute_dtype"] == "bfloat16" and bf16["autocast_rules"] == "cuda"
+    assert bf16["step_time_lower_bound"]["train_step_s"] < fp32["step_time_lower_bound"]["train_step_s"]
 
 
 def test_every_estimate_counts_flops_and_the_full_model():
@@ -219,6 +261,7 @@ BAD_INPUT = [
     (lambda tmp: ["--backbone", "tiny-bert", "--methods", "no_such_method"], "no_such_method"),
     (lambda tmp: ["--backbone", "tiny-bert", "--method-config", "lora.r=4", "--methods", "read"], "lora"),
     (lambda tmp: ["--backbone", "tiny-bert", "--gpu", "h300"], "h300"),
+    (lambda tmp: ["--backbone", "tiny-bert", "--precision", "bf8"], "bf16, fp16, fp32"),
     (lambda tmp: ["--backbone", "tiny-bert", "--max-length", "100000"], "--max-length 100000"),
 ]
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from petlprof.errors import UsageError
 from petlprof.estimate import gpus
+from petlprof.options import OPTIONS, default_of, kind_of
 
 GIB = 1024**3
 
@@ -35,6 +36,12 @@ def add_estimate_parser(sub) -> argparse.ArgumentParser:
     parser.add_argument("--max-length", type=int, default=128, help="tokens per example, every row full (default 128)")
     parser.add_argument("--num-layers", type=int, help="keep only the first N layers of the backbone")
     parser.add_argument("--num-labels", type=int, default=2, help="classes of the task head (default 2)")
+    parser.add_argument(
+        "--precision",
+        default=default_of("precision"),
+        help=OPTIONS["precision"].metadata["help"].replace("(default)", "(default; the run option's)")
+        + "; bf16/fp16 follow CUDA's autocast rules",
+    )
     parser.add_argument("--device-memory", help="say whether each peak fits this size, e.g. 24GiB")
     parser.add_argument(
         "--gpu",
@@ -90,12 +97,14 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     if args.list_shapes:
         print("\n".join(shape_names()))
         return 0
+    kind_of("precision").check("precision", args.precision)  # the run option's check: one line, exit 2
     settings = Settings(
         batch_size=_positive(args.batch_size, "--batch-size"),
         max_length=_positive(args.max_length, "--max-length"),
         num_labels=_positive(args.num_labels, "--num-labels"),
         device_memory_bytes=parse_bytes(args.device_memory, "--device-memory"),
         gpu=gpus.get_gpu(args.gpu).name,
+        precision=args.precision,
     )
     methods = [m for m in (args.methods or ",".join(method_names())).split(",") if m]
     configurations = _configurations(methods, parse_method_overrides(args.method_config), args.grid)
@@ -198,7 +207,7 @@ def format_table(records: list[dict], settings) -> str:
     columns = list(dict.fromkeys(key for row in rows for key in row if key != "note"))
     widths = {c: max(len(c), *(len(str(row.get(c, ""))) for row in rows)) for c in columns}
     lines = [
-        f"batch {settings.batch_size} x {settings.max_length} tokens, AdamW, the model's dtype; "
+        f"batch {settings.batch_size} x {settings.max_length} tokens, AdamW, {_precision(settings)}; "
         "step_time>= is a lower bound: FLOPs / the GPU's peak (see the GPU table in the README)",
         "  ".join(c.ljust(widths[c]) for c in columns),
     ]
@@ -207,6 +216,12 @@ def format_table(records: list[dict], settings) -> str:
         if row.get("note"):
             lines.append(f"    note: {row['note']}")
     return "\n".join(lines)
+
+
+def _precision(settings) -> str:
+    if settings.precision == "fp32":
+        return "the model's dtype"
+    return f"{settings.precision} autocast ({settings.device} rules), float32 weights"
 
 
 def plot_memory_vs_size(records: list[dict], path: Path) -> Path:

@@ -9,7 +9,10 @@ Peak bytes are the weights and buffers plus the peak of what the traced step cre
 alive at once: activations saved for backward, gradients, AdamW's state (created by the first of
 two traced steps and alive through the second), temporaries; the same quantity the ``cpu-tensors``
 meter measures.  FLOPs are those ``torch.utils.flop_counter`` counts (matrix products, convolutions,
-attention; element-wise work is not counted).
+attention; element-wise work is not counted).  At ``--precision`` bf16 or fp16 the step runs under
+autocast by a device's rules (:mod:`petlprof.estimate.autocast`; a GPU's by default), so saved
+activations and the low-precision copies of weights count at their real dtype; weights, gradients and
+AdamW's state stay float32, as in a run.
 """
 
 from __future__ import annotations
@@ -20,9 +23,11 @@ from typing import Any
 
 from petlprof.errors import UsageError
 from petlprof.estimate import gpus
+from petlprof.estimate.autocast import policy_device
 from petlprof.estimate.fallback import extrapolated_figures
 from petlprof.estimate.model import ResolvedBackbone, build_model, weight_breakdown
 from petlprof.estimate.trace import UntraceableError, example_batch, inference_batch, train_steps
+from petlprof.recipe import AUTOCAST_DTYPES, FP32
 
 META_TRACE = "meta-device trace of the step (no weights allocated)"
 
@@ -36,6 +41,8 @@ class Settings:
     num_labels: int = 2
     device_memory_bytes: int | None = None
     gpu: str = gpus.DEFAULT_GPU
+    precision: str = FP32  # the forward pass and loss under autocast to bf16/fp16, weights float32
+    device: str = "cuda"  # whose autocast rules a bf16/fp16 step follows (cuda: a GPU's; cpu)
 
 
 def estimate(resolved: ResolvedBackbone, method_name: str, overrides: dict, settings: Settings) -> dict[str, Any]:
@@ -53,6 +60,8 @@ def estimate(resolved: ResolvedBackbone, method_name: str, overrides: dict, sett
         "batch_size": settings.batch_size,
         "max_length": settings.max_length,
         "num_labels": settings.num_labels,
+        "precision": settings.precision,
+        "autocast_rules": None if settings.precision == FP32 else policy_device(settings.device),
         "status": "ok",
         "error": None,
     }
@@ -77,10 +86,11 @@ def trace_figures(resolved: ResolvedBackbone, method, config, settings: Settings
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     inputs, labels = example_batch(settings.batch_size, settings.max_length, _token_id(resolved))
     resident = static["frozen_weights_bytes"] + static["trainable_weights_bytes"] + static["buffers_bytes"]
-    train = train_steps(model, inputs, labels)
-    infer = inference_batch(model, inputs)
+    train = train_steps(model, inputs, labels, precision=settings.precision, device=settings.device)
+    infer = inference_batch(model, inputs, precision=settings.precision, device=settings.device)
     return {
         "dtype": dtype,
+        "compute_dtype": dtype if settings.precision == FP32 else AUTOCAST_DTYPES[settings.precision],
         "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
         "total_params": sum(p.numel() for p in model.parameters()),
         "memory": {
@@ -104,7 +114,7 @@ def _token_id(resolved: ResolvedBackbone) -> int:
 
 def _verdicts(peak_train_bytes: int, train_flops: int, figures: dict, settings: Settings) -> dict[str, Any]:
     gpu = gpus.get_gpu(settings.gpu)
-    peak_flops = gpu.peak_flops(figures["dtype"])
+    peak_flops = gpu.peak_flops(figures["compute_dtype"])
     return {
         "fits_train": gpus.fits(peak_train_bytes, settings.device_memory_bytes),
         "fits_inference": gpus.fits(figures["memory"]["peak_inference_bytes"], settings.device_memory_bytes),
@@ -113,6 +123,6 @@ def _verdicts(peak_train_bytes: int, train_flops: int, figures: dict, settings: 
             "peak_flops_per_s": peak_flops,
             "train_step_s": train_flops / peak_flops,
             "inference_batch_s": figures["flops"]["inference_batch"] / peak_flops,
-            "kind": "bound: FLOPs / the GPU's peak dense throughput in the model's dtype",
+            "kind": "bound: FLOPs / the GPU's peak dense throughput in the dtype the products run in",
         },
     }

@@ -36,6 +36,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 from torch.utils.flop_counter import FlopCounterMode
 
+from petlprof.estimate.autocast import MetaAutocast
+from petlprof.recipe import AUTOCAST_DTYPES, FP16, FP32, TrainRecipe
+
 aten = torch.ops.aten
 _INDEX_OPS = {aten.index.Tensor, aten.index_put.default, aten.index_put_.default, aten._index_put_impl_.default}
 
@@ -46,6 +49,7 @@ _RESHAPING = {aten.resize_.default, aten.set_.source_Storage, aten.set_.source_T
 _ALIASING: set = set()  # operations seen returning a view of an argument although their schema says no alias
 _KINDS: dict = {}  # operation -> "new" | "update" | "other" (see _kind)
 _PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout)
+_LOSS_SCALE = 2.0**16  # GradScaler's first scale (the value changes no byte)
 
 
 class UntraceableError(RuntimeError):
@@ -235,15 +239,24 @@ def example_batch(batch_size: int, max_length: int, token_id: int) -> tuple[dict
     return inputs, torch.zeros(batch_size, dtype=torch.long)
 
 
-def train_steps(model, inputs: dict, labels: torch.Tensor, steps: int = 2) -> StepTrace:
+def autocast(precision: str, device: str):
+    """The forward pass's context at ``precision`` by ``device``'s autocast rules (nothing for fp32)."""
+    if precision == FP32:
+        return contextlib.nullcontext()
+    return MetaAutocast(getattr(torch, AUTOCAST_DTYPES[precision]), device)
+
+
+def train_steps(
+    model, inputs: dict, labels: torch.Tensor, steps: int = 2, precision: str = FP32, device: str = "cuda"
+) -> StepTrace:
     """Trace ``steps`` training steps as :func:`petlprof.train.train` runs them with the run's
-    :class:`~petlprof.recipe.TrainRecipe` (forward, loss, backward, gradient clipping, AdamW step, gradients
-    set to None).  The first step creates the optimiser state,
-    which stays alive as the later ones run; FLOPs are those of the last step."""
-    from petlprof.recipe import TrainRecipe
+    :class:`~petlprof.recipe.TrainRecipe` (forward and loss under ``precision``'s autocast by ``device``'s
+    rules, backward -- of the scaled loss for fp16, the gradients unscaled in place --, gradient clipping,
+    AdamW step, gradients set to None).  The first step creates the optimiser state, which stays alive as
+    the later ones run; FLOPs are those of the last step."""
     from petlprof.train import loss_fn
 
-    recipe = TrainRecipe(lr=1e-3)  # the learning rate changes no shape
+    recipe = TrainRecipe(lr=1e-3, precision=precision)  # the learning rate changes no shape
     optimizer, params = recipe.optimizer(model)
     model.train()
     tracer, flops = MetaTrace(), 0
@@ -251,8 +264,11 @@ def train_steps(model, inputs: dict, labels: torch.Tensor, steps: int = 2) -> St
         for step in range(steps):
             counter = FlopCounterMode(display=False)
             with counter if step == steps - 1 else contextlib.nullcontext():
-                loss = loss_fn(model(**inputs), labels)
-                loss.backward()
+                with autocast(precision, device):
+                    loss = loss_fn(model(**inputs), labels)
+                (loss * _LOSS_SCALE if precision == FP16 else loss).backward()
+                if precision == FP16:  # GradScaler.unscale_: in place, before clipping
+                    torch._foreach_mul_([p.grad for p in params if p.grad is not None], 1 / _LOSS_SCALE)
                 torch.nn.utils.clip_grad_norm_(params, recipe.max_grad_norm)  # recipe.clip reads the norm's value
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
@@ -263,10 +279,10 @@ def train_steps(model, inputs: dict, labels: torch.Tensor, steps: int = 2) -> St
 
 
 @torch.no_grad()
-def inference_batch(model, inputs: dict) -> StepTrace:
-    """Trace one evaluation forward pass (eval mode, no autograd)."""
+def inference_batch(model, inputs: dict, precision: str = FP32, device: str = "cuda") -> StepTrace:
+    """Trace one evaluation forward pass (eval mode, no autograd) under ``precision``'s autocast."""
     model.eval()
     tracer = MetaTrace()
-    with tracer, FlopCounterMode(display=False) as counter:
+    with tracer, FlopCounterMode(display=False) as counter, autocast(precision, device):
         model(**inputs)
     return StepTrace(peak_new_bytes=tracer.peak_bytes, flops=counter.get_total_flops())
