@@ -3,7 +3,7 @@
 ```python
 from petlprof.api import load_results, summarise, frontier, plot_frontier
 
-runs = load_results("reports/offline-default")          # one row per run (every status)
+runs = load_results("reports/tweets3-study/budget")     # one row per run (every status)
 configs = frontier(runs, x="energy_j", y="accuracy")   # one row per configuration, seeds merged, on_front
 fig = plot_frontier(runs, x="peak_memory_bytes")       # the report's plot, as a matplotlib Figure
 ```

@@ -6,7 +6,8 @@ makes the same casts itself, as a ``TorchFunctionMode``: above autograd, like au
 records each cast and saves the low-precision copies an operation keeps for its backward pass
 (bfloat16 copies of frozen weights included), which is what the activation bytes of a mixed-precision
 step are.  The rules are autocast's own, per device (``aten/src/ATen/autocast_mode.cpp`` and
-``autocast_mode.h`` of the installed torch, checked by ``tests/test_estimate.py``):
+``autocast_mode.h`` of torch 2.x, copied as lists; the CPU lists are exercised against real CPU steps by
+``tests/test_estimate.py``, the CUDA lists have not been checked on a GPU yet):
 
 * ``lower``: matrix products, convolutions, attention run in the autocast dtype (every floating
   argument but float64 cast to it); float32 leaf weights that require a gradient are cast once per
