@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from test_faults import interruptible
 
 from petlprof.cli import main
 from petlprof.config import build_options, resolve_device
@@ -162,7 +163,8 @@ def test_a_killed_ray_driver_resumes_without_losing_or_repeating_a_run(tmp_path,
     out = tmp_path / "out"
     before = set(raylets())
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-    proc = subprocess.Popen(ray_sweep_cmd(out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    proc = subprocess.Popen(ray_sweep_cmd(out), env=env, preexec_fn=interruptible, **quiet)
     deadline = time.time() + 240
     while time.time() < deadline and not any(r["status"] == "ok" for r in stored(out)):
         assert proc.poll() is None, "the sweep ended before it could be killed"

@@ -30,6 +30,14 @@ def sweep_cmd(out, methods="read,lora,bitfit", *extra):
     return [sys.executable, "-m", "petlprof.cli", "run", "--methods", methods, *TINY, "--output", str(out), *extra]
 
 
+def interruptible() -> None:
+    """Run in a child before its exec: Ctrl-C's default action.  A test process started with SIGINT
+    ignored (a background job of a non-interactive shell, ``nohup pytest &``) passes that on, and a
+    Python started with SIGINT ignored never raises KeyboardInterrupt, so the Ctrl-C tests would
+    test nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def records(out):
     return [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
 
@@ -90,7 +98,9 @@ def test_a_run_past_its_timeout_is_killed_and_recorded():
 @pytest.mark.parametrize("sig, to_group, code", [(signal.SIGINT, True, 130), (signal.SIGTERM, False, 143)])
 def test_signals_stop_the_run_in_flight_and_keep_the_store_valid(tmp_path, sig, to_group, code):
     out = tmp_path / "out"
-    proc = subprocess.Popen(sweep_cmd(out), stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        sweep_cmd(out), stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=interruptible
+    )
     err_lines: list[str] = []
     reader = threading.Thread(target=lambda: err_lines.extend(proc.stderr), daemon=True)
     reader.start()
