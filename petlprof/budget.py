@@ -81,6 +81,9 @@ class Budget:
     def _check(self) -> float:
         """Score the model on the held-out slice, adding the check's time (and energy) to the totals."""
         if self.check_meter is not None:
+            from petlprof.meters.base import synchronize
+
+            synchronize(self.check_meter.device)  # the training step queued on a GPU is not the check's
             self.check_meter.prepare()
             self.check_meter.begin()
         t0 = time.perf_counter()

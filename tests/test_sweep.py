@@ -283,7 +283,7 @@ class FixedEnergy:
     """A stand-in energy meter: each window it is opened around reads ``joules`` (hardware fake)."""
 
     def __init__(self, joules: float):
-        self.joules, self.opened = joules, 0
+        self.joules, self.opened, self.device = joules, 0, "cpu"
 
     def prepare(self) -> None:
         pass
