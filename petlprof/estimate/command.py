@@ -10,6 +10,7 @@ from typing import Any
 
 from petlprof.errors import UsageError
 from petlprof.estimate import gpus
+from petlprof.estimate.autocast import policy_device
 from petlprof.options import OPTIONS, default_of, kind_of
 
 GIB = 1024**3
@@ -40,7 +41,13 @@ def add_estimate_parser(sub) -> argparse.ArgumentParser:
         "--precision",
         default=default_of("precision"),
         help=OPTIONS["precision"].metadata["help"].replace("(default)", "(default; the run option's)")
-        + "; bf16/fp16 follow CUDA's autocast rules",
+        + "; bf16/fp16 follow --device's autocast rules",
+    )
+    parser.add_argument(
+        "--device",
+        default="cuda",
+        help="whose kernel choices (attention, recurrent layers) and autocast rules the step follows: cuda (an "
+        "sm80+ GPU such as A100/H100/H200; default) or cpu (the `cpu-tensors` meter measures a CPU's)",
     )
     parser.add_argument("--device-memory", help="say whether each peak fits this size, e.g. 24GiB")
     parser.add_argument(
@@ -56,6 +63,12 @@ def add_estimate_parser(sub) -> argparse.ArgumentParser:
 def _positive(value: int, option: str) -> int:
     if value < 1:
         raise UsageError(f"{option} must be a positive integer, got {value}")
+    return value
+
+
+def _device(value: str) -> str:
+    if value.split(":")[0] not in ("cpu", "cuda"):
+        raise UsageError(f"--device must be cpu or cuda (cuda:N), got {value!r}")
     return value
 
 
@@ -105,6 +118,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         device_memory_bytes=parse_bytes(args.device_memory, "--device-memory"),
         gpu=gpus.get_gpu(args.gpu).name,
         precision=args.precision,
+        device=_device(args.device),
     )
     methods = [m for m in (args.methods or ",".join(method_names())).split(",") if m]
     configurations = _configurations(methods, parse_method_overrides(args.method_config), args.grid)
@@ -219,9 +233,10 @@ def format_table(records: list[dict], settings) -> str:
 
 
 def _precision(settings) -> str:
+    kernels = f"{policy_device(settings.device)} kernels"
     if settings.precision == "fp32":
-        return "the model's dtype"
-    return f"{settings.precision} autocast ({settings.device} rules), float32 weights"
+        return f"the model's dtype, {kernels}"
+    return f"{settings.precision} autocast ({policy_device(settings.device)} rules), float32 weights, {kernels}"
 
 
 def plot_memory_vs_size(records: list[dict], path: Path) -> Path:

@@ -42,7 +42,7 @@ class Settings:
     device_memory_bytes: int | None = None
     gpu: str = gpus.DEFAULT_GPU
     precision: str = FP32  # the forward pass and loss under autocast to bf16/fp16, weights float32
-    device: str = "cuda"  # whose autocast rules a bf16/fp16 step follows (cuda: a GPU's; cpu)
+    device: str = "cuda"  # whose kernels and autocast rules the step follows (cuda: a GPU's; cpu)
 
 
 def estimate(resolved: ResolvedBackbone, method_name: str, overrides: dict, settings: Settings) -> dict[str, Any]:
@@ -62,6 +62,7 @@ def estimate(resolved: ResolvedBackbone, method_name: str, overrides: dict, sett
         "num_labels": settings.num_labels,
         "precision": settings.precision,
         "autocast_rules": None if settings.precision == FP32 else policy_device(settings.device),
+        "kernels": policy_device(settings.device),
         "status": "ok",
         "error": None,
     }
