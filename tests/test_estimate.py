@@ -166,6 +166,23 @@ def test_every_estimate_counts_flops_and_the_full_model():
     assert full["trainable_params"] == full["total_params"] > lora["total_params"] - lora["trainable_params"] > 0
 
 
+def test_the_optimiser_step_follows_the_devices_adamw_loop():
+    """AdamW's temporaries: a GPU's foreach loop takes the square roots of every trainable tensor at once, a
+    CPU's per-tensor loop two temporaries of one tensor at a time (the embedding's, the largest).  At batch
+    1 x 4 a full fine-tuning step peaks there, above weights, gradients and AdamW state."""
+    resolved = resolve_backbone("tiny-llama", num_layers=2)
+    method = get_method("full")
+    model = build_model(resolved, method, method.make_config({}), 2)
+    largest = max(p.numel() * p.element_size() for p in model.parameters())
+    extra = {}
+    for device in ("cpu", "cuda"):
+        memory = estimate(resolved, "full", {}, Settings(batch_size=1, max_length=4, device=device))["memory"]
+        resident = sum(memory[k] for k in ("weights_bytes", "buffers_bytes", "gradients_bytes", "optimizer_bytes"))
+        extra[device] = memory["peak_train_bytes"] - resident
+    assert extra["cpu"] == pytest.approx(2 * largest, rel=1e-3)
+    assert extra["cuda"] == pytest.approx(memory["trainable_weights_bytes"], rel=1e-3)
+
+
 # --- the exact fallback: a method with an operation that has no meta kernel ------------------------
 
 

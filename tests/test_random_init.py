@@ -162,5 +162,7 @@ def test_a_random_init_run_measures_what_the_estimate_predicts(shape, method, tm
         peak_inference_bytes=record["inference"][f"batch_{BATCH}"]["peak_tensor_bytes"],
         static=record["memory_breakdown"],
     )
-    predicted = estimate(resolve_backbone(shape), method, {}, Settings(batch_size=BATCH, max_length=LENGTH))
+    predicted = estimate(
+        resolve_backbone(shape), method, {}, Settings(batch_size=BATCH, max_length=LENGTH, device="cpu")
+    )
     check_against_real(predicted, measured)

@@ -10,7 +10,6 @@ from typing import Any
 
 from petlprof.errors import UsageError
 from petlprof.estimate import gpus
-from petlprof.estimate.autocast import policy_device
 from petlprof.options import OPTIONS, default_of, kind_of
 
 GIB = 1024**3
@@ -233,6 +232,8 @@ def format_table(records: list[dict], settings) -> str:
 
 
 def _precision(settings) -> str:
+    from petlprof.estimate.autocast import policy_device  # imports torch: not at the top, for a fast --help
+
     kernels = f"{policy_device(settings.device)} kernels"
     if settings.precision == "fp32":
         return f"the model's dtype, {kernels}"

@@ -35,7 +35,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 
-from petlprof.estimate.autocast import MetaAutocast
+from petlprof.estimate.autocast import MetaAutocast, policy_device
 from petlprof.estimate.kernels import DeviceKernels, UntraceableError, flop_counter
 from petlprof.recipe import AUTOCAST_DTYPES, FP16, FP32, TrainRecipe
 
@@ -262,6 +262,8 @@ def train_steps(
         raise ValueError(f"train_steps needs steps >= 2 (one to count FLOPs, one to read the peak); got {steps}")
     recipe = TrainRecipe(lr=1e-3, precision=precision)  # the learning rate changes no shape
     optimizer, params = recipe.optimizer(model)
+    for group in optimizer.param_groups:  # torch's default for the device: a GPU runs AdamW's foreach loop
+        group["foreach"] = policy_device(device) == "cuda"
     model.train()
     tracer, counter = MetaTrace(), flop_counter()
     with tracer:
