@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import sys
+import textwrap
 import threading
 import warnings
 from pathlib import Path
@@ -257,6 +258,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     from petlprof.backbones import BACKBONES
     from petlprof.meters import meter_status
     from petlprof.registry import config_field_help, get_method, method_names
+    from petlprof.shapes import shape_names
     from petlprof.tasks import TASKS
 
     print("Methods (name: what trains; Pareto knob; default learning rate; options for --method-config):")
@@ -277,6 +279,11 @@ def cmd_list(args: argparse.Namespace) -> int:
     for name, text in BACKBONES.items():
         print(f"  {name:<10} {text}")
     print("  <path|id>  a local model folder or a Hugging Face id (encoder, encoder-decoder or decoder)")
+    print(
+        "\nModel shapes (configs without weights: `petlprof estimate --backbone NAME`, or `petlprof run --backbone "
+        "NAME --random-init` for a cost-only run):"
+    )
+    print(textwrap.fill(", ".join(shape_names()), width=100, initial_indent="  ", subsequent_indent="  "))
     print("\nMeters on this machine:")
     for name, ok, why, what in meter_status():
         print(f"  {name:<15} {'available' if ok else 'unavailable':<11} {what}\n  {'':<27}({why})")

@@ -195,6 +195,10 @@ def test_list_shows_methods_tasks_backbones_meters(capsys):
     for word in ("read", "lora", "bitfit", "full", "tweets", "sst2", "minilm", "tiny-t5", "estimate", "nvml", "rapl"):
         assert word in out
     assert "knob hidden_size" in out and "knob r" in out
+    from petlprof.shapes import shape_names
+
+    shapes = out.split("Model shapes")[1].split("Meters on this machine")[0]
+    assert set(shape_names()) <= set(shapes.replace(",", " ").split()) and "t5-11b" in shape_names()
 
 
 def test_help_does_not_import_torch():
