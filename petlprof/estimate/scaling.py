@@ -25,11 +25,15 @@ def load(folder: Path) -> list[dict]:
 
 
 def _grid(records: list[dict]) -> tuple[list[str], list[str], dict]:
-    """(backbones by size, methods, {(backbone, method): record}) of the records that are ok."""
+    """(backbones by size, methods, {(backbone, method): record}): every backbone with an ok record and
+    every method, failed ones included, so a failed estimate is a ``-`` cell rather than a missing row or
+    column."""
     ok = [r for r in records if r["status"] == "ok"]
-    sizes = {r["backbone"]: r["total_params"] for r in ok if r["method"] == "full"}
+    sizes: dict[str, int] = {}  # a backbone's size: its parameters under full fine-tuning, else its fewest
+    for r in sorted(ok, key=lambda r: (r["method"] != "full", r["total_params"])):
+        sizes.setdefault(r["backbone"], r["total_params"])
     backbones = sorted(sizes, key=sizes.get)
-    methods = sorted({r["method"] for r in ok})
+    methods = sorted({r["method"] for r in records})
     return backbones, methods, {(r["backbone"], r["method"]): r for r in ok}
 
 
@@ -50,7 +54,7 @@ def sweep_section(records: list[dict]) -> list[str]:
             row = [method]
             for backbone in backbones:
                 record, full = cell.get((backbone, method)), cell.get((backbone, "full"))
-                if record is None:
+                if record is None or (ratio and full is None):
                     row.append("-")
                 elif ratio:
                     row.append(f"{figure(record) / figure(full):.2f}")
@@ -71,10 +75,15 @@ def sweep_section(records: list[dict]) -> list[str]:
         row = [method]
         for gib in FIT_GIB:
             fitting = [b for b in backbones if (b, method) in cell and peak(cell[(b, method)]) <= gib * GIB]
-            row.append(fitting[-1] if fitting else "none")
+            estimated = any((b, method) in cell for b in backbones)
+            row.append(fitting[-1] if fitting else "none" if estimated else "-")
         fit_rows.append(row)
     lines += ["Largest model whose training step fits:", ""]
     lines += [*_table(["method", *(f"{gib} GiB" for gib in FIT_GIB)], fit_rows), ""]
+    failed = [r for r in records if r["status"] != "ok"]
+    if failed:
+        lines += ["Failed estimates (`-` above):", ""]
+        lines += [*(f"- `{r['method']}` on `{r['backbone']}`: {r['error']}" for r in failed), ""]
     return lines
 
 
@@ -108,11 +117,18 @@ def read_vs_paper(records: list[dict]) -> list[str]:
             ],
         ),
         "",
-        f"Predicted here: batch {full['batch_size']} x {full['max_length']} tokens, {full['dtype']}, peak live tensor "
-        "bytes (no allocator cache, no CUDA context). The paper measured the GPU memory of its own GLUE runs, at "
-        "its own batch sizes and lengths, so the two figures answer the same question in different settings.",
+        f"Predicted here: batch {full['batch_size']} x {full['max_length']} tokens, {_numerics(full)}, peak live "
+        "tensor bytes (no allocator cache, no CUDA context). The paper measured the GPU memory of its own GLUE runs, "
+        "at its own batch sizes and lengths, so the two figures answer the same question in different settings.",
         "",
     ]
+
+
+def _numerics(record: dict) -> str:
+    """The dtype the step computes in and whose kernels it assumes, as the record says."""
+    precision = record.get("precision", "fp32")
+    dtype = record.get("dtype") if precision == "fp32" else f"{precision} autocast, float32 weights"
+    return f"{dtype}, {record.get('kernels', 'cuda')} kernels"
 
 
 def write_report(folder: Path, sweeps: list[str]) -> Path:
@@ -127,8 +143,8 @@ def write_report(folder: Path, sweeps: list[str]) -> Path:
     for sweep in sweeps:
         records = load(folder / sweep)
         everything += records
-        first = records[0]
-        lines += [f"## {sweep}: batch {first['batch_size']} x {first['max_length']} tokens, {first.get('dtype')}", ""]
+        first = next((r for r in records if r["status"] == "ok"), records[0])  # a failed record has no dtype
+        lines += [f"## {sweep}: batch {first['batch_size']} x {first['max_length']} tokens, {_numerics(first)}", ""]
         command = folder / sweep / "command.txt"
         if command.exists():
             lines += ["```bash", command.read_text().strip(), "```", ""]
