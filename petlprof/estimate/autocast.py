@@ -6,8 +6,9 @@ makes the same casts itself, as a ``TorchFunctionMode``: above autograd, like au
 records each cast and saves the low-precision copies an operation keeps for its backward pass
 (bfloat16 copies of frozen weights included), which is what the activation bytes of a mixed-precision
 step are.  The rules are autocast's own, per device (``aten/src/ATen/autocast_mode.cpp`` and
-``autocast_mode.h`` of torch 2.x, copied as lists; the CPU lists are exercised against real CPU steps by
-``tests/test_estimate.py``, the CUDA lists have not been checked on a GPU yet):
+``autocast_mode.h`` of torch 2.x, copied as lists; ``tests/test_autocast_rules.py`` checks the CPU lists
+operation by operation against torch's own CPU autocast and dispatcher, and the CUDA lists the same way
+where a GPU is present, and ``tests/test_estimate.py`` checks whole CPU steps):
 
 * ``lower``: matrix products, convolutions, attention run in the autocast dtype (every floating
   argument but float64 cast to it); float32 leaf weights that require a gradient are cast once per
@@ -38,6 +39,12 @@ _LOSSES = (
     "multilabel_margin_loss binary_cross_entropy_with_logits cross_entropy_loss"
 ).split()
 
+_FFTS = "fft ifft rfft irfft hfft ihfft fft2 ifft2 rfft2 irfft2 fftn ifftn rfftn irfftn".split()
+_CPU_LINALG = (
+    "cholesky cholesky_ex cond eig eigh eigvals eigvalsh householder_product inv inv_ex lstsq matrix_rank qr solve "
+    "svd svdvals tensorinv tensorsolve"
+).split()
+
 POLICIES: dict[str, dict[str, str]] = {
     "cpu": {
         **dict.fromkeys(
@@ -47,12 +54,18 @@ POLICIES: dict[str, dict[str, str]] = {
             LOWER,
         ),
         **dict.fromkeys(_COMPOSITE_PRODUCTS, LOWER),
+        # composites whose every output CPU autocast computes in its dtype (CUDA's list names the two cells)
+        **dict.fromkeys(("multi_head_attention_forward", "rnn_tanh_cell", "rnn_relu_cell"), LOWER),
         **dict.fromkeys(
-            "avg_pool3d binary_cross_entropy grid_sampler polar prod quantile nanquantile stft cdist trace "
+            "avg_pool3d binary_cross_entropy grid_sampler grid_sampler_2d grid_sampler_3d "
+            "_grid_sampler_2d_cpu_fallback polar prod quantile nanquantile stft cdist trace "
+            "fake_quantize_per_tensor_affine _lu_with_info "
             "view_as_complex cholesky cholesky_inverse cholesky_solve inverse lu_solve orgqr ormqr pinverse max_pool3d "
             "max_unpool2d max_unpool3d adaptive_avg_pool3d reflection_pad1d reflection_pad2d replication_pad1d "
             "replication_pad2d replication_pad3d ctc_loss geqrf qr svd triangular_solve fractional_max_pool2d "
             "fractional_max_pool3d adaptive_max_pool3d".split()
+            + [f"fft_{name}" for name in _FFTS]
+            + [f"linalg_{name}" for name in _CPU_LINALG]
             + _LOSSES,
             FLOAT32,
         ),
@@ -92,7 +105,20 @@ _ATEN_NAMES = {
     "__pow__": "pow",
     "__rpow__": "pow",
     "cross_entropy": "cross_entropy_loss",  # CUDA casts its log_softmax and nll_loss to float32: the same
+    "grid_sample": "grid_sampler",
+    "lu": "_lu_with_info",
 }
+_PADS = {"reflect": "reflection", "replicate": "replication"}  # F.pad's modes that run a padding operation of their own
+
+
+def _aten_name(name: str, args, kwargs) -> str:
+    """The operation autocast sees when ``name`` is called: ``F.pad`` reflects or replicates by
+    ``reflection_pad1d`` ... ``replication_pad3d`` (by the padding's length), which the CPU rules name."""
+    if name == "pad":
+        mode = kwargs.get("mode", args[2] if len(args) > 2 else "constant")
+        width = kwargs.get("pad", args[1] if len(args) > 1 else ())
+        return f"{_PADS[mode]}_pad{len(width) // 2}d" if mode in _PADS else name
+    return _ATEN_NAMES.get(name, name)
 
 
 def policy_device(device: str) -> str:
@@ -123,7 +149,7 @@ class MetaAutocast(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
-        rule = self.rules.get(_ATEN_NAMES.get(name, name))
+        rule = self.rules.get(_aten_name(name, args, kwargs))
         if rule == LOWER:
             args, kwargs = tree_map(lambda value: self._cast(value, self.dtype), (args, kwargs))
         elif rule == FLOAT32:
