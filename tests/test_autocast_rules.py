@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._pytree import tree_leaves, tree_map
 
-from petlprof.estimate.autocast import FLOAT32, FLOAT32_OUTPUT, LOWER, POLICIES, MetaAutocast
+from petlprof.estimate.autocast import FLOAT32, FLOAT32_OUTPUT, LOWER, POLICIES, REFUSED, MetaAutocast
 
 BF16, F32 = torch.bfloat16, torch.float32
 _RULE_DTYPE = {LOWER: BF16, FLOAT32: F32, FLOAT32_OUTPUT: F32}  # promote: the widest input, float32 in every case
@@ -285,6 +285,24 @@ POOLING_AND_SAMPLING = [
             ("trilinear", 3),
         )
     ),
+    *(  # mode nearest-exact runs _upsample_nearest_exact<n>d
+        case(
+            f"_upsample_nearest_exact{dims}d",
+            lambda x: F.interpolate(x, scale_factor=2, mode="nearest-exact"),
+            r(1, 1, *[4] * dims),
+            label=f"interpolate-nearest-exact{dims}d",
+        )
+        for dims in (1, 2, 3)
+    ),
+    *(  # antialiased bilinear/bicubic run _upsample_<mode>2d_aa
+        case(
+            f"_upsample_{mode}2d_aa",
+            lambda x, mode=mode: F.interpolate(x, scale_factor=0.5, mode=mode, antialias=True),
+            r(1, 1, 8, 8),
+            label=f"interpolate-{mode}-antialias",
+        )
+        for mode in ("bilinear", "bicubic")
+    ),
     case("upsample_nearest2d", lambda x: torch._C._nn.upsample_nearest2d(x, [8, 8]), r(1, 1, 4, 4)),
 ]
 
@@ -361,6 +379,8 @@ NOT_CALLED = {
     "cuda": {
         "cudnn_convolution": "internal cuDNN kernel, reached through conv*d",
         "cudnn_convolution_transpose": "internal cuDNN kernel, reached through conv_transpose*d",
+        "_thnn_fused_lstm_cell": "internal fused kernel of a GPU LSTM step without cuDNN, reached through nn.LSTM",
+        "_thnn_fused_gru_cell": "internal fused kernel of a GPU GRU step without cuDNN, reached through nn.GRU",
     },
 }
 # rows whose dtypes the rules are known to get wrong, and why: a row listed here must fail its check
@@ -424,6 +444,8 @@ def _check(device: str, op: str, call, inputs, meta: bool, may_fail: str) -> Non
 
 def _compare(device: str, op: str, call, inputs, meta: bool, may_fail: str) -> None:
     rule = POLICIES[device].get(op)
+    if rule == REFUSED:  # torch's autocast raises for it, and so must the rules
+        return _compare_refused(device, op, call, inputs)
     for dtype in (F32, BF16):
         with torch.autocast(device, dtype=BF16):
             real = _outcome(call, _on(inputs, device, dtype))
@@ -449,6 +471,14 @@ def _compare(device: str, op: str, call, inputs, meta: bool, may_fail: str) -> N
                 f"{op} at {dtype}: torch's autocast gives {real}, rule {rule}"
             )
         assert ours == real, f"{op} at {dtype}: MetaAutocast gives {ours}, torch's {device} autocast {real}"
+
+
+def _compare_refused(device: str, op: str, call, inputs) -> None:
+    with torch.autocast(device, dtype=BF16):
+        real = _outcome(call, _on(inputs, device, F32))
+    with MetaAutocast(BF16, device):
+        ours = _outcome(call, _on(inputs, "meta", F32))
+    assert real == ours == "raises", f"{op}: torch's {device} autocast gives {real}, MetaAutocast {ours}"
 
 
 @pytest.mark.parametrize(("op", "call", "inputs", "meta", "may_fail"), CASES)
@@ -478,3 +508,36 @@ def test_cpu_rules_name_every_operation_torch_casts_on_a_cpu():
     }
     assert cast - set(POLICIES["cpu"]) == set(CPU_INTERNAL)
     assert set(POLICIES["cpu"]) - cast == CPU_COMPOSITES
+
+
+# names in the CUDA rules with no CUDA autocast kernel: torch functions whose inner operations CUDA autocast
+# casts (cross_entropy: its log_softmax and nll_loss, both float32 on CUDA)
+CUDA_COMPOSITES = {"rnn_tanh", "rnn_relu", "gru", "lstm", "multi_head_attention_forward", "cross_entropy_loss"}
+
+
+def test_cuda_rules_name_every_operation_torch_casts_on_a_gpu():
+    """The CPU build of torch registers the CUDA autocast kernels too, so the CUDA rules' names can be checked
+    here: the same two-way check as for the CPU (the dtypes each gives need a GPU: the gpu-marked table)."""
+    cast = {
+        op.split("::")[1].split(".")[0]
+        for op in torch._C._dispatch_get_all_op_names()
+        if torch._C._dispatch_has_kernel_for_dispatch_key(op, "AutocastCUDA")
+    }
+    assert not cast - set(POLICIES["cuda"]), "CUDA autocast casts these, the rules name them not"
+    assert set(POLICIES["cuda"]) - cast == CUDA_COMPOSITES
+
+
+@pytest.mark.parametrize(
+    "call, op",
+    [
+        (lambda x: F.interpolate(x, scale_factor=2, mode="bilinear"), "upsample_bilinear2d"),
+        (lambda x: F.interpolate(x, scale_factor=0.5, mode="bicubic", antialias=True), "_upsample_bicubic2d_aa"),
+        (lambda x: F.interpolate(x, scale_factor=2, mode="nearest-exact"), "_upsample_nearest_exact2d"),
+        (lambda x: F.interpolate(x, scale_factor=2), "upsample_nearest2d"),
+    ],
+)
+def test_cuda_rules_run_interpolate_in_float32(call, op):
+    """F.interpolate reaches CUDA autocast as the upsampling operation of its mode, which runs in float32."""
+    assert POLICIES["cuda"][op] == FLOAT32
+    with MetaAutocast(BF16, "cuda"):
+        assert call(torch.empty(1, 1, 8, 8, device="meta", dtype=BF16)).dtype == F32

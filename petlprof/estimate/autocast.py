@@ -30,6 +30,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves, tree_map
 
 LOWER, FLOAT32, FLOAT32_OUTPUT, PROMOTE = "lower", "float32", "float32 output", "promote"
+REFUSED = "refused"  # autocast raises rather than run it (CUDA's binary_cross_entropy: unsafe in low precision)
 
 # the operations whose inner matrix products autocast casts on every device (composites of bmm, mm, the RNN cells)
 _COMPOSITE_PRODUCTS = ("einsum", "tensordot", "chain_matmul", "linalg_multi_dot", "rnn_tanh", "rnn_relu", "gru", "lstm")
@@ -77,18 +78,21 @@ POLICIES: dict[str, dict[str, str]] = {
             "convolution prelu addmm addmv addr matmul einsum mm mv linalg_vecdot linear addbmm baddbmm bmm "
             "chain_matmul linalg_multi_dot lstm_cell gru_cell rnn_tanh_cell rnn_relu_cell "
             "_scaled_dot_product_flash_attention scaled_dot_product_attention cudnn_convolution "
-            "cudnn_convolution_transpose".split(),
+            "cudnn_convolution_transpose _thnn_fused_lstm_cell _thnn_fused_gru_cell".split(),
             LOWER,
         ),
-        **dict.fromkeys(_COMPOSITE_PRODUCTS, LOWER),
+        **dict.fromkeys((*_COMPOSITE_PRODUCTS, "multi_head_attention_forward"), LOWER),
         **dict.fromkeys(
             "acos asin cosh erfinv exp expm1 log log10 log2 log1p reciprocal rsqrt sinh tan pow softplus layer_norm "
             "native_layer_norm rms_norm group_norm frobenius_norm nuclear_norm cosine_similarity dist pdist cdist "
             "renorm logsumexp norm upsample_nearest1d upsample_nearest2d upsample_nearest3d upsample_linear1d "
-            "upsample_bilinear2d upsample_trilinear3d upsample_bicubic2d".split()
+            "upsample_bilinear2d upsample_trilinear3d upsample_bicubic2d _upsample_bilinear2d_aa "
+            "_upsample_bicubic2d_aa _upsample_nearest_exact1d _upsample_nearest_exact2d "
+            "_upsample_nearest_exact3d".split()
             + _LOSSES,
             FLOAT32,
         ),
+        "binary_cross_entropy": REFUSED,
         **dict.fromkeys(
             "prod softmax log_softmax cumprod cumsum linalg_vector_norm linalg_matrix_norm sum".split(), FLOAT32_OUTPUT
         ),
@@ -109,6 +113,15 @@ _ATEN_NAMES = {
     "lu": "_lu_with_info",
 }
 _PADS = {"reflect": "reflection", "replicate": "replication"}  # F.pad's modes that run a padding operation of their own
+# F.interpolate's modes -> the upsampling operation it runs ({} the number of spatial dimensions)
+_UPSAMPLES = {
+    "nearest": "upsample_nearest{}d",
+    "nearest-exact": "_upsample_nearest_exact{}d",
+    "linear": "upsample_linear1d",
+    "bilinear": "upsample_bilinear2d",
+    "bicubic": "upsample_bicubic2d",
+    "trilinear": "upsample_trilinear3d",
+}
 
 
 def _aten_name(name: str, args, kwargs) -> str:
@@ -118,7 +131,20 @@ def _aten_name(name: str, args, kwargs) -> str:
         mode = kwargs.get("mode", args[2] if len(args) > 2 else "constant")
         width = kwargs.get("pad", args[1] if len(args) > 1 else ())
         return f"{_PADS[mode]}_pad{len(width) // 2}d" if mode in _PADS else name
+    if name == "interpolate":
+        return _upsample_name(args, kwargs) or name
     return _ATEN_NAMES.get(name, name)
+
+
+def _upsample_name(args, kwargs) -> str | None:
+    """The ``upsample_*`` operation ``F.interpolate`` runs (antialiased bilinear/bicubic: ``_upsample_*_aa``)."""
+    tensor = args[0] if args else kwargs.get("input")
+    mode = kwargs.get("mode", args[3] if len(args) > 3 else "nearest")
+    if not isinstance(tensor, torch.Tensor) or mode not in _UPSAMPLES:
+        return None
+    name = _UPSAMPLES[mode].format(tensor.dim() - 2)
+    antialias = kwargs.get("antialias", args[6] if len(args) > 6 else False)
+    return f"_{name}_aa" if antialias and mode in ("bilinear", "bicubic") else name
 
 
 def policy_device(device: str) -> str:
@@ -150,6 +176,11 @@ class MetaAutocast(TorchFunctionMode):
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
         rule = self.rules.get(_aten_name(name, args, kwargs))
+        if rule == REFUSED:
+            raise RuntimeError(
+                f"{name} is unsafe to autocast (torch's autocast refuses it on this device); "
+                "compute the loss from logits (binary_cross_entropy_with_logits) or outside autocast"
+            )
         if rule == LOWER:
             args, kwargs = tree_map(lambda value: self._cast(value, self.dtype), (args, kwargs))
         elif rule == FLOAT32:
