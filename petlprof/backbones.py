@@ -223,7 +223,8 @@ def load_backbone(
     check_weights(spec, random_init)
     if num_layers is not None and num_layers < 1:
         raise UsageError(f"--num-layers must be a positive integer, got {num_layers}")
-    if random_init or (spec in BACKBONES and spec != "minilm"):
+    random_init = random_init or (spec in BACKBONES and spec != "minilm")  # the tiny presets have no weights either
+    if random_init:
         tokenizer, config, source = _random_parts(spec, num_layers, seed)
         torch.manual_seed(seed)
         model = AutoModel.from_config(config)

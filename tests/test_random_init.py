@@ -166,3 +166,9 @@ def test_a_random_init_run_measures_what_the_estimate_predicts(shape, method, tm
         resolve_backbone(shape), method, {}, Settings(batch_size=BATCH, max_length=LENGTH, device="cpu")
     )
     check_against_real(predicted, measured)
+
+
+@pytest.mark.parametrize("spec, random", [("tiny-bert", True), ("tiny-llama", True), ("minilm", False)])
+def test_the_tiny_presets_are_marked_random_init_as_a_shape_run_is(spec, random):
+    """A tiny preset has random weights too: its record must say so, so reports mark its accuracy cost-only."""
+    assert backbones.load_backbone(spec, num_layers=1).info().get("random_init", False) is random
