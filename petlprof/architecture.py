@@ -86,6 +86,12 @@ class Architecture:
     embedding_dim: int | None  # width of the input embeddings (ALBERT's are narrower); None: the model has none
     bias_terms: bool  # any bias parameter (BitFit's trainable set); T5, LLaMA, Mistral, Gemma have none
     module_names: tuple[str, ...] = field(default=(), repr=False)
+    output_width: int | None = None  # width of the base model's last state when it differs from ``width``
+
+    @property
+    def final_width(self) -> int:
+        """Width of the state the task head reads (OPT-350m projects its last state 1024 -> 512)."""
+        return self.output_width or self.width
 
     @property
     def blocks(self) -> list[Block]:
@@ -263,7 +269,15 @@ def describe(model: nn.Module) -> Architecture:
         embedding_dim=getattr(model.get_input_embeddings(), "embedding_dim", None),
         bias_terms=any(name.endswith(".bias") or name == "bias" for name, _ in model.named_parameters()),
         module_names=tuple(name for name, _ in model.named_modules()),
+        output_width=_projected_output(text, width),
     )
+
+
+def _projected_output(config, width: int) -> int | None:
+    """The width OPT's decoder projects its last state to (``project_out``, ``word_embed_proj_dim``), where it
+    is not the model width; None otherwise."""
+    projected = getattr(config, "word_embed_proj_dim", None)
+    return int(projected) if projected and int(projected) != width else None
 
 
 def describe_config(config) -> Architecture:
@@ -358,8 +372,19 @@ def _no_embeddings(arch: Architecture) -> str | None:
     return None if arch.embedding_dim else f"the {arch.model_type} model has no input embeddings to put a prompt before"
 
 
+def _projected_last_state(arch: Architecture) -> str | None:
+    if arch.output_width is None:
+        return None
+    return (
+        f"the {arch.model_type} model projects its last layer's states from width {arch.width} to "
+        f"{arch.output_width}, so its per-layer states differ in width and one side network cannot read them all"
+    )
+
+
 REQUIREMENTS = {
     "adapter": Architecture.missing_sublayers,
+    "read": _projected_last_state,
+    "lst": _projected_last_state,
     "ia3": lambda arch: _missing_projections("ia3", arch),
     "lora": lambda arch: _missing_projections("lora", arch),
     "prefix_tuning": _no_cache,

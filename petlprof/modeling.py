@@ -55,7 +55,7 @@ class SequenceClassifier(nn.Module):
         # counts positions from the prompt's start (right padding keeps them right)
         self.virtual_tokens = 0
         self.dropout = nn.Dropout(dropout)
-        self.head = nn.Linear(backbone.hidden_size, num_labels)
+        self.head = nn.Linear(self.architecture.final_width, num_labels)
 
     def freeze_backbone(self) -> SequenceClassifier:
         """No backbone weight trains; the task head does (what every parameter-efficient method starts from)."""

@@ -313,3 +313,23 @@ def test_skip_unsupported_runs_the_rest_and_names_what_it_left_out(backbones, ca
     assert sorted(seen) == sorted([("lora", distilbert), ("lora", neox), ("prefix_tuning", neox)])
     line = f"skipped (--skip-unsupported): prefix_tuning on {distilbert}: prefix tuning puts"
     assert err.count(line) == 2  # before the runs (a note) and after them, with the summary
+
+
+@pytest.mark.parametrize("method", builtin_method_names())
+def test_a_projected_last_state_sizes_the_head_or_refuses_side_networks(method):
+    """OPT-350m's decoder projects its last state from 1024 to 512 (``project_out``): the task head reads 512
+    wide; READ and LST, whose side networks read every layer's states at one width, are refused up front."""
+    backbone = load_backbone("opt-350m", num_layers=1, random_init=True)
+    spec = get_method(method)
+    reason = unsupported_reason(method, backbone.model)
+    if method in ("read", "lst"):
+        assert "from width 1024 to 512" in reason
+        with pytest.raises(UsageError, match="from width 1024 to 512"):
+            spec.build()(SequenceClassifier(backbone, 2), spec.make_config({}))
+        return
+    assert reason is None
+    model = spec.build()(SequenceClassifier(backbone, 2), spec.make_config({}))
+    out = model(input_ids=torch.full((2, 8), 100), attention_mask=torch.ones(2, 8, dtype=torch.long))
+    assert out.shape == (2, 2)
+    out.sum().backward()
+    assert any(p.grad is not None for p in model.parameters() if p.requires_grad)

@@ -221,6 +221,22 @@ def test_an_untraceable_method_falls_back_to_the_exact_depth_rule():
     check_against_real(record, measure("tiny-llama", "test_estimate:UNTRACEABLE", num_layers=4))
 
 
+def _apply_misshapen_head(classifier, config):
+    classifier.head.register_forward_hook(lambda module, args, output: output @ torch.ones(3, 2))
+    return classifier  # logits [batch, 2] @ [3, 2]: wrong on any device
+
+
+MISSHAPEN = dataclasses.replace(UNTRACEABLE, name="misshapen_head", apply=_apply_misshapen_head)
+
+
+def test_a_step_that_fails_on_real_tensors_too_is_a_failed_row_with_the_real_error():
+    """A meta kernel's shape check reads like a missing kernel, so the exact fallback runs; when the real step
+    fails as well, the row says so with the real step's error instead of the command crashing."""
+    record = estimate(resolve_backbone("tiny-bert", num_layers=2), "test_estimate:MISSHAPEN", {}, SETTINGS)
+    assert record["status"] == "failed"
+    assert record["error"].startswith("RuntimeError") and "cannot be multiplied" in record["error"]
+
+
 # --- bundled shapes ----------------------------------------------------------------------------------
 
 # parameters of the transformers base model (no LM head) of the published checkpoints

@@ -41,8 +41,10 @@ class LstConfig(MethodConfig):
 
 
 def apply(classifier, config: LstConfig):
+    from petlprof.architecture import require
     from petlprof.methods.lst.model import LstModel
 
+    require("lst", classifier.architecture)  # its side network reads every layer's states at one width
     return LstModel(classifier, config)
 
 

@@ -39,8 +39,10 @@ class ReadConfig(MethodConfig):
 
 
 def apply(classifier, config: ReadConfig):
+    from petlprof.architecture import require
     from petlprof.methods.read.model import ReadModel
 
+    require("read", classifier.architecture)  # its side network reads every layer's states at one width
     return ReadModel(classifier, config)
 
 

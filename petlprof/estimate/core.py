@@ -67,12 +67,13 @@ def estimate(resolved: ResolvedBackbone, method_name: str, overrides: dict, sett
         "error": None,
     }
     try:
-        figures = trace_figures(resolved, method, config, settings)
+        try:
+            figures = trace_figures(resolved, method, config, settings)
+        except UntraceableError as exc:  # (a meta kernel's shape check too: the real step then says what is wrong)
+            figures = extrapolated_figures(resolved, method, config, settings, reason=str(exc), trace=trace_figures)
     except UsageError:
         raise
-    except UntraceableError as exc:
-        figures = extrapolated_figures(resolved, method, config, settings, reason=str(exc), trace=trace_figures)
-    except Exception as exc:  # a method or model that cannot be built is a failed row, not a crash
+    except Exception as exc:  # a method or model that cannot be built or run is a failed row, not a crash
         record.update(status="failed", error=f"{type(exc).__name__}: {exc}".strip())
         return record
     record.update(figures)
