@@ -221,6 +221,20 @@ def test_an_untraceable_method_falls_back_to_the_exact_depth_rule():
     check_against_real(record, measure("tiny-llama", "test_estimate:UNTRACEABLE", num_layers=4))
 
 
+@pytest.mark.parametrize("shape", ["roberta-base", "bert-base"])
+def test_a_buffer_moved_to_the_inputs_device_stays_on_meta(shape):
+    """RoBERTa moves its token-type buffer to the device of the (real) position ids: the trace keeps it meta
+    instead of failing over to real tensors, and its figures equal those of the same step on real tensors."""
+    from petlprof.estimate.core import trace_figures
+
+    method, resolved = get_method("lora"), resolve_backbone(shape, num_layers=1)
+    settings = dataclasses.replace(SETTINGS, batch_size=2)
+    meta = estimate(resolved, "lora", {}, settings)
+    real = trace_figures(resolved, method, method.make_config({}), settings, device="cpu")
+    assert meta["estimate_source"].startswith("meta-device trace")
+    assert (meta["memory"], meta["flops"]) == (real["memory"], real["flops"])
+
+
 def _apply_misshapen_head(classifier, config):
     classifier.head.register_forward_hook(lambda module, args, output: output @ torch.ones(3, 2))
     return classifier  # logits [batch, 2] @ [3, 2]: wrong on any device

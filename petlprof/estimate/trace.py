@@ -11,7 +11,8 @@ padding masks, the optimiser's step counters): the model's control flow reads th
 * runs each ATen operation: an operation that mixes real and meta tensors runs on meta (real
   arguments moved there; a boolean index becomes the indices it selects, so the result's shape is
   known); moving a real tensor to the meta device keeps it real (a real run's inputs live on the
-  model's device, so a value the model reads stays readable);
+  model's device, so a value the model reads stays readable), and moving a meta tensor to a real
+  device keeps it meta (a buffer moved to the inputs' device, as RoBERTa's token types are);
 * remembers the result's shape of each operation on meta tensors that creates new tensors (no
   views, no in-place update), by the operation and its arguments' shapes: the layers of a stack
   repeat the same operations on the same shapes, so the meta kernels run once per distinct call;
@@ -94,7 +95,10 @@ class MetaTrace(TorchDispatchMode):
         first = args[0] if args else None
         if kind == "update" and isinstance(first, torch.Tensor) and first.is_meta:
             return first, {_storage_key(first)}  # an in-place update of a meta tensor changes only its values
-        if func is aten._to_copy.default and not first.is_meta and _device_type(kwargs.get("device")) == "meta":
+        target = _device_type(kwargs.get("device"))
+        if func is aten._to_copy.default and target not in (None, first.device.type):
+            # a move between meta and a real device keeps the tensor where it is: a real input stays readable,
+            # and a meta buffer moved to an input's device (RoBERTa's token types) stays a shape without data
             return func(*args, **{k: v for k, v in kwargs.items() if k != "device"}), {_storage_key(first)}
         leaves, spec = tree_flatten((args, kwargs))
         tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
