@@ -335,7 +335,9 @@ BAD_INPUT = [
     (lambda tmp: ["--backbone", "tiny-bert", "--method-config", "lora.r=4", "--methods", "read"], "lora"),
     (lambda tmp: ["--backbone", "tiny-bert", "--gpu", "h300"], "h300"),
     (lambda tmp: ["--backbone", "tiny-bert", "--precision", "bf8"], "bf16, fp16, fp32"),
-    (lambda tmp: ["--backbone", "tiny-bert", "--device", "tpu"], "cpu or cuda"),
+    (lambda tmp: ["--backbone", "tiny-bert", "--device", "tpu"], "auto, cpu, cuda"),
+    (lambda tmp: ["--backbone", "tiny-bert", "--batch-size", str(10**30)], f"--batch-size {10**30} x --max-length"),
+    (lambda tmp: ["--backbone", "tiny-bert", "--batch-size", "0"], "--batch-size must be a positive integer, got 0"),
     (lambda tmp: ["--backbone", "tiny-bert", "--max-length", "100000"], "--max-length 100000"),
 ]
 

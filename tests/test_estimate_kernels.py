@@ -49,6 +49,15 @@ def test_the_cpu_attention_choice_is_torchs_own(row):
     )
 
 
+def test_the_attention_table_reaches_each_cpu_kernel():
+    """So that a choice fixed to one kernel fails the row-by-row comparison above."""
+    chosen = set()
+    for row in ATTENTION:
+        q, k, v, m = (None if t is None else t.to("meta") for t in _tensors(row, "cpu"))
+        chosen.add(kernels._cpu_backend(q, k, v, kernels._float_mask(m, q.dtype), row[4], row[5], None, row[6]))
+    assert chosen == {FLASH, MATH}
+
+
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 @pytest.mark.parametrize("row", ATTENTION)
 def test_attention_by_any_kernel_has_sdpas_output_and_gradients(device, row):

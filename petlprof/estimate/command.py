@@ -45,8 +45,8 @@ def add_estimate_parser(sub) -> argparse.ArgumentParser:
     parser.add_argument(
         "--device",
         default="cuda",
-        help="whose kernel choices (attention, recurrent layers) and autocast rules the step follows: cuda (an "
-        "sm80+ GPU such as A100/H100/H200; default) or cpu (the `cpu-tensors` meter measures a CPU's)",
+        help="whose kernel choices (attention, recurrent layers, AdamW) and autocast rules the step follows: cuda "
+        "(an sm80+ GPU such as A100/H100/H200; default; auto means it too) or cpu (what `cpu-tensors` measures)",
     )
     parser.add_argument("--device-memory", help="say whether each peak fits this size, e.g. 24GiB")
     parser.add_argument(
@@ -65,10 +65,15 @@ def _positive(value: int, option: str) -> int:
     return value
 
 
-def _device(value: str) -> str:
-    if value.split(":")[0] not in ("cpu", "cuda"):
-        raise UsageError(f"--device must be cpu or cuda (cuda:N), got {value!r}")
-    return value
+MAX_TOKENS = 2**27  # the traced batch is real (ids and mask, 16 bytes a token): 2 GiB at most
+
+
+def _batch_tokens(batch_size: int, max_length: int) -> None:
+    if batch_size * max_length > MAX_TOKENS:
+        raise UsageError(
+            f"--batch-size {batch_size} x --max-length {max_length} = {batch_size * max_length} tokens is more than "
+            f"{MAX_TOKENS}, the largest batch an estimate builds (its token ids are real tensors)"
+        )
 
 
 def _configurations(methods: list[str], overrides: dict[str, dict], grid: bool) -> list[tuple[str, dict]]:
@@ -109,7 +114,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     if args.list_shapes:
         print("\n".join(shape_names()))
         return 0
-    kind_of("precision").check("precision", args.precision)  # the run option's check: one line, exit 2
+    kind_of("precision").check("precision", args.precision)  # the run options' checks: one line, exit 2
+    kind_of("device").check("device", args.device)
     settings = Settings(
         batch_size=_positive(args.batch_size, "--batch-size"),
         max_length=_positive(args.max_length, "--max-length"),
@@ -117,8 +123,9 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         device_memory_bytes=parse_bytes(args.device_memory, "--device-memory"),
         gpu=gpus.get_gpu(args.gpu).name,
         precision=args.precision,
-        device=_device(args.device),
+        device=args.device,
     )
+    _batch_tokens(settings.batch_size, settings.max_length)
     methods = [m for m in (args.methods or ",".join(method_names())).split(",") if m]
     configurations = _configurations(methods, parse_method_overrides(args.method_config), args.grid)
     backbones = [b for b in args.backbone.split(",") if b]
