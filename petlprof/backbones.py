@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from petlprof.errors import UsageError, unknown_choice
-from petlprof.shapes import config_label, is_config_file, is_shape, shape_names, weightless_config
+from petlprof.shapes import check_sizes, config_label, is_config_file, is_shape, shape_names, weightless_config
+from petlprof.values import check_file
 
 DEFAULT_BACKBONE = "minilm"
 ENCODER, ENCODER_DECODER, DECODER = "encoder", "encoder-decoder", "decoder"
@@ -110,6 +111,7 @@ def check_backbone(spec: str) -> None:
     file, or a hub-id-shaped name (whether it has weights is :func:`check_weights`' question)."""
     if spec in BACKBONES or is_shape(spec):
         return
+    check_file(spec, "--backbone", folder=True)
     path = Path(spec)
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -148,11 +150,15 @@ def check_weights(spec: str, random_init: bool) -> None:
 
 def pretrained_config(spec: str):
     """The transformers config of ``minilm``, a local folder or a hub id; a UsageError if it cannot load."""
-    from transformers import AutoConfig
+    from transformers import AutoConfig, PretrainedConfig
 
     path = str(minilm_path()) if spec == "minilm" else spec
     try:
+        values, _ = PretrainedConfig.get_config_dict(path)
+        check_sizes(values, spec)  # before the config class computes with them (a head count of 0 divides)
         return AutoConfig.from_pretrained(path)
+    except UsageError:
+        raise
     except (OSError, ValueError) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise UsageError(

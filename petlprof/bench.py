@@ -87,7 +87,8 @@ class MethodStep:
         self.backbone = load_backbone(backbone, num_layers=num_layers)
         classifier = SequenceClassifier(self.backbone, num_labels=2)
         self.model = spec.build()(classifier, spec.make_config(method_config or {})).to(device)
-        self.method, self.backbone_name, self.device = method, backbone, device
+        # a plug-in named as ``module:SPEC`` is called by its spec's name, in messages and baseline keys
+        self.method, self.backbone_name, self.device = spec.name, backbone, device
         batch = self.backbone.tokenizer(
             [SENTENCE] * batch_size, padding="max_length", truncation=True, max_length=seq_len, return_tensors="pt"
         )

@@ -21,7 +21,7 @@ from typing import Any
 from petlprof.errors import UsageError, shown, unknown_choice
 from petlprof.options import CACHE_DTYPES, DEVICES, OPTIONS, RunOptions, default_of, kind_of  # noqa: F401  (re-exported)
 from petlprof.spec import RunSpec, spec_default, spec_fields
-from petlprof.values import flag, parse_bytes  # noqa: F401  (parse_bytes re-exported)
+from petlprof.values import check_file, flag, parse_bytes  # noqa: F401  (parse_bytes re-exported)
 
 _YAML_12_FLOAT = re.compile(r"^[-+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$")
 
@@ -58,6 +58,7 @@ def yaml_value(text: str) -> Any:
 def load_config_file(path: str) -> dict[str, Any]:
     """Options from a ``.toml``, ``.yaml`` or ``.yml`` file (same names as the CLI, with underscores)."""
     file = Path(path)
+    check_file(file, "config file")
     if not file.is_file():
         raise UsageError(f"config file '{shown(path, quote=False)}' does not exist")
     suffix = file.suffix.lower()
@@ -85,11 +86,26 @@ def load_config_file(path: str) -> dict[str, Any]:
                 f"config file '{path}': option name {shown(key)} is not text; options are named, e.g. "
                 "methods, seeds, train_size"
             )
-    data = {k.replace("-", "_"): v for k, v in data.items()}
+    data = _one_spelling(data, path)
     for key in data:
         if key not in OPTIONS:
             raise unknown_choice(f"option in '{path}'", key, OPTIONS)
     return data
+
+
+def _one_spelling(data: dict[str, Any], path: str) -> dict[str, Any]:
+    """The file's options under their underscore names; an option given under two spellings
+    (``train-size`` and ``train_size``) is refused, as a key given twice is."""
+    out: dict[str, Any] = {}
+    spelled: dict[str, str] = {}
+    for key, value in data.items():
+        name = key.replace("-", "_")
+        if name in spelled:
+            raise UsageError(
+                f"config file '{path}' gives option {name} twice, as {shown(spelled[name])} and {shown(key)}; keep one"
+            )
+        spelled[name], out[name] = key, value
+    return out
 
 
 def parse_method_overrides(
@@ -150,18 +166,19 @@ def build_options(file_values: dict[str, Any], cli_values: dict[str, Any]) -> Ru
             raise unknown_choice("option", name, OPTIONS)
         values[name] = kind_of(name).read(values[name])
     options = RunOptions(**values)
-    validate(options)
+    validate(options, given=set(values))
     options.methods = list(dict.fromkeys(options.methods))  # a method named twice runs once
     return options
 
 
-def validate(options: RunOptions) -> None:
+def validate(options: RunOptions, given: set[str] = frozenset()) -> None:
     """Every check of the options that needs no data or model: first each option's own kind and range
-    (declared with it), then the relations between options."""
+    (declared with it), then the relations between options; ``given``: the options a file or the command
+    line set (an option that acts only with another is refused when given, even at its default value)."""
     for name in OPTIONS:
         kind_of(name).check(name, getattr(options, name))
     _validate_methods(options)
-    _validate_relations(options)
+    _validate_relations(options, given)
     _validate_executor(options)
 
 
@@ -193,17 +210,17 @@ def _validate_methods(options: RunOptions) -> None:
             get_method(method).make_config(point)
 
 
-def _validate_relations(options: RunOptions) -> None:
+def _validate_relations(options: RunOptions, given: set[str]) -> None:
     """Options that act only with another (declared ``only_with``), and the other pairs that cannot go together."""
     from petlprof.backbones import check_weights
     from petlprof.registry import get_method, method_names
 
     for name, f in OPTIONS.items():
         needed = f.metadata["only_with"]
-        given = getattr(options, needed) if needed else True
-        if given is not None and given is not False:  # a target of 0 is given
+        value = getattr(options, needed) if needed else True
+        if value is not None and value is not False:  # a target of 0 is given
             continue
-        if getattr(options, name) != default_of(name):
+        if name in given or getattr(options, name) != default_of(name):
             raise UsageError(f"{flag(name)} acts only with {flag(needed)}, which was not given")
     if options.target_metric is not None and options.target_value is None:
         raise UsageError(f"--target-metric {options.target_metric} needs --target-value")
@@ -320,6 +337,7 @@ def preflight(options: RunOptions, meters_here: bool = True) -> list[str]:
     from petlprof.backbones import backbone_config, check_random_init, check_shape
     from petlprof.budget import check_target
     from petlprof.meters import check_energy_meter
+    from petlprof.method_api import check_backbone
     from petlprof.registry import get_method
     from petlprof.tasks import load_task
 
@@ -334,8 +352,8 @@ def preflight(options: RunOptions, meters_here: bool = True) -> list[str]:
         for method in options.methods:
             for point in grid_points(options, method):  # every grid point, e.g. a LoRA rank wider than the model
                 method_config = get_method(method).make_config(point)
-                if hasattr(method_config, "check_width"):
-                    method_config.check_width(int(config.hidden_size), spec)
+                depth = options.num_layers or int(config.num_hidden_layers)
+                check_backbone(get_method(method), method_config, int(config.hidden_size), depth, spec)
     refused = unsupported_pairs(options)
     if refused and not options.skip_unsupported:
         raise UsageError(
@@ -353,6 +371,7 @@ def preflight(options: RunOptions, meters_here: bool = True) -> list[str]:
             text_pair_column=options.text_pair_column,
             label_column=options.label_column,
         )
+        notes += [f"task '{name}': {warning}" for warning in task.warnings]
         if options.target_value is not None:
             check_target(task, name, options.target_metric or task.primary_metric, options.target_value)
         for split, asked, option in (

@@ -3,19 +3,28 @@
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Iterable
 
 ECHO_CHARS = 60  # an echoed value longer than this is cut, so a 5 MB value is not a 5 MB error line
+# C0 and C1 controls, DEL, and the line separators and bidirectional overrides that reorder what follows
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
 
 class UsageError(ValueError):
     """Bad input from the user (unknown name, malformed config, negative size, ...)."""
 
 
+def printable(text: str) -> str:
+    """``text`` with every control character written as its escape (``\\x1b``, ``\\n``), so a value
+    echoed to a terminal cannot move the cursor, change its colours, clear it or ring its bell."""
+    return _CONTROL.sub(lambda match: ascii(match.group())[1:-1], text)
+
+
 def shown(value: object, quote: bool = True) -> str:
-    """``value`` as an error message echoes it (its repr, or ``str`` without ``quote``), cut to
-    :data:`ECHO_CHARS` with its full length said."""
-    text = repr(value) if quote else str(value)
+    """``value`` as an error message echoes it (its repr, or ``str`` without ``quote``, control
+    characters escaped), cut to :data:`ECHO_CHARS` with its full length said."""
+    text = repr(value) if quote else printable(str(value))
     if len(text) <= ECHO_CHARS:
         return text
     return f"{text[: ECHO_CHARS - 10]}...{text[-6:]} ({len(text)} characters)"

@@ -27,8 +27,10 @@ it the same way.  A method is a :class:`MethodSpec`:
   model class must agree: checked when the spec is made (where ``apply`` is a class) and on every
   ``apply``.
 
-A config may define ``validate()`` for rules across fields and ``check_width(width, backbone)``, the
-backbone-shape hook called before a sweep starts with each backbone's hidden size.
+A config may define ``validate()`` for rules across fields, and the backbone-shape hooks
+``check_width(width, backbone)`` and ``check_depth(depth, backbone)``, called before a sweep starts
+(:func:`check_backbone`) with each backbone's hidden size and number of layers; a field declared
+``integer(..., depth=True)`` (a count of layers) is refused past the backbone's depth without one.
 
 Every process of a run (the fresh worker, each torchrun rank, a Ray task) finds the spec by the name
 in the run's spec, through :mod:`petlprof.registry`: a built-in name, an entry point of group
@@ -73,6 +75,7 @@ class Number:
     below: bool = False
     integer: bool = False
     optional: bool = False
+    depth: bool = False  # a count of backbone layers: at most the backbone's depth too (MethodConfig.check_depth)
 
     def _words(self) -> tuple[str, str]:
         """(what a value of the wrong kind or below the range is told, the whole range)."""
@@ -87,7 +90,8 @@ class Number:
         return lower, f"{lower} {'below' if self.below else 'of at most'} {high:g}"
 
     def allowed(self) -> str:
-        return self._words()[1] + (", or unset" if self.optional else "")
+        depth = ", and at most the backbone's layers" if self.depth else ""
+        return self._words()[1] + depth + (", or unset" if self.optional else "")
 
     def problem(self, value: Any) -> str | None:
         if value is None and self.optional:
@@ -168,10 +172,17 @@ def number(
 
 
 def integer(
-    default: int | None, help: str, *, minimum: int = 1, maximum: int = MAX_COUNT, optional: bool = False
+    default: int | None,
+    help: str,
+    *,
+    minimum: int = 1,
+    maximum: int = MAX_COUNT,
+    optional: bool = False,
+    depth: bool = False,
 ) -> Any:
-    """An integer field in ``[minimum, maximum]`` (bounded: a count or width no machine can hold is refused)."""
-    return _declare(default, help, Number(minimum, maximum, integer=True, optional=optional))
+    """An integer field in ``[minimum, maximum]`` (bounded: a count or width no machine can hold is refused);
+    ``depth=True`` marks a count of backbone layers, refused before a sweep when it exceeds the backbone's."""
+    return _declare(default, help, Number(minimum, maximum, integer=True, optional=optional, depth=depth))
 
 
 def choice(default: Any, help: str, choices: Sequence) -> Any:
@@ -221,6 +232,29 @@ class MethodConfig:
     def check_width(self, width: int, backbone: str) -> None:
         """The backbone-shape hook (override): called before a sweep starts with each backbone's hidden
         size; raise UsageError naming the field, the backbone and what would fit."""
+
+    def check_depth(self, depth: int, backbone: str) -> None:
+        """The backbone-depth hook: called before a sweep starts with each backbone's number of layers
+        (after ``--num-layers``).  By default it refuses a field declared ``integer(..., depth=True)``
+        above ``depth``: ``layers=100`` on a 2-layer model would run as a separate configuration that is
+        ``layers=2`` again.  Override for other rules (call ``super().check_depth`` to keep this one)."""
+        for f in dataclasses.fields(self):
+            check, value = field_check(f), getattr(self, f.name)
+            if isinstance(check, Number) and check.depth and isinstance(value, int) and value > depth:
+                raise UsageError(
+                    f"{f.name} {value} is more than the {depth} layer(s) of backbone '{backbone}'; use at most {depth}"
+                )
+
+
+def check_backbone(spec: MethodSpec, config: MethodConfig, width: int, depth: int, backbone: str) -> None:
+    """A configuration's backbone-shape checks, before a sweep starts: ``check_width`` (its messages name
+    the method themselves) and ``check_depth`` (its message is prefixed with the method's name, as
+    :meth:`MethodSpec.make_config` prefixes a field's)."""
+    config.check_width(width, backbone)
+    try:
+        config.check_depth(depth, backbone)
+    except UsageError as exc:
+        raise UsageError(f"{spec.name} {exc}") from None
 
 
 # --- the spec -----------------------------------------------------------------------------------------

@@ -47,6 +47,9 @@ MAX_WARMUP_STEPS = 10_000  # unmeasured steps repeated before each phase's figur
 MAX_SECONDS = 366 * 24 * 3600  # a year: a longer wait overflows the timers it is given to
 MAX_WINDOW_S = 3600.0  # the inference phase repeats each batch size this long at most
 MAX_LR = 10.0  # AdamW diverges far below it
+# the lower end of --max-memory: a run's process imports Python, torch and transformers before the limit is set;
+# beyond them the smallest run (tiny-bert on CPU, a few steps) fails under 256 MiB and starts under 512 MiB
+MIN_RUN_MEMORY = 512 * 2**20
 
 # when a RunSpec field enters the run key (fields added after the first release enter only when set,
 # so the keys of earlier runs do not change)
@@ -287,7 +290,7 @@ class RunOptions:
         None,
         "memory a run may allocate beyond the runtime, e.g. 2GiB (CUDA: per-process fraction; CPU: address-space "
         "limit of the run's process); past it the run is 'oom'",
-        Bytes(optional=True),
+        Bytes(optional=True, minimum=MIN_RUN_MEMORY, why="the least a run can start in beyond the imported runtime"),
     )
     executor: str = option(
         "local",

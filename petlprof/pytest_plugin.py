@@ -97,7 +97,8 @@ class PetlprofBench:
         except Diverged as diverged:
             pytest.fail(f"petlprof_bench: {diverged}; its step time is not a result", pytrace=False)
         ratio = paired_ratio(samples, method, reference)
-        self._compare(f"{method}/{reference}/{backbone}/step_time_ratio", ratio, rtol, RATIO_RTOL)
+        names = f"{steps[method].method}/{steps[reference].method}"  # a plug-in by its spec's name
+        self._compare(f"{names}/{backbone}/step_time_ratio", ratio, rtol, RATIO_RTOL)
         self._raise_failures()
         return ratio
 

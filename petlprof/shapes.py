@@ -13,9 +13,26 @@ import json
 from pathlib import Path
 from typing import Any
 
-from petlprof.errors import UsageError
+from petlprof.errors import UsageError, shown
 
 SHAPES_DIR = Path(__file__).resolve().parent / "shapes"
+
+# the sizes a config gives, under each architecture's own names, and the largest accepted: far past any
+# released model's (widths 25,600, feed-forward 73,728, 128 layers and heads, 262,144 tokens, 10M positions)
+_WIDTHS = ("hidden_size", "n_embd", "d_model", "d_kv", "head_dim", "word_embed_proj_dim")
+_FFNS = ("intermediate_size", "d_ff", "ffn_dim", "n_inner", "encoder_ffn_dim", "decoder_ffn_dim")
+_LAYERS = ("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers", "encoder_layers", "decoder_layers")
+_HEADS = ("num_attention_heads", "n_head", "num_heads", "num_key_value_heads")
+_HEADS += ("encoder_attention_heads", "decoder_attention_heads")
+_POSITIONS = ("max_position_embeddings", "n_positions", "n_ctx")
+SIZE_LIMITS: dict[str, int] = {
+    **dict.fromkeys(_WIDTHS, 2**17),
+    **dict.fromkeys(_FFNS, 2**20),
+    **dict.fromkeys(_LAYERS, 1024),
+    **dict.fromkeys(_HEADS, 4096),
+    "vocab_size": 2**24,
+    **dict.fromkeys(_POSITIONS, 2**24),
+}
 
 
 def shape_names() -> list[str]:
@@ -54,6 +71,7 @@ def config_from_dict(values: Any, label: str):
 
     if not isinstance(values, dict) or "model_type" not in values:
         raise UsageError(f"backbone config '{label}' is not a transformers model config (it has no 'model_type')")
+    check_sizes(values, label)
     values = dict(values)
     source = values.pop("_source", None)
     try:
@@ -62,6 +80,21 @@ def config_from_dict(values: Any, label: str):
         raise UsageError(f"backbone config '{label}' is not a model config transformers knows: {exc}") from None
     config.source_url = source
     return config
+
+
+def check_sizes(values: dict[str, Any], label: str) -> None:
+    """Each size a config's values give (:data:`SIZE_LIMITS`; None: unset) is a positive integer within
+    its limit, so a typo is one line naming the field, not a tensor of a negative or absurd dimension."""
+    for name, limit in SIZE_LIMITS.items():
+        value = values.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise UsageError(f"backbone config '{label}': {name} must be a positive integer, got {shown(value)}")
+        if value > limit:
+            raise UsageError(
+                f"backbone config '{label}': {name} {value} is larger than {limit}, far past any released model's"
+            )
 
 
 def weightless_config(spec: str):

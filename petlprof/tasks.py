@@ -21,7 +21,8 @@ subset, and the description always states the sizes actually used.  :data:`TASKS
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -29,6 +30,7 @@ import numpy as np
 
 from petlprof import metrics
 from petlprof.errors import UsageError, unknown_choice
+from petlprof.values import check_file
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -65,6 +67,7 @@ class TaskData:
     label_names: list[str] | None
     metric_names: tuple[str, ...]
     description: str
+    warnings: list[str] = field(default_factory=list)  # about the data itself, e.g. a text that gives its label away
 
     @property
     def primary_metric(self) -> str:
@@ -73,6 +76,17 @@ class TaskData:
     @property
     def is_regression(self) -> bool:
         return self.num_labels == 1
+
+    def majority_rate(self) -> float | None:
+        """The share of the evaluation split's most common class: the accuracy of always answering it
+        (None for regression)."""
+        if self.is_regression or len(self.eval) == 0:
+            return None
+        labels = np.asarray(self.eval.labels).astype(int)
+        counts = np.bincount(labels[labels >= 0])
+        if counts.sum() == 0:
+            return None
+        return float(counts.max() / counts.sum())
 
     def compute_metrics(self, predictions, labels) -> dict[str, float]:
         """Score predicted class ids (floats for regression) against the true labels; class ids
@@ -132,6 +146,8 @@ TASKS: dict[str, str] = {
 
 def check_task(spec: str) -> None:
     """Cheap validation: ``spec`` is a registered task name or an existing file or folder."""
+    if spec and spec not in TASKS:
+        check_file(spec, "--task", folder=True)  # a FIFO would be read forever
     if spec in TASKS or (spec and Path(spec).exists()):
         return
     if Path(spec).suffix.lower() in FILE_SUFFIXES or "/" in spec or "\\" in spec:
@@ -341,6 +357,7 @@ def _load_user(
                 f"Its columns: {', '.join(map(str, first.columns))}"
             )
     label_column = label_column or "label"
+    _check_not_label(label_column, text_column, text_pair_column)
     for where, frame in sources.items():
         _require(frame, (text_column, text_pair_column, label_column), where)
 
@@ -375,7 +392,48 @@ def _load_user(
         label_names,
         metric_names,
         f"your data {spec}: {kind}, {how} (train {len(train)}, eval {len(evaluation)}, split seed {split_seed})",
+        leak_warnings(train, label_names),
     )
+
+
+def _check_not_label(label: str, text: str, pair: str | None) -> None:
+    """The model must not read the column it is scored on."""
+    for role, column in (("text", text), ("text pair", pair)):
+        if column == label:
+            raise UsageError(
+                f"the {role} column and the label column are both '{label}': the model would read the answer it is "
+                "scored on; name another column with --text-column/--text-pair-column or --label-column"
+            )
+
+
+def leak_warnings(split: Split, label_names: list[str] | None) -> list[str]:
+    """A warning for each text column of the training split that gives every row's label away: each text is
+    its label's name, or names it and no other label (a column copied from the labels, or one they were
+    written into), so each distinct text has one label.  Ordinary text, where some rows name no label (or
+    another one), is left alone."""
+    if label_names is None:
+        return []
+    labels = [label_names[i] for i in split.labels]
+    out = []
+    for role, texts in (("text", split.texts), ("text pair", split.pairs)):
+        if texts and _gives_labels_away(texts, labels):
+            out.append(
+                f"the training {role} gives the label away: each of its {len(texts)} rows is or names its own label "
+                f"and no other (e.g. {texts[0][:40]!r} -> {labels[0]!r}), so a score measures the leak, not the "
+                "method; check --text-column and --label-column"
+            )
+    return out
+
+
+def _gives_labels_away(texts: list[str], labels: list[str]) -> bool:
+    """Every text is or names its own label and no other (so each distinct text has one label); stops at the
+    first text that does not, which ordinary data has among its first rows."""
+    names = {label.casefold() for label in labels}
+    for text, label in zip(texts, labels):
+        words = set(re.findall(r"\w+", text.casefold())) | {text.strip().casefold()}
+        if label.casefold() not in words or len(words & names) > 1:
+            return False
+    return True
 
 
 def _infer_labels(train: pd.Series, evaluation: pd.Series, column: str):

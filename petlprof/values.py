@@ -10,7 +10,9 @@ option declarations in :mod:`petlprof.options` pick one per option; nothing here
 from __future__ import annotations
 
 import math
+import os
 import re
+import stat
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +30,29 @@ _FLOAT = re.compile(r"\s*[-+]?(([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?|inf(
 def flag(name: str) -> str:
     """The command-line flag of an option: ``train_size`` -> ``--train-size``."""
     return f"--{name.replace('_', '-')}"
+
+
+_SPECIAL_FILES = (
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISDIR, "a folder"),
+)
+
+
+def check_file(path: str | Path, what: str, folder: bool = False) -> None:
+    """Refuse ``path`` when it exists but is not a regular file (nor, with ``folder``, a folder): reading a
+    FIFO waits for a writer forever and a device may never end.  A missing path is the caller's to name."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):  # missing, unreadable, or a name with a NUL byte
+        return
+    if stat.S_ISREG(mode) or folder and stat.S_ISDIR(mode):
+        return
+    kind = next((name for test, name in _SPECIAL_FILES if test(mode)), "a special file")
+    expected = "a regular file or a folder" if folder else "a regular file"
+    raise UsageError(f"{what} {shown(str(path))} is {kind}, not {expected}")
 
 
 def is_number(value: Any) -> bool:
@@ -206,16 +231,20 @@ class Names(Kind):
 
 @dataclass(frozen=True)
 class Bytes(Kind):
-    """A size such as ``2GiB``, ``500MB`` or a number of bytes, at least one byte and at most :data:`MAX_BYTES`."""
+    """A size with its unit, such as ``2GiB`` or ``500MB``, at least ``minimum`` bytes (``why`` says
+    where that floor comes from) and at most :data:`MAX_BYTES`."""
 
     types: ClassVar[tuple[type, ...]] = (str, int, float)
+    minimum: int = 1
+    why: str = ""
 
     def check(self, name: str, value: Any) -> None:
-        parse_bytes(value, option=flag(name))
+        if value is None and self.optional:
+            return
+        parse_bytes(value, option=flag(name), minimum=self.minimum, why=self.why)
 
 
 _UNITS = {
-    "": 1,
     "b": 1,
     "kb": 10**3,
     "mb": 10**6,
@@ -230,24 +259,34 @@ _UNITS = {
     "g": 2**30,
     "t": 2**40,
 }
-_SIZE = re.compile(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Z]*)\s*")  # 2GiB, 1e9, 1.5e3MB
-_EXAMPLE = "use e.g. 2GiB, 500MB or a number of bytes"
+_SIZE = re.compile(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Z]*)\s*")  # 2GiB, 1.5e3MB, 2 g
+_EXAMPLE = "give a number with its unit, e.g. 2GiB or 500MB (units: B, kB, MB, GB, TB, KiB, MiB, GiB, TiB, k, m, g, t)"
 
 
-def parse_bytes(value: str | int | None, option: str = "--max-memory") -> int | None:
-    """``"2GiB"``, ``"500MB"``, ``"1.5g"``, ``"1e9"`` or a plain number of bytes; None stays None."""
+def parse_bytes(value: str | int | None, option: str = "--max-memory", minimum: int = 1, why: str = "") -> int | None:
+    """``"2GiB"``, ``"500MB"``, ``"1.5g"``, ``"1e3MB"`` -> bytes; None stays None.  A number without
+    its unit is refused (is ``40`` bytes or gigabytes?), and so is a size under ``minimum`` bytes."""
     if value is None:
         return None
     text = str(value) if isinstance(value, (str, int, float)) and not isinstance(value, bool) else ""
-    match = _SIZE.fullmatch(text) if len(text) <= 100 else None
-    unit = match.group(2).lower() if match else None
-    if len(text) > 100 and re.fullmatch(r"\s*[0-9]+[a-zA-Z]*\s*", text):  # a 400-digit number of bytes
-        raise UsageError(f"{option} {shown(text)} is more than {MAX_BYTES} bytes (1 EiB); {_EXAMPLE}")
-    if not match or unit not in _UNITS or float(match.group(1)) <= 0:
+    match = _SIZE.fullmatch(text) if len(text) <= 100 else re.fullmatch(r"\s*([0-9]+)([a-zA-Z]*)\s*", text)
+    if not match or float(match.group(1)) <= 0:
         raise UsageError(f"{option} {shown(text or value)} is not a positive size; {_EXAMPLE}")
-    size = float(match.group(1)) * _UNITS[unit]
+    number, unit = match.groups()
+    if not unit:
+        raise UsageError(f"{option} {shown(text or value)} has no unit; {_EXAMPLE}")
+    if unit.lower() not in _UNITS:
+        raise UsageError(f"{option} {shown(text)} has an unknown unit {shown(unit)}; {_EXAMPLE}")
+    size = float(number) * _UNITS[unit.lower()] if len(number) <= 100 else math.inf  # a 400-digit number
     if size > MAX_BYTES:
         raise UsageError(f"{option} {shown(text)} is more than {MAX_BYTES} bytes (1 EiB); {_EXAMPLE}")
-    if int(size) < 1:
-        raise UsageError(f"{option} {shown(text)} is less than one byte; {_EXAMPLE}")
+    if int(size) < minimum:
+        raise UsageError(f"{option} {shown(text)} is less than {_bytes_text(minimum)}{f' ({why})' if why else ''}")
     return int(size)
+
+
+def _bytes_text(count: int) -> str:
+    """``1`` -> ``one byte``, ``2**29`` -> ``512 MiB``."""
+    if count >= 2**20 and count % 2**20 == 0:
+        return f"{count // 2**20} MiB"
+    return "one byte" if count == 1 else f"{count} bytes"

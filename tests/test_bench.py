@@ -82,3 +82,13 @@ def test_fixture_on_a_fresh_machine_then_update_then_regression(pytester):
     regressed = pytester.runpytest("-p", "no:cacheprovider")
     regressed.assert_outcomes(failed=1)
     regressed.stdout.fnmatch_lines(["*cost regression*", "*trainable_params = 115906 exceeds the baseline*"])
+
+
+def test_a_plug_in_named_by_module_is_keyed_by_its_spec_name(tmp_path, monkeypatch):
+    (tmp_path / "plug_bench.py").write_text(
+        "import dataclasses\nfrom petlprof.registry import get_method\n"
+        "SPEC = dataclasses.replace(get_method('bitfit'), name='plugbench')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    profile = MethodStep("plug_bench:SPEC", "tiny-bert", batch_size=2, seq_len=8).profile()
+    assert profile.method == "plugbench"  # the baseline key starts plugbench/tiny-bert/..., not plug_bench:SPEC/...

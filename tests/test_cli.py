@@ -51,7 +51,7 @@ def run_cli(args, capsys):
         (["--methods", "read", "--lr", "inf"], "--lr must be a positive number, got inf"),
         (["--methods", "read", "--timeout", "nan"], "--timeout must be a positive number of seconds, got nan"),
         (["--methods", "read", "--max-train-time", "inf"], "--max-train-time must be a number, got inf"),
-        (["--methods", "read", "--max-memory", "0.5"], "--max-memory '0.5' is less than one byte"),
+        (["--methods", "read", "--max-memory", "0.5B"], "--max-memory '0.5B' is less than 512 MiB"),
         (
             ["--methods", "read", "--method-grid", "lora=4,8"],
             "--method-grid 'lora=4,8' must look like METHOD.FIELD=V1,V2",
@@ -317,7 +317,7 @@ def test_debug_shows_the_traceback_of_an_input_error(capsys):
 
 @pytest.mark.parametrize(
     "text, expected",
-    [("2GiB", 2 * 2**30), ("500MB", 500 * 10**6), ("1.5g", int(1.5 * 2**30)), ("1048576", 2**20), (None, None)],
+    [("2GiB", 2 * 2**30), ("500MB", 500 * 10**6), ("1.5g", int(1.5 * 2**30)), ("1048576B", 2**20), (None, None)],
 )
 def test_memory_sizes(text, expected):
     from petlprof.config import parse_bytes

@@ -24,9 +24,9 @@ BAD = [
     ("inference window 1e308", ["--inference-window-s", "1e308"], None, "--inference-window-s must be at most 3600"),
     ("layers 10**30 on a tiny preset", ["--backbone", "tiny-bert", "--num-layers", str(10**30)], None, "at most 128"),
     ("400-digit max_memory", ["--max-memory", HUGE], None, "--max-memory '999999"),
-    ("400-digit max_memory in a file", [], ("s.toml", f"max_memory = {HUGE}\n"), "is more than"),
+    ("400-digit max_memory in a file", [], ("s.toml", f'max_memory = "{HUGE}GiB"\n'), "is more than"),
     ("400-digit cache budget", ["--cache-hidden-states", "--cache-budget", HUGE], None, "--cache-budget '9999"),
-    ("max_memory of 1e308 bytes", ["--max-memory", "1e308"], None, "is more than 1152921504606846976 bytes"),
+    ("max_memory of 1e308 bytes", ["--max-memory", "1e308B"], None, "is more than 1152921504606846976 bytes"),
     ("task name too long", ["--task", LONG], None, "--task 'xxxx"),
     ("backbone name too long", ["--backbone", LONG], None, "is too long"),
     ("backbone path part too long", ["--backbone", f"./{LONG}/model"], None, "is too long"),
@@ -150,8 +150,8 @@ def test_one_warning_shared_by_many_runs_is_said_once():
 
 @pytest.mark.parametrize(
     "text, expected_bytes",
-    [("1e9", 10**9), ("1.5e3MB", 1_500_000_000), ("2E1GiB", 20 * 2**30), ("2GiB", 2 * 2**30), (1e9, 10**9)],
+    [("1e9B", 10**9), ("1.5e3MB", 1_500_000_000), ("2E1GiB", 20 * 2**30), ("2GiB", 2 * 2**30), ("1e0 kB", 1000)],
 )
 def test_a_size_in_exponent_notation_is_read(text, expected_bytes):
-    """YAML reads ``max_memory: 1e9`` as text; it is the number it looks like, as for every numeric option."""
+    """A size's number may be written ``1e9``, as for every numeric option (its unit is still needed)."""
     assert parse_bytes(text) == expected_bytes

@@ -15,7 +15,7 @@ import pytest
 
 from petlprof.cli import main
 from petlprof.errors import UsageError, shown
-from petlprof.method_api import Choice, MethodConfig, Number, field_check
+from petlprof.method_api import Choice, MethodConfig, MethodSpec, Number, check_backbone, field_check, integer
 from petlprof.registry import builtin_method_names, get_method
 
 METHODS = builtin_method_names()  # plug-ins installed here bring their own tests
@@ -165,3 +165,29 @@ def test_a_long_field_value_is_echoed_as_a_run_option_echoes_it(value):
     with pytest.raises(UsageError) as refused:
         get_method("lora").make_config({"alpha": value})
     assert str(refused.value).endswith(f", got {shown(value)}"), str(refused.value)
+
+
+@dataclasses.dataclass
+class LastLayersConfig(MethodConfig):
+    layers: int = integer(2, "train the last N layers", depth=True)
+    heads: int = integer(4, "not a depth: never compared with the layers")
+
+
+DEPTH_CASES = [
+    # (id, overrides, backbone depth, error or None)
+    ("within the depth", {"layers": 2}, 2, None),
+    ("past the depth", {"layers": 100}, 2, "lastlayers layers 100 is more than the 2 layer(s) of backbone 'minilm'"),
+    ("an unmarked field is not a depth", {"heads": 100}, 2, None),
+]
+
+
+@pytest.mark.parametrize("overrides, depth, error", [c[1:] for c in DEPTH_CASES], ids=[c[0] for c in DEPTH_CASES])
+def test_a_depth_field_is_bounded_by_the_backbone_depth(overrides, depth, error):
+    spec = MethodSpec("lastlayers", "the last layers", LastLayersConfig, lambda c, cfg: c, 1e-3, "untuned")
+    config = spec.make_config(overrides)
+    if error is None:
+        check_backbone(spec, config, width=384, depth=depth, backbone="minilm")
+        return
+    with pytest.raises(UsageError) as raised:
+        check_backbone(spec, config, width=384, depth=depth, backbone="minilm")
+    assert str(raised.value) == f"{error}; use at most {depth}"

@@ -413,7 +413,14 @@ import pandas as pd  # noqa: E402
 
 from petlprof.api import frontier, load_results, plot_frontier, relative_to, summarise  # noqa: E402
 from petlprof.report.frame import ci_half_width  # noqa: E402
-from petlprof.report.table import configuration_tables  # noqa: E402
+from petlprof.report.markdown import render_report  # noqa: E402
+from petlprof.report.plots import pareto_figures  # noqa: E402
+from petlprof.report.table import (  # noqa: E402
+    TARGET_CAPTION,
+    VS_CAPTION,
+    configuration_sections,
+    configuration_tables,
+)
 
 FIXTURE = Path(__file__).parent / "fixtures" / "report" / "results.jsonl"
 
@@ -504,30 +511,76 @@ def test_summarise_means_and_relative_columns():
     assert no_full["energy_j_vs_full_pct"].isna().all()
 
 
+def table_rows(table):
+    """{(method, config): row line} of a Markdown table, and its header line."""
+    lines = table.splitlines()
+    return lines[0], {tuple(c.strip() for c in line.strip("|").split("|")[:2]): line for line in lines[2:]}
+
+
 def test_configuration_table_from_the_fixture():
     ((task, backbone, table),) = configuration_tables(load_records([FIXTURE]))
     assert (task, backbone) == ("tweets", "minilm")
-    lines = table.splitlines()
-    header = lines[0]
-    for title in (
-        "accuracy (mean ± 95% CI)",
-        "Δ accuracy vs full",
-        "memory vs full",
-        "energy vs full",
-        "time vs full",
-        "params vs full",
-        "on frontier of",
-        "train energy (J)",
-        "train peak mem (MiB)",
-    ):
-        assert title in header
-    rows = {tuple(c.strip() for c in line.strip("|").split("|")[:2]): line for line in lines[2:]}
+    header, rows = table_rows(table)
+    titles = ["accuracy (mean ± 95% CI)", "train energy (J", "train peak mem (MiB)", "train time (s)"]
+    titles += ["trainable params (count)", "on frontier of"]
+    assert all(t in header for t in titles)
+    assert [header.index(t) for t in titles] == sorted(header.index(t) for t in titles)  # costs first, in order
+    assert "vs full" not in header and "latency" not in header
     assert len(rows) == 8  # full, bitfit, 3 lora and 3 read grid points; the oom run is not a configuration
-    full = rows[("full", "-")]
-    assert full.count("| ref |") == 5 and "| 2 |" in full and " ± " in full
-    read_small = rows[("read", "hidden_size=32")]
-    assert "−71%" in read_small and "energy, memory, time" in read_small
+    assert "| 2 |" in rows[("full", "-")] and " ± " in rows[("full", "-")]
+    assert "energy, memory, time" in rows[("read", "hidden_size=32")]
     assert [key[1] for key in rows if key[0] == "lora"] == ["r=2", "r=8", "r=32"]  # knob order, not text order
+
+
+def test_vs_full_table_only_where_full_ran():
+    records = load_records([FIXTURE])
+    ((_, _, tables),) = [(s.task, s.backbone, dict(s.tables)) for s in configuration_sections(records)]
+    header, rows = table_rows(tables[VS_CAPTION])
+    for title in ("Δ accuracy vs full", "energy vs full", "memory vs full", "time vs full", "params vs full"):
+        assert title in header
+    assert rows[("full", "-")].count("| ref") == 5 and "−71%" in rows[("read", "hidden_size=32")]
+    without_full = [r for r in records if r["method"] != "full"]
+    (section,) = configuration_sections(without_full)
+    assert VS_CAPTION not in dict(section.tables)
+    assert all("vs full" not in table for _, table in section.tables)
+    assert "vs full" not in render_report(without_full, [])  # nor in the differences table
+
+
+def test_energy_kind_is_a_column_only_when_kinds_differ():
+    records = seeds_of("a", [(0.8, 100)]) + seeds_of("b", [(0.7, 50)])
+    (section,) = configuration_sections(records)
+    header = section.tables[0][1].splitlines()[0]
+    assert "train energy (J, measured)" in header and "energy kind" not in header
+    records[1]["train"]["energy_kind"] = "estimated"
+    header = configuration_sections(records)[0].tables[0][1].splitlines()[0]
+    assert "| train energy (J) |" in header and header.endswith("| energy kind |")
+
+
+MAJORITY_CASES = [
+    # (id, majority_rate per record (absent: no field), primary metric, row expected)
+    ("recorded", [0.41, 0.41], "accuracy", "0.4100"),
+    ("not recorded: nothing guessed", [None, None], "accuracy", None),
+    ("records disagree", [0.41, 0.5], "accuracy", None),
+    ("not an accuracy", [0.41, 0.41], "f1", None),
+]
+
+
+@pytest.mark.parametrize("rates, metric, shown", [c[1:] for c in MAJORITY_CASES], ids=[c[0] for c in MAJORITY_CASES])
+def test_majority_class_reference_row_and_line(rates, metric, shown, tmp_path):
+    records = seeds_of("a", [(0.8, 100)]) + seeds_of("b", [(0.7, 50)])
+    for record, rate in zip(records, rates):
+        record["primary_metric"] = metric
+        if rate is not None:
+            record["task_info"]["majority_rate"] = rate
+    table = configuration_sections(records)[0].tables[0][1]
+    row = next((line for line in table.splitlines() if "majority class" in line), None)
+    assert (row is None) == (shown is None)
+    if shown:
+        assert row.startswith("| *majority class* |") and f"| {shown} |" in row
+    assert ("always answering the evaluation set's most common class" in render_report(records, [])) == bool(shown)
+    (plot,) = [p for p in pareto_figures(records, tmp_path) if p.axis.slug == "energy"]
+    svg = next(p for p in plot.paths if p.suffix == ".svg").read_text()
+    assert ("majority-class rate" in svg) == (shown is not None)
 
 
 def test_report_from_the_stored_fixture(tmp_path):
@@ -576,13 +629,13 @@ def test_time_to_target_columns_appear_for_budgeted_runs():
             "time_to_target_s": time_s,
             "energy_to_target_j": time_s and time_s * 10,
         }
-    ((_, _, table),) = configuration_tables(records)
-    header, _, *rows = table.splitlines()
+    ((_, _, tables),) = [(s.task, s.backbone, dict(s.tables)) for s in configuration_sections(records)]
+    header, _, *rows = tables[TARGET_CAPTION].splitlines()
     assert header.endswith("| reached target (seeds) | steps to target | time to target (s) | energy to target (J) |")
     read = next(r for r in rows if r.startswith("| read"))
     assert read.endswith(f"| 2/2 | 35 ± {12.706204736174707 * 5:,.0f} | 13.0 ± 12.7 | 130.0 ± 127.1 |")
     assert next(r for r in rows if r.startswith("| lora")).endswith("| 0/2 | - | - | - |")
-    assert "reached target" not in configuration_tables(seeds_of("bitfit", [(0.8, 100)]))[0][2]
+    assert TARGET_CAPTION not in dict(configuration_sections(seeds_of("bitfit", [(0.8, 100)]))[0].tables)
 
 
 @pytest.mark.parametrize(
@@ -602,3 +655,54 @@ def test_error_bars_stay_inside_the_metric_range(y, half, metric, below, above):
 
     low, high = bounded_interval(y, half, metric)
     assert (low, high) == (pytest.approx(below), pytest.approx(above))
+
+
+# --- a report a reader takes in at a glance (issue 28) ----------------------------------------------
+
+
+def test_settings_line_is_key_value_without_nulls():
+    report = render_report(sweep(), [])
+    settings = next(line for line in report.splitlines() if line.startswith("- **Training settings:**"))
+    assert "epochs=1; batch_size=32; lr=0.0005; max_length=64" in settings
+    assert "max_steps" not in settings and "null" not in settings and "None" not in settings
+
+
+WARNING = "energy is estimated because it could not be measured (rapl: no RAPL domains)"
+WARNING_CASES = [
+    # (id, (record index, phase) pairs carrying WARNING, the report's line for it)
+    ("one place: named in full", [(0, "train")], f"- full, seed 0, train: {WARNING}"),
+    (
+        "every run: said once with a count",
+        [(i, p) for i in range(5) for p in ("train", "eval")],
+        f"- {WARNING} — 10 times, phases train, eval; every run (5 runs, 4 configurations)",
+    ),
+    (
+        "some runs: named with their seeds",
+        [(0, "train"), (1, "train"), (2, "eval")],
+        f"- {WARNING} — 3 times, phases train, eval; bitfit (seed 0); full (seeds 0, 1)",
+    ),
+]
+
+
+@pytest.mark.parametrize("places, line", [c[1:] for c in WARNING_CASES], ids=[c[0] for c in WARNING_CASES])
+def test_identical_measurement_warnings_are_listed_once(places, line):
+    records = sweep()[:5]
+    for index, phase_name in places:
+        records[index][phase_name]["warnings"] = [WARNING]
+    section = render_report(records, []).split("## Measurement warnings\n\n", 1)[1].split("\n\n", 1)[0]
+    assert section.splitlines() == [line]
+
+
+@pytest.mark.parametrize("params", [[8_835, 74_883, 296_067], [1_155, 22_566_531], [30_000, 800_000]])
+def test_log_axis_has_a_tick_label_at_or_left_of_its_leftmost_point(params):
+    from petlprof.report.frame import frontier
+    from petlprof.report.plots import PARAMS, draw
+
+    records = [record(f"m{i}", {}, 0, 0.8 + i / 100, 100.0, "measured", 100) for i in range(len(params))]
+    for rec, count in zip(records, params):
+        rec["trainable_params"] = count
+    configs = frontier(runs_frame(records), x=PARAMS.column, y="accuracy")
+    ax = draw(configs, "accuracy", "accuracy", PARAMS, "params", "title").axes[0]
+    low, high = ax.get_xlim()
+    ticks = [t for t in ax.xaxis.get_major_ticks() if low <= t.get_loc() <= high and t.label1.get_text()]
+    assert ticks and min(t.get_loc() for t in ticks) <= min(params), [t.label1.get_text() for t in ticks]

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from petlprof.errors import UsageError
+from petlprof.errors import UsageError, printable
 from petlprof.estimate import gpus
 from petlprof.options import OPTIONS, default_of, kind_of
 
@@ -77,18 +77,20 @@ def _batch_tokens(batch_size: int, max_length: int) -> None:
 
 
 def _configurations(methods: list[str], overrides: dict[str, dict], grid: bool) -> list[tuple[str, dict]]:
-    """(method, its option overrides) for every configuration to estimate."""
-    from petlprof.registry import get_method
+    """(method as --methods names it, its option overrides) for every configuration to estimate; as for
+    ``petlprof run``, --method-config addresses a plug-in given as ``module:ATTR`` by its spec's name."""
+    from petlprof.registry import get_method, methods_by_name
 
-    unknown = set(overrides) - set(methods)
+    named = methods_by_name(methods)
+    unknown = set(overrides) - set(named)
     if unknown:
         raise UsageError(f"--method-config names method(s) not in --methods: {', '.join(sorted(unknown))}")
     out = []
-    for name in methods:
-        spec = get_method(name)
+    for name, given in named.items():
+        spec = get_method(given)
         spec.make_config(overrides.get(name))  # a bad option is refused before anything is traced
         for values in spec.grid_configs() if grid else [{}]:
-            out.append((name, {**values, **overrides.get(name, {})}))
+            out.append((given, {**values, **overrides.get(name, {})}))
     return out
 
 
@@ -109,6 +111,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     from petlprof.estimate.model import resolve_backbone
     from petlprof.registry import method_names
     from petlprof.shapes import shape_names
+    from petlprof.store import check_writable
     from petlprof.values import parse_bytes
 
     if args.list_shapes:
@@ -134,7 +137,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         _check_applies(backbone, configurations)
         _check_length(backbone, settings.max_length)
     out = Path(args.output or f"petlprof-out/estimate-{time.strftime('%Y%m%d-%H%M%S')}")
-    out.mkdir(parents=True, exist_ok=True)
+    check_writable(out)  # the check `petlprof run --output` makes, before any estimate is traced
     records = []
     with open(out / "estimates.jsonl", "w") as fh:
         for backbone in resolved:
@@ -144,9 +147,10 @@ def cmd_estimate(args: argparse.Namespace) -> int:
                 fh.flush()
                 records.append(record)
     print(format_table(records, settings))
-    print(f"\nwrote {out / 'estimates.jsonl'}")
+    print()
+    print(printable(f"wrote {out / 'estimates.jsonl'}"))
     if len(resolved) > 1:
-        print(f"wrote {plot_memory_vs_size(records, out / 'peak_train_memory.png')}")
+        print(printable(f"wrote {plot_memory_vs_size(records, out / 'peak_train_memory.png')}"))
     return 0
 
 
@@ -182,9 +186,7 @@ def _smallest_fit(fits: dict[str, bool | None]) -> str:
 
 
 def _config_label(record: dict) -> str:
-    from petlprof.registry import get_method
-
-    knob = get_method(record["method"]).pareto_knob
+    knob = record["pareto_knob"]
     return f"{knob}={record['method_config'][knob]}" if knob else ""
 
 
@@ -215,7 +217,7 @@ def table_rows(records: list[dict], settings) -> list[dict[str, Any]]:
             }
         )
         if settings.device_memory_bytes is not None:
-            row["fits_device_memory"] = "yes" if record["fits_train"]["device_memory"] else "no"
+            row[f"fits {size(settings.device_memory_bytes)}"] = "yes" if record["fits_train"]["device_memory"] else "no"
         if record["estimate_source"] != META_TRACE:
             row["note"] = record["estimate_source"]
         rows.append(row)

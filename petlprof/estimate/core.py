@@ -55,6 +55,7 @@ def estimate(resolved: ResolvedBackbone, method_name: str, overrides: dict, sett
     record: dict[str, Any] = {
         "method": method.name,
         "method_config": dataclasses.asdict(config),
+        "pareto_knob": method.pareto_knob,
         "backbone": resolved.name,
         "backbone_source": resolved.source,
         "batch_size": settings.batch_size,

@@ -18,6 +18,7 @@ from typing import Any
 from petlprof.errors import UsageError, unknown_choice
 from petlprof.meters.memory import static_breakdown
 from petlprof.shapes import config_from_file, shape_config, shape_names
+from petlprof.values import check_file
 
 
 @dataclass
@@ -35,6 +36,8 @@ def resolve_backbone(spec: str, num_layers: int | None = None) -> ResolvedBackbo
     from petlprof.backbones import BACKBONES
 
     path = Path(spec)
+    if spec not in BACKBONES:
+        check_file(path, "--backbone", folder=True)
     if spec in shape_names():
         config = shape_config(spec)
         resolved = ResolvedBackbone(spec, config, _stand_in(config), f"bundled shape {spec} ({config.source_url})")

@@ -3,6 +3,8 @@
 The Markdown is converted with Python-Markdown (tables, fenced code); every image the report links
 is replaced by its SVG (or PNG) file inlined as a base64 ``data:`` URI, links to SVG files become
 in-page anchors, and the style sheet is inline, so the page needs no other file and no network.
+Headers wrap; a table still wider than the page scrolls in its own box with its first column (the
+method) kept in view.
 """
 
 from __future__ import annotations
@@ -20,10 +22,12 @@ body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2e
        padding: 0 1em; color: #222; line-height: 1.45; }
 h1 { border-bottom: 2px solid #444; padding-bottom: .2em; }
 h2 { border-bottom: 1px solid #bbb; margin-top: 2em; }
-table { border-collapse: collapse; font-size: 13px; margin: 1em 0; display: block; overflow-x: auto; }
-th, td { border: 1px solid #ccc; padding: 3px 7px; white-space: nowrap; }
-th { background: #f0f0f0; position: sticky; top: 0; }
+table { border-collapse: separate; border-spacing: 0; font-size: 13px; margin: 1em 0; display: block;
+        max-width: 100%; overflow-x: auto; }
+th, td { border: 1px solid #ccc; padding: 3px 7px; white-space: nowrap; background: #fff; }
+th { background: #f0f0f0; white-space: normal; vertical-align: bottom; min-width: 4em; }
 tr:nth-child(even) td { background: #fafafa; }
+th:first-child, td:first-child { position: sticky; left: 0; z-index: 1; box-shadow: 2px 0 0 #ccc; }
 img { max-width: 100%; height: auto; border: 1px solid #ddd; }
 pre, code { background: #f5f5f5; font-size: 12px; }
 pre { padding: .6em; overflow-x: auto; }

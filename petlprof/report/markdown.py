@@ -7,12 +7,14 @@ by :func:`write_report`, which also writes the same text as a self-contained rep
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from petlprof.records import DIVERGED
+from petlprof.errors import shown
+from petlprof.records import DIVERGED, overhead_line
 from petlprof.report.curves import CurvePlot, learning_curve_figures
 from petlprof.report.differences import difference_tables
 from petlprof.report.html import write_html
@@ -22,16 +24,27 @@ from petlprof.report.records import (
     config_label,
     distinct,
     field,
+    grouped_run_warnings,
     is_ok,
     result_warnings,
     run_label,
-    run_warnings,
     sort_key,
     text,
 )
-from petlprof.report.table import REFERENCE, configuration_tables, summary_table
+from petlprof.report.table import (
+    COSTS_CAPTION,
+    MAJORITY,
+    MORE_CAPTION,
+    REFERENCE,
+    TARGET_CAPTION,
+    VS_CAPTION,
+    configuration_sections,
+    render_markdown,
+    summary_table,
+)
 from petlprof.report.target import NOT_RECORDED, target_tables
 from petlprof.report.target_plot import TargetPlot, cost_to_target_figures
+from petlprof.store import Rejected
 
 REPORT_FILE = "report.md"
 PHASES = ("train", "eval")
@@ -88,16 +101,26 @@ def _what_was_run(records: Sequence[Mapping[str, Any]]) -> list[str]:
     lines.append("- **Seeds:** " + (", ".join(map(str, seeds)) or "-"))
     settings = []
     for key in distinct(k for r in records for k in (r.get("training") or {})):
-        values = distinct(field(r, "training", key) for r in records)
+        values = distinct(field(r, "training", key) for r in records)  # nulls (not set) are left out
         if key in ("lr", "lr_source") and len(values) > 1:  # per-method defaults: say whose is whose
             if key == "lr":
-                per_method = distinct(f"{r.get('method')} {field(r, 'training', 'lr')}" for r in records)
+                per_method = distinct(f"{r.get('method')}={_setting(field(r, 'training', 'lr'))}" for r in records)
                 settings.append("lr per method: " + ", ".join(per_method))
             continue  # each method's learning-rate source is in the README's table of defaults
-        shown = " / ".join(str(v) for v in values) if values else "null"
-        settings.append(f"{key} {shown}" + (" (varies)" if len(values) > 1 else ""))
-    lines.append("- **Training settings:** " + (", ".join(settings) or "-"))
+        if values:
+            shown = " / ".join(_setting(v) for v in values)
+            settings.append(f"{key}={shown}" + (" (varies)" if len(values) > 1 else ""))
+    lines.append("- **Training settings:** " + ("; ".join(settings) or "-"))
+    if overhead := overhead_line(list(records)):  # type: ignore[arg-type]
+        lines.append(f"- **Time outside the measurements:** {overhead.removeprefix('harness overhead: ')}.")
     return lines + [""]
+
+
+def _setting(value: Any) -> str:
+    """A training setting's value: numbers with %g, containers as compact JSON, text as it is."""
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, separators=(",", ":"), sort_keys=True)
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def _figures(figures: Sequence[PlotResult], interval: str) -> list[str]:
@@ -188,27 +211,38 @@ def _cost_to_target(records: Sequence[Mapping[str, Any]], plots: Sequence[Target
 
 
 def _configurations(records: Sequence[Mapping[str, Any]]) -> list[str]:
-    tables = configuration_tables(records)
+    sections = configuration_sections(records)
     lines = ["## Results per configuration", ""]
-    if not tables:
+    if not sections:
         return lines + ["No run finished, so there is nothing to compare.", ""]
     lines += [
         "One row per configuration of a task: figures are the mean over its finished seeds, ± the half-width "
         "of the 95% confidence interval of that mean (Student's t; none for one seed).  Costs are for the "
-        f"train phase, latency for the eval phase.  The `vs {REFERENCE}` columns compare the means with "
-        f"`{REFERENCE}` fine-tuning on the same task and backbone (−72% = 72% less; for the metric, the "
-        "difference).  *On frontier of* names the costs (energy, memory, time, params) for which no other "
-        "configuration is at least as good on both the metric and that cost and better on one.  Runs "
-        "with a target (time-to-accuracy) add how many seeds reached it, and the steps, time and energy "
-        "it took (means over the seeds that reached it; checks included).",
+        "train phase, latency for the eval phase.  *On frontier of* names the costs (energy, memory, time, "
+        "params) for which no other configuration is at least as good on both the metric and that cost and "
+        "better on one." + (MAJORITY_NOTE if any(MAJORITY in s.tables[0][1] for s in sections) else ""),
         "",
     ]
-    several = len(tables) > 1
-    for task, backbone, table in tables:
-        if several:
-            lines += [f"### {task} on {backbone}", ""]
-        lines += [table, ""]
+    for section in sections:
+        if len(sections) > 1:
+            lines += [f"### {section.task} on {section.backbone}", ""]
+        for caption, table in section.tables:
+            lines += [f"**{caption}.** {TABLE_NOTES[caption]}", "", table, ""]
     return lines
+
+
+MAJORITY_NOTE = (
+    f"  The *{MAJORITY}* row is the accuracy of always answering the evaluation set's most common class "
+    "(the records' `task_info.majority_rate`): a score near it is no sign of learning."
+)
+TABLE_NOTES = {
+    COSTS_CAPTION: "The primary metric and what it cost to train.",
+    VS_CAPTION: f"The means compared with `{REFERENCE}` fine-tuning on the same task and backbone (−72% = 72% "
+    "less; for the metric, the difference).",
+    MORE_CAPTION: "Latency of evaluation, and the figures only some runs record.",
+    TARGET_CAPTION: "Runs with a target (time-to-accuracy): how many seeds reached it, and the steps, time and "
+    "energy it took (means over the seeds that reached it; checks included).",
+}
 
 
 def _provenance(records: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -272,10 +306,26 @@ def _warnings(records: Sequence[Mapping[str, Any]]) -> list[str]:
     results = result_warnings(records)
     if results:
         lines += ["## Warnings on results", "", *(f"- {w}" for w in results), ""]
-    measurements = run_warnings(records)
+    measurements = grouped_run_warnings(records)
     if measurements:
         lines += ["## Measurement warnings", "", *(f"- {w}" for w in measurements), ""]
     return lines
+
+
+def _rejected(rejected: Sequence[Rejected]) -> list[str]:
+    """The lines of the store no table shows: where they are, their run key if readable, and why."""
+    if not rejected:
+        return []
+    lines = [
+        "## Rejected lines of the results",
+        "",
+        f"{len(rejected)} line(s) of the results are not usable records, so no table, plot or frontier shows "
+        "them.  `petlprof run` with the same output folder runs their run keys again; the lines stay in the "
+        "file (it is only ever appended to) for whoever wrote them to inspect.",
+        "",
+    ]
+    rows = [[str(r.path), str(r.line), text(r.run_key and shown(r.run_key, quote=False)), r.why] for r in rejected]
+    return lines + [render_markdown(["file", "line", "run key", "why"], rows, [False, True, False, False]), ""]
 
 
 def _environment(records: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -325,8 +375,10 @@ def render_report(
     target_plots: Sequence[TargetPlot] = (),
     interval: str = DEFAULT_INTERVAL,
     curve_plots: Sequence[CurvePlot] = (),
+    rejected: Sequence[Rejected] = (),
 ) -> str:
-    """The text of report.md for ``records`` and the plots drawn from them (bars of kind ``interval``)."""
+    """The text of report.md for ``records`` and the plots drawn from them (bars of kind ``interval``),
+    naming the ``rejected`` lines of the store."""
     if not records:
         return "# petlprof report\n\nNo result records were given, so there is nothing to report.\n"
     lines = [f"# petlprof report: {_names(records, 'backbone')} on {_names(records, 'task')}", ""]
@@ -348,6 +400,7 @@ def render_report(
     ]
     lines += _provenance(records)
     lines += _warnings(records)
+    lines += _rejected(rejected)
     lines += _failed(records)
     lines += _environment(records)
     return "\n".join(lines)
@@ -355,7 +408,9 @@ def render_report(
 
 def write_report(records: Sequence[Mapping[str, Any]], out_dir: Path, interval: str = DEFAULT_INTERVAL) -> list[Path]:
     """Write the Pareto and cost-to-target plots (PNG and SVG, bars of kind ``interval``), report.md
-    and the self-contained report.html for ``records`` into ``out_dir``; return the written paths."""
+    and the self-contained report.html for ``records`` into ``out_dir``; return the written paths.
+    Records from :func:`~petlprof.report.records.load_records` carry the store's rejected lines, which
+    report.md names."""
     check_interval(interval)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -363,7 +418,8 @@ def write_report(records: Sequence[Mapping[str, Any]], out_dir: Path, interval: 
     target_plots = cost_to_target_figures(records, out_dir, interval)
     curve_plots = learning_curve_figures(records, out_dir)
     report = out_dir / REPORT_FILE
-    text_md = render_report(records, figures, target_plots, interval, curve_plots)
+    rejected = getattr(records, "rejected", ())
+    text_md = render_report(records, figures, target_plots, interval, curve_plots, rejected)
     report.write_text(text_md, encoding="utf-8")
     written = [path for plot in [*figures, *target_plots, *curve_plots] for path in plot.paths]
     return written + [report, write_html(text_md, out_dir)]

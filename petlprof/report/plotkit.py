@@ -17,10 +17,12 @@ from typing import Any
 
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from petlprof.metrics import METRIC_RANGES
 
 MARGIN = 0.08  # of the span of the means, on each side of an axis
+LOG_LABEL_DECADES = 5  # a log axis up to this many decades wide is labelled at 1, 2 and 5 × 10^k
 COST = "cost"  # energy, memory, time and parameter counts are never negative
 BAR = {"linewidth": 0.8, "alpha": 0.75, "zorder": 1.5}  # thin bars under the markers
 CAP_SIZE = 4  # points: a small cap where a bar ends inside the axes
@@ -54,6 +56,26 @@ def axis_limits(values: Sequence[float], log: bool = False, margin: float = MARG
     pad = margin * (high - low) if high > low else (margin if log or low == 0 else margin * abs(low))
     low, high = low - pad, high + pad
     return (10**low, 10**high) if log else (low, high)
+
+
+def compact_number(value: float) -> str:
+    """A tick label: ``500``, ``2k``, ``1.5M``, ``20G``."""
+    for factor, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= factor:
+            return f"{value / factor:g}{suffix}"
+    return f"{value:g}"
+
+
+def label_log_axis(axis, low: float, high: float, first: float) -> float:
+    """Label a log axis spanning ``low``..``high`` at 1, 2 and 5 × 10^k (at 10^k past LOG_LABEL_DECADES),
+    compactly; return the largest label at or below ``first`` (the leftmost point), for the axis to
+    reach, so that point has a label at its left."""
+    subs = (1.0, 2.0, 5.0) if math.log10(high / low) <= LOG_LABEL_DECADES else (1.0,)
+    axis.set_major_locator(LogLocator(base=10, subs=subs, numticks=100))
+    axis.set_major_formatter(FuncFormatter(lambda value, _: compact_number(value)))
+    axis.set_minor_formatter(NullFormatter())
+    decade = 10 ** math.floor(math.log10(first))
+    return max(decade * sub for sub in subs if decade * sub <= first * (1 + 1e-9))
 
 
 def bar_ends(centre: float, below: float, above: float, limits: tuple[float, float]) -> tuple[float, float, bool, bool]:

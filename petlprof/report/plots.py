@@ -40,13 +40,15 @@ from petlprof.report.plotkit import (
     bounded_interval,
     clipped_caption,
     draw_bars,
+    label_log_axis,
     place_labels,
 )
-from petlprof.report.records import BYTES_PER_MIB, MISSING, distinct, text
+from petlprof.report.records import BYTES_PER_MIB, MISSING, distinct, majority_rate, text
 
 MARKERS = "osD^vP*Xh<>p"
 LOG_SPREAD = 10.0  # a cost axis goes logarithmic when its largest value exceeds this times its smallest
 FORMATS = ("png", "svg")
+MAJORITY_LINE = {"color": "dimgrey", "linestyle": ":", "linewidth": 1.3, "zorder": 0.5}
 
 
 @dataclass(frozen=True)
@@ -158,14 +160,27 @@ def _knob_order(rows: pd.DataFrame, x_col: str) -> pd.DataFrame:
     return rows.iloc[sorted(range(len(rows)), key=keys.__getitem__)]
 
 
-def _set_limits(ax, configs: pd.DataFrame, x_col: str, y_col: str, factor: float) -> None:
-    """Axes that follow the means (log x where they spread past LOG_SPREAD), not the bars."""
+def _set_limits(ax, configs: pd.DataFrame, x_col: str, y_col: str, factor: float, majority: float | None) -> None:
+    """Axes that follow the means and the majority-class rate (log x where the means spread past
+    LOG_SPREAD, with a tick label at or left of the leftmost point), not the bars."""
     xs = list(configs[x_col] * factor)
     log = wants_log_scale(xs)
     if log:
         ax.set_xscale("log")
-    ax.set_xlim(*axis_limits(xs, log=log))
-    ax.set_ylim(*axis_limits(list(configs[y_col])))
+        low, high = axis_limits(xs, log=True)
+        ax.set_xlim(min(low, label_log_axis(ax.xaxis, low, high, min(xs))), high)
+    else:
+        ax.set_xlim(*axis_limits(xs))
+    ax.set_ylim(*axis_limits(list(configs[y_col]) + ([] if majority is None else [majority])))
+
+
+def _draw_majority(ax, majority: float | None) -> list[Line2D]:
+    """The majority-class rate as a dotted line across the plot, and its legend entry."""
+    if majority is None:
+        return []
+    ax.axhline(majority, **MAJORITY_LINE)
+    label = f"majority-class rate ({majority:.3f}): always the most common class"
+    return [Line2D([], [], **MAJORITY_LINE, label=label)]
 
 
 def draw(
@@ -177,18 +192,19 @@ def draw(
     title: str,
     ax=None,
     interval: str = DEFAULT_INTERVAL,
+    majority: float | None = None,
 ) -> Figure:
     """Draw one Pareto plot of per-configuration rows (from :func:`frontier`, with ``on_front``):
-    column ``y`` (the quality ``metric``) against ``axis``, bars of kind ``interval``; into ``ax``
-    if given, else a new figure."""
-    return draw_pareto(configs, y, metric, axis, xlabel, title, ax, interval)[0]
+    column ``y`` (the quality ``metric``) against ``axis``, bars of kind ``interval``, a dotted line
+    at the ``majority``-class rate when given; into ``ax`` if given, else a new figure."""
+    return draw_pareto(configs, y, metric, axis, xlabel, title, ax, interval, majority)[0]
 
 
-def draw_pareto(configs, y, metric, axis, xlabel, title, ax=None, interval=DEFAULT_INTERVAL):
+def draw_pareto(configs, y, metric, axis, xlabel, title, ax=None, interval=DEFAULT_INTERVAL, majority=None):
     """:func:`draw`, returning (figure, caption, the bar ends cut at the axes as ``<config>: x high``)."""
     fig, ax = new_axes(ax)
     x_col, suffix = axis.column, f"_{check_interval(interval)}"
-    _set_limits(ax, configs, x_col, y, axis.factor)
+    _set_limits(ax, configs, x_col, y, axis.factor, majority)
     mixed = axis.kind_column is not None and configs[axis.kind_column].nunique() > 1
     labels, handles, clipped = [], [], []
     for i, method in enumerate(sorted(configs["method"].unique())):
@@ -225,6 +241,7 @@ def draw_pareto(configs, y, metric, axis, xlabel, title, ax=None, interval=DEFAU
     ax.scatter(front_x, front_y, s=230, facecolors="none", edgecolors="black", linewidths=1.2, zorder=3)
     ring = {"marker": "o", "markerfacecolor": "none", "markersize": 11}
     handles.append(Line2D([], [], color="black", linestyle="--", label="Pareto frontier (ringed points)", **ring))
+    handles += _draw_majority(ax, majority)
     bars_are = caption(interval, list(configs["n_seeds"]))
     handles += bar_legend(bars_are, len(clipped))
     ax.set_xlabel(xlabel + (" [log scale]" if ax.get_xscale() == "log" else ""))
@@ -238,9 +255,15 @@ def draw_pareto(configs, y, metric, axis, xlabel, title, ax=None, interval=DEFAU
     return fig, clipped_caption(bars_are, len(clipped)), clipped
 
 
-def pareto_plot(runs: pd.DataFrame, result: PlotResult, stem: Path, interval: str = DEFAULT_INTERVAL) -> PlotResult:
+def pareto_plot(
+    runs: pd.DataFrame,
+    result: PlotResult,
+    stem: Path,
+    interval: str = DEFAULT_INTERVAL,
+    majority: float | None = None,
+) -> PlotResult:
     """Fill ``result`` by plotting ``runs`` (one task/backbone/metric) against its cost to ``stem``.png/.svg,
-    with bars of kind ``interval``."""
+    with bars of kind ``interval`` and a line at the ``majority``-class rate when given."""
     if result.metric == MISSING:
         result.skipped = "the runs record no primary metric"
         return result
@@ -264,7 +287,7 @@ def pareto_plot(runs: pd.DataFrame, result: PlotResult, stem: Path, interval: st
     result.paths = [stem.parent / f"{stem.name}.{fmt}" for fmt in FORMATS]
     xlabel = cost_label(result.axis, plotted)
     fig, result.caption, result.clipped = draw_pareto(
-        configs, result.metric, result.metric, result.axis, xlabel, title, interval=interval
+        configs, result.metric, result.metric, result.axis, xlabel, title, interval=interval, majority=majority
     )
     for path in result.paths:
         fig.savefig(path, dpi=120)
@@ -296,7 +319,10 @@ def pareto_figures(
         suffix = (f"_{file_slug(task)}" if several_tasks else "") + (
             f"_{file_slug(backbone)}" if several_backbones else ""
         )
+        group = [r for r in records if (text(r.get("task")), text(r.get("backbone"))) == (task, backbone)]
+        majority = majority_rate(group) if metric == "accuracy" else None
         for axis in COST_AXES:
             stem = out_dir / f"pareto_{file_slug(metric)}_vs_{axis.slug}{suffix}"
-            results.append(pareto_plot(runs.loc[index], PlotResult(task, backbone, metric, axis), stem, interval))
+            result = PlotResult(task, backbone, metric, axis)
+            results.append(pareto_plot(runs.loc[index], result, stem, interval, majority))
     return results

@@ -17,26 +17,43 @@ from pathlib import Path
 from typing import Any
 
 from petlprof.errors import UsageError
-from petlprof.records import OK, RESULTS_FILE, SCHEMA_VERSION, RunRecord
+from petlprof.records import OK, RESULTS_FILE, RunRecord
 from petlprof.spec import spec_identity
+from petlprof.store import Rejected, read_store
 
 BYTES_PER_MIB = 2**20
 MISSING = "-"
 COST_ONLY = "accuracy of random-init runs is meaningless: cost-only"  # said wherever such a run's score shows
 
 
-def load_records(paths: Sequence[Path | str], skipped: list[str] | None = None) -> list[RunRecord]:
+class RecordList(list):
+    """The records :func:`load_records` returns, with the lines it rejected (``rejected``), so that
+    :func:`petlprof.report.markdown.write_report` can name them in report.md."""
+
+    rejected: list[Rejected]
+
+
+def load_records(paths: Sequence[Path | str], skipped: list[str] | None = None) -> RecordList:
     """The valid records of one or more ``results.jsonl`` files (or folders holding one), in file
     order, the last attempt of each run only.
 
-    A missing file raises :class:`~petlprof.errors.UsageError`.  A line that cannot be used — torn
-    by a crash, not a JSON object, of another schema version, or missing ``status``/``method`` — is
-    skipped, and a message naming the file and line number is appended to ``skipped``.
+    A missing file, a folder in its place or an unreadable one raises :class:`~petlprof.errors.UsageError`.
+    A line that cannot be used — torn by a crash, not a JSON object, of another schema version, missing
+    ``status``/``method`` or with a field of the wrong type (:func:`petlprof.store.read_store`, the reader
+    ``petlprof run`` uses too) — is rejected: a message naming the file and line number is appended to
+    ``skipped``, and the line is kept in the result's ``rejected``.
     """
     records: list[RunRecord] = []
+    rejected: list[Rejected] = []
     for path in paths:
-        records.extend(_read_results(_results_file(Path(path)), skipped if skipped is not None else []))
-    return latest_per_run(records)
+        good, bad = read_store(_results_file(Path(path)))
+        records += good
+        rejected += bad
+    if skipped is not None:
+        skipped += [str(line) for line in rejected]
+    result = RecordList(latest_per_run(records))
+    result.rejected = rejected
+    return result
 
 
 def latest_per_run(records: list[RunRecord]) -> list[RunRecord]:
@@ -50,68 +67,9 @@ def _results_file(path: Path) -> Path:
     """The results file ``path`` names: itself, or the ``results.jsonl`` inside a folder."""
     if path.is_dir():
         path = path / RESULTS_FILE
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         raise UsageError(f"no results file at '{path}' (expected a {RESULTS_FILE} file or a folder holding one)")
     return path
-
-
-def _problem(line: str) -> str | None:
-    """Why a line is not a usable record, or None."""
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as exc:
-        return f"malformed result record ({exc.msg}, column {exc.colno})"
-    if not isinstance(record, dict):
-        return f"a result record must be a JSON object, not {type(record).__name__}"
-    if record.get("schema_version") != SCHEMA_VERSION:
-        return (
-            f"unsupported schema_version {record.get('schema_version')!r}; this petlprof reads version {SCHEMA_VERSION}"
-        )
-    missing = [key for key in ("status", "method") if key not in record]
-    if missing:
-        return f"record lacks {', '.join(missing)}"
-    for key, kinds in FIELD_TYPES.items():
-        value = record.get(key)
-        if value is not None and (not isinstance(value, kinds) or isinstance(value, bool) and bool not in kinds):
-            return f"field '{key}' is a {type(value).__name__}, not {' or '.join(k.__name__ for k in kinds)}"
-    return None
-
-
-FIELD_TYPES: dict[str, tuple[type, ...]] = {
-    "status": (str,),
-    "method": (str,),
-    "error": (str,),
-    "run_key": (str,),
-    "backbone": (str,),
-    "task": (str,),
-    "primary_metric": (str,),
-    "seed": (int,),
-    "trainable_params": (int,),
-    "total_params": (int,),
-    "metrics": (dict,),
-    "method_config": (dict,),
-    "train": (dict,),
-    "eval": (dict,),
-    "training": (dict,),
-    "env": (dict,),
-    "backbone_info": (dict,),
-    "task_info": (dict,),
-}
-
-
-def _read_results(path: Path, skipped: list[str]) -> list[RunRecord]:
-    """The usable records of one JSON Lines file; blank lines are ignored, bad ones reported."""
-    records = []
-    with path.open(encoding="utf-8", errors="replace") as handle:
-        for lineno, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            problem = _problem(line)
-            if problem:
-                skipped.append(f"{path}:{lineno}: {problem}")
-            else:
-                records.append(json.loads(line))
-    return records
 
 
 def field(record: Mapping[str, Any], *keys: str) -> Any:
@@ -231,29 +189,79 @@ def sort_key(record: Mapping[str, Any]) -> tuple:
     )
 
 
+def majority_rate(records: Sequence[Mapping[str, Any]]) -> float | None:
+    """The share of the eval set's most common class (``task_info.majority_rate``: the accuracy of always
+    answering that class) when the records agree on one; None when none records it or they differ."""
+    rates = distinct(number(r, "task_info", "majority_rate") for r in records)
+    return rates[0] if len(rates) == 1 else None
+
+
+def _phase_warnings(record: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(phase, warning) for every measurement warning of one run, and a failed merge's error."""
+    inference = record.get("inference") if isinstance(record.get("inference"), Mapping) else {}
+    phases = [
+        ("train", record.get("train")),
+        ("eval", record.get("eval")),
+        ("merged eval", record.get("eval_merged")),
+        *(
+            (f"inference {key.replace('_', ' ')}", value)
+            for key, value in inference.items()
+            if key.startswith("batch_")
+        ),
+    ]
+    out = []
+    for phase, figures in phases:
+        if not isinstance(figures, Mapping):
+            continue
+        notes = list(figures.get("warnings") or [])
+        if figures.get("error"):  # a merge that failed: the unmerged results stand
+            notes.append(f"failed: {figures['error']}")
+        out += [(phase, str(note)) for note in notes]
+    return out
+
+
+def _phase_order(phase: str) -> tuple:
+    """Phases in the order a run goes through them: train, eval, merged eval, then inference batches."""
+    named = ("train", "eval", "merged eval")
+    return (named.index(phase) if phase in named else len(named), _natural(phase))
+
+
 def run_warnings(records: Sequence[Mapping[str, Any]]) -> list[str]:
     """Every measurement warning a run recorded, as ``<run>, seed N, <phase>: <warning>``."""
+    return [
+        f"{run_label(record)}, seed {text(record.get('seed'))}, {phase}: {warning}"
+        for record in sorted(records, key=sort_key)
+        for phase, warning in _phase_warnings(record)
+    ]
+
+
+def _runs_named(runs: Sequence[Mapping[str, Any]], total: int) -> str:
+    """``every run (51 runs, 17 configurations)``, or ``lora r=8 (seeds 0, 1); read (seed 2)``."""
+    seeds: dict[str, list[str]] = {}
+    for record in runs:
+        seeds.setdefault(run_label(record), []).append(text(record.get("seed")))
+    if len(runs) == total > 1:
+        return f"every run ({total} runs, {len(seeds)} configurations)"
+    return "; ".join(f"{label} (seed{'s' if len(s) > 1 else ''} {', '.join(s)})" for label, s in seeds.items())
+
+
+def grouped_run_warnings(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The measurement warnings, each distinct text once: with its phase and run when one run said it,
+    else with how many times, in which phases and which runs (or configurations) said it."""
+    said: dict[str, list[tuple[Mapping[str, Any], str]]] = {}
+    ordered = sorted(records, key=sort_key)
+    for record in ordered:
+        for phase, warning in _phase_warnings(record):
+            said.setdefault(warning, []).append((record, phase))
     out = []
-    for record in sorted(records, key=sort_key):
-        inference = record.get("inference") if isinstance(record.get("inference"), Mapping) else {}
-        phases = [
-            ("train", record.get("train")),
-            ("eval", record.get("eval")),
-            ("merged eval", record.get("eval_merged")),
-            *(
-                (f"inference {key.replace('_', ' ')}", value)
-                for key, value in inference.items()
-                if key.startswith("batch_")
-            ),
-        ]
-        for phase, figures in phases:
-            if not isinstance(figures, Mapping):
-                continue
-            notes = list(figures.get("warnings") or [])
-            if figures.get("error"):  # a merge that failed: the unmerged results stand
-                notes.append(f"failed: {figures['error']}")
-            for warning in notes:
-                out.append(f"{run_label(record)}, seed {text(record.get('seed'))}, {phase}: {warning}")
+    for warning, places in said.items():
+        if len(places) == 1:
+            record, phase = places[0]
+            out.append(f"{run_label(record)}, seed {text(record.get('seed'))}, {phase}: {warning}")
+            continue
+        runs = [r for r in ordered if any(r is place for place, _ in places)]
+        phases = ", ".join(sorted(distinct(phase for _, phase in places), key=_phase_order))
+        out.append(f"{warning} — {len(places)} times, phases {phases}; {_runs_named(runs, len(ordered))}")
     return out
 
 

@@ -21,6 +21,7 @@ from petlprof.report.records import (
     field,
     is_ok,
     is_random_init,
+    majority_rate,
     number,
     short_error,
     sort_key,
@@ -183,12 +184,26 @@ OPTIONAL_COLUMNS = (
     ("infer_latency_per_sample_p50_s", "inference p50 per sample, train batch (ms)", 1000.0, 2),
     ("merged_latency_p50_s", "merged eval p50 (ms/batch)", 1000.0, 1),
 )
+COSTS_CAPTION = "Quality and costs"
+VS_CAPTION = f"Against `{REFERENCE}`"
+MORE_CAPTION = "Latency and other figures"
+TARGET_CAPTION = "Time to the target"
+MAJORITY = "majority class"  # the reference row: always answering the eval set's most common class
 
 
-def configuration_tables(records: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, str]]:
-    """(task, backbone, Markdown table) with one row per configuration: its seeds, the primary
-    metric and each cost as mean ± 95% CI, the change against ``full`` (percent for costs, difference
-    for the metric), and the costs on whose frontier it lies.  Only finished (``ok``) runs count."""
+@dataclass(frozen=True)
+class ConfigTables:
+    """The tables of one task and backbone's configurations, as (caption, Markdown table) pairs: quality and
+    costs first, then the comparison with ``full`` (where it ran), latency and other figures, time to target."""
+
+    task: str
+    backbone: str
+    tables: list[tuple[str, str]]
+
+
+def configuration_sections(records: Sequence[Mapping[str, Any]]) -> list[ConfigTables]:
+    """The tables of every task and backbone, one row per configuration (seeds merged: mean ± 95% CI).
+    Only finished (``ok``) runs count."""
     from petlprof.report.frame import frontier, relative_to, runs_frame
     from petlprof.report.plots import COST_AXES
 
@@ -203,87 +218,121 @@ def configuration_tables(records: Sequence[Mapping[str, Any]]) -> list[tuple[str
         marks = frontier(ok, x=axis.column)["on_front"]
         for i in configs.index[marks.to_numpy()]:
             configs.at[i, "fronts"].append(axis.slug)
+    configs["random_init"] = configs["config_key"].isin(random_init)
     return [
-        (text(task), text(backbone), _configuration_table(group, random_init))
+        ConfigTables(text(task), text(backbone), _tables(_ordered(group), _group_majority(records, task, backbone)))
         for (task, backbone), group in configs.groupby(["task", "backbone"], sort=True, dropna=False)
     ]
 
 
-def _configuration_table(group, random_init: set[str]) -> str:
-    """The Markdown table of one task and backbone's configurations (rows of :func:`summarise`)."""
+def configuration_tables(records: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, str]]:
+    """(task, backbone, Markdown table of quality and costs) per task and backbone: the first table of
+    :func:`configuration_sections`."""
+    return [(s.task, s.backbone, s.tables[0][1]) for s in configuration_sections(records)]
+
+
+def _group_majority(records: Sequence[Mapping[str, Any]], task: Any, backbone: Any) -> float | None:
+    """The majority-class rate of one task and backbone's accuracy runs (None for another metric)."""
+    group = [r for r in records if text(r.get("task")) == text(task) and text(r.get("backbone")) == text(backbone)]
+    return majority_rate(group) if {r.get("primary_metric") for r in group} == {"accuracy"} else None
+
+
+def _ordered(group):
+    """A task and backbone's configurations by method, then knob value, then config."""
     from petlprof.report.frame import knob_sort_value
 
-    metric = text(group["primary_metric"].iloc[0])
     order = sorted(
         range(len(group)),
         key=lambda k: (group["method"].iloc[k], knob_sort_value(group["knob_value"].iloc[k]), group["config"].iloc[k]),
     )
-    group = group.iloc[order]
-    vs = f"vs {REFERENCE}"
-    headers = [
-        "method",
-        "config",
-        "seeds",
-        f"{metric} (mean ± 95% CI)",
-        f"Δ {metric} {vs}",
-        "trainable params (count)",
-        f"params {vs}",
-        "train time (s)",
-        f"time {vs}",
-        "train peak mem (MiB)",
-        f"memory {vs}",
-        "train energy (J)",
-        f"energy {vs}",
-        "energy kind",
-        "eval p50 latency (ms/batch)",
-        "on frontier of",
-    ]
-    numeric = [False, False] + [True] * 11 + [False, True, False]
-    optional = [
-        (column, title, factor, decimals)
-        for column, title, factor, decimals in OPTIONAL_COLUMNS
-        if column in group and group[column].notna().any()
-    ]
-    headers += [title for _, title, _, _ in optional]
-    numeric += [True] * len(optional)
-    budget = group["target_reached"].notna().any()
-    if budget:  # time-to-accuracy runs: how many seeds reached the target, and at what cost (means over those)
-        headers += ["reached target (seeds)", "steps to target", "time to target (s)", "energy to target (J)"]
-        numeric += [True] * 4
-    rows = [_configuration_row(row, optional, budget, row["config_key"] in random_init) for _, row in group.iterrows()]
+    return group.iloc[order]
+
+
+def _tables(group, majority: float | None) -> list[tuple[str, str]]:
+    tables = [(COSTS_CAPTION, _costs_table(group, majority))]
+    if (group["method"] == REFERENCE).any():
+        tables.append((VS_CAPTION, _vs_table(group)))
+    tables.append((MORE_CAPTION, _more_table(group)))
+    if group["target_reached"].notna().any():
+        tables.append((TARGET_CAPTION, _target_table(group)))
+    return tables
+
+
+def _names(row) -> list[str]:
+    return [text(row["method"]), text(row["config"])]
+
+
+def _costs_table(group, majority: float | None) -> str:
+    """Quality, the four costs and the frontiers; the energy kind in the header when all agree."""
+    metric = text(group["primary_metric"].iloc[0])
+    kinds = [k for k in distinct(group["energy_kind"]) if isinstance(k, str)] if "energy_kind" in group else []
+    energy = f"train energy (J, {kinds[0]})" if len(kinds) == 1 else "train energy (J)"
+    headers = ["method", "config", "seeds", f"{metric} (mean ± 95% CI)", energy, "train peak mem (MiB)"]
+    headers += ["train time (s)", "trainable params (count)", "on frontier of"]
+    numeric = [False, False] + [True] * 6 + [False]
+    if len(kinds) > 1:
+        headers.append("energy kind")
+        numeric.append(False)
+    rows = [_costs_row(row, mixed=len(kinds) > 1) for _, row in group.iterrows()]
+    if majority is not None:
+        rows.append([f"*{MAJORITY}*", "", "", f"{majority:.4f}"] + [""] * (len(headers) - 4))
     return render_markdown(headers, rows, numeric)
 
 
-def _configuration_row(row, optional: list[tuple[str, str, float, int]], budget: bool, random_init: bool) -> list[str]:
-    reference = row["method"] == REFERENCE
-
-    def rel(cost: str) -> str:
-        return "ref" if reference else _signed(row.get(f"{cost}_vs_{REFERENCE}_pct"), ".0f", "%")
-
-    cells = [
-        text(row["method"]),
-        text(row["config"]),
+def _costs_row(row, mixed: bool) -> list[str]:
+    cells = _names(row) + [
         str(int(row["n_seeds"])),
-        _cost_only(_mean_ci(row, "quality", 1.0, 4), random_init),
-        _cost_only("ref" if reference else _signed(row.get(f"quality_vs_{REFERENCE}"), ".4f"), random_init),
-        _fixed(row.get("trainable_params"), 0),
-        rel("trainable_params"),
-        _mean_ci(row, "time_s", 1.0, 1),
-        rel("time_s"),
-        _mean_ci(row, "peak_memory_bytes", 1 / BYTES_PER_MIB, 1),
-        rel("peak_memory_bytes"),
+        _cost_only(_mean_ci(row, "quality", 1.0, 4), row["random_init"]),
         _mean_ci(row, "energy_j", 1.0, 1),
-        rel("energy_j"),
-        text(row.get("energy_kind")),
-        _mean_ci(row, "eval_latency_p50_s", 1000.0, 1),
+        _mean_ci(row, "peak_memory_bytes", 1 / BYTES_PER_MIB, 1),
+        _mean_ci(row, "time_s", 1.0, 1),
+        _fixed(row.get("trainable_params"), 0),
         ", ".join(row["fronts"]) or MISSING,
     ]
-    cells += [_mean_ci(row, column, factor, decimals) for column, _, factor, decimals in optional]
-    if budget:
-        cells += [
+    return cells + ([text(row.get("energy_kind"))] if mixed else [])
+
+
+def _vs_table(group) -> str:
+    """The change of each mean against ``full``'s: the metric's difference, the costs' percent change."""
+    metric = text(group["primary_metric"].iloc[0])
+    vs = f"vs {REFERENCE}"
+    headers = ["method", "config", f"Δ {metric} {vs}", f"energy {vs}", f"memory {vs}", f"time {vs}", f"params {vs}"]
+    return render_markdown(headers, [_vs_row(row) for _, row in group.iterrows()], [False, False] + [True] * 5)
+
+
+def _vs_row(row) -> list[str]:
+    if row["method"] == REFERENCE:
+        return _names(row) + ["ref"] * 5
+    costs = ("energy_j", "peak_memory_bytes", "time_s", "trainable_params")
+    quality = _cost_only(_signed(row.get(f"quality_vs_{REFERENCE}"), ".4f"), row["random_init"])
+    return _names(row) + [quality] + [_signed(row.get(f"{cost}_vs_{REFERENCE}_pct"), ".0f", "%") for cost in costs]
+
+
+def _more_table(group) -> str:
+    """Eval latency and the figures only some runs have (energy above idle, CO2, inference, merged eval)."""
+    optional = [c for c in OPTIONAL_COLUMNS if c[0] in group and group[c[0]].notna().any()]
+    headers = ["method", "config", "eval p50 latency (ms/batch)"] + [title for _, title, _, _ in optional]
+    rows = [
+        _names(row)
+        + [_mean_ci(row, "eval_latency_p50_s", 1000.0, 1)]
+        + [_mean_ci(row, column, factor, decimals) for column, _, factor, decimals in optional]
+        for _, row in group.iterrows()
+    ]
+    return render_markdown(headers, rows, [False, False] + [True] * (1 + len(optional)))
+
+
+def _target_table(group) -> str:
+    """Time-to-accuracy runs: how many seeds reached the target, and at what cost (means over those)."""
+    headers = ["method", "config", "reached target (seeds)", "steps to target", "time to target (s)"]
+    headers.append("energy to target (J)")
+    rows = [
+        _names(row)
+        + [
             text(row.get("target_reached")),
             _mean_ci(row, "steps_to_target", 1.0, 0),
             _mean_ci(row, "time_to_target_s", 1.0, 1),
             _mean_ci(row, "energy_to_target_j", 1.0, 1),
         ]
-    return cells
+        for _, row in group.iterrows()
+    ]
+    return render_markdown(headers, rows, [False, False] + [True] * 4)

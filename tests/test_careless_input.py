@@ -1,0 +1,274 @@
+"""Careless input, round two (issue 28): each case is refused with exit code 2 and one line on stderr, its
+control characters escaped, no traceback, and nothing written, before any model loads.
+
+Each case is a command line and the files it names, fed to one shared check; a file's content ``FIFO``
+makes a named pipe, ``FILE`` an empty file.  ``{tmp}`` in a command line is the case's own folder.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from petlprof import registry
+from petlprof.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = str(ROOT / "reports" / "minilm-tweets-default")  # a store of real records, read only
+TINY = ["--backbone", "tiny-bert", "--train-size", "32", "--eval-size", "16", "--max-steps", "3"]
+RUN = ["run", "--methods", "bitfit", *TINY, "--output", "{tmp}/out"]
+ESTIMATE = ["estimate", "--backbone", "tiny-bert", "--methods", "lora", "--max-length", "16", "--output", "{tmp}/out"]
+FIFO, FILE = "FIFO", "FILE"
+BERT = '"model_type": "bert", "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128'
+CONFIG = {"cfg.json": f'{{{BERT}, "hidden_size": -1, "vocab_size": 30522}}'}
+TOPICS = "topic,text,label\n" + "".join(f"{t},a headline number {i},{t}\n" for i, t in enumerate(["art", "war"] * 50))
+CSI = "\x1b[2J"
+
+BAD = [
+    # (id, command line, files (name: content), what the error line says)
+    # D2: an output that cannot take the report or the estimates, found before anything is printed
+    ("report into a file", ["report", RESULTS, "--output", "{tmp}/f"], {"f": FILE}, "output folder '"),
+    ("report under a file", ["report", RESULTS, "--output", "{tmp}/f/sub"], {"f": FILE}, "is not writable"),
+    ("estimate into a file", [*ESTIMATE[:-1], "{tmp}/f"], {"f": FILE}, "is not writable: File exists"),
+    ("estimate under a file", [*ESTIMATE[:-1], "{tmp}/f/sub"], {"f": FILE}, "is not writable"),
+    ("report where no folder can be made", ["report", RESULTS, "--output", "/proc/petlprof-no"], {}, "not writable"),
+    # D3: a config's sizes, checked before a tensor is made of them
+    ("hidden_size -1, estimate", [*ESTIMATE[:2], "{tmp}/cfg.json", *ESTIMATE[3:]], CONFIG, "hidden_size must be"),
+    (
+        "hidden_size -1, run --random-init",
+        [*RUN, "--backbone", "{tmp}/cfg.json", "--random-init"],
+        CONFIG,
+        "'{tmp}/cfg.json': hidden_size must be a positive integer, got -1",
+    ),
+    (
+        "a vocabulary of 10**12",
+        [*ESTIMATE[:2], "{tmp}/cfg.json", *ESTIMATE[3:]],
+        {"cfg.json": f'{{{BERT}, "hidden_size": 64, "vocab_size": {10**12}}}'},
+        "vocab_size 1000000000000 is larger than",
+    ),
+    (
+        "2.5 layers",
+        [*ESTIMATE[:2], "{tmp}/cfg.json", *ESTIMATE[3:]],
+        {"cfg.json": '{"model_type": "llama", "num_hidden_layers": 2.5, "hidden_size": 64}'},
+        "num_hidden_layers must be a positive integer, got 2.5",
+    ),
+    (
+        "no attention heads in a model folder",
+        [*ESTIMATE[:2], "{tmp}/model", *ESTIMATE[3:]],
+        {"model/config.json": '{"model_type": "llama", "num_attention_heads": 0, "hidden_size": 64}'},
+        "num_attention_heads must be a positive integer, got 0",
+    ),
+    # D5: a size has a unit, and a run's memory limit a floor
+    ("--max-memory without a unit", [*RUN, "--max-memory", "40"], {}, "--max-memory '40' has no unit"),
+    ("--max-memory 1KiB", [*RUN, "--max-memory", "1KiB"], {}, "--max-memory '1KiB' is less than 512 MiB"),
+    (
+        "max_memory without a unit in a file",
+        [*RUN, "--config", "{tmp}/s.toml"],
+        {"s.toml": "max_memory = 40\n"},
+        "no unit",
+    ),
+    ("--device-memory without a unit", [*ESTIMATE, "--device-memory", "40"], {}, "--device-memory '40' has no unit"),
+    (
+        "--cache-budget without a unit",
+        ["run", "--methods", "read", *TINY, "--cache-hidden-states", "--cache-budget", "1024"],
+        {},
+        "--cache-budget '1024' has no unit",
+    ),
+    # D7: one option under two spellings in one file
+    (
+        "TOML train-size and train_size",
+        [*RUN, "--config", "{tmp}/s.toml"],
+        {"s.toml": "train-size = 32\ntrain_size = 64\n"},
+        "gives option train_size twice, as 'train-size' and 'train_size'",
+    ),
+    (
+        "YAML train_size and train-size",
+        [*RUN, "--config", "{tmp}/s.yaml"],
+        {"s.yaml": "train_size: 64\ntrain-size: 32\n"},
+        "as 'train_size' and 'train-size'",
+    ),
+    # D8: control characters in a value are escaped where it is echoed
+    ("a method named with escapes", ["run", "--methods", "read\x1b[31mRED\x07"], {}, r"'read\x1b[31mRED\x07'"),
+    ("an output that clears the screen", [*RUN[:-1], "{tmp}/" + CSI], {CSI: FILE}, r"\x1b[2J' is not writable"),
+    ("a backbone with escapes", [*ESTIMATE[:2], "x" + CSI, *ESTIMATE[3:]], {}, r"unknown backbone 'x\x1b[2J'"),
+    # D9: a FIFO, device or folder where a file is read
+    (
+        "--task a FIFO",
+        [*RUN, "--task", "{tmp}/x.csv"],
+        {"x.csv": FIFO},
+        "is a FIFO (named pipe), not a regular file or a folder",
+    ),
+    ("--task a device", [*RUN, "--task", "/dev/null"], {}, "'/dev/null' is a character device"),
+    (
+        "--config a FIFO",
+        [*RUN, "--config", "{tmp}/s.toml"],
+        {"s.toml": FIFO},
+        "is a FIFO (named pipe), not a regular file",
+    ),
+    ("--config a folder", [*RUN, "--config", "{tmp}"], {}, "is a folder, not a regular file"),
+    ("report a FIFO", ["report", "{tmp}/results.jsonl"], {"results.jsonl": FIFO}, "is a FIFO (named pipe)"),
+    ("estimate a FIFO config", [*ESTIMATE[:2], "{tmp}/c.json", *ESTIMATE[3:]], {"c.json": FIFO}, "is a FIFO"),
+    # D10: an option that acts only with another is refused when given, even at its default
+    ("--cache-budget at its default", [*RUN, "--cache-budget", "1GiB"], {}, "--cache-budget acts only with"),
+    ("cache_budget in a file", [*RUN, "--config", "{tmp}/s.toml"], {"s.toml": 'cache_budget = "1GiB"\n'}, "acts only"),
+    ("--cache-dtype at its default", [*RUN, "--cache-dtype", "float16"], {}, "--cache-dtype acts only with"),
+    ("--eval-every at its default", [*RUN, "--eval-every", "10"], {}, "--eval-every acts only with --target-value"),
+    # D12: the model must not read the column it is scored on
+    (
+        "text column is the label column",
+        [*RUN, "--task", "{tmp}/d.csv", "--text-column", "topic", "--label-column", "topic"],
+        {"d.csv": TOPICS},
+        "the text column and the label column are both 'topic'",
+    ),
+    (
+        "pair column is the label column",
+        [*RUN, "--task", "{tmp}/d.csv", "--text-pair-column", "topic", "--label-column", "topic"],
+        {"d.csv": TOPICS},
+        "the text pair column and the label column are both 'topic'",
+    ),
+    (
+        "default text column as label",
+        [*RUN, "--task", "{tmp}/d.csv", "--label-column", "text"],
+        {"d.csv": TOPICS},
+        "'text'",
+    ),
+]
+
+
+def make_files(folder: Path, files: dict[str, str], stack) -> None:
+    for name, content in files.items():
+        path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if content == FIFO:
+            os.mkfifo(path)
+            stack.append(_fifo_writer(path))
+        else:
+            path.write_text("" if content == FILE else content)
+
+
+def _fifo_writer(path: Path):
+    """A writer that closes at once, so code that reads the FIFO gets an end of file instead of hanging the
+    test (and fails its check); the returned function releases the writer when nothing read it."""
+    writer = threading.Thread(target=lambda: open(path, "w").close(), daemon=True)
+    writer.start()
+
+    def release() -> None:
+        reader = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # held open until the writer has seen it
+        writer.join(10)
+        os.close(reader)
+
+    return release
+
+
+def tree(folder: Path) -> set[Path]:
+    return set(folder.rglob("*"))
+
+
+@pytest.mark.parametrize("argv, files, expected", [c[1:] for c in BAD], ids=[c[0] for c in BAD])
+def test_careless_input_is_one_escaped_line_exit_2_nothing_written(
+    argv, files, expected, capsys, tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    if any(a.startswith("/proc/") for a in argv) and not Path("/proc").is_dir():
+        pytest.skip("needs /proc, a file system that takes no new folders")
+    releases: list = []
+    make_files(tmp_path, files, releases)
+    before = tree(tmp_path)
+    try:
+        code = main([a.replace("{tmp}", str(tmp_path)) for a in argv])
+    finally:
+        for release in releases:
+            release()
+    captured = capsys.readouterr()
+    err = captured.err
+    assert code == 2, err[-500:]
+    assert expected.replace("{tmp}", str(tmp_path)) in err, err
+    assert err.count("\n") == 1 and err.startswith("petlprof: error: ") and "Traceback" not in err
+    assert not re.search(r"[\x00-\x09\x0b-\x1f\x7f]", err + captured.out), err  # nothing raw reaches the terminal
+    assert captured.out == ""  # nothing printed before the refusal (a summary table, say)
+    assert tree(tmp_path) == before  # no output folder, no results file
+
+
+def test_a_progress_line_escapes_what_it_echoes(capsys):
+    from petlprof.cli import _progress, _say
+
+    spec = SimpleNamespace(method="read", method_config={"hidden_size": 128}, backbone="b" + CSI, task="t\x07", seed=0)
+    _say(_progress(spec, 1, 2, 0.0, 0))
+    assert capsys.readouterr().err == "[1/2] read hidden_size=128 on b\\x1b[2J / t\\x07, seed 0\n"
+
+
+# --- D6: estimate resolves a plug-in as run does ----------------------------------------------------------
+
+
+@pytest.fixture
+def normtune_module(tmp_path, monkeypatch):
+    """The README's normtune.py in the current folder, named by ``module:ATTR``."""
+    module = "careless_normtune"
+    shutil.copy(
+        ROOT / "examples" / "petlprof-normtune" / "petlprof_normtune" / "__init__.py", tmp_path / f"{module}.py"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield f"{module}:SPEC"
+    registry._PLUGINS.pop(f"{module}:SPEC", None)
+    sys.modules.pop(module, None)
+
+
+def test_estimate_takes_a_plugin_by_module_attr_as_run_does(normtune_module, capsys, tmp_path):
+    import json
+
+    argv = ["estimate", "--backbone", "tiny-bert", "--methods", f"{normtune_module},lora", "--max-length", "16"]
+    code = main([*argv, "--method-config", "normtune.parts=gain", "--output", str(tmp_path / "out")])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    records = [json.loads(line) for line in (tmp_path / "out" / "estimates.jsonl").read_text().splitlines()]
+    normtune = records[0]
+    assert [r["method"] for r in records] == ["normtune", "lora"] and normtune["status"] == "ok"
+    assert normtune["method_config"] == {"parts": "gain", "last": 0} and normtune["pareto_knob"] == "last"
+    assert "normtune  last=0" in captured.out
+
+
+# --- D12: training text that gives its label away is noted, ordinary text is not ----------------------------
+
+
+@pytest.mark.parametrize(
+    "rows, leaks",
+    [
+        ([(f"{t}", t) for t in ["art", "war"] * 20], True),  # a copy of the label column
+        ([(f"{t.upper()} news", t) for t in ["art", "war"] * 20], True),  # the label written into the text
+        ([(f"art and war {i}", t) for i, t in enumerate(["art", "war"] * 20)], False),  # names both labels
+        (
+            [
+                (f"tweet {i}: so good" if t == "positive" else f"tweet {i}: awful", t)
+                for i, t in enumerate(["positive", "negative"] * 20)
+            ],
+            False,
+        ),
+        ([(f"I feel {t}" if i % 5 else "meh", t) for i, t in enumerate(["positive", "negative"] * 20)], False),
+    ],
+    ids=["copy", "label in text", "both labels named", "ordinary text", "some rows name no label"],
+)
+def test_text_that_gives_the_label_away_is_noted_before_the_runs(rows, leaks, tmp_path):
+    from petlprof.config import build_options, preflight
+
+    data = tmp_path / "d.csv"
+    data.write_text("text,label\n" + "".join(f"{text},{label}\n" for text, label in rows))
+    options = build_options(
+        {}, {"methods": "bitfit", "backbone": "tiny-bert", "task": str(data), "train_size": 32, "eval_size": 8}
+    )
+    notes = preflight(options)
+    assert any("gives the label away" in note for note in notes) == leaks, notes
+
+
+def test_the_reference_tweets_raise_no_leak():
+    from petlprof.tasks import leak_warnings, load_task
+
+    task = load_task("tweets", train_size=2000, eval_size=10)
+    assert leak_warnings(task.train, task.label_names) == []
