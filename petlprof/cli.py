@@ -17,7 +17,7 @@ import warnings
 from pathlib import Path
 
 from petlprof import __version__
-from petlprof.errors import UsageError
+from petlprof.errors import UsageError, printable
 from petlprof.estimate.command import add_estimate_parser, cmd_estimate
 from petlprof.options import add_run_arguments
 from petlprof.report.intervals import DEFAULT_INTERVAL, INTERVALS
@@ -109,7 +109,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     # a folder another sweep holds is one error line, not a Ray start-up followed by one
     local = options.executor == "local"
     for note in preflight(options, meters_here=local):
-        print(f"petlprof: note: {note}", file=sys.stderr)
+        _say(f"petlprof: note: {note}")
     # a local device is checked here, so a bad --device leaves no output folder; a cluster's needs Ray
     device = (
         resolve_device(options.device, options.nproc_per_run, memory_snapshot=options.memory_snapshot)
@@ -119,7 +119,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     check_writable(out_dir)
     with StoreLock(out_dir) as lock:
         if lock.taken_over is not None:
-            print(f"petlprof: took over the lock of a petlprof run that is gone ({lock.taken_over})", file=sys.stderr)
+            _say(f"petlprof: took over the lock of a petlprof run that is gone ({lock.taken_over})")
         executor = make_executor(
             options.executor,
             address=options.address,
@@ -152,13 +152,12 @@ def _run_sweep(options, executor, out_dir: Path, device: str | None) -> int:
     store = out_dir / RESULTS_FILE
     done = finished_keys(store)
     todo = [s for s in specs if s.run_key not in done]
-    print(
+    _say(
         f"petlprof: {len(specs)} run(s) on {device}; {len(specs) - len(todo)} already in {store}; "
-        f"writing to {out_dir}; runs execute on {executor.describe()}",
-        file=sys.stderr,
+        f"writing to {out_dir}; runs execute on {executor.describe()}"
     )
     if todo:  # idle power before the first run, for each run's energy above idle
-        print(f"petlprof: {executor.prepare_idle(device, options.energy_meter)}", file=sys.stderr)
+        _say(f"petlprof: {executor.prepare_idle(device, options.energy_meter)}")
     in_main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main else None
     try:
@@ -167,10 +166,10 @@ def _run_sweep(options, executor, out_dir: Path, device: str | None) -> int:
         return 1
     except (KeyboardInterrupt, Terminated) as exc:
         code = 130 if isinstance(exc, KeyboardInterrupt) else 143
-        print(
-            f"\npetlprof: interrupted; finished runs are in {store}. Resume with the same command "
-            f"(with --output {out_dir}): recorded runs are skipped.",
-            file=sys.stderr,
+        print(file=sys.stderr)
+        _say(
+            f"petlprof: interrupted; finished runs are in {store}. Resume with the same command "
+            f"(with --output {out_dir}): recorded runs are skipped."
         )
         return code
     finally:
@@ -178,8 +177,13 @@ def _run_sweep(options, executor, out_dir: Path, device: str | None) -> int:
             signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
     _finish(store, out_dir)
     for pair in unsupported_pairs(options) if options.skip_unsupported else ():  # left out before any run
-        print(f"petlprof: skipped (--skip-unsupported): {pair}", file=sys.stderr)
+        _say(f"petlprof: skipped (--skip-unsupported): {pair}")
     return 1 if failed else 0
+
+
+def _say(line: str) -> None:
+    """A status line on stderr, with the control characters of the values it echoes escaped."""
+    print(printable(line), file=sys.stderr)
 
 
 def _progress(spec, position: int, total: int, started: float, finished: int) -> str:
@@ -188,9 +192,9 @@ def _progress(spec, position: int, total: int, started: float, finished: int) ->
 
     from petlprof.registry import get_method
 
-    knob = get_method(spec.method).pareto_knob
-    point = f" {knob}={spec.method_config.get(knob)}" if knob else ""
-    line = f"[{position}/{total}] {spec.method}{point} on {spec.backbone} / {spec.task}, seed {spec.seed}"
+    method = get_method(spec.method)
+    point = f" {method.pareto_knob}={spec.method_config.get(method.pareto_knob)}" if method.pareto_knob else ""
+    line = f"[{position}/{total}] {method.name}{point} on {spec.backbone} / {spec.task}, seed {spec.seed}"
     if finished:
         elapsed = time.monotonic() - started
         left = elapsed / finished * (total - position + 1)
@@ -211,25 +215,25 @@ def _sweep(todo, store, executor, done: int = 0, total: int | None = None) -> in
     position = iter(range(done + 1, total + 1))
 
     def on_start(spec) -> None:
-        print(_progress(spec, next(position), total, started, finished), file=sys.stderr)
+        _say(_progress(spec, next(position), total, started, finished))
 
     try:
         for spec, record in executor.results(todo, on_start=on_start):
             try:
                 append_record(store, record)
             except OSError as exc:  # disk full, folder removed, ...: say so, and keep the result on the terminal
-                print(
+                _say(
                     f"petlprof: error: could not write to {store}: {exc.strerror or exc}. Runs recorded before "
-                    f"are intact; this run's record follows so it is not lost:\n{json.dumps(record, default=str)}",
-                    file=sys.stderr,
+                    "are intact; this run's record follows so it is not lost:"
                 )
+                print(json.dumps(record, default=str), file=sys.stderr)
                 raise StoreWriteError() from None
             finally:
                 release_signals()  # a signal held while the finished run was stored is delivered now
             finished += 1
             if record["status"] != "ok":
                 failed += 1
-                print(f"  {spec.method} seed {spec.seed} {record['status']}: {record['error']}", file=sys.stderr)
+                _say(f"  {spec.method} seed {spec.seed} {record['status']}: {record['error']}")
     except (KeyboardInterrupt, Terminated) as exc:
         name = "SIGINT" if isinstance(exc, KeyboardInterrupt) else "SIGTERM"
         in_flight = list(executor.in_flight)
@@ -238,7 +242,7 @@ def _sweep(todo, store, executor, done: int = 0, total: int | None = None) -> in
             try:
                 append_record(store, cancelled_record(spec, name))
             except OSError as error:
-                print(f"petlprof: could not record the cancelled run in {store}: {error}", file=sys.stderr)
+                _say(f"petlprof: could not record the cancelled run in {store}: {error}")
         raise
     return failed
 
@@ -250,8 +254,8 @@ def _finish(store: Path, out_dir: Path) -> None:
     records = load_records([store], skipped)
     _print_summary(records, skipped)
     for path in write_report(records, out_dir):
-        print(f"wrote {path}", file=sys.stderr)
-    print(f"wrote {store}", file=sys.stderr)
+        _say(f"wrote {path}")
+    _say(f"wrote {store}")
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -310,8 +314,12 @@ def cmd_meters(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from petlprof.report import load_records, write_report
+    from petlprof.store import check_writable
+    from petlprof.values import check_file
 
     paths = [Path(d) for d in args.dirs]
+    for path in paths:
+        check_file(path, "results", folder=True)  # a FIFO would be read forever
     skipped: list[str] = []
     records = load_records(paths, skipped)
     if not records:
@@ -319,19 +327,21 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise UsageError(f"no result records in {', '.join(repr(str(p)) for p in paths)}{why}; nothing to report")
     first = paths[0] if paths[0].is_dir() else paths[0].parent
     out_dir = Path(args.output) if args.output else first
+    check_writable(out_dir)  # before the summary: a folder that cannot take the report is one line
     _print_summary(records, skipped)
     for path in write_report(records, out_dir, interval=args.interval):
-        print(f"wrote {path}", file=sys.stderr)
+        _say(f"wrote {path}")
     return 0
 
 
 def _print_summary(records: list[dict], skipped: list[str]) -> None:
+    from petlprof.records import overhead_line
     from petlprof.report import run_warnings, summary_table
 
     if skipped:
-        print(f"petlprof: skipped {len(skipped)} unusable line(s) of the results:", file=sys.stderr)
+        _say(f"petlprof: skipped {len(skipped)} unusable line(s) of the results:")
         for line in skipped[:10]:
-            print(f"  {line}", file=sys.stderr)
+            _say(f"  {line}")
     print(summary_table(records, fmt="text"))
     estimated = {
         r["train"].get("energy_model")
@@ -340,8 +350,10 @@ def _print_summary(records: list[dict], skipped: list[str]) -> None:
     }
     for model in sorted(m for m in estimated if m):
         print(f"energy marked 'estimated' is a model, not a measurement: {model}")
+    if line := overhead_line(records):
+        print(line)
     for warning in _grouped(run_warnings(records)):
-        print(f"warning: {warning}")
+        print(printable(f"warning: {warning}"))
 
 
 def _grouped(warnings: list[str], examples: int = 3) -> list[str]:
@@ -383,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         if args.debug:
             raise
-        line = " ".join(str(exc).split())
+        line = printable(" ".join(str(exc).split()))
         if len(line) > MAX_ERROR_CHARS:
             line = f"{line[:MAX_ERROR_CHARS]}... ({len(line)} characters)"
         print(f"petlprof: error: {line}", file=sys.stderr)

@@ -8,9 +8,10 @@ not yet yielded, so an interrupted sweep can record them as ``cancelled``; ``can
 * ``local``: each run in a fresh process on this machine (:func:`petlprof.runner.execute_in_subprocess`),
   or in the sweep's own process with ``--in-process``.
 * ``ray``: each run becomes a Ray task that asks for the CPUs and GPUs the run declares
-  (``--cpus-per-run``; one GPU per rank of a CUDA run) and runs the same fresh worker process on the
-  node it lands on, so the meters read that node's devices (Ray sets ``CUDA_VISIBLE_DEVICES`` for
-  the task).  The task adds where it ran to the record and returns it to the driver.  A task whose
+  (``--cpus-per-run``; one GPU per rank of a CUDA run) and runs the run in a fresh worker process on
+  the node it lands on, so the meters read that node's devices (Ray sets ``CUDA_VISIBLE_DEVICES`` for
+  the task).
+  The task adds where it ran to the record and returns it to the driver.  A task whose
   worker or node is lost becomes a ``failed`` record naming the cause, after ``retries`` retries.
   The driver never waits forever: a task that no live node can take any more (its node was lost)
   is recorded ``failed`` after :data:`DRIVER_GRACE_S`, and one that outlives (retries + 1) x
@@ -56,13 +57,36 @@ class LocalExecutor:
     name = "local"
 
     def __init__(
-        self, *, in_process: bool = False, timeout_s: float | None = None, max_memory_bytes: int | None = None
+        self,
+        *,
+        in_process: bool = False,
+        timeout_s: float | None = None,
+        max_memory_bytes: int | None = None,
+        warm: bool = True,
     ):
         self.in_process, self.timeout_s, self.max_memory_bytes = in_process, timeout_s, max_memory_bytes
         self.in_flight: list = []
+        self.use_warm, self.warm_worker = warm and not in_process, None
 
     def describe(self) -> str:
-        return "this machine, " + ("in this process" if self.in_process else "a fresh process per run")
+        if self.in_process:
+            return "this machine, in this process"
+        if self.use_warm:
+            return "this machine, a process per run (CPU runs: forked from a warm worker that imports once)"
+        return "this machine, a fresh process per run"
+
+    def _warm(self, spec):
+        """The sweep's warm worker, started at the first run that can use it (one-process CPU runs); None
+        for other runs, or once the warm worker could not start (fresh interpreters then, as before)."""
+        from petlprof.warm import WarmWorker
+
+        if not self.use_warm or spec.nproc != 1 or spec.device.startswith("cuda"):
+            return None
+        if self.warm_worker is None:  # one try per sweep: a broken one sends runs to fresh interpreters
+            from petlprof.runner import worker_env
+
+            self.warm_worker = WarmWorker(worker_env())
+        return self.warm_worker
 
     def cluster_gpus(self) -> None:
         """None: devices are checked against what torch sees on this machine."""
@@ -74,6 +98,7 @@ class LocalExecutor:
         return prepare_sweep_idle(device, energy_meter)
 
     def results(self, specs: Iterable, on_start: OnStart | None = None) -> Iterator[tuple[Any, dict]]:
+        from petlprof.records import add_overhead
         from petlprof.runner import execute, execute_in_subprocess
 
         for spec in specs:
@@ -81,9 +106,13 @@ class LocalExecutor:
             if on_start is not None:
                 on_start(spec)
             if self.in_process:
-                record = execute(spec, max_memory_bytes=None)
+                t0 = time.perf_counter()
+                record = add_overhead(execute(spec, max_memory_bytes=None), time.perf_counter() - t0)
+                record["process"] = "the sweep's own process (--in-process)"
             else:
-                record = execute_in_subprocess(spec, timeout_s=self.timeout_s, max_memory_bytes=self.max_memory_bytes)
+                record = execute_in_subprocess(
+                    spec, timeout_s=self.timeout_s, max_memory_bytes=self.max_memory_bytes, warm=self._warm(spec)
+                )
             record["node"] = node_fields("local")
             self.in_flight = []
             yield spec, record
@@ -93,11 +122,14 @@ class LocalExecutor:
         self.in_flight = []
 
     def close(self) -> None:
-        pass
+        if self.warm_worker is not None:
+            self.warm_worker.close()
+            self.warm_worker = None
 
 
 def _ray_task(spec_dict: dict, timeout_s: float | None, max_memory_bytes: int | None, cpus: float) -> dict:
-    """Body of one Ray task: the run in a fresh worker process on this node, plus where it ran."""
+    """Body of one Ray task: the run in a fresh worker process on this node, plus where it ran.  (No warm
+    worker here yet: Ray's task cancellation has not been tried against one.)"""
     import ray
 
     from petlprof.runner import RunSpec, execute_in_subprocess, release_signals

@@ -12,12 +12,16 @@ from the same :class:`~petlprof.recipe.TrainRecipe` the loop trained by.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from petlprof.records import DIVERGED, OK
 from petlprof.spec import RunSpec
+
+# what prepare imports before it takes the run's memory baseline (the warm worker imports the same)
+RUNTIME_LIBRARIES = ("datasets", "pandas", "peft", "torch", "transformers")
 
 
 def _cap_memory(device: str, max_memory_bytes: int) -> None:
@@ -54,7 +58,7 @@ class MeterFactory:
         self.breakdown, self.timeline = breakdown, timeline
 
     def __call__(self, phase: str) -> list:
-        from petlprof.meters import energy_meter_for, extra_meters_for, memory_meter_for
+        from petlprof.meters import contention_meters, energy_meter_for, extra_meters_for, memory_meter_for
         from petlprof.meters.idle import sweep_idle
 
         spec, breakdown = self.spec, self.breakdown
@@ -65,6 +69,7 @@ class MeterFactory:
             *extra_meters_for(spec.extra_meters, spec.device, country_code=spec.country_code, resident_bytes=resident),
             memory_meter_for(spec.device, self.runtime_baseline, snapshot),
             energy_meter_for(spec.device, spec.energy_meter, self.timeline, idle=sweep_idle()),
+            *contention_meters(),  # last: it starts after and stops before the others, around the work alone
         ]
 
 
@@ -96,7 +101,7 @@ class RunContext:
 
     @property
     def label(self) -> str:
-        return f"{self.spec.method} s{self.spec.seed}"
+        return f"{self.method.name} s{self.spec.seed}"  # the spec's name, also for a plug-in given as module:ATTR
 
     def io(self, phase: str, meters: list):
         """Where a phase reports: its device, meters, progress bar label and the run's progress."""
@@ -109,11 +114,9 @@ def prepare(spec: RunSpec, ranks, progress, max_memory_bytes: int | None = None)
     """Join the ranks' group, cap memory, load the data and the model with its method applied, and set
     up the meters, the hidden-state cache and the budget."""
     # library code is imported before the memory baseline: it is the runtime's memory, not the run's
-    import datasets  # noqa: F401
-    import pandas  # noqa: F401
-    import peft  # noqa: F401
+    for name in RUNTIME_LIBRARIES:
+        importlib.import_module(name)
     import torch
-    import transformers  # noqa: F401
 
     from petlprof.budget import make_budget
     from petlprof.meters.memory import release_free_memory, rss_bytes, static_breakdown
@@ -377,7 +380,7 @@ def to_record(ctx: RunContext, phases: Phases | None) -> dict[str, Any]:
         record.update(status=DIVERGED, error=_diverged_error(phases.diverged), diverged_at=phases.diverged)
     else:
         record["metrics"] = ctx.task.compute_metrics(phases.preds, phases.golds)
-        warnings = prediction_warnings(phases.preds, ctx.task)
+        warnings = [*ctx.task.warnings, *prediction_warnings(phases.preds, ctx.task)]
         record.update({"warnings": warnings} if warnings else {})
     record["train"] = phases.train
     if not phases.diverged:
@@ -401,6 +404,7 @@ def _described(ctx: RunContext) -> dict[str, Any]:
             "train_samples": len(task.train),
             "eval_samples": len(task.eval),
             "description": task.description,
+            "majority_rate": task.majority_rate(),
         },
         "primary_metric": task.primary_metric,
         "training": {

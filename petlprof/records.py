@@ -84,6 +84,7 @@ class TaskInfo(TypedDict):
     train_samples: int
     eval_samples: int
     description: str
+    majority_rate: float | None  # the evaluation split's most common class's share (None for regression)
 
 
 class FailedAt(TypedDict, total=False):
@@ -132,3 +133,42 @@ class RunRecord(TypedDict, total=False):
     traceback: str
     failed_at: FailedAt
     env: dict[str, Any]
+    process: str  # what the run executed in: a fresh interpreter, or a child of the sweep's warm worker
+    process_wall_time_s: float  # from the start of the run's process (or execute) to its record read back
+    overhead_s: float  # process_wall_time_s minus the measured phases (measured_phases_s): the harness's cost
+
+
+def measured_phases_s(record: RunRecord) -> float:
+    """Seconds inside the run's measurement windows: training (target checks included), evaluation,
+    the inference windows at each batch size and the merged evaluation."""
+    phases: list[Any] = [record.get("train"), record.get("eval"), record.get("eval_merged")]
+    inference = record.get("inference") or {}
+    phases += [v for k, v in inference.items() if k.startswith("batch_")]
+    return sum(p["time_s"] for p in phases if isinstance(p, dict) and isinstance(p.get("time_s"), (int, float)))
+
+
+def add_overhead(record: RunRecord, process_wall_time_s: float) -> RunRecord:
+    """Set ``process_wall_time_s`` and ``overhead_s`` (what the harness spent beyond the measured phases)."""
+    record["process_wall_time_s"] = process_wall_time_s
+    record["overhead_s"] = max(0.0, process_wall_time_s - measured_phases_s(record))
+    return record
+
+
+def overhead_line(records: list[RunRecord]) -> str | None:
+    """How much of the runs' wall time the harness spent outside the measured phases, as one sentence
+    (None when no record carries ``overhead_s``)."""
+    pairs = [
+        (r["overhead_s"], r["process_wall_time_s"])
+        for r in records
+        if isinstance(r.get("overhead_s"), (int, float)) and isinstance(r.get("process_wall_time_s"), (int, float))
+    ]
+    wall = sum(w for _, w in pairs)
+    if not pairs or wall <= 0:
+        return None
+    overhead = sum(o for o, _ in pairs)
+    median = sorted(o for o, _ in pairs)[len(pairs) // 2]
+    return (
+        f"harness overhead: {overhead:,.1f} s of the {len(pairs)} runs' {wall:,.1f} s of wall time "
+        f"({overhead / wall:.0%}, measured) fell outside the measured phases, median {median:.1f} s a run: "
+        "process start, imports, loading the model and data, warm-up steps, writing the record"
+    )

@@ -29,7 +29,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from petlprof.records import CANCELLED, FAILED, FINAL_STATUSES, OOM, SCHEMA_VERSION, TIMEOUT, RunRecord
+from petlprof.records import CANCELLED, FAILED, FINAL_STATUSES, OOM, SCHEMA_VERSION, TIMEOUT, RunRecord, add_overhead
 from petlprof.spec import BUDGET_FIELDS, RunSpec, spec_identity  # noqa: F401  (re-exported)
 
 
@@ -173,28 +173,33 @@ def _alive(pid: int) -> bool:
 
 
 def execute_in_subprocess(
-    spec: RunSpec, *, timeout_s: float | None = None, max_memory_bytes: int | None = None
+    spec: RunSpec, *, timeout_s: float | None = None, max_memory_bytes: int | None = None, warm=None
 ) -> dict[str, Any]:
-    """Run ``spec`` in a fresh interpreter and return its record.
+    """Run ``spec`` in a process of its own and return its record.
 
-    A crash becomes ``failed`` (``oom`` when the kernel killed it), a run past ``timeout_s`` is
-    killed and recorded ``timeout``.  If this process is interrupted (KeyboardInterrupt, or the
-    exception a SIGTERM handler raises), the child is stopped before the exception propagates; the
-    child also dies with this process if it is killed outright.  A run of ``spec.nproc`` > 1 ranks
-    runs under torchrun (:func:`petlprof.distributed.launch`); when a rank fails, the record names the
-    rank and its cause.
+    The process is a child forked from ``warm`` (a :class:`petlprof.warm.WarmWorker`) when one is given,
+    usable and the run is a one-process CPU run, else a fresh interpreter.  A crash becomes ``failed``
+    (``oom`` when the kernel killed it), a run past ``timeout_s`` is killed and recorded ``timeout``.
+    If this process is interrupted (KeyboardInterrupt, or the exception a SIGTERM handler raises), the
+    child is stopped before the exception propagates; the child also dies with this process if it is
+    killed outright.  A run of ``spec.nproc`` > 1 ranks runs under torchrun
+    (:func:`petlprof.distributed.launch`); when a rank fails, the record names the rank and its cause.
     """
+    t0 = time.perf_counter()
+    record = _execute_in_child(spec, timeout_s, max_memory_bytes, warm, t0)
+    return add_overhead(record, time.perf_counter() - t0)
+
+
+def _execute_in_child(
+    spec: RunSpec, timeout_s: float | None, max_memory_bytes: int | None, warm, t0: float
+) -> RunRecord:
     remove_stale_run_dirs()
     with tempfile.TemporaryDirectory(prefix=f"{RUN_DIR_PREFIX}{os.getpid()}-") as tmp:
         spec_path, out_path = Path(tmp) / "spec.json", Path(tmp) / "record.json"
         spec_path.write_text(json.dumps({"spec": spec.to_dict(), "max_memory_bytes": max_memory_bytes}))
-        ranks = ["--nproc", str(spec.nproc)] if spec.nproc > 1 else []
-        cmd = [sys.executable, "-m", "petlprof.worker", *ranks, str(spec_path), str(out_path)]
-        t0 = time.perf_counter()
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "PETLPROF_PARENT_PID": str(os.getpid())}
         proc, tail = None, bytearray()
         try:
-            proc = subprocess.Popen(cmd, stdout=None, stderr=subprocess.PIPE, env=env)
+            proc, process = _start(spec, spec_path, out_path, warm)
             pump = threading.Thread(target=_forward, args=(proc.stderr, tail), daemon=True)
             pump.start()
             returncode = proc.wait(timeout=timeout_s)
@@ -214,29 +219,61 @@ def execute_in_subprocess(
             raise
         pump.join(5)
         if out_path.exists():
-            return json.loads(out_path.read_text())
-        text = tail.decode(errors="replace").strip().splitlines()
-        if spec.nproc > 1:  # a failed rank left its record, or torchrun its exit code
-            from petlprof.distributed import read_failure
+            record = json.loads(out_path.read_text())
+            record["process"] = process
+            return record
+        return _lost_record(spec, out_path, returncode, tail, max_memory_bytes, time.perf_counter() - t0)
 
-            if (fields := read_failure(out_path, spec.nproc)) is not None:
-                return failed_record(
-                    spec,
-                    fields.pop("error"),
-                    fields.pop("status"),
-                    **fields,
-                    stderr_tail="\n".join(text[-30:]),
-                    wall_time_s=time.perf_counter() - t0,
-                )
-        killed = returncode in (-9, 137) or (max_memory_bytes is not None and _memory_words(text))
-        reason = f"worker ended with code {returncode}" + (" (out of memory?)" if killed else "")
-        return failed_record(
-            spec,
-            f"{reason}: {text[-1] if text else 'no output'}",
-            status=OOM if killed else FAILED,
-            stderr_tail="\n".join(text[-30:]),
-            wall_time_s=time.perf_counter() - t0,
-        )
+
+def _start(spec: RunSpec, spec_path: Path, out_path: Path, warm) -> tuple[Any, str]:
+    """The run's process (``Popen`` or :class:`petlprof.warm.WarmChild`) and how it was made."""
+    from petlprof.worker import command
+
+    if warm is not None and warm.broken is None and spec.nproc == 1 and not spec.device.startswith("cuda"):
+        try:
+            return warm.start(spec_path, out_path, worker_env()), WARM_PROCESS
+        except OSError:  # the warm worker is gone: this run and the next take fresh interpreters
+            pass
+    ranks = ["--nproc", str(spec.nproc)] if spec.nproc > 1 else []
+    proc = subprocess.Popen(command(*ranks, str(spec_path), str(out_path)), stderr=subprocess.PIPE, env=worker_env())
+    return proc, FRESH_PROCESS
+
+
+WARM_PROCESS = "forked from the sweep's warm worker (libraries imported once per sweep)"
+FRESH_PROCESS = "a fresh Python interpreter"
+
+
+def worker_env() -> dict[str, str]:
+    """The environment of a worker process (fresh or warm): output unbuffered, and the sweep's pid to die with."""
+    return {**os.environ, "PYTHONUNBUFFERED": "1", "PETLPROF_PARENT_PID": str(os.getpid())}
+
+
+def _lost_record(
+    spec: RunSpec, out_path: Path, returncode: int, tail: bytearray, max_memory_bytes: int | None, wall_s: float
+) -> RunRecord:
+    """The record of a run whose process wrote none: a failed rank's, or the exit code and last lines."""
+    text = tail.decode(errors="replace").strip().splitlines()
+    if spec.nproc > 1:  # a failed rank left its record, or torchrun its exit code
+        from petlprof.distributed import read_failure
+
+        if (fields := read_failure(out_path, spec.nproc)) is not None:
+            return failed_record(
+                spec,
+                fields.pop("error"),
+                fields.pop("status"),
+                **fields,
+                stderr_tail="\n".join(text[-30:]),
+                wall_time_s=wall_s,
+            )
+    killed = returncode in (-9, 137) or (max_memory_bytes is not None and _memory_words(text))
+    reason = f"worker ended with code {returncode}" + (" (out of memory?)" if killed else "")
+    return failed_record(
+        spec,
+        f"{reason}: {text[-1] if text else 'no output'}",
+        status=OOM if killed else FAILED,
+        stderr_tail="\n".join(text[-30:]),
+        wall_time_s=wall_s,
+    )
 
 
 _HELD = {signal.SIGINT, signal.SIGTERM}

@@ -1,9 +1,16 @@
-"""Entry point of the fresh process a run executes in: ``python -m petlprof.worker SPEC OUT``.
+"""Entry point of the process a run executes in: ``python -m petlprof.worker SPEC OUT``.
 
 A run of several ranks starts as ``python -m petlprof.worker --nproc N SPEC OUT``: this process becomes
 torchrun's launcher (:func:`petlprof.distributed.launch`) and every rank runs ``petlprof.worker SPEC
 OUT``; rank 0 writes OUT, and a rank whose run failed writes its own record beside it and exits with
 code 1, so torchrun stops the other ranks.
+
+``python -m petlprof.worker --serve FD`` is the sweep's warm worker (:mod:`petlprof.warm`): it imports
+the run's libraries once and forks one child per run, which runs :func:`run_job` as a fresh worker does.
+
+The sweep starts this module through :data:`LAUNCH` with SIGINT ignored, so a Ctrl-C that lands while
+Python is still importing (before a run has anything to lose) ends nothing with a traceback: the sweep
+stops the process itself; :func:`main` takes Ctrl-C back once the imports are done.
 """
 
 from __future__ import annotations
@@ -20,15 +27,46 @@ from pathlib import Path
 from petlprof.records import FINAL_STATUSES
 from petlprof.runner import RunSpec, execute
 
+# python -c: SIGINT is ignored before the first import of petlprof, then this module runs as __main__
+LAUNCH = (
+    "import signal, runpy; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+    "runpy.run_module('petlprof.worker', run_name='__main__', alter_sys=True)"
+)
+
+
+def command(*args: str) -> list[str]:
+    """The command line of a worker process with ``args`` (``SPEC OUT``, ``--nproc N SPEC OUT``, ``--serve FD``)."""
+    return [sys.executable, "-c", LAUNCH, *args]
+
 
 def main(argv: list[str]) -> int:
+    if argv[0] == "--serve":
+        from petlprof.warm import serve
+
+        die_with_parent(_expected_parent())
+        return serve(int(argv[1]), run_job, preload)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # the imports are done: Ctrl-C cancels the run
+    die_with_parent(_expected_parent())
     if argv[0] == "--nproc":
         from petlprof.distributed import launch
 
-        _die_with_parent()
         return launch(int(argv[1]), argv[2], argv[3])
-    spec_path, out_path = (Path(p) for p in argv)
-    _die_with_parent()
+    return run_job(*(Path(p) for p in argv))
+
+
+def preload() -> None:
+    """The warm worker's imports: the libraries :func:`petlprof.pipeline.prepare` imports before it takes
+    the run's memory baseline, and petlprof's run modules (small), nothing more."""
+    import importlib
+
+    from petlprof.pipeline import RUNTIME_LIBRARIES
+
+    for name in RUNTIME_LIBRARIES:
+        importlib.import_module(name)
+
+
+def run_job(spec_path: Path, out_path: Path) -> int:
+    """Run the spec in ``spec_path`` and write its record to ``out_path`` (rank 0's, for several ranks)."""
     # PEFT calls a transformers API that transformers 5 deprecated; the warning is not the user's to act on
     warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
     job = json.loads(spec_path.read_text())
@@ -56,14 +94,19 @@ def _write(path: Path, record: dict) -> None:
     tmp.replace(path)
 
 
-def _die_with_parent() -> None:
-    """Linux: get SIGKILL when the sweep process dies, so a killed sweep leaves no orphan run behind."""
+def _expected_parent() -> int | None:
+    expected = os.environ.get("PETLPROF_PARENT_PID")
+    return int(expected) if expected else None
+
+
+def die_with_parent(expected_parent: int | None) -> None:
+    """Linux: get SIGKILL when the parent (the sweep, or the warm worker) dies, so a killed sweep leaves
+    no orphan run behind; exit at once if it died before prctl took effect."""
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
-    expected = os.environ.get("PETLPROF_PARENT_PID")
-    if expected and os.getppid() != int(expected):  # the sweep died before prctl took effect
+    if expected_parent and os.getppid() != expected_parent:
         sys.exit(1)
 
 

@@ -23,7 +23,7 @@ from petlprof.errors import UsageError
 from petlprof.ranks import ONE_PROCESS, RankContext
 from petlprof.runner import RunSpec, execute, execute_in_subprocess
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]  # slow: processes and sweeps
 
 FIXTURES = Path(__file__).parent / "fixtures"
 # 33 training examples in batches of 8: the fifth step's batch has one example, so rank 1 has none

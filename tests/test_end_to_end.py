@@ -12,6 +12,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow  # starts processes or whole sweeps: the full suite, not the inner loop
+
 METHODS = ["full", "bitfit", "lora", "read"]
 PHASE_FIELDS = {
     "time_s",

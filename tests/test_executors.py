@@ -28,6 +28,9 @@ from petlprof.errors import UsageError
 from petlprof.executors import LocalExecutor
 from petlprof.runner import RunSpec
 
+# slow: processes, Ray instances and sweeps (pytest -n runs a module's tests in one worker: --dist loadscope)
+pytestmark = pytest.mark.slow
+
 ray = pytest.importorskip("ray", reason="the ray executor's tests need Ray: pip install 'petlprof[ray]'")
 
 TINY = dict(backbone="tiny-bert", train_size=32, eval_size=16, batch_size=16, warmup_steps=1)
@@ -140,11 +143,14 @@ def stored(out: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def raylets() -> list[int]:
+def raylets(driver_pid: int) -> list[int]:
+    """The raylets of the Ray instance that the process ``driver_pid`` started (its session is named
+    after that pid), not those of another test's instance running beside it (pytest -n)."""
+    session = f"_{driver_pid}/sockets/".encode()
     return [
         int(p.name)
         for p in Path("/proc").iterdir()
-        if p.name.isdigit() and _cmd(p).startswith(b"/") and b"raylet" in _cmd(p).split(b"\0")[0]
+        if p.name.isdigit() and _cmd(p).startswith(b"/") and b"raylet" in _cmd(p).split(b"\0")[0] and session in _cmd(p)
     ]
 
 
@@ -161,10 +167,12 @@ def test_a_killed_ray_driver_resumes_without_losing_or_repeating_a_run(tmp_path,
     first is stored.  SIGTERM or Ctrl-C records the run in flight as ``cancelled`` and cancels its task;
     SIGKILL leaves no record for it; either way the resume runs exactly the runs not stored ``ok``."""
     out = tmp_path / "out"
-    before = set(raylets())
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-    proc = subprocess.Popen(ray_sweep_cmd(out), env=env, preexec_fn=interruptible, **quiet)
+    log = tmp_path / "sweep.log"  # the killed sweep's output, shown when an assertion below fails
+    with open(log, "w") as sink:
+        proc = subprocess.Popen(
+            ray_sweep_cmd(out), env=env, preexec_fn=interruptible, stdout=subprocess.DEVNULL, stderr=sink
+        )
     deadline = time.time() + 240
     while time.time() < deadline and not any(r["status"] == "ok" for r in stored(out)):
         assert proc.poll() is None, "the sweep ended before it could be killed"
@@ -172,16 +180,17 @@ def test_a_killed_ray_driver_resumes_without_losing_or_repeating_a_run(tmp_path,
     assert any(r["status"] == "ok" for r in stored(out)), "no run finished in time"
     time.sleep(1.5)  # the driver submits the next run right after storing one; a run lasts several seconds
     proc.send_signal(sig)
-    assert proc.wait(60) == {signal.SIGKILL: -9, signal.SIGTERM: 143, signal.SIGINT: 130}[sig]
+    code = proc.wait(60)
+    assert code == {signal.SIGKILL: -9, signal.SIGTERM: 143, signal.SIGINT: 130}[sig], log.read_text()[-3000:]
     first = stored(out)
     done = [r["run_key"] for r in first if r["status"] == "ok"]
     if sig != signal.SIGKILL:
         assert [r["status"] for r in first if r["status"] != "ok"] == ["cancelled"] * (len(first) - len(done))
         assert len(first) > len(done)  # the run in flight was recorded as cancelled
     deadline = time.time() + 60
-    while time.time() < deadline and set(raylets()) - before:
+    while time.time() < deadline and raylets(proc.pid):
         time.sleep(0.5)
-    assert not set(raylets()) - before, "the killed driver left its Ray instance running"
+    assert not raylets(proc.pid), "the killed driver left its Ray instance running"
 
     resumed = subprocess.run(ray_sweep_cmd(out), capture_output=True, text=True, env=env, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -330,16 +339,42 @@ def run_processes() -> dict[int, int]:
     return found
 
 
+def ray_worker_of(pid: int, processes: dict[int, int]) -> int | None:
+    """The Ray worker whose task the run's process ``pid`` executes, None if ``pid`` is no run's process:
+    a fresh interpreter's parent, or for a child forked from a warm worker (``--serve``, whose command
+    line the child shares) the warm worker's parent."""
+    parent = processes[pid]
+    if parent in processes:  # forked from the Ray worker's warm worker
+        parent = processes[parent]
+    elif b"--serve" in _cmd(Path(f"/proc/{pid}")):  # the warm worker itself, idle or not
+        return None
+    if b"ray::" not in _cmd(Path(f"/proc/{parent}")):
+        return None
+    raylet = next((int(line.split()[1]) for line in _status(parent) if line.startswith("PPid:")), 0)
+    own_instance = f"_{os.getpid()}/sockets/".encode()  # the Ray instance this test process started
+    return parent if own_instance in _cmd(Path(f"/proc/{raylet}")) else None
+
+
+def _status(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return []
+
+
 def kill_ray_worker_under_the_run(killed: list, timeout=120.0) -> None:
-    """Once a run's process has started, SIGKILL its parent: the Ray worker executing the task."""
+    """Once a run's process has started, SIGKILL the Ray worker executing the task (not an idle Ray
+    worker that keeps the warm worker of an earlier task)."""
     deadline = time.time() + timeout
     while time.time() < deadline:
-        for pid, parent in run_processes().items():
-            if b"ray::" in Path(f"/proc/{parent}/cmdline").read_bytes():
-                time.sleep(2.0)  # let the run get going
-                os.kill(parent, signal.SIGKILL)
-                killed.append((parent, pid, time.time()))
-                return
+        processes = run_processes()
+        for pid in processes:
+            if (worker := ray_worker_of(pid, processes)) is None:
+                continue
+            time.sleep(2.0)  # let the run get going
+            os.kill(worker, signal.SIGKILL)
+            killed.append((worker, pid, time.time()))
+            return
         time.sleep(0.2)
 
 

@@ -23,6 +23,8 @@ from petlprof.meters.base import Meter
 from petlprof.runner import RunSpec, execute, execute_in_subprocess
 from petlprof.store import LOCK_FILE, StoreLock, append_record, check_writable, finished_keys
 
+pytestmark = pytest.mark.slow  # starts processes or whole sweeps: the full suite, not the inner loop
+
 TINY = ["--backbone", "tiny-bert", "--train-size", "32", "--eval-size", "16", "--batch-size", "16"]
 
 

@@ -359,7 +359,17 @@ def test_window_time_excludes_the_meters_own_start_and_stop(clock):
 
 def test_meter_status_lists_every_meter_with_a_reason():
     rows = {name: (ok, why) for name, ok, why, _ in meter_status()}
-    assert set(rows) == {"timer", "nvml", "rapl", "estimate", "cuda-allocator", "cpu-rss", "codecarbon", "cpu-tensors"}
+    assert set(rows) == {
+        "timer",
+        "contention",
+        "nvml",
+        "rapl",
+        "estimate",
+        "cuda-allocator",
+        "cpu-rss",
+        "codecarbon",
+        "cpu-tensors",
+    }
     assert rows["estimate"][0] and all(why for _, why in rows.values())
 
 
@@ -677,6 +687,8 @@ def test_petlprof_meters_check_json_on_this_machine(capsys):
             assert check["verdict"] in ("pass", "warn", "fail")
     for name in ("cpu-rss", "cpu-tensors"):
         assert [c["verdict"] for c in reports[name]["checks"]] == ["pass"], reports[name]
+    busy = next(c for c in reports["contention"]["checks"] if c["name"] == "one busy process")
+    assert busy["verdict"] != "fail" and busy["value"] >= 0.5, busy  # flagged, about a core or more
     source = next(c for c in reports["estimate"]["checks"] if c["name"] == "energy source")
     if not reports["rapl"]["available"]:
         assert source["verdict"] == "warn" and reports["rapl"]["detail"] in source["detail"]

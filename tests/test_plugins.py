@@ -28,7 +28,7 @@ from petlprof import registry
 from petlprof.cli import main
 from petlprof.runner import RunSpec, execute, execute_in_subprocess
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]  # slow: processes and sweeps
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "petlprof-normtune"

@@ -23,7 +23,7 @@ from petlprof.report.records import COST_ONLY
 from petlprof.report.table import summary_table
 from petlprof.spec import RunSpec
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]  # slow: processes and sweeps
 
 BATCH, LENGTH = 2, 16
 SMALL = ["--train-size", "4", "--eval-size", "2", "--max-length", str(LENGTH), "--batch-size", str(BATCH)]

@@ -19,6 +19,8 @@ from petlprof.config import build_options, expand, load_config_file, parse_metho
 from petlprof.registry import get_method
 from petlprof.runner import RunSpec
 
+pytestmark = pytest.mark.slow  # starts processes or whole sweeps: the full suite, not the inner loop
+
 TINY = ["--backbone", "tiny-bert", "--train-size", "32", "--eval-size", "16", "--batch-size", "16", "--in-process"]
 
 

@@ -12,6 +12,7 @@ import os
 from petlprof.errors import UsageError, unknown_choice
 from petlprof.meters.base import ESTIMATED, MEASURED, Meter, Window, synchronize
 from petlprof.meters.carbon import CodecarbonMeter
+from petlprof.meters.contention import ContentionMeter
 from petlprof.meters.devices import nvml as nvml_dev
 from petlprof.meters.energy import NvmlEnergyMeter, RaplEnergyMeter
 from petlprof.meters.estimate import EstimateEnergyMeter, cpu_power_per_core, estimate_model
@@ -35,6 +36,8 @@ METER_HELP = {
     "cpu-tensors": "peak live CPU tensor bytes (measured, allocator-independent); off by default, costs a "
     "Python call per tensor operation",
     "timer": "wall time and per-step latency (s, measured), CUDA events on GPU, warm-up excluded",
+    "contention": "other processes' CPU use (cores, measured) and the load average over each window; "
+    "a window where others used over a tenth of the CPUs is flagged contended",
 }
 
 
@@ -47,6 +50,7 @@ def meter_help(name: str) -> str:
 def meter_status() -> list[tuple[str, bool, str, str]]:
     """(name, available, why, what it measures) for every meter, for ``petlprof meters``/``list``."""
     rows = [("timer", True, "always available", METER_HELP["timer"])]
+    rows.append(("contention", *ContentionMeter.available(), METER_HELP["contention"]))
     for name, cls in {**ENERGY_METERS, **MEMORY_METERS, **EXTRA_METERS}.items():
         ok, why = cls.available()
         rows.append((name, ok, why, meter_help(name)))
@@ -117,6 +121,11 @@ def energy_meter_for(device: str, requested: str = "auto", timeline=None, idle: 
     if ok:
         return _make(name, device, timeline, idle)
     return EstimateEnergyMeter(device, why_not_measured=f"{name}: {why}")
+
+
+def contention_meters() -> list[Meter]:
+    """The contention meter where ``/proc/stat`` can be read (every window carries it), else none."""
+    return [ContentionMeter()] if ContentionMeter.available()[0] else []
 
 
 def memory_meter_for(device: str, baseline_bytes: int | None = None, snapshot_path: str | None = None) -> Meter:

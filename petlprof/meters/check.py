@@ -221,6 +221,42 @@ def codecarbon_checks() -> list[Check]:
     ]
 
 
+def contention_checks() -> list[Check]:
+    import subprocess
+
+    from petlprof.meters.contention import CONTENDED_SHARE, ContentionMeter
+
+    with Window([ContentionMeter()]) as quiet:
+        time.sleep(0.5)
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)  # the hog is running before the window opens
+        with Window([ContentionMeter()]) as loaded:
+            time.sleep(1.0)
+    finally:
+        hog.kill()
+        hog.wait()
+    now, hogged = quiet.reading["others_cpu_cores"], loaded.reading["others_cpu_cores"]
+    return [
+        Check(
+            "others now",
+            None if now is None else round(now, 2),
+            "cores",
+            FAIL if now is None else WARN if quiet.reading["contended"] else PASS,
+            f"other processes' CPU use over 0.5 s of this process sleeping; above {CONTENDED_SHARE:g} x the CPUs "
+            "the windows of a run started now would be flagged contended",
+        ),
+        Check(
+            "one busy process",
+            None if hogged is None else round(hogged, 2),
+            "cores",
+            FAIL if hogged is None or not loaded.reading["contended"] else PASS if abs(hogged - 1.0) < 0.2 else WARN,
+            "other processes' CPU use over 1 s while one process spins: flagged (else fail), about 1 core (pass "
+            "within 0.2; more on a busy machine)",
+        ),
+    ]
+
+
 def run_checks(progress: Callable[[str], None] = lambda name: None) -> list[MeterReport]:
     """Every meter, available or not, with the checks of those that work here."""
     status = {name: (ok, why) for name, ok, why, _ in meter_status()}
@@ -228,6 +264,7 @@ def run_checks(progress: Callable[[str], None] = lambda name: None) -> list[Mete
     missing = [f"{name}: {status[name][1]}" for name in ("rapl", "nvml") if not status[name][0]]
     runners: dict[str, Callable[[], list[Check]]] = {
         "timer": timer_checks,
+        "contention": contention_checks,
         "nvml": nvml_checks,
         "rapl": rapl_checks,
         "estimate": lambda: estimate_checks(missing if not status["rapl"][0] else []),

@@ -1,0 +1,75 @@
+"""What the harness costs around the runs it measures: the overhead share of a small sweep.
+
+A run's ``overhead_s`` is its process's wall time minus its measured phases (training, evaluation,
+inference, merged evaluation): process start, imports, loading the model and data, warm-up steps and
+writing the record.  The same small sweep runs twice on the local executor, each run in a process of its
+own: from a fresh interpreter (the executor without its warm worker) and forked from the warm worker
+(the default).  Checked against the stored baseline, as ratios measured side by side in this one test:
+
+- ``sweep/overhead_share``: the warm sweep's overhead over its runs' wall time (may not grow);
+- ``sweep/warm_over_fresh_overhead``: the warm sweep's overhead over the fresh sweep's (may not grow:
+  a change that made each forked run import its libraries again would double it).
+
+The same warm sweep, run alone on the machine, has no window flagged as contended (skipped, with the
+reason, when something else already keeps the machine busy before the sweep starts).
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from petlprof.executors import LocalExecutor
+from petlprof.meters import Window
+from petlprof.meters.contention import ContentionMeter
+from petlprof.records import measured_phases_s
+from petlprof.runner import FRESH_PROCESS, WARM_PROCESS, RunSpec
+
+SWEEP = dict(backbone="minilm", num_layers=2, train_size=64, eval_size=64, max_steps=4, inference_window_s=0.2)
+METHODS = ("read", "lora", "bitfit")
+
+
+def sweep(warm: bool) -> list[dict]:
+    executor = LocalExecutor(warm=warm, timeout_s=600)
+    try:
+        return [record for _, record in executor.results([RunSpec(method=m, **SWEEP) for m in METHODS])]
+    finally:
+        executor.close()
+
+
+def windows(record: dict) -> list[dict]:
+    inference = record.get("inference") or {}
+    return [record["train"], record["eval"], *(v for k, v in inference.items() if k.startswith("batch_"))]
+
+
+def test_the_harness_overhead_of_a_small_sweep(petlprof_bench, record_property):
+    with Window([ContentionMeter()]) as quiet:
+        import time
+
+        time.sleep(1.0)
+    busy_before = quiet.reading["contended"]
+    fresh, warm = sweep(warm=False), sweep(warm=True)
+    assert all(r["status"] == "ok" for r in fresh + warm), [r.get("error") for r in fresh + warm]
+    assert {r["process"] for r in fresh} == {FRESH_PROCESS} and {r["process"] for r in warm} == {WARM_PROCESS}
+    assert [r["metrics"] for r in warm] == [r["metrics"] for r in fresh]  # the same results, for less
+    overhead = {name: sum(r["overhead_s"] for r in runs) for name, runs in (("fresh", fresh), ("warm", warm))}
+    share = overhead["warm"] / sum(r["process_wall_time_s"] for r in warm)
+    print(f"\n{'method':<8}{'process':>8}{'wall s':>9}{'phases s':>10}{'overhead s':>12}")
+    for record in fresh + warm:
+        kind = "warm" if record["process"] == WARM_PROCESS else "fresh"
+        print(
+            f"{record['method']:<8}{kind:>8}{record['process_wall_time_s']:>9.2f}"
+            f"{measured_phases_s(record):>10.2f}{record['overhead_s']:>12.2f}"
+        )
+    print(
+        f"median overhead per run: fresh {statistics.median(r['overhead_s'] for r in fresh):.2f} s, "
+        f"warm {statistics.median(r['overhead_s'] for r in warm):.2f} s; warm share {share:.1%}"
+    )
+    record_property("warm sweep overhead share", share)
+    petlprof_bench.check_value("sweep/overhead_share", share, rtol=0.5)
+    petlprof_bench.check_value("sweep/warm_over_fresh_overhead", overhead["warm"] / overhead["fresh"], rtol=0.5)
+    if busy_before:
+        pytest.skip("the machine was busy before the sweep: the uncontended case cannot be shown here")
+    flagged = [(r["method"], w.get("others_cpu_cores")) for r in warm for w in windows(r) if w.get("contended")]
+    assert not flagged, f"windows flagged contended on a quiet machine: {flagged}"

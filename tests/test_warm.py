@@ -1,0 +1,117 @@
+"""The warm worker (one import per sweep, a forked child per run) and the overhead each record carries.
+
+A forked run must measure what a fresh interpreter measures: the same metrics and losses for the same
+seed, the same runtime memory baseline (the child maps the library pages the warm worker had resident),
+and the same failure handling (a run past its timeout is killed, the next run still forks).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+
+import pytest
+
+from petlprof.records import add_overhead, measured_phases_s
+from petlprof.runner import FRESH_PROCESS, WARM_PROCESS, RunSpec, execute_in_subprocess, worker_env
+from petlprof.warm import WarmWorker, _runs, resident_file_pages
+from petlprof.worker import command
+
+pytestmark = pytest.mark.slow  # starts processes or whole sweeps: the full suite, not the inner loop
+
+TINY = dict(backbone="tiny-bert", train_size=32, eval_size=16, batch_size=16, max_steps=3, warmup_steps=1)
+
+
+@pytest.fixture(scope="module")
+def warm():
+    worker = WarmWorker(worker_env())
+    assert worker.broken is None, worker.broken
+    yield worker
+    worker.close()
+
+
+@pytest.mark.parametrize("method", ["bitfit", "read"])
+def test_a_forked_run_measures_what_a_fresh_interpreter_measures(warm, method):
+    spec = RunSpec(method=method, seed=3, **TINY)
+    fresh = execute_in_subprocess(spec, timeout_s=600)
+    forked = execute_in_subprocess(spec, timeout_s=600, warm=warm)
+    assert (fresh["process"], forked["process"]) == (FRESH_PROCESS, WARM_PROCESS)
+    assert forked["status"] == fresh["status"] == "ok", forked.get("error")
+    assert forked["metrics"] == fresh["metrics"]  # exactly: same seed, same arithmetic
+    assert forked["train"]["final_loss"] == fresh["train"]["final_loss"]
+    assert forked["trainable_params"] == fresh["trainable_params"]
+    # the runtime baseline every peak is taken above: without the child's re-mapped library pages it
+    # is about 35% lower, and those pages then count in the run's peak as they page in again
+    baselines = [r["train"]["rss_baseline_bytes"] for r in (fresh, forked)]
+    assert abs(baselines[1] - baselines[0]) < 0.05 * baselines[0], baselines
+
+
+def test_the_warm_worker_forks_again_after_a_run_it_had_to_kill(warm):
+    spec = RunSpec(method="read", seed=0, **{**TINY, "max_steps": None, "train_size": 64})
+    killed = execute_in_subprocess(spec, timeout_s=0.5, warm=warm)
+    assert killed["status"] == "timeout" and "--timeout 0.5" in killed["error"]
+    assert killed["overhead_s"] == killed["process_wall_time_s"] > 0.5  # nothing measured: all of it overhead
+    again = execute_in_subprocess(RunSpec(method="bitfit", seed=0, **TINY), timeout_s=600, warm=warm)
+    assert again["status"] == "ok" and again["process"] == WARM_PROCESS and warm.broken is None
+
+
+def test_a_cuda_or_several_rank_run_never_forks_from_the_warm_worker():
+    from petlprof.runner import _start
+
+    class Refuses:
+        broken = None
+
+        def start(self, *_):
+            raise AssertionError("forked")
+
+    for spec in (RunSpec(method="bitfit", device="cuda", **TINY), RunSpec(method="bitfit", nproc=2, **TINY)):
+        proc, process = _start(spec, "spec-path", "out-path", Refuses())
+        proc.kill()
+        proc.wait()
+        assert process == FRESH_PROCESS
+
+
+def test_a_child_maps_the_library_pages_its_warm_worker_had_resident():
+    ranges = resident_file_pages()
+    assert ranges and all(length > 0 and address % 4096 == 0 for address, length in ranges)
+    assert _runs([1, 1, 0, 1, 0, 0, 1], 4096, 4096) == [(4096, 8192), (4096 * 4, 4096), (4096 * 7, 4096)]
+    assert _runs([], 0, 4096) == []
+
+
+@pytest.mark.parametrize(
+    "record, phases_s",
+    [
+        ({"train": {"time_s": 2.0}, "eval": {"time_s": 1.0}}, 3.0),
+        (
+            {
+                "train": {"time_s": 2.0},
+                "eval": {"time_s": 1.0},
+                "eval_merged": {"time_s": 0.5},
+                "inference": {"target_window_s": 9.0, "batch_1": {"time_s": 0.25}, "batch_32": {"time_s": 0.25}},
+            },
+            4.0,
+        ),
+        ({"status": "failed"}, 0.0),  # a failed run: all of its time is overhead
+        ({"train": {"time_s": None}, "eval": {"time_s": "1"}, "inference": None}, 0.0),  # odd values: ignored
+    ],
+)
+def test_overhead_is_the_process_wall_time_beyond_the_measured_phases(record, phases_s):
+    assert measured_phases_s(record) == phases_s
+    assert add_overhead(record, 10.0)["overhead_s"] == 10.0 - phases_s
+    assert add_overhead(dict(record), phases_s / 2)["overhead_s"] == 0.0  # clock skew never goes negative
+
+
+def test_ctrl_c_while_a_worker_is_still_importing_prints_no_traceback(tmp_path):
+    spec_path = tmp_path / "spec.json"
+    spec_path.write_text(json.dumps({"spec": RunSpec(method="bitfit", **TINY).to_dict()}))
+    proc = subprocess.Popen(
+        command(str(spec_path), str(tmp_path / "out.json")), stderr=subprocess.PIPE, text=True, env=worker_env()
+    )
+    time.sleep(0.3)  # python has started; petlprof, torch and transformers are still importing
+    proc.send_signal(signal.SIGINT)  # Ctrl-C: ignored until the imports are done ...
+    time.sleep(0.3)
+    proc.terminate()  # ... and the sweep stops the process itself, as runner._stop does
+    _, err = proc.communicate(timeout=60)
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-2000:]
