@@ -110,9 +110,14 @@ class LocalExecutor:
                 record = add_overhead(execute(spec, max_memory_bytes=None), time.perf_counter() - t0)
                 record["process"] = "the sweep's own process (--in-process)"
             else:
+                started = self.warm_worker is None
+                warm = self._warm(spec)
                 record = execute_in_subprocess(
-                    spec, timeout_s=self.timeout_s, max_memory_bytes=self.max_memory_bytes, warm=self._warm(spec)
+                    spec, timeout_s=self.timeout_s, max_memory_bytes=self.max_memory_bytes, warm=warm
                 )
+                if started and warm is not None:  # this run waited for the warm worker's imports: its overhead
+                    record["warm_worker_start_s"] = warm.start_s
+                    add_overhead(record, record["process_wall_time_s"] + warm.start_s)
             record["node"] = node_fields("local")
             self.in_flight = []
             yield spec, record

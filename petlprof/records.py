@@ -136,6 +136,7 @@ class RunRecord(TypedDict, total=False):
     process: str  # what the run executed in: a fresh interpreter, or a child of the sweep's warm worker
     process_wall_time_s: float  # from the start of the run's process (or execute) to its record read back
     overhead_s: float  # process_wall_time_s minus the measured phases (measured_phases_s): the harness's cost
+    warm_worker_start_s: float  # the sweep's first warm-forked run: the warm worker's imports, in its wall time
 
 
 def measured_phases_s(record: RunRecord) -> float:

@@ -122,6 +122,7 @@ class WarmWorker:
     """The sweep's warm worker process; :meth:`start` forks a run from it."""
 
     def __init__(self, env: dict[str, str]):
+        t0 = time.perf_counter()
         ours, theirs = socket.socketpair()
         cmd = [sys.executable, "-m", "petlprof.worker", "--serve", str(theirs.fileno())]
         self.proc = subprocess.Popen(cmd, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=env)
@@ -135,6 +136,7 @@ class WarmWorker:
         if not ready or not ready.get("ready"):
             self.broken = (ready or {}).get("why") or "it ended while importing"
             self.close()
+        self.start_s = time.perf_counter() - t0  # what the first run waited for: part of its overhead
 
     def start(self, spec_path: Path, out_path: Path, env: dict[str, str]) -> WarmChild:
         """Fork a child that runs ``spec_path`` into ``out_path`` with environment ``env`` (as a fresh

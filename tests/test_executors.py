@@ -4,8 +4,8 @@ The Ray tests start a real Ray instance; runs are tiny-bert with a few steps.  A
 not depend on where it ran: with the same thread count (Ray sets OMP_NUM_THREADS to the CPUs a task
 asks for; the local runs are given the same), the records agree exactly apart from timings, energy
 and node fields.  The fault tests kill real processes: the Ray worker under a run (its run dies
-with it and the record says the task was lost), and the sweep driver itself (the resume then skips
-exactly the runs recorded).
+with it and the record says the task was lost); tests/test_ray_driver.py kills the sweep driver itself
+(the resume then skips exactly the runs recorded).
 """
 
 from __future__ import annotations
@@ -13,14 +13,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
-from test_faults import interruptible
 
 from petlprof.cli import main
 from petlprof.config import build_options, resolve_device
@@ -115,43 +113,9 @@ def test_bad_input_fails_before_any_executor_starts(tmp_path, monkeypatch, capsy
     assert out.exists() == (problem == "lock")
 
 
-def ray_sweep_cmd(out: Path, *extra: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "petlprof.cli",
-        "run",
-        "--methods",
-        "linear_probe",
-        "--seeds",
-        "0,1,2",
-        *TINY_CLI,
-        "--max-steps",
-        "20",
-        "--executor",
-        "ray",
-        "--cpus-per-run",
-        "2",
-        "--output",
-        str(out),
-        *extra,
-    ]
-
-
 def stored(out: Path) -> list[dict]:
     path = out / "results.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
-def raylets(driver_pid: int) -> list[int]:
-    """The raylets of the Ray instance that the process ``driver_pid`` started (its session is named
-    after that pid), not those of another test's instance running beside it (pytest -n)."""
-    session = f"_{driver_pid}/sockets/".encode()
-    return [
-        int(p.name)
-        for p in Path("/proc").iterdir()
-        if p.name.isdigit() and _cmd(p).startswith(b"/") and b"raylet" in _cmd(p).split(b"\0")[0] and session in _cmd(p)
-    ]
 
 
 def _cmd(entry: Path) -> bytes:
@@ -159,45 +123,6 @@ def _cmd(entry: Path) -> bytes:
         return (entry / "cmdline").read_bytes()
     except OSError:
         return b""
-
-
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT], ids=["SIGKILL", "SIGTERM", "SIGINT"])
-def test_a_killed_ray_driver_resumes_without_losing_or_repeating_a_run(tmp_path, sig):
-    """Three runs, one at a time (2 CPUs per run on a 2-CPU instance); the driver is killed once the
-    first is stored.  SIGTERM or Ctrl-C records the run in flight as ``cancelled`` and cancels its task;
-    SIGKILL leaves no record for it; either way the resume runs exactly the runs not stored ``ok``."""
-    out = tmp_path / "out"
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-    log = tmp_path / "sweep.log"  # the killed sweep's output, shown when an assertion below fails
-    with open(log, "w") as sink:
-        proc = subprocess.Popen(
-            ray_sweep_cmd(out), env=env, preexec_fn=interruptible, stdout=subprocess.DEVNULL, stderr=sink
-        )
-    deadline = time.time() + 240
-    while time.time() < deadline and not any(r["status"] == "ok" for r in stored(out)):
-        assert proc.poll() is None, "the sweep ended before it could be killed"
-        time.sleep(0.2)
-    assert any(r["status"] == "ok" for r in stored(out)), "no run finished in time"
-    time.sleep(1.5)  # the driver submits the next run right after storing one; a run lasts several seconds
-    proc.send_signal(sig)
-    code = proc.wait(60)
-    assert code == {signal.SIGKILL: -9, signal.SIGTERM: 143, signal.SIGINT: 130}[sig], log.read_text()[-3000:]
-    first = stored(out)
-    done = [r["run_key"] for r in first if r["status"] == "ok"]
-    if sig != signal.SIGKILL:
-        assert [r["status"] for r in first if r["status"] != "ok"] == ["cancelled"] * (len(first) - len(done))
-        assert len(first) > len(done)  # the run in flight was recorded as cancelled
-    deadline = time.time() + 60
-    while time.time() < deadline and raylets(proc.pid):
-        time.sleep(0.5)
-    assert not raylets(proc.pid), "the killed driver left its Ray instance running"
-
-    resumed = subprocess.run(ray_sweep_cmd(out), capture_output=True, text=True, env=env, timeout=600)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"{len(done)} already in" in resumed.stderr
-    ok = [r["run_key"] for r in stored(out) if r["status"] == "ok"]
-    assert len(ok) == len(set(ok)) == 3 and set(done) <= set(ok)  # none lost, none repeated
-    assert all(r["node"]["executor"] == "ray" for r in stored(out) if r["status"] == "ok")
 
 
 @pytest.fixture(scope="module")
