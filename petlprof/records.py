@@ -9,6 +9,7 @@ may lack a field added since.  ``SCHEMA_VERSION`` and ``RESULTS_FILE`` are defin
 
 from __future__ import annotations
 
+import statistics
 from typing import Any, TypedDict
 
 SCHEMA_VERSION = 1
@@ -167,7 +168,7 @@ def overhead_line(records: list[RunRecord]) -> str | None:
     if not pairs or wall <= 0:
         return None
     overhead = sum(o for o, _ in pairs)
-    median = sorted(o for o, _ in pairs)[len(pairs) // 2]
+    median = statistics.median(o for o, _ in pairs)
     return (
         f"harness overhead: {overhead:,.1f} s of the {len(pairs)} runs' {wall:,.1f} s of wall time "
         f"({overhead / wall:.0%}, measured) fell outside the measured phases, median {median:.1f} s a run: "

@@ -6,9 +6,10 @@ writing the record.  The same small sweep runs twice on the local executor, each
 own: from a fresh interpreter (the executor without its warm worker) and forked from the warm worker
 (the default).  Checked against the stored baseline, as ratios measured side by side in this one test:
 
-- ``sweep/overhead_share``: the warm sweep's overhead over its runs' wall time (may not grow);
-- ``sweep/warm_over_fresh_overhead``: the warm sweep's overhead over the fresh sweep's (may not grow:
-  a change that made each forked run import its libraries again would double it).
+- ``sweep/overhead_share``: the warm sweep's overhead over its runs' wall time, the warm worker's own
+  start (carried by the first run) included (may not grow);
+- ``sweep/warm_over_fresh_overhead``: the median run's overhead, warm over fresh (may not grow: a change
+  that made each forked run import its libraries again would take it from about 0.23 to about 1).
 
 The same warm sweep, run alone on the machine, has no window flagged as contended (skipped, with the
 reason, when something else already keeps the machine busy before the sweep starts).
@@ -53,8 +54,9 @@ def test_the_harness_overhead_of_a_small_sweep(petlprof_bench, record_property):
     assert all(r["status"] == "ok" for r in fresh + warm), [r.get("error") for r in fresh + warm]
     assert {r["process"] for r in fresh} == {FRESH_PROCESS} and {r["process"] for r in warm} == {WARM_PROCESS}
     assert [r["metrics"] for r in warm] == [r["metrics"] for r in fresh]  # the same results, for less
-    overhead = {name: sum(r["overhead_s"] for r in runs) for name, runs in (("fresh", fresh), ("warm", warm))}
-    share = overhead["warm"] / sum(r["process_wall_time_s"] for r in warm)
+    share = sum(r["overhead_s"] for r in warm) / sum(r["process_wall_time_s"] for r in warm)
+    median = {"fresh": statistics.median(r["overhead_s"] for r in fresh)}
+    median["warm"] = statistics.median(r["overhead_s"] for r in warm)
     print(f"\n{'method':<8}{'process':>8}{'wall s':>9}{'phases s':>10}{'overhead s':>12}")
     for record in fresh + warm:
         kind = "warm" if record["process"] == WARM_PROCESS else "fresh"
@@ -62,13 +64,10 @@ def test_the_harness_overhead_of_a_small_sweep(petlprof_bench, record_property):
             f"{record['method']:<8}{kind:>8}{record['process_wall_time_s']:>9.2f}"
             f"{measured_phases_s(record):>10.2f}{record['overhead_s']:>12.2f}"
         )
-    print(
-        f"median overhead per run: fresh {statistics.median(r['overhead_s'] for r in fresh):.2f} s, "
-        f"warm {statistics.median(r['overhead_s'] for r in warm):.2f} s; warm share {share:.1%}"
-    )
+    print(f"median overhead per run: fresh {median['fresh']:.2f} s, warm {median['warm']:.2f} s; share {share:.1%}")
     record_property("warm sweep overhead share", share)
-    petlprof_bench.check_value("sweep/overhead_share", share, rtol=0.5)
-    petlprof_bench.check_value("sweep/warm_over_fresh_overhead", overhead["warm"] / overhead["fresh"], rtol=0.5)
+    petlprof_bench.check_value("sweep/overhead_share", share, rtol=0.25)  # a share: it cannot pass 1
+    petlprof_bench.check_value("sweep/warm_over_fresh_overhead", median["warm"] / median["fresh"], rtol=0.5)
     if busy_before:
         pytest.skip("the machine was busy before the sweep: the uncontended case cannot be shown here")
     flagged = [(r["method"], w.get("others_cpu_cores")) for r in warm for w in windows(r) if w.get("contended")]
