@@ -76,11 +76,12 @@ class LocalExecutor:
         return "this machine, a fresh process per run"
 
     def _warm(self, spec):
-        """The sweep's warm worker, started at the first run that can use it (one-process CPU runs); None
-        for other runs, or once the warm worker could not start (fresh interpreters then, as before)."""
-        from petlprof.warm import WarmWorker
+        """The sweep's warm worker, started at the first run it can serve; None for other runs.  One that
+        could not start is kept (``broken``), so its imports are not paid again: runs then take fresh
+        interpreters, as before."""
+        from petlprof.warm import WarmWorker, serves
 
-        if not self.use_warm or spec.nproc != 1 or spec.device.startswith("cuda"):
+        if not self.use_warm or not serves(spec):
             return None
         if self.warm_worker is None:  # one try per sweep: a broken one sends runs to fresh interpreters
             from petlprof.runner import worker_env

@@ -227,9 +227,10 @@ def _execute_in_child(
 
 def _start(spec: RunSpec, spec_path: Path, out_path: Path, warm) -> tuple[Any, str]:
     """The run's process (``Popen`` or :class:`petlprof.warm.WarmChild`) and how it was made."""
+    from petlprof.warm import serves
     from petlprof.worker import command
 
-    if warm is not None and warm.broken is None and spec.nproc == 1 and not spec.device.startswith("cuda"):
+    if warm is not None and warm.broken is None and serves(spec):
         try:
             return warm.start(spec_path, out_path, worker_env()), WARM_PROCESS
         except OSError:  # the warm worker is gone: this run and the next take fresh interpreters

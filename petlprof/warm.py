@@ -76,6 +76,12 @@ class _Lines:
 # --- the driver's side ---------------------------------------------------------------------------------
 
 
+def serves(spec) -> bool:
+    """Whether a run can be forked from a warm worker: one process on the CPU (CUDA after a fork is untried
+    here, and torchrun starts ranks of its own)."""
+    return spec.nproc == 1 and not spec.device.startswith("cuda")
+
+
 class WarmChild:
     """One run's forked child, seen from the driver: the part of ``subprocess.Popen`` that
     :func:`petlprof.runner.execute_in_subprocess` uses (``stderr``, ``wait``, ``poll``, ``terminate``,
