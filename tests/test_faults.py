@@ -49,9 +49,11 @@ def worker_pids(sweep_pid: int) -> list[int]:
     return [int(pid) for pid in children if "petlprof.worker" in open(f"/proc/{pid}/cmdline").read()]
 
 
-def first_run_recorded_and_next_started(out, proc) -> bool:
+def first_run_recorded_and_next_started(out, proc, scratch) -> bool:
+    """The warm worker lives for the whole sweep, so a worker process alone does not say a run is in
+    flight: the next run's scratch folder does (it exists from the run's start to its record)."""
     try:
-        return len(records(out)) >= 1 and bool(worker_pids(proc.pid))
+        return len(records(out)) >= 1 and bool(list(scratch.glob(f"petlprof-run-{proc.pid}-*")))
     except (OSError, json.JSONDecodeError):
         return False
 
@@ -99,14 +101,16 @@ def test_a_run_past_its_timeout_is_killed_and_recorded():
 
 @pytest.mark.parametrize("sig, to_group, code", [(signal.SIGINT, True, 130), (signal.SIGTERM, False, 143)])
 def test_signals_stop_the_run_in_flight_and_keep_the_store_valid(tmp_path, sig, to_group, code):
-    out = tmp_path / "out"
+    out, scratch = tmp_path / "out", tmp_path / "tmp"
+    scratch.mkdir()
+    env = {**os.environ, "TMPDIR": str(scratch)}  # where the runs' scratch folders go
     proc = subprocess.Popen(
-        sweep_cmd(out), stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=interruptible
+        sweep_cmd(out), stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=interruptible, env=env
     )
     err_lines: list[str] = []
     reader = threading.Thread(target=lambda: err_lines.extend(proc.stderr), daemon=True)
     reader.start()
-    wait_for(lambda: first_run_recorded_and_next_started(out, proc))  # the second run is in flight
+    wait_for(lambda: first_run_recorded_and_next_started(out, proc, scratch))  # the second run is in flight
     time.sleep(1.5)
     if to_group:  # Ctrl-C in a terminal signals the whole foreground group: sweep and worker
         os.killpg(proc.pid, sig)
@@ -127,7 +131,7 @@ def test_sigkill_mid_sweep_then_resume_records_every_run_once(tmp_path):
     scratch.mkdir()
     env = {**os.environ, "TMPDIR": str(scratch)}  # where the runs' scratch folders go
     proc = subprocess.Popen(sweep_cmd(out), stderr=subprocess.DEVNULL, start_new_session=True, env=env)
-    wait_for(lambda: first_run_recorded_and_next_started(out, proc))
+    wait_for(lambda: first_run_recorded_and_next_started(out, proc, scratch))
     workers = worker_pids(proc.pid)
     proc.kill()
     proc.wait()
