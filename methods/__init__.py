@@ -15,4 +15,5 @@ from petlprof.methods import (  # noqa: F401  (self-registering)
     prefix_tuning,
     prompt_tuning,
     read,
+    zero_shot,
 )

@@ -1,4 +1,7 @@
-"""Full fine-tuning: every backbone weight and the task head train (the cost ceiling)."""
+"""Full fine-tuning: every backbone weight and the task head train (the cost ceiling).
+
+Under the LM objective the head is the backbone's own LM head, so every weight of the model trains
+(tied input and output embeddings train as the one matrix they are)."""
 
 from __future__ import annotations
 
@@ -27,5 +30,6 @@ register_method(
         apply="petlprof.methods.full:apply",
         default_lr=5e-5,
         lr_source="BERT fine-tuning range 2e-5..5e-5 (Devlin et al. 2019); upper end for short budgets",
+        objectives=("classification", "lm"),
     )
 )

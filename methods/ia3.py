@@ -58,5 +58,6 @@ register_method(
         default_lr=3e-3,
         lr_source="T-Few recipe (Liu et al. 2022): 3e-3; PEFT's IA3 seq2seq example uses 8e-3",
         merge="petlprof.methods.peft_common:merge",
+        objectives=("classification", "lm"),
     )
 )

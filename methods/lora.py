@@ -62,5 +62,6 @@ register_method(
         pareto_knob="r",
         default_grid=(2, 8, 32),
         merge="petlprof.methods.peft_common:merge",
+        objectives=("classification", "lm"),
     )
 )

@@ -10,6 +10,11 @@ model type, and otherwise the projections of the architecture description
 projections (its ``output.dense`` suffix in BERT-like encoders), the description's keys, values
 and feed-forward output layers are used, as the paper places them.  Which source was used, and the
 modules PEFT adapted (layer indices as ``*``), go in the record's ``backbone_info.placement``.
+
+Under the LM objective (:class:`petlprof.lm_model.LanguageModel`) the head is the backbone's own LM
+head and stays frozen with the rest: only PEFT's pieces train.  The task model runs PEFT's prompt and
+prefix themselves (PEFT's forward re-injects them at every call, which a hand-written KV-cache decoding
+loop cannot use); LoRA and IA3 layers sit inside the model and need nothing.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ def apply(classifier, config: PrefixTuningConfig):
 
     require("prefix_tuning", classifier.architecture)
     seq2seq = classifier.family == ENCODER_DECODER
-    if seq2seq:
+    if seq2seq and classifier.objective != "lm":
         # PEFT's seq2seq wrapper (the one that extends the decoder's mask by the prefix) records the
         # model's generation hooks when built; a headless T5 has none, and classification never generates.
         classifier.backbone.prepare_inputs_for_generation = None
@@ -68,5 +68,6 @@ register_method(
         "epoch (300 eval examples)",
         pareto_knob="num_virtual_tokens",
         default_grid=(5, 20, 50),
+        objectives=("classification", "lm"),
     )
 )

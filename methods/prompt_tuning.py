@@ -67,5 +67,6 @@ register_method(
         "after one 2000-example epoch (300 eval examples)",
         pareto_knob="num_virtual_tokens",
         default_grid=(5, 20, 50),
+        objectives=("classification", "lm"),
     )
 )

@@ -14,6 +14,22 @@ A side-tuning model splits its forward pass in two, so the hidden-state cache
 ``forward`` is the composition of the two, so the training loop treats a side-tuning model like
 any other model.  Works with any Hugging Face model that returns per-layer hidden states.
 
+The task model is a :class:`~petlprof.modeling.SequenceClassifier` or a
+:class:`~petlprof.lm_model.LanguageModel` (``self.classifier`` either way): ``classify`` puts its head on
+the corrected final state, pooled for a classifier, at every position before the frozen LM head for a
+language model (as the READ authors' captioning code does).  Under the LM objective every method also
+takes ``labels`` (an encoder-decoder's decoder reads the targets; ``state_masks`` then marks the target
+positions of the ``"decoder"`` states), passed only when given, so a classification plug-in's
+``side_forward(states, input_ids, attention_mask)`` keeps working.
+
+Generation (:func:`petlprof.lm_model.greedy_generate`): the backbone keeps its KV cache and each new
+token goes through it once, giving that position's per-layer states.  By default the side network
+then runs again over the states of every position so far (kept as they come) and the last position's
+logits are taken, which is right for any side network (LST's attends over earlier tokens); a side
+network that works per position (READ recurs over depth, not time) overrides
+:meth:`SideTunedModel.generation_logits` to run once on the new position and sets
+``keeps_generation_states = False``.
+
 This is the abstract base of the method contract (:mod:`petlprof.method_api`, exported as
 ``petlprof.SideTunedModel``): a plug-in subclasses it, implements :meth:`side_forward` (and
 overrides the other two only to tap the backbone differently), declares ``side_tuning=True`` in
@@ -45,10 +61,12 @@ class SideTunedModel(nn.Module, ABC):
         self.classifier.backbone.eval()  # frozen backbone: no dropout, so its states never change
         return self
 
+    keeps_generation_states = True  # generation keeps every position's states for the side network
+
     @torch.no_grad()
-    def backbone_states(self, input_ids, attention_mask) -> dict[str, torch.Tensor]:
+    def backbone_states(self, input_ids, attention_mask, labels=None) -> dict[str, torch.Tensor]:
         """Every layer's hidden states from one no-autograd pass of the frozen backbone."""
-        out = self.classifier.backbone_outputs(input_ids, attention_mask, output_hidden_states=True)
+        out = self.classifier.backbone_outputs(input_ids, attention_mask, labels=labels, output_hidden_states=True)
         if self.encoder_decoder:
             return {
                 "encoder": torch.stack(out.encoder_hidden_states, dim=2),
@@ -64,20 +82,62 @@ class SideTunedModel(nn.Module, ABC):
         )
         return {"encoder": torch.stack(out.hidden_states, dim=2)}
 
-    def state_masks(self, attention_mask) -> dict[str, torch.Tensor]:
+    def state_masks(self, attention_mask, labels=None) -> dict[str, torch.Tensor]:
         """Real (non-padding) token positions of each tensor :meth:`backbone_states` returns."""
         mask = attention_mask.bool()
         if self.encoder_decoder:
-            return {"encoder": mask, "decoder": self.classifier.pooling_mask(attention_mask).bool()}
+            return {"encoder": mask, "decoder": self.classifier.decoder_mask(attention_mask, labels).bool()}
         return {"layers": mask}
 
     @abstractmethod
-    def side_forward(self, states: dict[str, torch.Tensor], input_ids, attention_mask) -> torch.Tensor:
+    def side_forward(self, states: dict[str, torch.Tensor], input_ids, attention_mask, labels=None) -> torch.Tensor:
         """Logits from the states :meth:`backbone_states` returned (or the cache assembled: zeros at
         padding positions); the only part of a step that trains."""
 
-    def forward(self, input_ids, attention_mask):
-        return self.side_forward(self.backbone_states(input_ids, attention_mask), input_ids, attention_mask)
+    def forward(self, input_ids, attention_mask, labels=None):
+        extra = {} if labels is None else {"labels": labels}
+        return self.side_forward(
+            self.backbone_states(input_ids, attention_mask, **extra), input_ids, attention_mask, **extra
+        )
+
+    # --- generation (language models) ------------------------------------------------------------------------
+
+    def generation_start(self, input_ids, attention_mask):
+        """(logits of the first new token [B, V], generation state): the backbone reads the prompts once,
+        filling its KV cache, and the side network corrects the newest position's final state."""
+        new, cache = self.classifier.prefill(input_ids, attention_mask, output_hidden_states=True)
+        return self._generation_begin(input_ids, attention_mask, new, cache)
+
+    def _generation_begin(self, input_ids, attention_mask, new, cache):
+        state = {"cache": cache, "input_ids": input_ids, "attention_mask": attention_mask}
+        state["states"] = {name: value for name, value in new.items() if name != "final"}
+        if self.encoder_decoder:  # the decoder's targets so far: a placeholder for the position being predicted
+            state["labels"] = input_ids.new_full((input_ids.shape[0], 1), self.classifier.pad_token_id)
+        return self.generation_logits(state, new), state
+
+    def generation_step(self, token, state):
+        """(logits of the next token [B, V], generation state) after feeding ``token`` [B] through the backbone
+        with its KV cache (only that token goes through it)."""
+        new, cache = self.classifier.extend(token, state["cache"], output_hidden_states=True)
+        state = {**state, "cache": cache}
+        if self.encoder_decoder:
+            labels = state["labels"]
+            state["labels"] = torch.cat([labels[:, :-1], token[:, None], labels[:, -1:]], dim=1)
+        else:
+            mask = state["attention_mask"]
+            state["input_ids"] = torch.cat([state["input_ids"], token[:, None]], dim=1)
+            state["attention_mask"] = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
+        if self.keeps_generation_states:
+            name = "decoder" if self.encoder_decoder else "layers"
+            state["states"] = {**state["states"], name: torch.cat([state["states"][name], new[name]], dim=1)}
+        return self.generation_logits(state, new), state
+
+    def generation_logits(self, state, new) -> torch.Tensor:
+        """The next token's logits [B, V]: by default the side network over the states of every position so far
+        (``state["states"]``), the last position's logits.  ``new``: the newest position's states alone."""
+        extra = {"labels": state["labels"]} if self.encoder_decoder else {}
+        logits = self.side_forward(state["states"], state["input_ids"], state["attention_mask"], **extra)
+        return logits[:, -1]
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

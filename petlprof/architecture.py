@@ -250,7 +250,9 @@ def _kv_width(model: nn.Module, stacks: list[Stack], query_width: int) -> int:
 
 
 def describe(model: nn.Module) -> Architecture:
-    """The :class:`Architecture` of a transformers base model (no task head), real or on the meta device."""
+    """The :class:`Architecture` of a transformers base model (no task head) or of one with its LM head (its
+    stacks are found inside the wrapper: ``model.layers``, ``transformer.h``, ``encoder.block``), real or on the
+    meta device."""
     config = model.config
     text = config.get_text_config(decoder=True)  # the config itself, or a composite model's text part
     width, heads = int(text.hidden_size), int(text.num_attention_heads)
@@ -280,17 +282,20 @@ def _projected_output(config, width: int) -> int | None:
     return int(projected) if projected and int(projected) != width else None
 
 
-def describe_config(config) -> Architecture:
-    """:func:`describe` of the model a config builds, built on the meta device (no weights, no memory)."""
+def describe_config(config, lm_head: bool = False) -> Architecture:
+    """:func:`describe` of the model a config builds, built on the meta device (no weights, no memory);
+    ``lm_head``: the model with its language-modelling head, as the LM objective loads it (module names
+    then carry the wrapper's prefix, e.g. ``model.layers.0...``)."""
     import torch
-    from transformers import AutoModel
     from transformers.utils import logging as hf_logging
+
+    from petlprof.backbones import model_class
 
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
         with torch.device("meta"):
-            model = AutoModel.from_config(config)
+            model = model_class(config, lm_head).from_config(config)
     finally:
         hf_logging.set_verbosity(verbosity)
     return describe(model)

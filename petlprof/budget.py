@@ -193,8 +193,6 @@ def make_budget(spec, task, model, make_batches, check_meter=None) -> Budget | N
     """The budget a :class:`~petlprof.runner.RunSpec` asks for (None without one); ``make_batches``
     turns a task split into batches the way the run does; ``check_meter``: the energy meter opened
     around each target check."""
-    from petlprof.tasks import Split
-
     if spec.target_value is None and spec.max_train_time_s is None:
         return None
     metric, score, size = spec.target_metric or task.primary_metric, None, spec.target_eval_size
@@ -202,9 +200,7 @@ def make_budget(spec, task, model, make_batches, check_meter=None) -> Budget | N
         check_target(task, spec.task, metric, spec.target_value)
         held_out = task.eval
         if size is not None and size < len(held_out):
-            held_out = Split(
-                held_out.texts[:size], held_out.pairs[:size] if held_out.pairs else None, held_out.labels[:size]
-            )
+            held_out = held_out.head(size)
         size = len(held_out)
         from petlprof.methods.side_tuning import SideTunedModel
 

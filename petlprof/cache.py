@@ -9,7 +9,10 @@ once every example of a batch is cached, the step runs only the side network
 The model provides the interface of :class:`petlprof.methods.side_tuning.SideTunedModel`:
 ``backbone_states(input_ids, attention_mask) -> {name: [batch, tokens, ...]}``,
 ``state_masks(attention_mask) -> {name: bool [batch, tokens]}`` (the real token positions) and
-``side_forward(states, input_ids, attention_mask) -> logits``.
+``side_forward(states, input_ids, attention_mask) -> logits``.  A language-modelling batch's inputs
+also hold ``labels`` (teacher forcing: fixed per example, so its states are too); they are passed to
+all three (``state_masks(attention_mask, labels=...)``: an encoder-decoder's decoder states are real at
+the target positions), and a batch without labels calls them exactly as before.
 
 Only real token positions are kept, so an example fits any batch it is shuffled into: the cache
 scatters them into the batch's padded layout and leaves zeros at padding positions, which a side
@@ -56,7 +59,8 @@ class HiddenStateCache:
     def logits(self, model, inputs: dict[str, torch.Tensor], indices) -> torch.Tensor:
         """The model's logits for a batch, from cached states when every example of it is cached."""
         indices = [int(i) for i in indices]
-        masks = model.state_masks(inputs["attention_mask"])
+        labels = {"labels": inputs["labels"]} if inputs.get("labels") is not None else {}
+        masks = model.state_masks(inputs["attention_mask"], **labels)
         states = self._assemble(indices, masks, inputs["attention_mask"].device)
         if states is None:
             self.misses += len(indices)

@@ -337,9 +337,8 @@ def preflight(options: RunOptions, meters_here: bool = True) -> list[str]:
     from petlprof.backbones import backbone_config, check_random_init, check_shape
     from petlprof.budget import check_target
     from petlprof.meters import check_energy_meter
-    from petlprof.method_api import check_backbone
+    from petlprof.method_api import check_backbone, check_objective
     from petlprof.registry import get_method
-    from petlprof.tasks import load_task
 
     if meters_here:
         check_energy_meter(options.energy_meter)
@@ -362,15 +361,17 @@ def preflight(options: RunOptions, meters_here: bool = True) -> list[str]:
         )
     notes += [f"skipped (--skip-unsupported): {pair}" for pair in refused]
     for name in options.task:
-        task = load_task(
-            name,
-            train_size=options.train_size,
-            eval_size=options.eval_size,
-            data_dir=options.data_dir,
-            text_column=options.text_column,
-            text_pair_column=options.text_pair_column,
-            label_column=options.label_column,
-        )
+        task = sweep_task(options, name)
+        for method in options.methods:
+            check_objective(get_method(method), "lm" if task.objective == "lm" else "classification")
+        if task.objective == "lm":
+            _check_lm_options(options, name)
+        elif options.max_new_tokens is not None:
+            raise UsageError(
+                f"--max-new-tokens {options.max_new_tokens} sets how long generated answers may be; task '{name}' "
+                "is scored by a classification head and generates nothing (--objective lm makes it a "
+                "text-to-text task)"
+            )
         notes += [f"task '{name}': {warning}" for warning in task.warnings]
         if options.target_value is not None:
             check_target(task, name, options.target_metric or task.primary_metric, options.target_value)
@@ -384,6 +385,62 @@ def preflight(options: RunOptions, meters_here: bool = True) -> list[str]:
                     f"examples; {option} {asked} uses those"
                 )
     return notes
+
+
+def _check_lm_options(options: RunOptions, task: str) -> None:
+    """Options a language-modelling run cannot honour yet, and backbones with no LM head, refused before any run."""
+    from petlprof.backbones import backbone_config, model_class
+
+    for backbone in options.backbone:
+        model_class(backbone_config(backbone), True, backbone)  # an encoder: one line naming it
+    if options.target_value is not None:
+        raise UsageError(
+            f"--target-value stops training at a score the classification evaluation checks; task '{task}' is "
+            "a language-modelling task, whose evaluation generates text: train for --max-steps, --epochs or "
+            "--max-train-time instead"
+        )
+    if options.nproc_per_run > 1:
+        raise UsageError(
+            f"task '{task}' is a language-modelling task, which runs in one process; "
+            f"--nproc-per-run {options.nproc_per_run} is for classification runs"
+        )
+
+
+def sweep_task(options: RunOptions, name: str):
+    """Task ``name`` as the sweep's runs load it (loaded once per process: the preflight and
+    :func:`expand`, which adds the zero-shot row of a language-modelling task, both read it)."""
+    return _sweep_task(
+        name,
+        options.train_size,
+        options.eval_size,
+        options.data_dir,
+        options.text_column,
+        options.text_pair_column,
+        options.label_column,
+        options.objective,
+        options.prompt_column,
+        options.target_column,
+        options.chat_template,
+    )
+
+
+@functools.cache
+def _sweep_task(name, train_size, eval_size, data_dir, text, pair, label, objective, prompt, target, chat_template):
+    from petlprof.tasks import load_task
+
+    return load_task(
+        name,
+        train_size=train_size,
+        eval_size=eval_size,
+        data_dir=data_dir,
+        text_column=text,
+        text_pair_column=pair,
+        label_column=label,
+        objective=objective,
+        prompt_column=prompt,
+        target_column=target,
+        chat_template=chat_template,
+    )
 
 
 def default_output_dir() -> Path:
@@ -450,7 +507,46 @@ def expand(options: RunOptions, device: str) -> list[RunSpec]:
         for seed in options.seeds
         if not (options.skip_unsupported and _unsupported(str(backbone), method, config))
     ]
+    specs = [*_zero_shot_runs(options, device, specs), *specs]
     return list({spec.run_key: spec for spec in specs}.values())
+
+
+ZERO_SHOT = "zero_shot"  # the method of a generative sweep's row before any tuning (petlprof.methods.zero_shot)
+
+
+def _zero_shot_runs(options: RunOptions, device: str, specs: list[RunSpec]) -> list[RunSpec]:
+    """One zero-shot run per backbone and language-modelling task of the sweep (the model before any
+    tuning, at zero training energy; greedy decoding is deterministic, so the first seed alone), made
+    from the sweep's first run of that pair with the method swapped."""
+    from petlprof.registry import get_method
+
+    method = get_method(ZERO_SHOT)
+    first: dict[tuple[str, str], RunSpec] = {}
+    for spec in specs:
+        if spec.method != ZERO_SHOT and _is_lm(options, spec.task):
+            first.setdefault((spec.backbone, spec.task), spec)
+    config = dataclasses.asdict(method.make_config({}))
+    return [
+        dataclasses.replace(
+            spec,
+            method=ZERO_SHOT,
+            method_config=config,
+            lr=method.default_lr,
+            seed=int(options.seeds[0]),
+            **_copied(options, ZERO_SHOT),
+        )
+        for spec in first.values()
+    ]
+
+
+def _is_lm(options: RunOptions, task: str) -> bool:
+    """Whether ``task`` runs on the language-modelling objective (read from the task itself unless the
+    objective is named or the task is a labelled built-in)."""
+    from petlprof.tasks import generative_possible
+
+    if options.objective != "auto":
+        return options.objective == "lm"
+    return generative_possible(task, options.prompt_column) and sweep_task(options, task).objective == "lm"
 
 
 def _copied(options: RunOptions, method: str) -> dict[str, Any]:

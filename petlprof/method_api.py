@@ -9,15 +9,14 @@ it the same way.  A method is a :class:`MethodSpec`:
   :func:`number`, :func:`integer`, :func:`choice`, :func:`text` or :func:`module_names` (a default,
   a help line shown by ``petlprof list``, and a check), so a bad value — NaN, inf, out of range,
   the wrong type — is refused before any run with one line, the same way for every method;
-* ``apply(classifier, config) -> model`` — a callable, or ``"module:function"`` so that listing
-  methods imports nothing heavy.  ``classifier`` is a :class:`petlprof.modeling.SequenceClassifier`:
-  ``classifier.backbone`` (a headless Hugging Face model, its ``config`` giving ``hidden_size``,
-  ``num_hidden_layers``, ``model_type``), ``classifier.head`` (a trainable ``nn.Linear`` on the
-  pooled state), ``classifier.family`` (``encoder``, ``encoder-decoder`` or ``decoder``),
-  ``classifier.freeze_backbone()`` and the pooling rule (``pool``/``classify``).  ``apply`` decides
-  which parameters train (``requires_grad``) and returns a ``torch.nn.Module`` whose
-  ``forward(input_ids, attention_mask)`` returns logits; the harness moves it to the device,
-  builds the optimiser over its trainable parameters and meters training and evaluation;
+* ``apply(task_model, config) -> model`` — a callable, or ``"module:function"`` so that listing
+  methods imports nothing heavy.  ``task_model`` is one of the two task models below (its
+  ``objective`` says which); ``apply`` decides which parameters train (``requires_grad``) and returns
+  a ``torch.nn.Module``; the harness moves it to the device, builds the optimiser over its trainable
+  parameters and meters training, evaluation and (LM) generation;
+* ``objectives`` — the task objectives the method supports: ``"classification"`` and/or ``"lm"``.
+  It defaults to ``("classification",)``, so a plug-in written before the LM objective existed is
+  refused for ``--objective lm`` up front (:func:`check_objective`) rather than failing mid-run;
 * ``default_lr`` and ``lr_source`` (where that learning rate comes from), optionally a
   ``pareto_knob`` (a config field) with a ``default_grid`` of 3-4 values for ``--grid``, and a
   ``merge(model) -> model`` folding trained weights into the backbone for inference;
@@ -26,6 +25,29 @@ it the same way.  A method is a :class:`MethodSpec`:
   backbone): it then gets the hidden-state cache (``--cache-hidden-states``).  The flag and the
   model class must agree: checked when the spec is made (where ``apply`` is a class) and on every
   ``apply``.
+
+What a method may assume about **either** task model (``objective`` ``"classification"`` or ``"lm"``):
+``task_model.backbone`` (a Hugging Face model; its ``config`` gives ``hidden_size``,
+``num_hidden_layers``, ``model_type``; a method may replace it, e.g. by a PEFT wrapper),
+``task_model.family`` (``encoder``, ``encoder-decoder`` or ``decoder``), ``task_model.architecture``
+(:class:`petlprof.architecture.Architecture`, module names relative to ``task_model.backbone``),
+``task_model.placement`` (a dict the record shows), ``task_model.freeze_backbone()``,
+``task_model.head`` (the module that maps the final hidden state to the output),
+``backbone_outputs(...)`` (every layer's hidden states) and ``classify(final_hidden, attention_mask)``
+(the head on a corrected final state: what side networks call).
+
+* **classification** (:class:`petlprof.modeling.SequenceClassifier`): ``backbone`` is headless;
+  ``head`` is a new trainable ``nn.Linear`` on the pooled state, which ``freeze_backbone()`` leaves
+  trainable; the model's ``forward(input_ids, attention_mask)`` returns ``[batch, num_labels]`` logits.
+* **lm** (:class:`petlprof.lm_model.LanguageModel`): ``backbone`` is the model *with* its own LM head
+  (``AutoModelForCausalLM``/``AutoModelForSeq2SeqLM``; tied embeddings stay tied); ``head`` is that
+  pretrained LM head, and ``freeze_backbone()`` freezes it too (nothing trains until the method says
+  so); the model's ``forward(input_ids, attention_mask, labels=None)`` returns ``[batch, tokens,
+  vocabulary]`` logits with Hugging Face's label conventions (decoder: ``labels`` aligned with
+  ``input_ids``, logits at ``t`` predict token ``t + 1``; encoder-decoder: ``input_ids`` feed the
+  encoder, ``labels`` are the targets the decoder reads shifted right, logits align with ``labels``),
+  and it must work with :func:`petlprof.lm_model.greedy_generate` (PEFT wrappers of the backbone, forward
+  hooks and side networks do; a model of its own needs ``generation_start``/``generation_step``).
 
 A config may define ``validate()`` for rules across fields, and the backbone-shape hooks
 ``check_width(width, backbone)`` and ``check_depth(depth, backbone)``, called before a sweep starts
@@ -52,6 +74,7 @@ from petlprof.errors import UsageError, shown, unknown_choice
 MAX_WIDTH = 2**14  # no transformer in use is wider (LLaMA-3 405B: 16384): ranks, side widths, RNN sizes
 MAX_COUNT = 2**12  # virtual tokens, heads, multipliers: beyond any backbone's positions or memory
 NAME_PATTERN = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
+OBJECTIVES = ("classification", "lm")  # what a task model is trained for (petlprof.modeling.make_task_model)
 
 
 class MethodSpecError(UsageError):
@@ -268,12 +291,13 @@ class MethodSpec:
     description: str  # one line: what it trains
     config_cls: type
     apply: str | Callable  # (classifier, config) -> model, or "module:function" naming it
-    default_lr: float  # per-method default learning rate, from the method's paper or PEFT examples
+    default_lr: float  # per-method default learning rate, from the method's paper or PEFT examples (0: nothing trains)
     lr_source: str  # where the default learning rate comes from
     pareto_knob: str | None = None  # config field that trades quality for cost
     default_grid: tuple = ()  # 3-4 values of the Pareto knob that ``--grid`` sweeps
     side_tuning: bool = False  # never back-propagates through the frozen backbone
     merge: str | Callable | None = None  # model -> model with the trained weights folded into the backbone
+    objectives: tuple[str, ...] = ("classification",)  # task objectives it supports (OBJECTIVES)
 
     def __post_init__(self):
         problem = spec_problem(self)
@@ -300,8 +324,9 @@ class MethodSpec:
         """``apply``, checked: the model it returns agrees with ``side_tuning``."""
         apply = resolve_target(self.apply)
 
-        def checked_apply(classifier, config):
-            return check_model(self, apply(classifier, config))
+        def checked_apply(task_model, config):
+            check_objective(self, getattr(task_model, "objective", "classification"))
+            return check_model(self, apply(task_model, config))
 
         return checked_apply
 
@@ -314,6 +339,19 @@ class MethodSpec:
         if not self.default_grid:
             return [{}]
         return [{self.pareto_knob: value} for value in self.default_grid]
+
+
+def check_objective(spec: MethodSpec, objective: str) -> None:
+    """Refuse, in one line, a method for an objective it does not declare (before any run, and on ``apply``)."""
+    if objective not in OBJECTIVES:
+        raise unknown_choice("objective", objective, OBJECTIVES)
+    if objective not in spec.objectives:
+        supported = " and ".join(f"'{o}'" for o in spec.objectives)
+        raise UsageError(
+            f"method '{spec.name}' does not support the '{objective}' objective (it declares {supported}); "
+            f"choose another method, or declare objectives=(..., '{objective}') in its MethodSpec once its apply "
+            "handles that task model"
+        )
 
 
 def resolve_target(target: str | Callable) -> Callable:
@@ -371,10 +409,14 @@ def spec_problem(spec: MethodSpec) -> str | None:
         if problem:
             return problem
     lr = spec.default_lr
-    if not (_is_number(lr) and math.isfinite(lr) and lr > 0):
+    if not (_is_number(lr) and math.isfinite(lr) and lr >= 0):  # 0: a method that trains nothing (zero_shot)
         return f"default_lr must be a positive finite number, got {shown(lr)}"
     if not (isinstance(spec.lr_source, str) and spec.lr_source.strip()):
         return f"lr_source must say where default_lr comes from, got {shown(spec.lr_source)}"
+    objectives = spec.objectives
+    if not (isinstance(objectives, (tuple, list)) and objectives and all(o in OBJECTIVES for o in objectives)):
+        allowed = ", ".join(repr(o) for o in OBJECTIVES)
+        return f"objectives must be a non-empty tuple of {allowed}, got {shown(objectives)}"
     if not isinstance(spec.side_tuning, bool):
         return f"side_tuning must be true or false, got {shown(spec.side_tuning)}"
     if isinstance(spec.apply, type):  # a model class: its kind is known now

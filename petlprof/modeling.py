@@ -1,4 +1,8 @@
-"""The task model every method starts from: a backbone, a pooling rule and a linear head.
+"""The task models every method starts from; here the classifier: a backbone, a pooling rule and a linear head.
+
+:func:`make_task_model` picks the task model of an objective: this :class:`SequenceClassifier` for
+``classification``, :class:`petlprof.lm_model.LanguageModel` (the backbone's own LM head) for ``lm``;
+:func:`lm_loss` and :func:`greedy_generate` are re-exported from :mod:`petlprof.lm_model`.
 
 One wrapper for all three families, so every method is compared on the same head and pooling:
 
@@ -42,6 +46,8 @@ def shift_right(ids: torch.Tensor, start_id: int) -> torch.Tensor:
 
 
 class SequenceClassifier(nn.Module):
+    objective = "classification"
+
     def __init__(self, backbone: Backbone, num_labels: int, dropout: float = 0.1):
         super().__init__()
         self.backbone = backbone.model
@@ -78,7 +84,8 @@ class SequenceClassifier(nn.Module):
             kwargs["decoder_attention_mask"] = attention_mask  # decoder position i is real iff input i is
         return kwargs
 
-    def backbone_outputs(self, input_ids, attention_mask, output_hidden_states: bool = False):
+    def backbone_outputs(self, input_ids, attention_mask, labels=None, output_hidden_states: bool = False):
+        """The backbone's outputs (``labels`` is the language model's; a classifier's backbone never reads it)."""
         return self.backbone(
             **self.model_inputs(input_ids, attention_mask), output_hidden_states=output_hidden_states, return_dict=True
         )
@@ -107,6 +114,23 @@ class SequenceClassifier(nn.Module):
         """
         return attention_mask
 
+    def decoder_mask(self, attention_mask, labels=None):
+        """Real positions of an encoder-decoder's decoder states (the language model's reads ``labels``)."""
+        return self.pooling_mask(attention_mask)
+
+    def decoder_states(self, encoder_hidden, input_ids, attention_mask, labels=None) -> tuple:
+        """Every decoder layer's states of an encoder-decoder whose decoder reads ``encoder_hidden``
+        (READ's ``encoder_output`` wiring: a corrected encoder output), with autograd."""
+        from transformers.modeling_outputs import BaseModelOutput
+
+        out = self.backbone(
+            **self.model_inputs(input_ids, attention_mask),
+            encoder_outputs=BaseModelOutput(last_hidden_state=encoder_hidden),
+            output_hidden_states=True,
+            return_dict=True,
+        )
+        return out.decoder_hidden_states
+
     def classify(self, final_hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         pooled = self.pool(final_hidden, attention_mask)
         return self.head(self.dropout(pooled.to(self.head.weight.dtype)))
@@ -114,3 +138,24 @@ class SequenceClassifier(nn.Module):
     def forward(self, input_ids, attention_mask):
         out = self.backbone_outputs(input_ids, attention_mask)
         return self.classify(out.last_hidden_state, attention_mask)
+
+
+def make_task_model(backbone: Backbone, objective: str, num_labels: int) -> nn.Module:
+    """The task model a method is applied to: :class:`petlprof.lm_model.LanguageModel` for ``"lm"`` (the
+    backbone must be loaded with ``lm_head=True``), else a :class:`SequenceClassifier` of ``num_labels``."""
+    if objective == "lm":
+        return LanguageModel(backbone)
+    return SequenceClassifier(backbone, num_labels)
+
+
+from petlprof.lm_model import LanguageModel, greedy_generate, lm_loss  # noqa: E402  (re-exported)
+
+__all__ = [
+    "LanguageModel",
+    "SequenceClassifier",
+    "greedy_generate",
+    "last_token_index",
+    "lm_loss",
+    "make_task_model",
+    "shift_right",
+]

@@ -36,6 +36,8 @@ from petlprof.values import (
 DEVICES = ("auto", "cpu", "cuda")
 CACHE_DTYPES = ("float16", "bfloat16", "float32")  # petlprof.cache.DTYPES, named without importing torch
 EXECUTORS = ("local", "ray")  # petlprof.executors.EXECUTORS, named without importing Ray
+OBJECTIVES = ("auto", "classification", "lm")  # petlprof.tasks.OBJECTIVES' choices, named without importing pandas
+CHAT_TEMPLATES = ("auto", "none")
 
 # the upper ends of the ranges, each what a machine or a backbone can hold, or what a run can use
 MAX_SEED = 2**64 - 1  # torch.manual_seed's largest seed
@@ -47,6 +49,7 @@ MAX_WARMUP_STEPS = 10_000  # unmeasured steps repeated before each phase's figur
 MAX_SECONDS = 366 * 24 * 3600  # a year: a longer wait overflows the timers it is given to
 MAX_WINDOW_S = 3600.0  # the inference phase repeats each batch size this long at most
 MAX_LR = 10.0  # AdamW diverges far below it
+MAX_NEW_TOKENS = 2**16  # tokens generated per evaluation prompt: past the context window of nearly every released LM
 # the lower end of --max-memory: a run's process imports Python, torch and transformers before the limit is set;
 # beyond them the smallest run (tiny-bert on CPU, a few steps) fails under 256 MiB and starts under 512 MiB
 MIN_RUN_MEMORY = 512 * 2**20
@@ -153,10 +156,10 @@ def _country(code: str) -> None:
 
 
 def _metric(name: str) -> None:
-    from petlprof.metrics import METRIC_FUNCTIONS
+    from petlprof.metrics import GENERATION_METRICS, METRIC_FUNCTIONS
 
-    if name not in METRIC_FUNCTIONS:  # a task metric, not a cost
-        raise unknown_choice("target metric", name, METRIC_FUNCTIONS)
+    if name not in METRIC_FUNCTIONS and name not in GENERATION_METRICS:  # a task metric, not a cost
+        raise unknown_choice("target metric", name, {**METRIC_FUNCTIONS, **GENERATION_METRICS})
 
 
 SAME = ToSpec()
@@ -211,6 +214,42 @@ class RunOptions:
     text_column: str | None = option(None, "text column of your own data (default: text/sentence)", TEXT, spec=SAME)
     text_pair_column: str | None = option(None, "second text column of a pair task", TEXT, spec=SAME)
     label_column: str | None = option(None, "label column of your own data (default: label)", TEXT, spec=SAME)
+    objective: str = option(
+        "auto",
+        "auto (default: a labelled task trains a classification head, a prompt/target task the backbone's LM "
+        "head), classification, or lm (a labelled task as text-to-text: labels verbalised, scored by exact match "
+        "of the generated label)",
+        Choice(choices=OBJECTIVES, kind="objective"),
+        spec=ToSpec(identity=WHEN_CHANGED),  # the runs before the option keep their keys
+    )
+    prompt_column: str | None = option(
+        None,
+        "prompt column of your own data for the LM objective (default: recognised layouts instruction/input/"
+        "output, prompt/completion, chat messages)",
+        TEXT,
+        spec=ToSpec(identity=WHEN_SET),
+    )
+    target_column: str | None = option(
+        None,
+        "target column of your own data for the LM objective (default: target/completion/output/response/answer)",
+        TEXT,
+        spec=ToSpec(identity=WHEN_SET),
+        only_with="prompt_column",
+    )
+    chat_template: str = option(
+        "auto",
+        "LM objective: auto (default: format each prompt as a user turn with the tokenizer's chat template when "
+        "it has one) or none (plain text)",
+        Choice(choices=CHAT_TEMPLATES, kind="chat template"),
+        spec=ToSpec(identity=WHEN_CHANGED),
+    )
+    max_new_tokens: int | None = option(
+        None,
+        "LM objective: tokens generated per evaluation prompt (default: the task's own, e.g. 16 for arith, 256 "
+        "for gsm)",
+        Integer(1, MAX_NEW_TOKENS, "tokens", optional=True),
+        spec=ToSpec(identity=WHEN_SET),
+    )
     seeds: list[int] = option(
         [0],
         "comma list of seeds (default {default})",

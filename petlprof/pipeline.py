@@ -20,6 +20,8 @@ from typing import Any
 from petlprof.records import DIVERGED, OK
 from petlprof.spec import RunSpec
 
+LM = "lm"  # the language-modelling objective (petlprof.tasks): the backbone's LM head, scored on generations
+
 # what prepare imports before it takes the run's memory baseline (the warm worker imports the same)
 RUNTIME_LIBRARIES = ("datasets", "pandas", "peft", "torch", "transformers")
 
@@ -132,11 +134,7 @@ def prepare(spec: RunSpec, ranks, progress, max_memory_bytes: int | None = None)
     method, method_config, task, backbone, model = _load(spec)
     timeline, timeline_warnings = _start_timeline(spec)
     breakdown = static_breakdown(model)
-
-    def make_batches(split):
-        from petlprof.train import Batches
-
-        return Batches.from_split(split, backbone.tokenizer, spec.batch_size, spec.max_length, task.is_regression)
+    make_batches = _batches(spec, task, backbone)
 
     return RunContext(
         spec=spec,
@@ -180,11 +178,14 @@ def _recipe(spec: RunSpec, method):
 
 
 def _load(spec: RunSpec) -> tuple:
-    """(method, its config, task, backbone, model): the data and the backbone with the method applied."""
+    """(method, its config, task, backbone, model): the data and the backbone with the method applied.
+    A language-modelling task (``task.objective == "lm"``) loads the backbone with its own LM head and
+    applies the method to a :class:`~petlprof.modeling.LanguageModel`; any other, a classifier."""
     import torch
 
     from petlprof.backbones import check_shape, load_backbone
-    from petlprof.modeling import SequenceClassifier
+    from petlprof.method_api import check_objective
+    from petlprof.modeling import make_task_model
     from petlprof.registry import get_method
     from petlprof.tasks import load_task
 
@@ -198,13 +199,43 @@ def _load(spec: RunSpec) -> tuple:
         text_column=spec.text_column,
         text_pair_column=spec.text_pair_column,
         label_column=spec.label_column,
+        objective=spec.objective,
+        prompt_column=spec.prompt_column,
+        target_column=spec.target_column,
+        chat_template=spec.chat_template,
     )
+    check_objective(method, task.objective if task.objective == LM else "classification")  # regression: a head too
     torch.manual_seed(spec.seed)
-    backbone = load_backbone(spec.backbone, num_layers=spec.num_layers, seed=spec.seed, random_init=spec.random_init)
+    lm = task.objective == LM
+    backbone = load_backbone(
+        spec.backbone, num_layers=spec.num_layers, seed=spec.seed, random_init=spec.random_init, lm_head=lm
+    )
     check_shape(spec.backbone, backbone.config, max_length=spec.max_length)
-    classifier = SequenceClassifier(backbone, task.num_labels)
-    model = method.build()(classifier, method_config).to(spec.device)
+    task_model = make_task_model(backbone, task.objective, task.num_labels)
+    model = method.build()(task_model, method_config).to(spec.device)
     return method, method_config, task, backbone, model
+
+
+def _batches(spec: RunSpec, task, backbone) -> Callable:
+    """The batch maker of a run's splits: classification batches, or prompt/target batches for the LM objective."""
+
+    def make_batches(split):
+        if task.objective == LM:
+            from petlprof.lm_data import LMBatches
+
+            return LMBatches.from_split(
+                split,
+                backbone.tokenizer,
+                spec.batch_size,
+                spec.max_length,
+                backbone.family,
+                chat_template=spec.chat_template != "none",
+            )
+        from petlprof.train import Batches
+
+        return Batches.from_split(split, backbone.tokenizer, spec.batch_size, spec.max_length, task.is_regression)
+
+    return make_batches
 
 
 def _start_timeline(spec: RunSpec) -> tuple[Any, list[str]]:
@@ -249,7 +280,9 @@ class Phases:
     golds: Any
     combined: dict[str, Any]  # train and eval with, for several ranks, their aggregation's nodes and per-rank parts
     inference: dict[str, Any] | None = None
+    generation: dict[str, Any] | None = None  # the LM objective's generation phase, in place of inference
     merged: dict[str, Any] | None = None
+    generation_merged: dict[str, Any] | None = None  # the LM objective: generation again on the merged model
 
     @property
     def diverged(self) -> dict[str, Any] | None:
@@ -265,7 +298,9 @@ def run_phases(ctx: RunContext) -> Phases | None:
     train_meters, eval_meters = ctx.meters("train"), ctx.meters("eval")
     try:
         phases = _train_and_evaluate(ctx, train_meters, eval_meters)
-        if phases is not None and not phases.diverged:
+        if phases is not None and not phases.diverged and ctx.task.objective == LM:
+            phases.generation = _generation(ctx, ctx.model, phases.eval)
+        elif phases is not None and not phases.diverged:
             phases.inference = _inference(ctx, phases.eval)
     finally:
         for meter in train_meters + eval_meters:
@@ -273,7 +308,9 @@ def run_phases(ctx: RunContext) -> Phases | None:
         if ctx.cache is not None:
             ctx.cache.close()
     if phases is not None and not phases.diverged and ctx.method.merge:
-        phases.merged = _evaluate_merged(ctx, phases.preds)
+        phases.merged, merged_model = _evaluate_merged(ctx, phases.preds)
+        if merged_model is not None and ctx.task.objective == LM:
+            phases.generation_merged = _generation(ctx, merged_model, phases.eval, "generation-merged")
     if ctx.timeline is not None:  # on a failure the sampler stops when ``timeline`` is collected
         ctx.timeline.stop()
     if phases is not None:
@@ -298,6 +335,48 @@ def _inference(ctx: RunContext, eval_phase: dict[str, Any]) -> dict[str, Any]:
     )
 
 
+def untrained_phase() -> dict[str, Any]:
+    """The training phase of a model with nothing to train (the zero-shot row): no step ran, so it took
+    no time and no energy, exactly; there is no window to measure."""
+    return {
+        "time_s": 0.0,
+        "steps": 0,
+        "samples": 0,
+        "warmup_steps": 0,
+        "energy_j": 0.0,  # its energy_kind is the evaluation's, so a sweep's kinds stay comparable
+        "energy_source": "no training step ran (zero-shot)",
+        "epochs_run": 0.0,
+        "first_loss": None,
+        "final_loss": None,
+        "warnings": [],
+    }
+
+
+def _generation(ctx: RunContext, model, eval_phase: dict[str, Any], label: str = "generation") -> dict[str, Any]:
+    """The LM objective's ``generation`` phase: greedy decoding of evaluation prompts at batch 1 and at
+    the evaluation batch size (:func:`petlprof.generation.measure_generation`), its window as long as
+    the inference phase's would be."""
+    from petlprof.generation import measure_generation
+    from petlprof.inference import target_window_s
+    from petlprof.modeling import greedy_generate
+
+    spec, batches = ctx.spec, ctx.eval_batches
+    return measure_generation(
+        model,
+        batches,
+        generate=greedy_generate,
+        device=spec.device,
+        batch_sizes=[1, spec.batch_size],
+        max_new_tokens=spec.max_new_tokens or ctx.task.max_new_tokens,
+        eos_token_id=batches.eos_token_id,
+        make_meters=lambda size: ctx.meters(f"{label}-batch{size}"),
+        warmup_steps=spec.warmup_steps,
+        min_window_s=target_window_s(eval_phase.get("energy_kind"), spec.inference_window_s),
+        progress=ctx.progress,
+        precision=spec.precision,
+    )
+
+
 def _train_and_evaluate(ctx: RunContext, train_meters: list, eval_meters: list) -> Phases | None:
     from petlprof.train import Steps, evaluate, train
 
@@ -305,19 +384,24 @@ def _train_and_evaluate(ctx: RunContext, train_meters: list, eval_meters: list) 
     if budget is not None:
         budget.start()
     steps = Steps(epochs=spec.epochs, max_steps=spec.max_steps, warmup_steps=spec.warmup_steps, seed=spec.seed)
-    train_phase = train(
-        ranks.wrap(ctx.model, spec.device),
-        ctx.train_batches,
-        ctx.recipe,
-        steps,
-        ctx.io("train", train_meters),
-        cache=ctx.cache,
-        stop=ranks.agreed(budget),
-        ranks=ranks,
-    )
+    if ctx.trainable_params == 0:  # the zero-shot row: the model as it comes, nothing to train
+        train_phase = untrained_phase()
+    else:
+        train_phase = train(
+            ranks.wrap(ctx.model, spec.device),
+            ctx.train_batches,
+            ctx.recipe,
+            steps,
+            ctx.io("train", train_meters),
+            cache=ctx.cache,
+            stop=ranks.agreed(budget),
+            ranks=ranks,
+        )
     phases: dict[str, Any] = {"train": train_phase}
     preds = golds = None
-    if "diverged_at" not in train_phase:  # every rank agrees on a divergence
+    if "diverged_at" not in train_phase and ctx.task.objective == LM:
+        phases["eval"], preds, golds = _evaluate_lm(ctx, ctx.model, ctx.io("eval", eval_meters))
+    elif "diverged_at" not in train_phase:  # every rank agrees on a divergence
         phases["eval"], preds, golds = evaluate(
             ctx.model,
             ctx.eval_batches,
@@ -326,6 +410,8 @@ def _train_and_evaluate(ctx: RunContext, train_meters: list, eval_meters: list) 
             ranks=ranks,
             precision=spec.precision,
         )
+    if ctx.trainable_params == 0 and "eval" in phases:
+        train_phase["energy_kind"] = phases["eval"].get("energy_kind")
     for phase in phases.values():
         phase["warnings"] = ctx.timeline_warnings + phase["warnings"]
     combined = ranks.combine(phases, spec.device)
@@ -336,8 +422,26 @@ def _train_and_evaluate(ctx: RunContext, train_meters: list, eval_meters: list) 
     return Phases(combined["train"], combined.get("eval"), preds, golds, combined)
 
 
-def _evaluate_merged(ctx: RunContext, preds) -> dict[str, Any]:
-    """Phase ``eval_merged``: the same evaluation after the method folds its weights into the backbone.
+def _evaluate_lm(ctx: RunContext, model, io) -> tuple:
+    """(phase, generated texts, references) of a language-modelling run's evaluation (one process)."""
+    from petlprof.lm_eval import evaluate_lm
+    from petlprof.modeling import greedy_generate
+
+    spec = ctx.spec
+    return evaluate_lm(
+        model,
+        ctx.eval_batches,
+        io,
+        warmup_steps=spec.warmup_steps,
+        precision=spec.precision,
+        max_new_tokens=spec.max_new_tokens or ctx.task.max_new_tokens,
+        generate=greedy_generate,
+    )
+
+
+def _evaluate_merged(ctx: RunContext, preds) -> tuple[dict[str, Any], Any]:
+    """Phase ``eval_merged``: the same evaluation after the method folds its weights into the backbone,
+    and the merged model (None when the merge or its evaluation failed).
 
     Also records the fraction of predictions equal to the unmerged ones.  A merge that fails is
     recorded as this phase's error; the unmerged results stand.
@@ -349,20 +453,27 @@ def _evaluate_merged(ctx: RunContext, preds) -> dict[str, Any]:
     meters = ctx.meters("eval_merged")
     try:
         merged_model = ctx.method.build_merge()(ctx.model)
-        phase, merged_preds, _ = evaluate(
-            merged_model,
-            ctx.eval_batches,
-            ctx.io("eval merged", meters),
-            warmup_steps=ctx.spec.warmup_steps,
-            precision=ctx.spec.precision,
-        )
+        if ctx.task.objective == LM:
+            phase, merged_preds, _ = _evaluate_lm(ctx, merged_model, ctx.io("eval merged", meters))
+        else:
+            phase, merged_preds, _ = evaluate(
+                merged_model,
+                ctx.eval_batches,
+                ctx.io("eval merged", meters),
+                warmup_steps=ctx.spec.warmup_steps,
+                precision=ctx.spec.precision,
+            )
     except Exception as exc:
-        return {"error": f"{type(exc).__name__}: {exc}".strip()}
+        return {"error": f"{type(exc).__name__}: {exc}".strip()}, None
     finally:
         for meter in meters:
             meter.close()
-    phase["predictions_agree_fraction"] = float(np.isclose(merged_preds, preds, rtol=1e-3, atol=1e-4).mean())
-    return phase
+    if ctx.task.objective == LM:  # the same text, token for token
+        same = [a == b for a, b in zip(merged_preds, preds)]
+    else:
+        same = np.isclose(merged_preds, preds, rtol=1e-3, atol=1e-4)
+    phase["predictions_agree_fraction"] = float(np.mean(same)) if len(same) else None
+    return phase, merged_model
 
 
 # --- step 3: the record ----------------------------------------------------------------------------
@@ -379,17 +490,42 @@ def to_record(ctx: RunContext, phases: Phases | None) -> dict[str, Any]:
     if phases.diverged:
         record.update(status=DIVERGED, error=_diverged_error(phases.diverged), diverged_at=phases.diverged)
     else:
-        record["metrics"] = ctx.task.compute_metrics(phases.preds, phases.golds)
+        record["metrics"] = _metrics(ctx.task, phases)
         warnings = [*ctx.task.warnings, *prediction_warnings(phases.preds, ctx.task)]
         record.update({"warnings": warnings} if warnings else {})
     record["train"] = phases.train
-    if not phases.diverged:
+    if not phases.diverged and ctx.task.objective == LM:
+        record.update(eval=phases.eval, generation=phases.generation)
+        record["eval"]["examples"] = _examples(ctx.task, phases)
+    elif not phases.diverged:
         record.update(eval=phases.eval, inference=phases.inference)
     record.update(memory_breakdown=ctx.breakdown, idle_baseline=sweep_idle() or None)
     if phases.merged is not None:
         record["eval_merged"] = phases.merged
+    if phases.generation_merged is not None:
+        record["generation_merged"] = phases.generation_merged
     record.update(ctx.ranks.record_fields(ctx.backend, ctx.spec.batch_size, phases.combined))
     return record
+
+
+def _metrics(task, phases: Phases) -> dict[str, float]:
+    """The task's quality metrics; for the LM objective, of the generated texts, with the evaluation
+    loss on the target tokens and its perplexity."""
+    if task.objective != LM:
+        return task.compute_metrics(phases.preds, phases.golds)
+    scores = task.score_generations(phases.preds, phases.golds)
+    return {**scores, "eval_loss": phases.eval["eval_loss"], "perplexity": phases.eval["perplexity"]}
+
+
+EXAMPLES_KEPT = 3  # generated responses kept in the record beside their references, so a reader sees what scored
+
+
+def _examples(task, phases: Phases) -> list[dict[str, str]]:
+    prompts = task.eval.texts
+    return [
+        {"prompt": prompts[i], "generated": phases.preds[i], "reference": phases.golds[i]}
+        for i in range(min(EXAMPLES_KEPT, len(phases.preds)))
+    ]
 
 
 def _described(ctx: RunContext) -> dict[str, Any]:
@@ -405,6 +541,7 @@ def _described(ctx: RunContext) -> dict[str, Any]:
             "eval_samples": len(task.eval),
             "description": task.description,
             "majority_rate": task.majority_rate(),
+            **({"objective": LM} if task.objective == LM else {}),  # classification records stay as they were
         },
         "primary_metric": task.primary_metric,
         "training": {
@@ -437,6 +574,8 @@ def prediction_warnings(preds, task) -> list[str]:
     of always answering that class (the majority rate), not of a learned model."""
     import numpy as np
 
+    if task.objective == LM:
+        return _generation_warnings(preds)
     if task.is_regression or len(preds) < 2:
         return []
     classes = np.unique(preds)
@@ -448,4 +587,14 @@ def prediction_warnings(preds, task) -> list[str]:
     return [
         f"every one of the {len(preds)} evaluation predictions is class {shown}: the model answers one class "
         f"whatever the input, so its {task.primary_metric} is that class's share, not a sign of learning"
+    ]
+
+
+def _generation_warnings(texts: list[str]) -> list[str]:
+    """A warning when every generated response is the same text (the model ignores its prompt)."""
+    if len(texts) < 2 or len(set(texts)) != 1:
+        return []
+    return [
+        f"every one of the {len(texts)} generated evaluation responses is the same text ({texts[0][:40]!r}): "
+        "the model answers the same whatever the prompt"
     ]

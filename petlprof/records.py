@@ -127,6 +127,8 @@ class RunRecord(TypedDict, total=False):
     train: TrainPhase
     eval: Phase
     inference: dict[str, Any]  # target_window_s, input, batch_<size>: Phase with per-sample figures
+    generation: dict[str, Any]  # the LM objective's, in place of inference: batch_<size>: per-token figures
+    generation_merged: dict[str, Any]  # the same on the merged model (methods that merge)
     eval_merged: Phase
     memory_breakdown: dict[str, int]
     idle_baseline: dict[str, Any] | None
@@ -142,10 +144,11 @@ class RunRecord(TypedDict, total=False):
 
 def measured_phases_s(record: RunRecord) -> float:
     """Seconds inside the run's measurement windows: training (target checks included), evaluation,
-    the inference windows at each batch size and the merged evaluation."""
+    the inference (or generation) windows at each batch size and the merged evaluation."""
     phases: list[Any] = [record.get("train"), record.get("eval"), record.get("eval_merged")]
-    inference = record.get("inference") or {}
-    phases += [v for k, v in inference.items() if k.startswith("batch_")]
+    for name in ("inference", "generation", "generation_merged"):
+        repeated = record.get(name) or {}
+        phases += [v for k, v in repeated.items() if k.startswith("batch_")]
     return sum(p["time_s"] for p in phases if isinstance(p, dict) and isinstance(p.get("time_s"), (int, float)))
 
 

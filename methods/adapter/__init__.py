@@ -16,7 +16,8 @@ explicit entry for the bert, t5, gpt2 and llama families, for any other model th
 back to the model width of each block's (first) attention module and of its feed-forward part.
 The backbone's weights and parameter names stay untouched, and the adapters live in the model's
 ``adapters`` module dict (:mod:`petlprof.methods.adapter.model`).  ALBERT runs one shared layer
-at every depth, so its adapters are shared the same way.
+at every depth, so its adapters are shared the same way.  Under the LM objective the hooks sit on the
+same projections inside the model with its LM head, which stays frozen: only the adapters train.
 """
 
 from __future__ import annotations
@@ -75,5 +76,6 @@ register_method(
         "offline default after one 2000-example epoch, 300 eval examples)",
         pareto_knob="reduction_factor",
         default_grid=(4, 16, 64),
+        objectives=("classification", "lm"),
     )
 )

@@ -9,6 +9,11 @@ runs once per batch without autograd in eval mode, as in READ.  The side network
 initialised (the paper's optional initialisation from a pruned backbone copy is not implemented),
 and its upsampler is zero-initialised so step 0 reproduces the backbone.  The network itself is in
 :mod:`petlprof.methods.lst.model`.
+
+Under the LM objective the corrected final state of every position goes through the frozen LM head.
+At generation the backbone keeps its KV cache (each new token goes through it once); the side network
+attends over earlier tokens, so it runs again over the kept per-layer states of every position so far
+(a side-network KV cache is not implemented: its cost per token grows with the sequence).
 """
 
 from __future__ import annotations
@@ -59,5 +64,6 @@ register_method(
         pareto_knob="reduction_factor",
         default_grid=(4, 8, 16, 32),
         side_tuning=True,
+        objectives=("classification", "lm"),
     )
 )

@@ -137,8 +137,8 @@ class LstModel(SideTunedModel):
         else:
             self.side = LadderStack(self.width, depth, config, causal=classifier.family == DECODER)
 
-    def side_forward(self, states, input_ids, attention_mask):
-        masks = self.state_masks(attention_mask)
+    def side_forward(self, states, input_ids, attention_mask, labels=None):
+        masks = self.state_masks(attention_mask, labels)
         if self.encoder_decoder:
             _, memory = self.encoder_side(states["encoder"], masks["encoder"])
             stack = states["decoder"]

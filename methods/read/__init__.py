@@ -8,6 +8,10 @@ The backbone runs once per batch under ``torch.no_grad`` in eval mode, so traini
 back-propagates through it, and the same RNN serves every layer, so the trainable parameters do
 not grow with depth.  In an encoder-decoder, ``t5_wiring`` chooses how the encoder's correction
 reaches the decoder side; the network itself is in :mod:`petlprof.methods.read.model`.
+
+Under the LM objective the corrected final state of every position goes through the frozen LM head
+(the authors' captioning code does the same); at generation the backbone keeps its KV cache and the
+side network runs once per new token, on that position's per-layer states.
 """
 
 from __future__ import annotations
@@ -57,5 +61,6 @@ register_method(
         pareto_knob="hidden_size",
         default_grid=(32, 128, 512),
         side_tuning=True,
+        objectives=("classification", "lm"),
     )
 )

@@ -9,7 +9,10 @@ per token::
     y   = head(pool(h_L + δ))
 
 computed at the real (non-padding) tokens only; padding positions, which no pooling rule reads,
-get δ = 0.
+get δ = 0.  Under the LM objective the corrected state of every position goes through the frozen LM
+head (``y = lm_head(h_L + δ)``; READ's captioning setup), and at generation the side network runs once
+per new token, on that position's per-layer states alone (it recurs over depth, not time), while the
+backbone keeps its KV cache.
 
 Encoder-decoder wirings:
 
@@ -26,7 +29,6 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers.modeling_outputs import BaseModelOutput
 
 from petlprof.methods.side_tuning import SideTunedModel, masked_mean
 
@@ -73,7 +75,9 @@ class SideNetwork(nn.Module):
 
 
 class ReadModel(SideTunedModel):
-    """A frozen backbone with READ side network(s) and a trainable head."""
+    """A frozen backbone with READ side network(s) and a trainable head (a frozen LM head under the LM objective)."""
+
+    keeps_generation_states = False  # a per-position network: generation feeds it the new position only
 
     def __init__(self, classifier, config):
         super().__init__(classifier)
@@ -81,17 +85,18 @@ class ReadModel(SideTunedModel):
         self.side = SideNetwork(self.width, config, with_context=self.wiring == "side")
         self.encoder_side = SideNetwork(self.width, config) if self.encoder_decoder else None
 
-    def backbone_states(self, input_ids, attention_mask) -> dict[str, torch.Tensor]:
+    def backbone_states(self, input_ids, attention_mask, labels=None) -> dict[str, torch.Tensor]:
         if self.wiring == "encoder_output":  # the decoder runs in side_forward, on the corrected encoder output
             return self.encoder_states(input_ids, attention_mask)
-        return super().backbone_states(input_ids, attention_mask)
+        return super().backbone_states(input_ids, attention_mask, labels)
 
-    def state_masks(self, attention_mask) -> dict[str, torch.Tensor]:
-        masks = super().state_masks(attention_mask)
-        return {name: masks[name] for name in (("encoder",) if self.wiring == "encoder_output" else masks)}
+    def state_masks(self, attention_mask, labels=None) -> dict[str, torch.Tensor]:
+        if self.wiring == "encoder_output":
+            return {"encoder": attention_mask.bool()}
+        return super().state_masks(attention_mask, labels)
 
-    def side_forward(self, states, input_ids, attention_mask):
-        masks = self.state_masks(attention_mask)
+    def side_forward(self, states, input_ids, attention_mask, labels=None):
+        masks = self.state_masks(attention_mask, labels)
         if not self.encoder_decoder:
             stack = states["layers"]
             delta = self.side(stack, masks["layers"])
@@ -103,13 +108,35 @@ class ReadModel(SideTunedModel):
             encoder = states["encoder"]
             delta_enc = self.encoder_side(encoder, masks["encoder"])
             corrected = encoder[:, :, -1].to(delta_enc.dtype) + delta_enc
-            out = self.classifier.backbone(
-                **self.classifier.model_inputs(input_ids, attention_mask),
-                encoder_outputs=BaseModelOutput(last_hidden_state=corrected),
-                output_hidden_states=True,
-                return_dict=True,
-            )
-            stack = torch.stack(out.decoder_hidden_states, dim=2)
-            delta = self.side(stack, self.classifier.pooling_mask(attention_mask).bool())
+            stack = torch.stack(self.classifier.decoder_states(corrected, input_ids, attention_mask, labels), dim=2)
+            delta = self.side(stack, self.classifier.decoder_mask(attention_mask, labels).bool())
         corrected_final = stack[:, :, -1].to(delta.dtype) + delta
         return self.classifier.classify(corrected_final, attention_mask)
+
+    # --- generation: the side network once per new token -------------------------------------------------------
+
+    def generation_start(self, input_ids, attention_mask):
+        if self.wiring != "encoder_output":
+            return super().generation_start(input_ids, attention_mask)
+        encoder = self.encoder_states(input_ids, attention_mask)["encoder"]
+        delta_enc = self.encoder_side(encoder, attention_mask.bool())
+        corrected = encoder[:, :, -1].to(delta_enc.dtype) + delta_enc
+        dtype = next(self.classifier.backbone.parameters()).dtype
+        new, cache = self.classifier.prefill(
+            input_ids, attention_mask, output_hidden_states=True, encoder_hidden=corrected.to(dtype)
+        )
+        return self._generation_begin(input_ids, attention_mask, new, cache)
+
+    def generation_logits(self, state, new) -> torch.Tensor:
+        """The side network on the newest position's per-layer states only (the context of the ``side``
+        wiring, from the encoder's correction, is computed once per prompt)."""
+        stack = new["decoder" if self.encoder_decoder else "layers"][:, -1:]
+        context = None
+        if self.wiring == "side":
+            if "context" not in state:
+                delta_enc = self.encoder_side(state["states"]["encoder"], state["attention_mask"].bool())
+                state["context"] = masked_mean(delta_enc, state["attention_mask"])
+            context = state["context"]
+        real = torch.ones(stack.shape[:2], dtype=torch.bool, device=stack.device)
+        delta = self.side(stack, real, context)
+        return self.classifier.classify(stack[:, :, -1].to(delta.dtype) + delta)[:, -1]

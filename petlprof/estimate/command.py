@@ -8,9 +8,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from petlprof.errors import UsageError, printable
+from petlprof.errors import UsageError, printable, shown
 from petlprof.estimate import gpus
+from petlprof.estimate.lm import CLASSIFICATION, DEFAULT_TARGET_LENGTH, LM, OBJECTIVES
 from petlprof.options import OPTIONS, default_of, kind_of
+from petlprof.values import Choice, Integer
 
 GIB = 1024**3
 
@@ -25,17 +27,37 @@ def add_estimate_parser(sub) -> argparse.ArgumentParser:
         "--backbone",
         default="minilm",
         help="a bundled shape (t5-large, llama-3-8b, ...; `petlprof estimate --list-shapes`), a preset (minilm, "
-        "tiny-*), a config.json, a model folder or a hub id; comma list for several (default minilm)",
+        "smollm2, tiny-*), a config.json, a model folder or a hub id; comma list for several (default minilm)",
     )
     parser.add_argument("--methods", help="comma list of methods (default: every registered method)")
     parser.add_argument(
         "--method-config", action="append", default=[], metavar="METHOD.FIELD=VALUE", help="e.g. lora.r=16"
     )
     parser.add_argument("--grid", action="store_true", help="each method at every value of its default Pareto grid")
-    parser.add_argument("--batch-size", type=int, default=8, help="training and inference batch (default 8)")
-    parser.add_argument("--max-length", type=int, default=128, help="tokens per example, every row full (default 128)")
+    parser.add_argument("--batch-size", type=_INTEGER.read, default=8, help="training and inference batch (default 8)")
+    parser.add_argument(
+        "--max-length",
+        type=_INTEGER.read,
+        default=128,
+        help="tokens per example, every row full (default 128); with --objective lm the prompt's tokens",
+    )
     parser.add_argument("--num-layers", type=int, help="keep only the first N layers of the backbone")
-    parser.add_argument("--num-labels", type=int, default=2, help="classes of the task head (default 2)")
+    parser.add_argument(
+        "--num-labels", type=_INTEGER.read, default=2, help="classes of the task head (default 2; classification)"
+    )
+    parser.add_argument(
+        "--objective",
+        default=CLASSIFICATION,
+        help="classification (default: a pooled state and a linear head) or lm (the backbone's own LM head: logits "
+        "over the vocabulary at the target's positions, a prompt of --max-length and a target of --target-length "
+        "tokens, and the KV cache per generated token)",
+    )
+    parser.add_argument(
+        "--target-length",
+        type=_INTEGER.read,
+        help=f"with --objective lm: target tokens per example (default {DEFAULT_TARGET_LENGTH}); a decoder reads "
+        "prompt + target, an encoder-decoder's decoder only the target",
+    )
     parser.add_argument(
         "--precision",
         default=default_of("precision"),
@@ -59,21 +81,41 @@ def add_estimate_parser(sub) -> argparse.ArgumentParser:
     return parser
 
 
-def _positive(value: int, option: str) -> int:
-    if value < 1:
-        raise UsageError(f"{option} must be a positive integer, got {value}")
+_INTEGER = Integer()  # reads integer text as the number, keeps other text for the check to refuse in one line
+
+
+def _positive(value, option: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UsageError(
+            f"{option} must be a positive integer, got {value if isinstance(value, int) else shown(value)}"
+        )
     return value
 
 
 MAX_TOKENS = 2**27  # the traced batch is real (ids and mask, 16 bytes a token): 2 GiB at most
 
 
-def _batch_tokens(batch_size: int, max_length: int) -> None:
-    if batch_size * max_length > MAX_TOKENS:
+def _batch_tokens(batch_size: int, max_length: int, target_length: int | None = None) -> None:
+    tokens = batch_size * (max_length + (target_length or 0))
+    if tokens > MAX_TOKENS:
+        target = f" + --target-length {target_length}" if target_length else ""
         raise UsageError(
-            f"--batch-size {batch_size} x --max-length {max_length} = {batch_size * max_length} tokens is more than "
+            f"--batch-size {batch_size} x --max-length {max_length}{target} = {tokens} tokens is more than "
             f"{MAX_TOKENS}, the largest batch an estimate builds (its token ids are real tensors)"
         )
+
+
+def _objective(args: argparse.Namespace) -> tuple[str, int | None]:
+    """(objective, target length): ``--target-length`` belongs to ``--objective lm``, checked in one line."""
+    Choice(choices=OBJECTIVES, kind="objective").check("objective", args.objective)
+    if args.objective != LM:
+        if args.target_length is not None:
+            raise UsageError("--target-length is the language-modelling objective's: add --objective lm")
+        return args.objective, None
+    if args.target_length is None:
+        return LM, DEFAULT_TARGET_LENGTH
+    Integer(minimum=1, maximum=MAX_TOKENS, why="tokens an estimate builds").check("target_length", args.target_length)
+    return LM, args.target_length
 
 
 def _configurations(methods: list[str], overrides: dict[str, dict], grid: bool) -> list[tuple[str, dict]]:
@@ -94,22 +136,36 @@ def _configurations(methods: list[str], overrides: dict[str, dict], grid: bool) 
     return out
 
 
-def _check_applies(resolved, configurations: list[tuple[str, dict]]) -> None:
+def _check_applies(resolved, configurations: list[tuple[str, dict]], objective: str = CLASSIFICATION) -> None:
     from petlprof.architecture import describe, unsupported_reason
-    from petlprof.estimate.model import build_backbone_model
+    from petlprof.estimate.lm import check_family
+    from petlprof.estimate.model import build_backbone_model, family
+    from petlprof.method_api import check_objective
+    from petlprof.registry import get_method
 
-    architecture = describe(build_backbone_model(resolved))  # once per backbone, on the meta device
+    if objective == LM:
+        check_family(family(resolved), resolved.name)
+        for name, _ in configurations:
+            check_objective(get_method(name), LM)
+    architecture = describe(build_backbone_model(resolved, lm_head=objective == LM))  # once, on the meta device
     for name, overrides in configurations:
         reason = unsupported_reason(name, architecture, overrides)
         if reason is not None:
             raise UsageError(f"method '{name}' cannot apply to backbone '{resolved.name}': {reason}")
 
 
+def _default_methods(objective: str) -> list[str]:
+    """Every built-in method that trains on ``objective`` (the zero-shot row trains nothing: no step to price)."""
+    from petlprof.config import ZERO_SHOT
+    from petlprof.registry import get_method, method_names
+
+    return [m for m in method_names() if m != ZERO_SHOT and objective in get_method(m).objectives]
+
+
 def cmd_estimate(args: argparse.Namespace) -> int:
     from petlprof.config import parse_method_overrides
     from petlprof.estimate.core import Settings, estimate
     from petlprof.estimate.model import resolve_backbone
-    from petlprof.registry import method_names
     from petlprof.shapes import shape_names
     from petlprof.store import check_writable
     from petlprof.values import parse_bytes
@@ -119,6 +175,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         return 0
     kind_of("precision").check("precision", args.precision)  # the run options' checks: one line, exit 2
     kind_of("device").check("device", args.device)
+    objective, target_length = _objective(args)
     settings = Settings(
         batch_size=_positive(args.batch_size, "--batch-size"),
         max_length=_positive(args.max_length, "--max-length"),
@@ -127,15 +184,17 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         gpu=gpus.get_gpu(args.gpu).name,
         precision=args.precision,
         device=args.device,
+        objective=objective,
+        target_length=target_length,
     )
-    _batch_tokens(settings.batch_size, settings.max_length)
-    methods = [m for m in (args.methods or ",".join(method_names())).split(",") if m]
+    _batch_tokens(settings.batch_size, settings.max_length, settings.target_length)
+    methods = [m for m in args.methods.split(",") if m] if args.methods else _default_methods(objective)
     configurations = _configurations(methods, parse_method_overrides(args.method_config), args.grid)
     backbones = [b for b in args.backbone.split(",") if b]
     resolved = [resolve_backbone(spec, args.num_layers) for spec in backbones]
     for backbone in resolved:
-        _check_applies(backbone, configurations)
-        _check_length(backbone, settings.max_length)
+        _check_applies(backbone, configurations, settings.objective)
+        _check_length(backbone, settings)
     out = Path(args.output or f"petlprof-out/estimate-{time.strftime('%Y%m%d-%H%M%S')}")
     check_writable(out)  # the check `petlprof run --output` makes, before any estimate is traced
     records = []
@@ -154,10 +213,23 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_length(backbone, max_length: int) -> None:
+def _check_length(backbone, settings) -> None:
+    """The positions a step reads fit the backbone's: a decoder's LM sequence is prompt + target."""
     positions = getattr(backbone.config, "max_position_embeddings", None)
-    if positions is not None and max_length > positions:
-        raise UsageError(f"--max-length {max_length} exceeds the {positions} positions of backbone '{backbone.name}'")
+    if positions is None:
+        return
+    if settings.max_length > positions:
+        raise UsageError(
+            f"--max-length {settings.max_length} exceeds the {positions} positions of backbone '{backbone.name}'"
+        )
+    target = settings.target_length or 0
+    encoder_decoder = getattr(backbone.config, "is_encoder_decoder", False)
+    read = target if encoder_decoder else settings.max_length + target
+    if target and read > positions:
+        what = "" if encoder_decoder else f" (a decoder reads --max-length {settings.max_length} + it)"
+        raise UsageError(
+            f"--target-length {target}{what} exceeds the {positions} positions of backbone '{backbone.name}'"
+        )
 
 
 def _scaled(value: float, units: tuple[str, ...], step: float) -> str:
@@ -216,6 +288,11 @@ def table_rows(records: list[dict], settings) -> list[dict[str, Any]]:
                 "train_fits_from": _smallest_fit(record["fits_train"]),
             }
         )
+        if "lm" in record:
+            lm = record["lm"]
+            row["logits"] = size(lm["logits_bytes"])
+            row["kv_cache/token"] = size(lm["kv_cache"]["bytes_per_generated_token"])
+            row["kv_cache_at_end"] = size(lm["kv_cache"]["bytes_at_end"])
         if settings.device_memory_bytes is not None:
             row[f"fits {size(settings.device_memory_bytes)}"] = "yes" if record["fits_train"]["device_memory"] else "no"
         if record["estimate_source"] != META_TRACE:
@@ -229,15 +306,28 @@ def format_table(records: list[dict], settings) -> str:
     columns = list(dict.fromkeys(key for row in rows for key in row if key != "note"))
     widths = {c: max(len(c), *(len(str(row.get(c, ""))) for row in rows)) for c in columns}
     lines = [
-        f"batch {settings.batch_size} x {settings.max_length} tokens, AdamW, {_precision(settings)}; "
+        f"batch {settings.batch_size} x {_tokens(settings)}, AdamW, {_precision(settings)}; "
         "step_time>= is a lower bound: FLOPs / the GPU's peak (see the GPU table in the README)",
-        "  ".join(c.ljust(widths[c]) for c in columns),
     ]
+    if settings.objective == LM:
+        lines.append(
+            f"lm: the loss counts the {settings.target_length} target positions of each row; logits: the LM head's "
+            "output (batch x positions x vocabulary) the step creates; kv_cache/token: bytes the generation cache "
+            "grows per generated token at this batch (2 x layers x kv_heads x head_dim x dtype bytes x batch); "
+            "kv_cache_at_end: after the prompt and the target"
+        )
+    lines.append("  ".join(c.ljust(widths[c]) for c in columns))
     for row in rows:
         lines.append("  ".join(str(row.get(c, "")).ljust(widths[c]) for c in columns))
         if row.get("note"):
             lines.append(f"    note: {row['note']}")
     return "\n".join(lines)
+
+
+def _tokens(settings) -> str:
+    if settings.objective != LM:
+        return f"{settings.max_length} tokens"
+    return f"({settings.max_length} prompt + {settings.target_length} target tokens), language modelling"
 
 
 def _precision(settings) -> str:

@@ -13,11 +13,17 @@ attention; element-wise work is not counted).  At ``--precision`` bf16 or fp16 t
 autocast by a device's rules (:mod:`petlprof.estimate.autocast`; a GPU's by default), so saved
 activations and the low-precision copies of weights count at their real dtype; weights, gradients and
 AdamW's state stay float32, as in a run.
+
+The objective (``--objective``) decides the task model: ``classification`` (the default) a pooled
+state and a linear head on a batch of ``max_length`` tokens; ``lm`` the backbone's own LM head on a
+prompt of ``max_length`` and a target of ``target_length`` tokens (:mod:`petlprof.estimate.lm`), its
+record with an ``lm`` section (logits, loss positions, the KV cache per generated token).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,8 +31,9 @@ from petlprof.errors import UsageError
 from petlprof.estimate import gpus
 from petlprof.estimate.autocast import policy_device
 from petlprof.estimate.fallback import extrapolated_figures
+from petlprof.estimate.lm import CLASSIFICATION, LM, lm_figures
 from petlprof.estimate.model import ResolvedBackbone, build_model, weight_breakdown
-from petlprof.estimate.trace import UntraceableError, example_batch, inference_batch, train_steps
+from petlprof.estimate.trace import UntraceableError, example_batch, inference_batch, lm_batch, train_steps
 from petlprof.recipe import AUTOCAST_DTYPES, FP32
 
 META_TRACE = "meta-device trace of the step (no weights allocated)"
@@ -43,6 +50,8 @@ class Settings:
     gpu: str = gpus.DEFAULT_GPU
     precision: str = FP32  # the forward pass and loss under autocast to bf16/fp16, weights float32
     device: str = "cuda"  # whose kernels and autocast rules the step follows (cuda: a GPU's; cpu)
+    objective: str = CLASSIFICATION  # or LM: the backbone's own LM head, a prompt of max_length tokens and a target
+    target_length: int | None = None  # LM: target tokens per row (the decoder of an encoder-decoder reads only them)
 
 
 def estimate(resolved: ResolvedBackbone, method_name: str, overrides: dict, settings: Settings) -> dict[str, Any]:
@@ -60,7 +69,9 @@ def estimate(resolved: ResolvedBackbone, method_name: str, overrides: dict, sett
         "backbone_source": resolved.source,
         "batch_size": settings.batch_size,
         "max_length": settings.max_length,
-        "num_labels": settings.num_labels,
+        "objective": settings.objective,
+        **({"num_labels": settings.num_labels} if settings.objective == CLASSIFICATION else {}),
+        **({"target_length": settings.target_length} if settings.objective == LM else {}),
         "precision": settings.precision,
         "autocast_rules": None if settings.precision == FP32 else policy_device(settings.device),
         "kernels": policy_device(settings.device),
@@ -84,16 +95,35 @@ def estimate(resolved: ResolvedBackbone, method_name: str, overrides: dict, sett
 
 def trace_figures(resolved: ResolvedBackbone, method, config, settings: Settings, device: str = "meta") -> dict:
     """Parameters, bytes and FLOPs of ``method`` on ``resolved`` from one traced step on ``device``."""
-    model = build_model(resolved, method, config, settings.num_labels, device=device)
+    import torch
+
+    model = build_model(resolved, method, config, settings.num_labels, device=device, objective=settings.objective)
     static = weight_breakdown(model)
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-    inputs, labels = example_batch(settings.batch_size, settings.max_length, _token_id(resolved))
+    loss_fn = None
+    if settings.objective == LM:
+        from petlprof.estimate.model import family
+        from petlprof.modeling import lm_loss
+
+        loss_fn = functools.partial(lm_loss, family=family(resolved))  # the run's: mean over the target tokens
+        encoder_decoder = bool(getattr(resolved.config, "is_encoder_decoder", False))
+        lengths = (settings.max_length, settings.target_length)
+        inputs, labels = lm_batch(settings.batch_size, *lengths, _token_id(resolved), encoder_decoder)
+    else:
+        inputs, labels = example_batch(settings.batch_size, settings.max_length, _token_id(resolved))
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ValueError(f"{method.name} trains no parameter of the {settings.objective} task model")
     resident = static["frozen_weights_bytes"] + static["trainable_weights_bytes"] + static["buffers_bytes"]
-    train = train_steps(model, inputs, labels, precision=settings.precision, device=settings.device)
+    train = train_steps(model, inputs, labels, precision=settings.precision, device=settings.device, loss_fn=loss_fn)
     infer = inference_batch(model, inputs, precision=settings.precision, device=settings.device)
+    compute_dtype = dtype if settings.precision == FP32 else AUTOCAST_DTYPES[settings.precision]
+    lm = {}
+    if settings.objective == LM:
+        dtype_bytes = getattr(torch, compute_dtype).itemsize
+        lm = {"lm": lm_figures(resolved.config, settings, infer.output_shape, infer.output_bytes, dtype_bytes)}
     return {
         "dtype": dtype,
-        "compute_dtype": dtype if settings.precision == FP32 else AUTOCAST_DTYPES[settings.precision],
+        "compute_dtype": compute_dtype,
         "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
         "total_params": sum(p.numel() for p in model.parameters()),
         "memory": {
@@ -107,6 +137,7 @@ def trace_figures(resolved: ResolvedBackbone, method, config, settings: Settings
         },
         "flops": {"train_step": train.flops, "inference_batch": infer.flops},
         "estimate_source": META_TRACE,
+        **lm,
     }
 
 

@@ -6,6 +6,9 @@ model is built as :func:`petlprof.backbones.load_backbone` and the runner build 
 transformers class from the config, the pooler dropped, the pad token set, the same
 :class:`~petlprof.modeling.SequenceClassifier` head, the method applied by the registry's
 ``apply``), but under ``torch.device("meta")``, so every parameter is a shape without storage.
+With the LM objective the backbone is built with its own LM head (``AutoModelForCausalLM`` or
+``AutoModelForSeq2SeqLM``) and the task model is the run's language model
+(:func:`petlprof.modeling.make_task_model`).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from petlprof.errors import UsageError, unknown_choice
+from petlprof.estimate.lm import CLASSIFICATION, LM
 from petlprof.meters.memory import static_breakdown
 from petlprof.shapes import config_from_file, shape_config, shape_names
 from petlprof.values import check_file
@@ -64,32 +68,37 @@ def resolve_backbone(spec: str, num_layers: int | None = None) -> ResolvedBackbo
 def _preset(spec: str) -> ResolvedBackbone:
     from transformers import AutoTokenizer
 
-    from petlprof.backbones import backbone_config, minilm_path
+    from petlprof.backbones import backbone_config, is_tiny_preset, minilm_path
 
+    config = backbone_config(spec)
+    if spec != "minilm" and not is_tiny_preset(spec):  # smollm2: its config (the pad id) is all an estimate reads
+        return ResolvedBackbone(spec, config, _stand_in(config), f"pretrained {spec} config")
     tokenizer = AutoTokenizer.from_pretrained(minilm_path())
     source = "pretrained all-MiniLM-L6-v2 config" if spec == "minilm" else f"{spec} preset config"
-    return ResolvedBackbone(spec, backbone_config(spec), tokenizer, source)
+    return ResolvedBackbone(spec, config, tokenizer, source)
 
 
 def _stand_in(config) -> SimpleNamespace:
-    """What a classifier reads from a tokenizer: the pad id (the config's, else 0) and a path for
-    prompt tuning's text initialisation (all-MiniLM-L6-v2's tokenizer: its ids fit every bundled vocabulary)."""
+    """What a task model reads from a tokenizer: the pad id (the config's, else its EOS, else 0), the EOS id
+    (a language model's) and a path for prompt tuning's text initialisation (all-MiniLM-L6-v2's tokenizer:
+    its ids fit every bundled vocabulary)."""
     from petlprof.backbones import minilm_path
 
+    eos = getattr(config, "eos_token_id", None)
+    eos = eos[0] if isinstance(eos, list) else eos
     pad = getattr(config, "pad_token_id", None)
-    if pad is None:
-        pad = getattr(config, "eos_token_id", None)
+    pad = eos if pad is None else pad
     pad = pad[0] if isinstance(pad, list) else pad
-    return SimpleNamespace(pad_token_id=0 if pad is None else pad, name_or_path=str(minilm_path()))
+    return SimpleNamespace(pad_token_id=0 if pad is None else pad, eos_token_id=eos, name_or_path=str(minilm_path()))
 
 
 def _cut_depth(resolved: ResolvedBackbone, num_layers: int) -> None:
-    from petlprof.backbones import BACKBONES
+    from petlprof.backbones import is_tiny_preset
 
     if num_layers < 1:
         raise UsageError(f"--num-layers must be a positive integer, got {num_layers}")
     config = resolved.config
-    if resolved.name not in BACKBONES or resolved.name == "minilm":
+    if not is_tiny_preset(resolved.name):
         if num_layers > config.num_hidden_layers:
             raise UsageError(
                 f"--num-layers {num_layers} exceeds the {config.num_hidden_layers} layers of '{resolved.name}'"
@@ -105,26 +114,44 @@ def family(resolved: ResolvedBackbone) -> str:
     return family_of(resolved.config)
 
 
-def build_model(resolved: ResolvedBackbone, method, method_config, num_labels: int, device: str = "meta"):
-    """The model a run trains: backbone from the config, classifier head, method applied; on ``device``."""
+def build_model(
+    resolved: ResolvedBackbone,
+    method,
+    method_config,
+    num_labels: int,
+    device: str = "meta",
+    objective: str = CLASSIFICATION,
+):
+    """The model a run trains: backbone from the config, the objective's task model (a classifier head, or
+    the backbone's own LM head), method applied; on ``device``."""
     import torch
 
     from petlprof.backbones import Backbone
     from petlprof.modeling import SequenceClassifier
 
     with torch.device(device), _fast_meta(device):
-        model = build_backbone_model(resolved, device)
+        model = build_backbone_model(resolved, device, lm_head=objective == LM)
         backbone = Backbone(resolved.name, model, resolved.tokenizer, family(resolved), resolved.source)
+        if objective == LM:
+            from petlprof.modeling import make_task_model
+
+            return method.build()(make_task_model(backbone, LM, num_labels), method_config)
         return method.build()(SequenceClassifier(backbone, num_labels), method_config)
 
 
-def build_backbone_model(resolved: ResolvedBackbone, device: str = "meta"):
-    """The backbone as load_backbone makes it from a config (the pooler dropped, the pad id set), on ``device``."""
+def build_backbone_model(resolved: ResolvedBackbone, device: str = "meta", lm_head: bool = False):
+    """The backbone as load_backbone makes it from a config (the pooler dropped, the pad id set), on ``device``;
+    ``lm_head``: with its language-modelling head (a causal or a sequence-to-sequence LM)."""
     import torch
-    from transformers import AutoModel
+    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
+    from petlprof.backbones import ENCODER_DECODER
+
+    auto = AutoModel
+    if lm_head:
+        auto = AutoModelForSeq2SeqLM if family(resolved) == ENCODER_DECODER else AutoModelForCausalLM
     with torch.device(device), _fast_meta(device):
-        model = AutoModel.from_config(resolved.config)
+        model = auto.from_config(resolved.config)
     if getattr(model, "pooler", None) is not None:
         model.pooler = None  # petlprof pools itself
     if getattr(model.config, "pad_token_id", None) is None:

@@ -28,7 +28,9 @@ exact fallback in :mod:`petlprof.estimate.fallback`.
 from __future__ import annotations
 
 import contextlib
+import math
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -224,10 +226,13 @@ def _device_type(device) -> str | None:
 
 @dataclass
 class StepTrace:
-    """What one traced phase created: the peak of its new bytes and its FLOPs."""
+    """What one traced phase created: the peak of its new bytes and its FLOPs (and the shape and bytes
+    of the model's output: an LM's logits)."""
 
     peak_new_bytes: int
     flops: int
+    output_shape: tuple[int, ...] = ()
+    output_bytes: int = 0
 
 
 def example_batch(batch_size: int, max_length: int, token_id: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
@@ -237,6 +242,27 @@ def example_batch(batch_size: int, max_length: int, token_id: int) -> tuple[dict
         "attention_mask": torch.ones(batch_size, max_length, dtype=torch.long),
     }
     return inputs, torch.zeros(batch_size, dtype=torch.long)
+
+
+IGNORED = -100  # a label the loss skips (Hugging Face's convention)
+
+
+def lm_batch(
+    batch_size: int, prompt_length: int, target_length: int, token_id: int, encoder_decoder: bool
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """A full language-modelling batch, every row ``prompt_length`` prompt and ``target_length`` target tokens.
+
+    Decoder: the sequence is prompt + target, ``labels`` aligned with it and the prompt's positions
+    ignored, so the loss counts the ``target_length`` target tokens of each row.  Encoder-decoder: the
+    encoder reads the prompt, the decoder the target (shifted right), and ``labels`` are the target."""
+    if encoder_decoder:
+        ids = torch.full((batch_size, prompt_length), token_id, dtype=torch.long)
+        labels = torch.full((batch_size, target_length), token_id, dtype=torch.long)
+    else:
+        ids = torch.full((batch_size, prompt_length + target_length), token_id, dtype=torch.long)
+        labels = ids.clone()
+        labels[:, :prompt_length] = IGNORED
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}, labels
 
 
 @contextlib.contextmanager
@@ -251,7 +277,13 @@ def forward_rules(precision: str, device: str):
 
 
 def train_steps(
-    model, inputs: dict, labels: torch.Tensor, steps: int = 2, precision: str = FP32, device: str = "cuda"
+    model,
+    inputs: dict,
+    labels: torch.Tensor,
+    steps: int = 2,
+    precision: str = FP32,
+    device: str = "cuda",
+    loss_fn: Callable | None = None,
 ) -> StepTrace:
     """Trace ``steps`` training steps as :func:`petlprof.train.train` runs them with the run's
     :class:`~petlprof.recipe.TrainRecipe` (forward and loss under ``precision``'s autocast by ``device``'s
@@ -259,8 +291,10 @@ def train_steps(
     AdamW step, gradients set to None).  The first step creates the optimiser state, which stays alive as
     the later ones run.  FLOPs are counted in the first step and the peak is read from the later ones:
     ``FlopCounterMode`` keeps tensors of the step it counts alive longer than a run does (13% of a
-    LoRA step's bytes on tiny-llama at 16 x 64)."""
-    from petlprof.train import loss_fn
+    LoRA step's bytes on tiny-llama at 16 x 64).  ``loss_fn(logits, labels)``: the classifier's loss by
+    default (the LM objective passes its own)."""
+    if loss_fn is None:
+        from petlprof.train import loss_fn
 
     if steps < 2:
         raise ValueError(f"train_steps needs steps >= 2 (one to count FLOPs, one to read the peak); got {steps}")
@@ -294,5 +328,8 @@ def inference_batch(model, inputs: dict, precision: str = FP32, device: str = "c
     model.eval()
     tracer = MetaTrace()
     with tracer, flop_counter() as counter, forward_rules(precision, device):
-        model(**inputs)
-    return StepTrace(peak_new_bytes=tracer.peak_bytes, flops=counter.get_total_flops())
+        out = model(**inputs)
+        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else ()
+        nbytes = math.prod(shape) * out.element_size() if shape else 0
+        del out
+    return StepTrace(tracer.peak_bytes, counter.get_total_flops(), shape, nbytes)

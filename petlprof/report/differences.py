@@ -6,7 +6,10 @@ the means with the 95% confidence interval of that difference by Welch's t
 (:func:`petlprof.report.intervals.welch_difference`, unequal variances), and a plain *yes* where the
 difference is larger than the interval's half-width (the interval excludes 0), *no* where it is not,
 and ``—`` where a side has a single seed (no interval can be given).  Runs on random weights are
-left out (cost-only).
+left out (cost-only).  Where a zero-shot row ran (the model before tuning), every configuration is
+also compared with it; its score is one deterministic figure (greedy decoding of a fixed model on a
+fixed evaluation set, so one seed), and the interval of that difference is the configuration's own
+(Student's t over its seeds).
 """
 
 from __future__ import annotations
@@ -19,8 +22,8 @@ import pandas as pd
 
 from petlprof.metrics import HIGHER, direction
 from petlprof.report.frame import CONFIG, GROUP, runs_frame
-from petlprof.report.intervals import welch_difference
-from petlprof.report.records import MISSING, is_random_init, text
+from petlprof.report.intervals import ci_half_width, welch_difference
+from petlprof.report.records import MISSING, ZERO_SHOT, ZERO_SHOT_LABEL, is_random_init, method_name, text
 from petlprof.report.table import render_markdown
 
 REFERENCE = "full"
@@ -47,8 +50,14 @@ def configuration_values(runs: pd.DataFrame) -> list[dict[str, Any]]:
 
 def compare(entry: Mapping[str, Any], other: Mapping[str, Any]) -> tuple[float, float, str]:
     """(difference of means, half-width of its 95% Welch interval, ``yes``/``no``/``—``: is the
-    difference larger than its interval)."""
-    diff, half = welch_difference(entry["values"], other["values"])
+    difference larger than its interval); with the single zero-shot score on one side, the interval is
+    the other side's own."""
+    fixed = [e for e in (entry, other) if e["method"] == ZERO_SHOT and len(e["values"]) == 1]
+    if len(fixed) == 1:
+        varying = other if fixed[0] is entry else entry
+        diff, half = entry["mean"] - other["mean"], ci_half_width(varying["values"])
+    else:
+        diff, half = welch_difference(entry["values"], other["values"])
     if math.isnan(half):
         return diff, half, NO_INTERVAL
     return diff, half, "yes" if abs(diff) > half else "no"
@@ -65,14 +74,17 @@ def difference_table(runs: pd.DataFrame) -> str:
     metric = text(runs["primary_metric"].dropna().iloc[0]) if runs["primary_metric"].notna().any() else "metric"
     best = entries[0]
     full = next((e for e in entries if e["method"] == REFERENCE), None)
+    zero_shot = next((e for e in entries if e["method"] == ZERO_SHOT), None)
     headers = ["method", "config", "seeds", f"{metric} (mean)", "Δ vs best (95% CI, Welch)", "larger than its interval"]
     if full is not None:
         headers += [f"Δ vs {REFERENCE} (95% CI, Welch)", "larger than its interval"]
-    pairs = [best] + ([full] if full is not None else [])
+    if zero_shot is not None:
+        headers += [f"Δ vs {ZERO_SHOT_LABEL} (95% CI)", "larger than its interval"]
+    pairs = [best] + [other for other in (full, zero_shot) if other is not None]
     rows = []
     for entry in entries:
-        cells = [text(entry["method"]), text(entry["config"]), str(len(entry["values"])), f"{entry['mean']:.4f}"]
-        for other, mark in zip(pairs, ("best", "ref")):
+        cells = [method_name(entry["method"]), text(entry["config"]), str(len(entry["values"])), f"{entry['mean']:.4f}"]
+        for other, mark in zip(pairs, ["best"] + ["ref"] * (len(pairs) - 1)):
             if entry is other:
                 cells += [mark, NO_INTERVAL]
                 continue

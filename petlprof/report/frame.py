@@ -2,7 +2,8 @@
 
 :func:`runs_frame` flattens records into one row per run with the cost figures under the names of
 the metric-direction table (``energy_j``, ``peak_memory_bytes``, ``time_s``, ``trainable_params``
-for the train phase; ``eval_*`` for the eval phase) and each quality metric under its own name.
+for the train phase; ``eval_*`` for the eval phase), each quality metric under its own name, and the
+generation phases' figures under their record paths (``generation.batch_1.tokens_per_s``).
 :func:`summarise` merges a configuration's seeds into one row: the mean of every figure, the
 half-width of its 95% confidence interval (Student's t, ``n - 1`` degrees of freedom) and its
 standard error (NaN for one seed).  :func:`frontier` marks the configurations no other one
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -23,7 +25,7 @@ import pandas as pd
 from petlprof.metrics import METRIC_DIRECTIONS, direction
 from petlprof.pareto import pareto_front
 from petlprof.report.intervals import ci_half_width, standard_error
-from petlprof.report.records import config_key, config_label, field, number
+from petlprof.report.records import ZERO_SHOT, config_key, config_label, field, number
 
 GROUP = ["task", "backbone"]  # a frontier is drawn within one task and backbone
 CONFIG = GROUP + ["method", "config", "config_key"]  # what identifies a configuration across seeds
@@ -38,6 +40,17 @@ PHASE_FIGURES = {  # column suffix -> keys inside a phase
 }
 PHASE_TEXT = ("energy_kind", "energy_source", "energy_model", "memory_source")
 COSTS = ("energy_j", "peak_memory_bytes", "time_s", "trainable_params")
+GENERATION_PHASES = ("generation", "generation_merged")  # the model as tuned, and merged (methods that merge)
+GENERATION_FIGURES = (  # per batch size of a generation phase, as the record's dotted path below it
+    "tokens_per_s",
+    "energy_per_token_j",
+    "energy_per_response_j",
+    "time_to_first_token_s",
+    "per_token_latency_s.p50",
+    "peak_memory_bytes",
+    "side_network.share_of_per_token",
+)
+GENERATION_COLUMN = re.compile(r"^(generation(?:_merged)?)\.batch_(\d+)\.(.+)$")
 TARGET_FIGURES = (  # the budget's cost-to-target figures (None when not reached; the last three are newer)
     "time_to_target_s",
     "energy_to_target_j",
@@ -106,6 +119,7 @@ def _row(record: Mapping[str, Any]) -> dict[str, Any]:
             "world_size": number(record, "distributed", "world_size") or 1,
         }
     )
+    row.update(_generation_figures(record))
     metrics = record.get("metrics") if isinstance(record.get("metrics"), Mapping) else {}
     for name in metrics:
         row[name] = number(record, "metrics", name)
@@ -117,6 +131,26 @@ def _row(record: Mapping[str, Any]) -> dict[str, Any]:
         for column in PHASE_TEXT:
             row[prefix + column] = field(record, phase, column)
     return row
+
+
+def _generation_figures(record: Mapping[str, Any]) -> dict[str, Any]:
+    """``generation.batch_<n>.<figure>`` (and ``generation_merged...``) for every batch size a generation
+    phase recorded, named by the record's own path; ``generation_energy_kind`` from its first batch."""
+    row: dict[str, Any] = {}
+    for phase in GENERATION_PHASES:
+        figures = record.get(phase) if isinstance(record.get(phase), Mapping) else {}
+        for key in (k for k in figures if re.fullmatch(r"batch_\d+", str(k))):
+            for name in GENERATION_FIGURES:
+                row[f"{phase}.{key}.{name}"] = number(figures, key, *name.split("."))
+            if phase == "generation" and "generation_energy_kind" not in row:
+                row["generation_energy_kind"] = field(figures, key, "energy_kind")
+    return row
+
+
+def generation_batches(frame: pd.DataFrame, phase: str = "generation") -> list[int]:
+    """The batch sizes some row of ``frame`` has generation figures for, ascending."""
+    sizes = {int(m[2]) for c in frame.columns if (m := GENERATION_COLUMN.match(c)) and m[1] == phase}
+    return sorted(s for s in sizes if frame[f"{phase}.batch_{s}.tokens_per_s"].notna().any())
 
 
 def runs_frame(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
@@ -138,6 +172,7 @@ def runs_frame(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
         "diverged_at_step",
         *metrics,
         *(prefix + column for prefix in ("", "eval_") for column in PHASE_FIGURES),
+        *(column for column in frame.columns if GENERATION_COLUMN.match(column)),
     }
     for name in numeric & set(frame.columns):  # all-missing figures stay numeric (NaN), not objects
         frame[name] = pd.to_numeric(frame[name], errors="coerce").astype(float)
@@ -177,7 +212,7 @@ def summarise(runs: pd.DataFrame, ok_only: bool = True) -> pd.DataFrame:
             row[column] = float(values.mean()) if len(values) else math.nan
             row[f"{column}_ci95"] = ci_half_width(values.tolist())
             row[f"{column}_se"] = standard_error(values.tolist())
-        for column in ("energy_kind", "eval_energy_kind"):
+        for column in ("energy_kind", "eval_energy_kind", "generation_energy_kind"):
             kinds = set(group[column].dropna()) if column in group else set()
             row[column] = "estimated" if "estimated" in kinds else (kinds.pop() if len(kinds) == 1 else None)
         for column in ("energy_source", "energy_model", "memory_source"):
@@ -191,7 +226,8 @@ def frontier(frame: pd.DataFrame, x: str = "energy_j", y: str = "quality", by: S
     """Per-configuration rows (seeds merged by :func:`summarise`) with an ``on_front`` column: True where
     no configuration of the same ``by`` group is at least as good on both ``x`` and ``y`` (seed means)
     and strictly better on one.  Equal configurations are both on the front; a configuration missing
-    either figure is never on it.  ``y="quality"`` means each run's primary metric."""
+    either figure is never on it, nor is the zero-shot row (the model before tuning: a reference, not a
+    choice of tuning; the report draws it as a line).  ``y="quality"`` means each run's primary metric."""
     objective_direction(x)  # a KeyError naming the known ones, before any work
     configs = summarise(frame).copy()
     for name in (x, y):
@@ -202,7 +238,10 @@ def frontier(frame: pd.DataFrame, x: str = "energy_j", y: str = "quality", by: S
         return configs
     names = [_objective_name(configs, y), x]
     for _, group in configs.groupby(list(by), sort=False, dropna=False):
-        points = [{names[0]: _nan_none(row[y]), names[1]: _nan_none(row[x])} for _, row in group.iterrows()]
+        points = [
+            {names[0]: _nan_none(row[y]), names[1]: None if row["method"] == ZERO_SHOT else _nan_none(row[x])}
+            for _, row in group.iterrows()
+        ]
         front = _front(points, names)
         configs.loc[group.index[front], "on_front"] = True
     return configs
@@ -237,7 +276,7 @@ def relative_to(configs: pd.DataFrame, reference: str = "full", costs: Sequence[
     """Add ``<cost>_vs_<reference>_pct`` (percent change of the mean, e.g. -72.0) and
     ``quality_vs_<reference>`` (difference of the primary metric) against the reference method's
     configuration in the same task and backbone (its first configuration when it has several); NaN
-    where there is no reference."""
+    where there is no reference (and on the zero-shot row, which trained nothing)."""
     configs = configs.copy()
     columns = [f"{c}_vs_{reference}_pct" for c in costs] + [f"quality_vs_{reference}"]
     for column in columns:
@@ -247,10 +286,11 @@ def relative_to(configs: pd.DataFrame, reference: str = "full", costs: Sequence[
         if refs.empty:
             continue
         ref = refs.iloc[0]
+        index = group.index[group["method"] != ZERO_SHOT]
         for cost in costs:
             if ref[cost] and not math.isnan(ref[cost]):
-                configs.loc[group.index, f"{cost}_vs_{reference}_pct"] = (group[cost] / ref[cost] - 1.0) * 100.0
-        configs.loc[group.index, f"quality_vs_{reference}"] = group["quality"] - ref["quality"]
+                configs.loc[index, f"{cost}_vs_{reference}_pct"] = (group.loc[index, cost] / ref[cost] - 1.0) * 100.0
+        configs.loc[index, f"quality_vs_{reference}"] = group.loc[index, "quality"] - ref["quality"]
     return configs
 
 
@@ -264,6 +304,7 @@ def knob_sort_value(value: Any) -> tuple:
 __all__ = [
     "ci_half_width",
     "frontier",
+    "generation_batches",
     "knob_sort_value",
     "objective_direction",
     "relative_to",

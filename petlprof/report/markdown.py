@@ -21,11 +21,13 @@ from petlprof.report.html import write_html
 from petlprof.report.intervals import DEFAULT_INTERVAL, INTERVALS, check_interval
 from petlprof.report.plots import PlotResult, pareto_figures
 from petlprof.report.records import (
+    ZERO_SHOT_LABEL,
     config_label,
     distinct,
     field,
     grouped_run_warnings,
     is_ok,
+    is_zero_shot,
     result_warnings,
     run_label,
     sort_key,
@@ -33,6 +35,7 @@ from petlprof.report.records import (
 )
 from petlprof.report.table import (
     COSTS_CAPTION,
+    GENERATION_CAPTION,
     MAJORITY,
     MORE_CAPTION,
     REFERENCE,
@@ -138,6 +141,13 @@ def _figures(figures: Sequence[PlotResult], interval: str) -> list[str]:
         "also written as SVG beside the PNG.",
         "",
     ]
+    shots = [fig.zero_shot for fig in figures if fig.zero_shot is not None]
+    if shots:
+        lines[-2] += (
+            f"  The dash-dot line is the *{ZERO_SHOT_LABEL}* score: the model before any training, whose "
+            "training cost is zero (so it has no point: a log axis cannot show 0); a configuration on the line's "
+            "worse side scores worse than not tuning at all."
+        )
     if not figures:
         lines += ["No plots: there are no finished runs to plot.", ""]
     for fig in figures:
@@ -176,7 +186,13 @@ def _differences(records: Sequence[Mapping[str, Any]]) -> list[str]:
         "where it does not — the two cannot be told apart at this number of seeds — and — where a side has "
         "one seed.  Many comparisons are made at once and none is corrected for that: at 95%, about one "
         "in twenty *yes* is expected by chance among configurations that do not really differ.  Runs on random "
-        "weights (`--random-init`, cost-only) are left out.",
+        "weights (`--random-init`, cost-only) are left out."
+        + (
+            "  Against the zero-shot row (one deterministic score: greedy decoding of the model before "
+            "tuning), the interval is the configuration's own."
+            if any(is_zero_shot(r) for r in records)
+            else ""
+        ),
         "",
     ]
     for task, backbone, table in tables:
@@ -220,7 +236,9 @@ def _configurations(records: Sequence[Mapping[str, Any]]) -> list[str]:
         "of the 95% confidence interval of that mean (Student's t; none for one seed).  Costs are for the "
         "train phase, latency for the eval phase.  *On frontier of* names the costs (energy, memory, time, "
         "params) for which no other configuration is at least as good on both the metric and that cost and "
-        "better on one." + (MAJORITY_NOTE if any(MAJORITY in s.tables[0][1] for s in sections) else ""),
+        "better on one."
+        + (MAJORITY_NOTE if any(MAJORITY in s.tables[0][1] for s in sections) else "")
+        + (ZERO_SHOT_NOTE if any(is_zero_shot(r) and is_ok(r) for r in records) else ""),
         "",
     ]
     for section in sections:
@@ -235,6 +253,12 @@ MAJORITY_NOTE = (
     f"  The *{MAJORITY}* row is the accuracy of always answering the evaluation set's most common class "
     "(the records' `task_info.majority_rate`): a score near it is no sign of learning."
 )
+ZERO_SHOT_NOTE = (
+    f"  The *{ZERO_SHOT_LABEL}* row is the model as loaded, evaluated without any training (its training "
+    "took no time and no energy): what each configuration gained, or lost, by tuning.  It is a reference, "
+    "not a configuration: it is on no frontier and is left out of the comparison with "
+    f"`{REFERENCE}`."
+)
 TABLE_NOTES = {
     COSTS_CAPTION: "The primary metric and what it cost to train.",
     VS_CAPTION: f"The means compared with `{REFERENCE}` fine-tuning on the same task and backbone (−72% = 72% "
@@ -242,6 +266,13 @@ TABLE_NOTES = {
     MORE_CAPTION: "Latency of evaluation, and the figures only some runs record.",
     TARGET_CAPTION: "Runs with a target (time-to-accuracy): how many seeds reached it, and the steps, time and "
     "energy it took (means over the seeds that reached it; checks included).",
+    GENERATION_CAPTION: "Greedy decoding of evaluation prompts after evaluation, KV cache kept, per batch size "
+    "(1 and the evaluation batch; *merged*: the same with the method's weights folded into the backbone).  "
+    "Tokens are those the model chose, each response's closing end-of-sequence token included; energy per "
+    "token and tokens/s are over the whole window, time to first token is from the call to the first chosen "
+    "token (median over the window's calls), per-token latency the gaps between tokens, peak memory the "
+    "window's (weights, activations and the KV cache).  The side network's share (READ, LST) comes from one "
+    "unmetered call timed with forward hooks.",
 }
 
 
@@ -249,7 +280,11 @@ def _provenance(records: Sequence[Mapping[str, Any]]) -> list[str]:
     lines = ["## How the figures were obtained", ""]
     for phase in PHASES:
         runs = [r for r in records if isinstance(r.get(phase), Mapping)]
+        untrained = phase == "train" and any(is_zero_shot(r) for r in runs)
+        runs = [r for r in runs if not (phase == "train" and is_zero_shot(r))]
         lines += [f"### {phase.capitalize()} phase", ""]
+        if untrained:
+            lines.append(f"- The *{ZERO_SHOT_LABEL}* row trained nothing: its train time and energy are exactly 0.")
         if not runs:
             lines += [f"No run recorded the {phase} phase.", ""]
             continue
@@ -271,7 +306,33 @@ def _provenance(records: Sequence[Mapping[str, Any]]) -> list[str]:
             "warm-up steps are excluded."
         )
         lines.append("")
-    return lines
+    return lines + _generation_provenance(records)
+
+
+def _generation_provenance(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    """How the generation phases' figures were obtained (nothing when no run has one)."""
+    windows = [
+        figures
+        for r in records
+        for phase in ("generation", "generation_merged")
+        if isinstance(r.get(phase), Mapping)
+        for key, figures in r[phase].items()
+        if str(key).startswith("batch_") and isinstance(figures, Mapping)
+    ]
+    if not windows:
+        return []
+    lines = ["### Generation phase", ""]
+    energy = Counter((w.get("energy_source"), w.get("energy_kind")) for w in windows if w.get("energy_j") is not None)
+    for (source, kind), n in energy.items():
+        lines.append(f"- Energy (J, per token and response): **{text(kind)}**, source `{text(source)}`, {n} windows")
+    for source, n in Counter(w.get("latency_source") for w in windows).items():
+        lines.append(f"- Time to first token and per-token latency: `{text(source)}`, {n} windows")
+    lines.append(
+        "- Each batch size is one window of whole greedy-decoding calls after unmeasured warm-up calls; "
+        "a window is capped at a number of prompts (its `max_prompts`) so a CPU run stays short, and says "
+        "so in its warnings when that left it shorter than its target."
+    )
+    return lines + [""]
 
 
 def _failed(records: Sequence[Mapping[str, Any]]) -> list[str]:

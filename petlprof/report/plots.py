@@ -29,7 +29,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from petlprof.metrics import direction
+from petlprof.metrics import METRIC_RANGES, direction
 from petlprof.report.frame import frontier, knob_sort_value, runs_frame
 from petlprof.report.intervals import DEFAULT_INTERVAL, caption, check_interval
 from petlprof.report.plotkit import (
@@ -43,12 +43,21 @@ from petlprof.report.plotkit import (
     label_log_axis,
     place_labels,
 )
-from petlprof.report.records import BYTES_PER_MIB, MISSING, distinct, majority_rate, text
+from petlprof.report.records import (
+    BYTES_PER_MIB,
+    MISSING,
+    ZERO_SHOT,
+    ZERO_SHOT_LABEL,
+    distinct,
+    majority_rate,
+    text,
+)
 
 MARKERS = "osD^vP*Xh<>p"
 LOG_SPREAD = 10.0  # a cost axis goes logarithmic when its largest value exceeds this times its smallest
 FORMATS = ("png", "svg")
 MAJORITY_LINE = {"color": "dimgrey", "linestyle": ":", "linewidth": 1.3, "zorder": 0.5}
+ZERO_SHOT_LINE = {"color": "firebrick", "linestyle": "-.", "linewidth": 1.3, "zorder": 0.5}
 
 
 @dataclass(frozen=True)
@@ -106,6 +115,7 @@ class PlotResult:
     configs: int = 0
     caption: str = ""  # what the bars are, and how many were cut at the axes
     clipped: list[str] = dataclass_field(default_factory=list)  # "<method config>: x high", ...
+    zero_shot: float | None = None  # the zero-shot row's score, drawn as a line
 
     @property
     def path(self) -> Path | None:
@@ -160,9 +170,9 @@ def _knob_order(rows: pd.DataFrame, x_col: str) -> pd.DataFrame:
     return rows.iloc[sorted(range(len(rows)), key=keys.__getitem__)]
 
 
-def _set_limits(ax, configs: pd.DataFrame, x_col: str, y_col: str, factor: float, majority: float | None) -> None:
-    """Axes that follow the means and the majority-class rate (log x where the means spread past
-    LOG_SPREAD, with a tick label at or left of the leftmost point), not the bars."""
+def _set_limits(ax, configs: pd.DataFrame, x_col: str, y_col: str, factor: float, lines: list[float]) -> None:
+    """Axes that follow the means and the reference ``lines`` (majority-class rate, zero-shot score; log x
+    where the means spread past LOG_SPREAD, with a tick label at or left of the leftmost point), not the bars."""
     xs = list(configs[x_col] * factor)
     log = wants_log_scale(xs)
     if log:
@@ -171,7 +181,7 @@ def _set_limits(ax, configs: pd.DataFrame, x_col: str, y_col: str, factor: float
         ax.set_xlim(min(low, label_log_axis(ax.xaxis, low, high, min(xs))), high)
     else:
         ax.set_xlim(*axis_limits(xs))
-    ax.set_ylim(*axis_limits(list(configs[y_col]) + ([] if majority is None else [majority])))
+    ax.set_ylim(*axis_limits(list(configs[y_col]) + lines))
 
 
 def _draw_majority(ax, majority: float | None) -> list[Line2D]:
@@ -181,6 +191,23 @@ def _draw_majority(ax, majority: float | None) -> list[Line2D]:
     ax.axhline(majority, **MAJORITY_LINE)
     label = f"majority-class rate ({majority:.3f}): always the most common class"
     return [Line2D([], [], **MAJORITY_LINE, label=label)]
+
+
+def _draw_zero_shot(ax, score: float | None) -> list[Line2D]:
+    """The zero-shot score (the model before tuning, no training cost) as a dash-dot line across the plot,
+    and its legend entry: a configuration below it scores worse than not tuning at all."""
+    if score is None:
+        return []
+    ax.axhline(score, **ZERO_SHOT_LINE)
+    return [Line2D([], [], **ZERO_SHOT_LINE, label=f"{ZERO_SHOT_LABEL}: {score:.3f}, no training cost")]
+
+
+def zero_shot_score(runs: pd.DataFrame, metric: str) -> float | None:
+    """The mean ``metric`` of the finished zero-shot runs among ``runs``, or None when there are none."""
+    if metric not in runs:
+        return None
+    scores = runs[(runs["method"] == ZERO_SHOT) & (runs["status"] == "ok")][metric].dropna()
+    return float(scores.mean()) if len(scores) else None
 
 
 def draw(
@@ -193,18 +220,26 @@ def draw(
     ax=None,
     interval: str = DEFAULT_INTERVAL,
     majority: float | None = None,
+    zero_shot: float | None = None,
 ) -> Figure:
     """Draw one Pareto plot of per-configuration rows (from :func:`frontier`, with ``on_front``):
     column ``y`` (the quality ``metric``) against ``axis``, bars of kind ``interval``, a dotted line
-    at the ``majority``-class rate when given; into ``ax`` if given, else a new figure."""
-    return draw_pareto(configs, y, metric, axis, xlabel, title, ax, interval, majority)[0]
+    at the ``majority``-class rate and a dash-dot line at the ``zero_shot`` score (by default the mean of
+    the zero-shot rows among ``configs``, which are never points); into ``ax`` if given, else a new figure."""
+    return draw_pareto(configs, y, metric, axis, xlabel, title, ax, interval, majority, zero_shot)[0]
 
 
-def draw_pareto(configs, y, metric, axis, xlabel, title, ax=None, interval=DEFAULT_INTERVAL, majority=None):
+def draw_pareto(
+    configs, y, metric, axis, xlabel, title, ax=None, interval=DEFAULT_INTERVAL, majority=None, zero_shot=None
+):
     """:func:`draw`, returning (figure, caption, the bar ends cut at the axes as ``<config>: x high``)."""
     fig, ax = new_axes(ax)
+    shots = configs.loc[configs["method"] == ZERO_SHOT, y].dropna()
+    zero_shot = float(shots.mean()) if zero_shot is None and len(shots) else zero_shot
+    configs = configs[configs["method"] != ZERO_SHOT]
     x_col, suffix = axis.column, f"_{check_interval(interval)}"
-    _set_limits(ax, configs, x_col, y, axis.factor, majority)
+    lines = [v for v in (majority, zero_shot) if v is not None]
+    _set_limits(ax, configs, x_col, y, axis.factor, lines)
     mixed = axis.kind_column is not None and configs[axis.kind_column].nunique() > 1
     labels, handles, clipped = [], [], []
     for i, method in enumerate(sorted(configs["method"].unique())):
@@ -242,10 +277,11 @@ def draw_pareto(configs, y, metric, axis, xlabel, title, ax=None, interval=DEFAU
     ring = {"marker": "o", "markerfacecolor": "none", "markersize": 11}
     handles.append(Line2D([], [], color="black", linestyle="--", label="Pareto frontier (ringed points)", **ring))
     handles += _draw_majority(ax, majority)
+    handles += _draw_zero_shot(ax, zero_shot)
     bars_are = caption(interval, list(configs["n_seeds"]))
     handles += bar_legend(bars_are, len(clipped))
     ax.set_xlabel(xlabel + (" [log scale]" if ax.get_xscale() == "log" else ""))
-    unit = "fraction, " if metric == "accuracy" else ""
+    unit = "fraction, " if METRIC_RANGES.get(metric) == (0.0, 1.0) else ""
     ax.set_ylabel(f"{metric} on eval set ({unit}{direction(metric)} is better)")
     ax.set_title(title, fontsize=11)
     ax.grid(True, which="major", alpha=0.3)
@@ -263,7 +299,8 @@ def pareto_plot(
     majority: float | None = None,
 ) -> PlotResult:
     """Fill ``result`` by plotting ``runs`` (one task/backbone/metric) against its cost to ``stem``.png/.svg,
-    with bars of kind ``interval`` and a line at the ``majority``-class rate when given."""
+    with bars of kind ``interval``, a line at the ``majority``-class rate when given and one at the
+    zero-shot runs' score (they are no points: their training cost is zero, which no log axis shows)."""
     if result.metric == MISSING:
         result.skipped = "the runs record no primary metric"
         return result
@@ -273,12 +310,15 @@ def pareto_plot(
         result.skipped = f"no better-direction is known for the metric '{result.metric}'"
         return result
     column = result.axis.column
-    ok = runs[runs["status"] == "ok"]
+    result.zero_shot = zero_shot_score(runs, result.metric)
+    ok = runs[(runs["status"] == "ok") & (runs["method"] != ZERO_SHOT)]
     plotted = ok[ok[result.metric].notna() & ok[column].notna()] if result.metric in ok else ok.iloc[0:0]
     if plotted.empty:
         result.skipped = (
             f"none of the {len(ok)} finished run(s) has both {result.metric} and train {column}"
             if len(ok)
+            else "only the zero-shot row finished, and it alone is no frontier"
+            if result.zero_shot is not None
             else "no run finished"
         )
         return result
@@ -287,7 +327,15 @@ def pareto_plot(
     result.paths = [stem.parent / f"{stem.name}.{fmt}" for fmt in FORMATS]
     xlabel = cost_label(result.axis, plotted)
     fig, result.caption, result.clipped = draw_pareto(
-        configs, result.metric, result.metric, result.axis, xlabel, title, interval=interval, majority=majority
+        configs,
+        result.metric,
+        result.metric,
+        result.axis,
+        xlabel,
+        title,
+        interval=interval,
+        majority=majority,
+        zero_shot=result.zero_shot,
     )
     for path in result.paths:
         fig.savefig(path, dpi=120)

@@ -24,6 +24,8 @@ from petlprof.store import Rejected, read_store
 BYTES_PER_MIB = 2**20
 MISSING = "-"
 COST_ONLY = "accuracy of random-init runs is meaningless: cost-only"  # said wherever such a run's score shows
+ZERO_SHOT = "zero_shot"  # the method of a generative sweep's row before any tuning (petlprof.methods.zero_shot)
+ZERO_SHOT_LABEL = "zero-shot (before tuning)"
 
 
 class RecordList(list):
@@ -93,6 +95,17 @@ def number(record: Mapping[str, Any], *keys: str) -> float | None:
 def is_ok(record: Mapping[str, Any]) -> bool:
     """True for a run that finished (status ``ok``)."""
     return record.get("status") == OK
+
+
+def is_zero_shot(record: Mapping[str, Any]) -> bool:
+    """The model before any tuning (method ``zero_shot``): a reference score at no training cost, shown as
+    a line on the plots and its own row in the tables, never a point or a member of a frontier."""
+    return record.get("method") == ZERO_SHOT
+
+
+def method_name(method: Any) -> str:
+    """A method as tables show it: the zero-shot row by what it is."""
+    return ZERO_SHOT_LABEL if method == ZERO_SHOT else text(method)
 
 
 def is_random_init(record: Mapping[str, Any]) -> bool:
@@ -198,17 +211,11 @@ def majority_rate(records: Sequence[Mapping[str, Any]]) -> float | None:
 
 def _phase_warnings(record: Mapping[str, Any]) -> list[tuple[str, str]]:
     """(phase, warning) for every measurement warning of one run, and a failed merge's error."""
-    inference = record.get("inference") if isinstance(record.get("inference"), Mapping) else {}
-    phases = [
-        ("train", record.get("train")),
-        ("eval", record.get("eval")),
-        ("merged eval", record.get("eval_merged")),
-        *(
-            (f"inference {key.replace('_', ' ')}", value)
-            for key, value in inference.items()
-            if key.startswith("batch_")
-        ),
-    ]
+    batched = (("inference", "inference"), ("generation", "generation"), ("generation_merged", "merged generation"))
+    phases = [("train", record.get("train")), ("eval", record.get("eval")), ("merged eval", record.get("eval_merged"))]
+    for key, name in batched:
+        windows = record.get(key) if isinstance(record.get(key), Mapping) else {}
+        phases += [(f"{name} {k.replace('_', ' ')}", v) for k, v in windows.items() if str(k).startswith("batch_")]
     out = []
     for phase, figures in phases:
         if not isinstance(figures, Mapping):

@@ -15,6 +15,8 @@ from petlprof.errors import unknown_choice
 from petlprof.report.records import (
     BYTES_PER_MIB,
     MISSING,
+    ZERO_SHOT,
+    ZERO_SHOT_LABEL,
     config_key,
     config_label,
     distinct,
@@ -22,6 +24,7 @@ from petlprof.report.records import (
     is_ok,
     is_random_init,
     majority_rate,
+    method_name,
     number,
     short_error,
     sort_key,
@@ -84,7 +87,7 @@ def columns(records: Sequence[Mapping[str, Any]]) -> list[Column]:
     if len(distinct(r.get("backbone") for r in records)) > 1:
         cols.append(Column("backbone", lambda r: text(r.get("backbone"))))
     cols += [
-        Column("method", lambda r: text(r.get("method"))),
+        Column("method", lambda r: method_name(r.get("method"))),
         Column("config", config_label),
         Column("seed", lambda r: text(r.get("seed")), numeric=True),
         Column("status", lambda r: text(r.get("status"))),
@@ -188,6 +191,7 @@ COSTS_CAPTION = "Quality and costs"
 VS_CAPTION = f"Against `{REFERENCE}`"
 MORE_CAPTION = "Latency and other figures"
 TARGET_CAPTION = "Time to the target"
+GENERATION_CAPTION = "Generation cost"
 MAJORITY = "majority class"  # the reference row: always answering the eval set's most common class
 
 
@@ -249,22 +253,30 @@ def _ordered(group):
 
 
 def _tables(group, majority: float | None) -> list[tuple[str, str]]:
-    tables = [(COSTS_CAPTION, _costs_table(group, majority))]
-    if (group["method"] == REFERENCE).any():
-        tables.append((VS_CAPTION, _vs_table(group)))
+    """The zero-shot row (the model before tuning) is a reference row under the costs table, left out of
+    the comparison with ``full`` and of time to target, and a row like any other for latency and generation."""
+    from petlprof.report.frame import generation_batches
+
+    tuned = group[group["method"] != ZERO_SHOT]
+    tables = [(COSTS_CAPTION, _costs_table(tuned, majority, group[group["method"] == ZERO_SHOT]))]
+    if (tuned["method"] == REFERENCE).any():
+        tables.append((VS_CAPTION, _vs_table(tuned)))
     tables.append((MORE_CAPTION, _more_table(group)))
-    if group["target_reached"].notna().any():
-        tables.append((TARGET_CAPTION, _target_table(group)))
+    if tuned["target_reached"].notna().any():
+        tables.append((TARGET_CAPTION, _target_table(tuned)))
+    if generation_batches(group):
+        tables.append((GENERATION_CAPTION, _generation_table(group)))
     return tables
 
 
 def _names(row) -> list[str]:
-    return [text(row["method"]), text(row["config"])]
+    return [method_name(row["method"]), text(row["config"])]
 
 
-def _costs_table(group, majority: float | None) -> str:
-    """Quality, the four costs and the frontiers; the energy kind in the header when all agree."""
-    metric = text(group["primary_metric"].iloc[0])
+def _costs_table(group, majority: float | None, zero_shot) -> str:
+    """Quality, the four costs and the frontiers; the energy kind in the header when all agree; the
+    majority-class rate and the ``zero_shot`` configurations as reference rows under the others."""
+    metric = text((distinct([*group["primary_metric"], *zero_shot["primary_metric"]]) or [None])[0])
     kinds = [k for k in distinct(group["energy_kind"]) if isinstance(k, str)] if "energy_kind" in group else []
     energy = f"train energy (J, {kinds[0]})" if len(kinds) == 1 else "train energy (J)"
     headers = ["method", "config", "seeds", f"{metric} (mean ± 95% CI)", energy, "train peak mem (MiB)"]
@@ -274,20 +286,23 @@ def _costs_table(group, majority: float | None) -> str:
         headers.append("energy kind")
         numeric.append(False)
     rows = [_costs_row(row, mixed=len(kinds) > 1) for _, row in group.iterrows()]
+    rows += [_costs_row(row, mixed=len(kinds) > 1, reference=True) for _, row in zero_shot.iterrows()]
     if majority is not None:
         rows.append([f"*{MAJORITY}*", "", "", f"{majority:.4f}"] + [""] * (len(headers) - 4))
     return render_markdown(headers, rows, numeric)
 
 
-def _costs_row(row, mixed: bool) -> list[str]:
-    cells = _names(row) + [
+def _costs_row(row, mixed: bool, reference: bool = False) -> list[str]:
+    """A configuration's row; a ``reference`` (the zero-shot row) is italic and on no frontier."""
+    names = [f"*{ZERO_SHOT_LABEL}*", text(row["config"])] if reference else _names(row)
+    cells = names + [
         str(int(row["n_seeds"])),
         _cost_only(_mean_ci(row, "quality", 1.0, 4), row["random_init"]),
         _mean_ci(row, "energy_j", 1.0, 1),
         _mean_ci(row, "peak_memory_bytes", 1 / BYTES_PER_MIB, 1),
         _mean_ci(row, "time_s", 1.0, 1),
         _fixed(row.get("trainable_params"), 0),
-        ", ".join(row["fronts"]) or MISSING,
+        "" if reference else ", ".join(row["fronts"]) or MISSING,
     ]
     return cells + ([text(row.get("energy_kind"))] if mixed else [])
 
@@ -336,3 +351,43 @@ def _target_table(group) -> str:
         for _, row in group.iterrows()
     ]
     return render_markdown(headers, rows, [False, False] + [True] * 4)
+
+
+# (figure under generation.batch_<n>., header, unit factor, decimals)
+GENERATION_COLUMNS = (
+    ("tokens_per_s", "tokens/s", 1.0, 1),
+    ("energy_per_token_j", "energy per token (J{kind})", 1.0, 4),
+    ("energy_per_response_j", "energy per response (J{kind})", 1.0, 3),
+    ("time_to_first_token_s", "time to first token (s, median)", 1.0, 3),
+    ("per_token_latency_s.p50", "per-token latency p50 (ms)", 1000.0, 1),
+    ("peak_memory_bytes", "peak mem incl. KV cache (MiB)", 1 / BYTES_PER_MIB, 1),
+)
+GENERATION_VARIANTS = (("generation", "as tuned"), ("generation_merged", "merged"))
+SIDE_SHARE = ("side_network.share_of_per_token", "side network's share of per-token time (%)", 100.0, 0)
+
+
+def _generation_table(group) -> str:
+    """One row per configuration, model (as tuned; merged for methods that merge) and batch size: tokens per
+    second, energy per token and per response, time to first token, per-token latency and peak memory;
+    the side network's share of the per-token time where a run timed one."""
+    from petlprof.report.frame import generation_batches
+
+    kinds = [k for k in distinct(group.get("generation_energy_kind", [])) if isinstance(k, str)]
+    kind = f", {kinds[0]}" if len(kinds) == 1 else ""
+    variants = [(p, label) for p, label in GENERATION_VARIANTS if generation_batches(group, p)]
+    shown = [*GENERATION_COLUMNS]
+    if any(group[f"generation.batch_{b}.{SIDE_SHARE[0]}"].notna().any() for b in generation_batches(group)):
+        shown.append(SIDE_SHARE)
+    headers = ["method", "config"] + (["model"] if len(variants) > 1 else []) + ["batch"]
+    headers += [title.format(kind=kind) for _, title, _, _ in shown]
+    rows = []
+    for _, row in group.iterrows():
+        for phase, label in variants:
+            for size in generation_batches(group, phase):
+                prefix = f"{phase}.batch_{size}."
+                if row[prefix + "tokens_per_s"] != row[prefix + "tokens_per_s"]:
+                    continue  # NaN: this configuration has no figures at this batch size
+                cells = [_mean_ci(row, prefix + figure, factor, decimals) for figure, _, factor, decimals in shown]
+                rows.append(_names(row) + ([label] if len(variants) > 1 else []) + [str(size)] + cells)
+    numeric = [False, False] + [False] * (len(variants) > 1) + [True] * (1 + len(shown))
+    return render_markdown(headers, rows, numeric)

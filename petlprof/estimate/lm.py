@@ -1,0 +1,90 @@
+"""The language-modelling objective of an estimate (``--objective lm``): what its step reads and the KV cache.
+
+A language-modelling step reads a prompt of ``--max-length`` tokens and a target of ``--target-length``
+tokens.  A decoder reads them as one sequence (prompt + target) and its loss counts the target's
+positions only; an encoder-decoder's encoder reads the prompt and its decoder only the target (shifted
+right), so its decoder costs ``target-length`` positions, not the input's.  The step traced is the
+run's (:class:`petlprof.modeling.make_task_model`'s language model: the backbone's own LM head, logits
+over the whole vocabulary), so the logits' bytes are those the task model creates; the record says
+at how many positions it computes them and how many the loss counts.
+
+Generation keeps a key and a value per layer, KV head and generated token: its cache grows by
+``2 x layers x kv_heads x head_dim x dtype bytes x batch`` bytes a token (grouped-query attention
+has fewer KV heads than query heads; an encoder-decoder caches its decoder's self-attention so, and
+its cross-attention once for the whole prompt).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from petlprof.errors import UsageError
+
+CLASSIFICATION, LM = "classification", "lm"
+OBJECTIVES = (CLASSIFICATION, LM)
+DEFAULT_TARGET_LENGTH = 32
+KV_FORMULA = "2 x layers x kv_heads x head_dim x dtype bytes x batch"
+
+
+def check_family(family: str, backbone: str) -> None:
+    """The LM objective needs a backbone that generates: a decoder or an encoder-decoder."""
+    from petlprof.backbones import ENCODER
+
+    if family == ENCODER:
+        raise UsageError(
+            f"--objective lm needs a decoder or an encoder-decoder backbone; '{backbone}' is an encoder (it has no "
+            "language-modelling head to generate with)"
+        )
+
+
+def attention_shape(config) -> dict[str, int]:
+    """Layers that cache keys and values when generating (an encoder-decoder's decoder), KV heads and head width."""
+    encoder_decoder = bool(getattr(config, "is_encoder_decoder", False))
+    layers = getattr(config, "num_decoder_layers", None) if encoder_decoder else None
+    layers = int(layers if layers is not None else config.num_hidden_layers)
+    heads = int(config.num_attention_heads)  # every supported config maps this name (T5 num_heads, GPT-2 n_head)
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or getattr(config, "d_kv", None) or int(config.hidden_size) // heads
+    return {"layers": layers, "kv_heads": int(kv_heads), "head_dim": int(head_dim)}
+
+
+def kv_cache(config, batch_size: int, dtype_bytes: int, prompt_length: int, target_length: int) -> dict[str, Any]:
+    """Bytes the KV cache adds per generated token, and holds after ``target_length`` tokens of a prompt."""
+    shape = attention_shape(config)
+    per_token = 2 * shape["layers"] * shape["kv_heads"] * shape["head_dim"] * dtype_bytes * batch_size
+    encoder_decoder = bool(getattr(config, "is_encoder_decoder", False))
+    figures: dict[str, Any] = {
+        "bytes_per_generated_token": per_token,
+        "formula": KV_FORMULA,
+        **shape,
+        "dtype_bytes": dtype_bytes,
+        "batch_size": batch_size,
+    }
+    if encoder_decoder:  # the decoder's self-attention caches the target; cross-attention the prompt, once
+        figures["self_attention_bytes_at_end"] = per_token * target_length
+        figures["cross_attention_bytes"] = per_token * prompt_length
+        figures["bytes_at_end"] = per_token * (target_length + prompt_length)
+    else:  # the prompt's keys and values, then one more position per generated token
+        figures["bytes_at_end"] = per_token * (prompt_length + target_length)
+    return figures
+
+
+def lm_figures(config, settings, logits_shape: tuple[int, ...], logits_bytes: int, dtype_bytes: int) -> dict:
+    """The record's ``lm`` section: lengths, the positions the logits and the loss cover, the KV cache."""
+    encoder_decoder = bool(getattr(config, "is_encoder_decoder", False))
+    prompt, target = settings.max_length, settings.target_length
+    return {
+        "prompt_length": prompt,
+        "target_length": target,
+        "reads": (
+            f"encoder: the {prompt} prompt tokens; decoder: the {target} target tokens (shifted right)"
+            if encoder_decoder
+            else f"one sequence of {prompt} prompt + {target} target tokens"
+        ),
+        "loss_positions": settings.batch_size * target,  # target tokens; prompt (and padding) positions ignored
+        "logits_shape": list(logits_shape),  # the task model's output: batch x positions x vocabulary
+        "logits_positions": math.prod(logits_shape[:-1]) if logits_shape else 0,
+        "logits_bytes": logits_bytes,
+        "kv_cache": kv_cache(config, settings.batch_size, dtype_bytes, prompt, target),
+    }

@@ -1,0 +1,184 @@
+"""``petlprof estimate --objective lm``: the decoder of an encoder-decoder reads only the target, the KV
+cache per generated token against the formula and a real cache, a traced LM step against a measured one
+(plain transformers), and bad values of the new options."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
+
+from petlprof.backbones import backbone_config, set_depth
+from petlprof.cli import main
+from petlprof.estimate.core import Settings, estimate
+from petlprof.estimate.model import resolve_backbone
+from petlprof.estimate.trace import lm_batch
+from petlprof.meters import Window
+from petlprof.meters.memory import static_breakdown
+from petlprof.meters.tensors import CpuTensorMeter
+from petlprof.recipe import TrainRecipe
+
+LM = Settings(batch_size=4, max_length=16, device="cpu", objective="lm", target_length=8)
+
+
+def test_an_encoder_decoder_with_a_short_target_costs_far_less_than_its_classifier():
+    """The defect the LM objective fixes: a T5 was priced as if its decoder read the whole input.  With
+    5-token targets its decoder reads 5 positions, not 512, so the step is well below the classifier's."""
+    resolved = resolve_backbone("t5-small", num_layers=2)
+    classification = Settings(batch_size=8, max_length=512, device="cpu")
+    lm = dataclasses.replace(classification, objective="lm", target_length=5)
+    by_objective = {s.objective: estimate(resolved, "lora", {}, s) for s in (classification, lm)}
+    assert (
+        "lm" not in by_objective["classification"] and by_objective["classification"]["objective"] == "classification"
+    )
+    record = by_objective["lm"]
+    assert record["status"] == "ok" and record["target_length"] == 5
+    assert record["lm"]["logits_shape"] == [8, 5, resolved.config.vocab_size]  # the decoder's 5 positions
+    assert record["lm"]["loss_positions"] == 8 * 5
+    peaks = {k: r["memory"]["peak_train_bytes"] for k, r in by_objective.items()}
+    assert peaks["lm"] < 0.6 * peaks["classification"]
+    assert record["flops"]["train_step"] < 0.6 * by_objective["classification"]["flops"]["train_step"]
+
+
+def _cache_bytes(value) -> int:
+    """Bytes of every tensor a transformers cache object holds (its layers' keys and values)."""
+    seen: set[int] = set()
+
+    def walk(item) -> int:
+        if isinstance(item, torch.Tensor):
+            return 0 if id(item) in seen or seen.add(id(item)) else item.numel() * item.element_size()
+        if isinstance(item, (list, tuple)):
+            return sum(walk(x) for x in item)
+        if hasattr(item, "__dict__") and not isinstance(item, type):
+            return sum(walk(x) for x in vars(item).values())
+        return 0
+
+    return walk(value)
+
+
+def _real_cache(spec: str, batch: int, prompt: int, generated: int):
+    """The KV cache of a real model of ``spec`` (2 layers) after reading ``prompt`` and ``generated`` tokens."""
+    config = backbone_config(spec)
+    set_depth(config, 2)
+    torch.manual_seed(0)
+    ids = torch.full((batch, prompt), 5)
+    with torch.no_grad():
+        if config.is_encoder_decoder:
+            model = AutoModelForSeq2SeqLM.from_config(config).eval()
+            start = torch.full((batch, generated), config.decoder_start_token_id)
+            return model(input_ids=ids, decoder_input_ids=start, use_cache=True).past_key_values
+        model = AutoModelForCausalLM.from_config(config).eval()
+        return model(input_ids=torch.full((batch, prompt + generated), 5), use_cache=True).past_key_values
+
+
+@pytest.mark.parametrize("spec", ["tiny-llama", "tiny-t5"])
+def test_the_kv_cache_per_generated_token_is_the_formula_and_a_real_caches_growth(spec):
+    record = estimate(resolve_backbone(spec, num_layers=2), "lora", {}, LM)
+    kv = record["lm"]["kv_cache"]
+    config = backbone_config(spec)
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", heads)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    assert (kv["layers"], kv["kv_heads"], kv["head_dim"], kv["dtype_bytes"]) == (2, kv_heads, head_dim, 4)
+    assert kv["bytes_per_generated_token"] == 2 * 2 * kv_heads * head_dim * 4 * LM.batch_size
+    if spec == "tiny-llama":
+        assert kv_heads == heads // 2  # grouped-query attention: half the heads keep keys and values
+    one, two = (_cache_bytes(_real_cache(spec, LM.batch_size, LM.max_length, n)) for n in (1, 2))
+    assert two - one == kv["bytes_per_generated_token"]
+    if config.is_encoder_decoder:  # cross-attention: the prompt's keys and values, once
+        assert one == kv["cross_attention_bytes"] + kv["bytes_per_generated_token"]
+    else:
+        assert one == kv["bytes_per_generated_token"] * (LM.max_length + 1)
+    bf16 = estimate(resolve_backbone(spec, num_layers=2), "lora", {}, dataclasses.replace(LM, precision="bf16"))
+    assert bf16["lm"]["kv_cache"]["bytes_per_generated_token"] == kv["bytes_per_generated_token"] // 2
+
+
+def _measured_lm_step(spec: str, settings: Settings) -> tuple[int, int, dict]:
+    """(peak training bytes, peak inference bytes, static breakdown) of full fine-tuning of a plain
+    transformers LM of ``spec`` (2 layers) with its own loss, by the cpu-tensors meter, after a warm-up step."""
+    config = backbone_config(spec)
+    set_depth(config, 2)
+    torch.manual_seed(0)
+    auto = AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
+    model = auto.from_config(config)
+    inputs, _ = lm_batch(
+        settings.batch_size, settings.max_length, settings.target_length, 100, config.is_encoder_decoder
+    )
+    static = static_breakdown(model)
+    recipe = TrainRecipe(lr=1e-3)
+    optimizer, params = recipe.optimizer(model)
+    model.train()
+
+    def step():
+        model(**inputs).loss.backward()
+        recipe.clip(params)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    step()  # AdamW's state exists from here on, as in the estimate's second traced step
+    resident = static["total_bytes"] - static["gradients_bytes"]
+    with Window([CpuTensorMeter("cpu", resident_bytes=resident)]) as train:
+        step()
+    model.eval()
+    resident -= static["optimizer_state_bytes"]
+    with torch.no_grad(), Window([CpuTensorMeter("cpu", resident_bytes=resident)]) as infer:
+        model(**{k: v for k, v in inputs.items() if k != "labels"} | _decoder_inputs(model, inputs))
+    return train.reading["peak_tensor_bytes"], infer.reading["peak_tensor_bytes"], static
+
+
+def _decoder_inputs(model, inputs: dict) -> dict:
+    if not model.config.is_encoder_decoder:
+        return {}
+    return {"decoder_input_ids": model.prepare_decoder_input_ids_from_labels(labels=inputs["labels"])}
+
+
+@pytest.mark.parametrize("spec", ["tiny-llama", "tiny-t5"])
+def test_the_lm_estimate_agrees_with_a_measured_step(spec):
+    """Within the classifier estimates' tolerance (5%) of a plain transformers step: the run's language
+    model (its own LM head on the body's final states, the loss on the target tokens) costs what the
+    model's own forward and loss cost."""
+    record = estimate(resolve_backbone(spec, num_layers=2), "full", {}, LM)
+    assert record["status"] == "ok", record["error"]
+    train, infer, static = _measured_lm_step(spec, LM)
+    memory = record["memory"]
+    assert memory["weights_bytes"] == static["frozen_weights_bytes"] + static["trainable_weights_bytes"]
+    assert memory["optimizer_bytes"] == static["optimizer_state_bytes"]
+    assert memory["peak_train_bytes"] == pytest.approx(train, rel=0.05)
+    assert memory["peak_inference_bytes"] == pytest.approx(infer, rel=0.05)
+
+
+def test_the_command_prints_the_lm_columns_and_records_the_lm_section(tmp_path, capsys):
+    argv = ["estimate", "--backbone", "tiny-t5", "--methods", "lora", "--objective", "lm", "--target-length", "4"]
+    assert main([*argv, "--batch-size", "2", "--max-length", "8", "--output", str(tmp_path)]) == 0
+    (record,) = [json.loads(line) for line in (tmp_path / "estimates.jsonl").read_text().splitlines()]
+    assert record["objective"] == "lm" and record["target_length"] == 4 and "num_labels" not in record
+    assert record["lm"]["reads"].startswith("encoder: the 8 prompt tokens; decoder: the 4 target tokens")
+    out = capsys.readouterr().out
+    assert "(8 prompt + 4 target tokens)" in out and "the loss counts the 4 target positions" in out
+    assert all(column in out for column in ("logits", "kv_cache/token", "kv_cache_at_end"))
+
+
+BAD = [
+    (["--objective", "lm", "--target-length", "0"], "--target-length must be an integer >= 1, got 0"),
+    (["--objective", "lm", "--target-length", "nan"], "--target-length must be an integer >= 1, got 'nan'"),
+    (["--objective", "lm", "--target-length", str(10**30)], f"--target-length must be at most {2**27}"),
+    (["--objective", "lm", "--target-length", "abc"], "got 'abc'"),
+    (["--objective", "lm", "--batch-size", "abc"], "--batch-size must be a positive integer, got 'abc'"),
+    (["--objective", "lm", "--target-length", str(2**26), "--batch-size", "2"], "+ --target-length 67108864"),
+    (["--objective", "lm", "--target-length", "600"], "--target-length 600 (a decoder reads --max-length 16 + it)"),
+    (["--objective", "lmm"], "did you mean 'lm'"),
+    (["--target-length", "5"], "--target-length is the language-modelling objective's: add --objective lm"),
+    (["--objective", "lm", "--backbone", "tiny-bert"], "'tiny-bert' is an encoder"),
+]
+
+
+@pytest.mark.parametrize("args, words", BAD, ids=[" ".join(a)[:40] for a, _ in BAD])
+def test_bad_lm_values_are_one_line_and_exit_2(tmp_path, capsys, args, words):
+    argv = ["estimate", "--backbone", "tiny-llama", "--methods", "lora", "--max-length", "16"]
+    assert main([*argv, "--output", str(tmp_path / "out"), *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and words in err, err
+    assert not (tmp_path / "out").exists()
