@@ -265,14 +265,15 @@ def cmd_list(args: argparse.Namespace) -> int:
     from petlprof.shapes import shape_names
     from petlprof.tasks import TASKS
 
-    print("Methods (name: what trains; Pareto knob; default learning rate; options for --method-config):")
+    print("Methods (name: what trains; Pareto knob; default learning rate; objectives; options for --method-config):")
     for name in method_names():
         spec = get_method(name)
         knob = f"knob {spec.pareto_knob}" if spec.pareto_knob else "no knob"
         if spec.default_grid:
             knob += f" (grid {', '.join(str(v) for v in spec.default_grid)})"
         side = "; side-tuning (no backbone autograd)" if spec.side_tuning else ""
-        print(f"  {name:<13} {spec.description}; {knob}; lr {spec.default_lr:g}{side}")
+        objectives = "+".join(spec.objectives)
+        print(f"  {name:<13} {spec.description}; {knob}; lr {spec.default_lr:g}; {objectives}{side}")
         for field_name, default, text in config_field_help(spec.config_cls):
             print(f"  {'':<15}{name}.{field_name}={default}  {text}")
     print("\nTasks:")

@@ -182,8 +182,8 @@ class RunOptions:
     )
     backbone: list[str] = option(
         ["minilm"],
-        "minilm (offline default), tiny-bert|tiny-t5|tiny-gpt2|tiny-llama, a local model folder or a Hugging Face "
-        "id, or with --random-init a bundled shape or a config.json; comma list for several",
+        "minilm (offline default), smollm2 (generative), tiny-bert|tiny-t5|tiny-gpt2|tiny-llama, a local model "
+        "folder or a Hugging Face id, or with --random-init a bundled shape or a config.json; comma list for several",
         Names(item=Text(path=True, known=_backbone)),
         spec=ToSpec("backbone", str, "minilm", derived=True),
     )
