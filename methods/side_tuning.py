@@ -20,7 +20,11 @@ the corrected final state, pooled for a classifier, at every position before the
 language model (as the READ authors' captioning code does).  Under the LM objective every method also
 takes ``labels`` (an encoder-decoder's decoder reads the targets; ``state_masks`` then marks the target
 positions of the ``"decoder"`` states), passed only when given, so a classification plug-in's
-``side_forward(states, input_ids, attention_mask)`` keeps working.
+``side_forward(states, input_ids, attention_mask)`` keeps working.  Given labels, a language model's
+``classify(final, attention_mask, labels)`` puts the LM head only on the positions the loss reads and
+returns :class:`petlprof.lm_model.TargetLogits`; a side network that corrects each position on its own
+(READ) corrects only those (``classifier.scored_positions(labels)``, then ``classifier.score``).  A
+plug-in that returns every position's logits still trains: the loss takes either.
 
 Generation (:func:`petlprof.lm_model.greedy_generate`): the backbone keeps its KV cache and each new
 token goes through it once, giving that position's per-layer states.  By default the side network
@@ -82,6 +86,18 @@ class SideTunedModel(nn.Module, ABC):
         )
         return {"encoder": torch.stack(out.hidden_states, dim=2)}
 
+    def scored_positions(self, labels) -> torch.Tensor | None:
+        """``[B, T]`` bool: the positions whose logits a language model's loss reads, given ``labels``; None for
+        a classifier, without labels, or where the task model puts its head everywhere."""
+        if labels is None or getattr(self.classifier, "objective", None) != "lm":
+            return None
+        return self.classifier.scored_positions(labels)
+
+    def head_labels(self, labels) -> dict[str, torch.Tensor]:
+        """``{"labels": labels}`` for the task model's ``classify`` under the LM objective (the head then goes
+        only where the loss reads it), else ``{}``."""
+        return {"labels": labels} if self.scored_positions(labels) is not None else {}
+
     def state_masks(self, attention_mask, labels=None) -> dict[str, torch.Tensor]:
         """Real (non-padding) token positions of each tensor :meth:`backbone_states` returns."""
         mask = attention_mask.bool()
@@ -135,9 +151,11 @@ class SideTunedModel(nn.Module, ABC):
     def generation_logits(self, state, new) -> torch.Tensor:
         """The next token's logits [B, V]: by default the side network over the states of every position so far
         (``state["states"]``), the last position's logits.  ``new``: the newest position's states alone."""
+        from petlprof.lm_model import last_logits
+
         extra = {"labels": state["labels"]} if self.encoder_decoder else {}
         logits = self.side_forward(state["states"], state["input_ids"], state["attention_mask"], **extra)
-        return logits[:, -1]
+        return last_logits(logits, state["input_ids"].shape[0])
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -12,10 +12,16 @@ Wall-clock times on shared CI machines are noise, so the checks rest on two kind
 
 Absolute times are reported for information and never asserted.  The baseline is a JSON file with
 a tolerance per figure; ``petlprof.pytest_plugin`` exposes all this to a user's own pytest suite.
+
+``MethodStep(..., objective="lm", target_len=T)`` profiles the language-modelling objective instead: the
+backbone's own LM head (loaded with ``lm_head=True``), a decoder's rows ``seq_len - T`` prompt tokens and
+``T`` target tokens (an encoder-decoder's encoder reads ``seq_len`` tokens, its decoder ``T``), the loss
+on the target tokens (:func:`petlprof.lm_model.lm_loss`).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import statistics
@@ -27,9 +33,10 @@ from typing import Any
 
 import torch
 
-from petlprof.backbones import load_backbone
+from petlprof.backbones import ENCODER_DECODER, load_backbone
+from petlprof.lm_model import IGNORE_INDEX, lm_loss
 from petlprof.meters import synchronize
-from petlprof.modeling import SequenceClassifier
+from petlprof.modeling import make_task_model
 from petlprof.registry import get_method
 
 
@@ -67,6 +74,27 @@ class StepProfile:
         }
 
 
+def _lm_batch(backbone, batch_size: int, seq_len: int, target_len: int) -> tuple[dict, torch.Tensor]:
+    """A full LM batch of :data:`SENTENCE`'s tokens (repeated): a decoder's rows ``seq_len`` tokens, the last
+    ``target_len`` the target (the prompt at -100); an encoder-decoder's prompt ``seq_len`` and target
+    ``target_len`` tokens."""
+    if not 0 < target_len < seq_len:
+        raise ValueError(f"target_len must be between 1 and seq_len - 1 = {seq_len - 1}, got {target_len}")
+    words = backbone.tokenizer(SENTENCE, add_special_tokens=False)["input_ids"]
+
+    def tokens(count: int) -> torch.Tensor:
+        row = (words * (count // len(words) + 1))[:count]
+        return torch.tensor([row] * batch_size)
+
+    if backbone.family == ENCODER_DECODER:
+        ids, labels = tokens(seq_len), tokens(target_len)
+    else:
+        ids = tokens(seq_len)
+        labels = ids.clone()
+        labels[:, : seq_len - target_len] = IGNORE_INDEX
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}, labels
+
+
 class MethodStep:
     """A method applied to a backbone, with a fixed batch, ready to time or profile."""
 
@@ -81,19 +109,30 @@ class MethodStep:
         device: str = "cpu",
         method_config: dict | None = None,
         lr: float = 1e-4,
+        objective: str = "classification",
+        target_len: int = 16,
     ):
         spec = get_method(method)
         torch.manual_seed(0)
-        self.backbone = load_backbone(backbone, num_layers=num_layers)
-        classifier = SequenceClassifier(self.backbone, num_labels=2)
-        self.model = spec.build()(classifier, spec.make_config(method_config or {})).to(device)
+        lm = objective == "lm"
+        self.backbone = load_backbone(backbone, num_layers=num_layers, **({"lm_head": True} if lm else {}))
+        task_model = make_task_model(self.backbone, objective, num_labels=2)
+        self.model = spec.build()(task_model, spec.make_config(method_config or {})).to(device)
         # a plug-in named as ``module:SPEC`` is called by its spec's name, in messages and baseline keys
         self.method, self.backbone_name, self.device = spec.name, backbone, device
-        batch = self.backbone.tokenizer(
-            [SENTENCE] * batch_size, padding="max_length", truncation=True, max_length=seq_len, return_tensors="pt"
-        )
-        self.inputs = {k: batch[k].to(device) for k in ("input_ids", "attention_mask")}
-        self.labels = torch.arange(batch_size, device=device) % 2
+        if lm:
+            self.backbone_name = f"{backbone}-lm"  # baseline keys tell the objective apart
+            inputs, _ = _lm_batch(self.backbone, batch_size, seq_len, target_len)
+            self.inputs = {k: v.to(device) for k, v in inputs.items()}
+            self.labels = self.inputs["labels"]
+            self.loss_fn = functools.partial(lm_loss, family=self.backbone.family)
+        else:
+            batch = self.backbone.tokenizer(
+                [SENTENCE] * batch_size, padding="max_length", truncation=True, max_length=seq_len, return_tensors="pt"
+            )
+            self.inputs = {k: batch[k].to(device) for k in ("input_ids", "attention_mask")}
+            self.labels = torch.arange(batch_size, device=device) % 2
+            self.loss_fn = torch.nn.functional.cross_entropy
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=lr)
         self.batch_size, self.seq_len = batch_size, seq_len
@@ -103,7 +142,7 @@ class MethodStep:
         """One optimiser step; :class:`Diverged` when its loss is not a finite number (a step on NaN
         or infinite numbers costs something else than a real one, so its figures would mislead)."""
         self.model.train()
-        loss = torch.nn.functional.cross_entropy(self.model(**self.inputs), self.labels)
+        loss = self.loss_fn(self.model(**self.inputs), self.labels)
         self.steps += 1
         if not torch.isfinite(loss.detach()):
             self.optimizer.zero_grad(set_to_none=True)
@@ -156,7 +195,7 @@ class MethodStep:
         self.model.train()
         torch.manual_seed(0)
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-            loss = torch.nn.functional.cross_entropy(self.model(**self.inputs), self.labels)
+            loss = self.loss_fn(self.model(**self.inputs), self.labels)
         total = sum(seen.values())
         del loss
         return total

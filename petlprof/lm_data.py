@@ -7,7 +7,11 @@ conventions (-100: not a target):
 * decoder: ``input_ids`` = prompt + target + EOS, right-padded; ``labels`` the same ids with the prompt and
   the padding at -100, so exactly the target tokens and the EOS carry labels;
 * encoder-decoder: ``input_ids`` = the prompt (the encoder's input), ``labels`` = target + EOS, right-padded
-  with -100; ``labels`` also travels in the inputs, since the model's decoder reads it shifted right.
+  with -100.
+
+``labels`` travels in the inputs either way: an encoder-decoder's decoder reads it shifted right, and a
+language model given labels puts its LM head only on the positions the loss reads
+(:class:`petlprof.lm_model.TargetLogits`), which :meth:`LMBatches.loss` takes as they come.
 
 Tokenisation: the prompt with the tokenizer's special tokens (a BOS, or BERT's ``[CLS] ... [SEP]``), the
 target without them, then the EOS (the tokenizer's EOS, else its SEP token, which the tiny presets' configs
@@ -164,21 +168,21 @@ class LMBatches:
             marks = [[IGNORE_INDEX] * len(row["prompt"]) + row["target"] for row in rows]
             input_ids, mask = self._pad(ids, left=False)
             labels, _ = _padded(marks, IGNORE_INDEX, left=False)
-            inputs = {"input_ids": input_ids, "attention_mask": mask}
         else:
             input_ids, mask = self._pad([row["prompt"] for row in rows], left=False)
             labels, _ = _padded([row["target"] for row in rows], IGNORE_INDEX, left=False)
-            inputs = {"input_ids": input_ids, "attention_mask": mask, "labels": labels}
+        inputs = {"input_ids": input_ids, "attention_mask": mask, "labels": labels}
         inputs = {key: value.to(device) for key, value in inputs.items()}
-        return inputs, inputs["labels"] if "labels" in inputs else labels.to(device)
+        return inputs, inputs["labels"]
 
     def iterate(self, device: str, shuffle_seed: int | None = None) -> Iterator[tuple[dict, torch.Tensor]]:
         """(inputs, labels) per batch."""
         for idx in self.batch_indices(shuffle_seed):
             yield self.collate(idx, device)
 
-    def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """Mean cross-entropy over the target tokens (:func:`petlprof.lm_model.lm_loss`)."""
+    def loss(self, logits, labels: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy over the target tokens (:func:`petlprof.lm_model.lm_loss`): ``logits`` is the
+        model's output given the labels (:class:`petlprof.lm_model.TargetLogits`) or every position's logits."""
         from petlprof.lm_model import lm_loss
 
         return lm_loss(logits, labels, self.family)

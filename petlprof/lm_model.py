@@ -15,6 +15,15 @@ Label conventions are Hugging Face's (``-100``: not a target):
 * encoder-decoder: ``input_ids`` is the prompt (the encoder reads it), ``labels`` the target ids
   (right-padded with -100), which the decoder reads shifted right; logits align with ``labels``.
 
+Logits only where they are scored: given ``labels``, ``forward`` puts the LM head only on the positions that
+predict a target token (a decoder's ``t`` with ``labels[t + 1] != -100``; an encoder-decoder's ``t`` with
+``labels[t] != -100``) and returns :class:`TargetLogits` (those logits ``[N, V]`` and the targets they
+predict ``[N]``), which :func:`lm_loss` reads as it is: the vocabulary projection and its backward, most of a
+frozen-backbone step on a 49k vocabulary, then cost the target's positions, not the prompt's.  The loss is
+today's to float tolerance.  Without ``labels`` (a decoder's generation, the estimator's full pass) it
+returns the logits of every position ``[B, T, V]``.  ``logits_everywhere = True`` on the model restores the
+head at every position even with labels (the path before; kept for comparisons and tests).
+
 Positions of a decoder count from each row's first real token, so left padding (what batched
 generation needs) changes nothing.  PEFT's prompt-learning methods are driven here rather than through
 PEFT's own forward (which drops position ids and re-injects its prompt at every call, so it cannot
@@ -35,7 +44,7 @@ import inspect
 import sys
 from collections.abc import Callable, Iterable
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -45,6 +54,43 @@ from petlprof.backbones import DECODER, ENCODER, ENCODER_DECODER, Backbone
 from petlprof.errors import UsageError
 
 IGNORE_INDEX = -100  # Hugging Face's label of a position that is not a target
+
+
+class TargetLogits(NamedTuple):
+    """The LM head's logits at the positions that predict a target token ``[N, V]`` (row by row, left to
+    right), and the target token each predicts ``[N]``: what :func:`lm_loss` reads."""
+
+    logits: torch.Tensor
+    labels: torch.Tensor
+
+
+def target_positions(labels: torch.Tensor, family: str) -> torch.Tensor:
+    """``[B, T]`` bool: the positions whose logits predict a target token (a decoder's ``t`` with
+    ``labels[t + 1] != -100``, an encoder-decoder's ``t`` with ``labels[t] != -100``)."""
+    scored = labels != IGNORE_INDEX
+    if family != DECODER:
+        return scored
+    positions = torch.zeros_like(scored)
+    positions[:, :-1] = scored[:, 1:]
+    return positions
+
+
+def targets_at(labels: torch.Tensor, positions: torch.Tensor, family: str) -> torch.Tensor:
+    """``[N]``: the target token each of ``positions`` predicts (:func:`target_positions`)."""
+    if family != DECODER:
+        return labels[positions]
+    following = torch.full_like(labels, IGNORE_INDEX)
+    following[:, :-1] = labels[:, 1:]
+    return following[positions]
+
+
+def last_logits(out: torch.Tensor | TargetLogits, rows: int) -> torch.Tensor:
+    """The last position's logits ``[B, V]`` of a whole-sequence pass: from every position's ``[B, T, V]``,
+    or from :class:`TargetLogits` where every position was scored (an encoder-decoder fed the targets
+    generated so far, all real tokens, reads them in order)."""
+    if isinstance(out, TargetLogits):
+        return out.logits.view(rows, -1, out.logits.shape[-1])[:, -1]
+    return out[:, -1]
 
 
 def _positions(mask: torch.Tensor) -> torch.Tensor:
@@ -78,9 +124,11 @@ def _is_peft(model) -> bool:
 
 
 class LanguageModel(nn.Module):
-    """A backbone with its own LM head: ``forward(input_ids, attention_mask, labels=None)`` -> ``[B, T, V]`` logits."""
+    """A backbone with its own LM head: ``forward(input_ids, attention_mask)`` -> ``[B, T, V]`` logits;
+    ``forward(input_ids, attention_mask, labels)`` -> :class:`TargetLogits` (the scored positions' alone)."""
 
     objective = "lm"
+    logits_everywhere = False  # True: the head at every position even given labels (the path before; comparisons)
 
     def __init__(self, backbone: Backbone):
         super().__init__()
@@ -180,9 +228,27 @@ class LanguageModel(nn.Module):
             logits = logits + self.logit_bias
         return logits
 
-    def classify(self, final_hidden: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """The head on a (corrected) final state of every position: what side networks call."""
-        return self.lm_logits(final_hidden)
+    def scored_positions(self, labels: torch.Tensor | None) -> torch.Tensor | None:
+        """``[B, T]`` bool: the positions whose logits the loss reads (:func:`target_positions`); None without
+        labels or with :attr:`logits_everywhere` (then every position gets the head)."""
+        if labels is None or self.logits_everywhere:
+            return None
+        return target_positions(labels, self.family)
+
+    def score(self, final_hidden: torch.Tensor, labels: torch.Tensor, positions: torch.Tensor) -> TargetLogits:
+        """The head on the final states ``[N, W]`` of ``positions`` only (:meth:`scored_positions`), with the
+        targets they predict: what a side network that corrects only those positions calls."""
+        return TargetLogits(self.lm_logits(final_hidden), targets_at(labels, positions, self.family))
+
+    def classify(
+        self, final_hidden: torch.Tensor, attention_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None
+    ) -> torch.Tensor | TargetLogits:
+        """The head on a (corrected) final state ``[B, T, W]``: what side networks call.  Without ``labels``
+        the logits of every position ``[B, T, V]``; with them only the scored positions' (:class:`TargetLogits`)."""
+        positions = self.scored_positions(labels)
+        if positions is None:
+            return self.lm_logits(final_hidden)
+        return self.score(final_hidden[positions], labels, positions)
 
     @torch.no_grad()
     def _check_head(self) -> None:
@@ -200,7 +266,7 @@ class LanguageModel(nn.Module):
         try:
             kwargs = {"decoder_input_ids": decoder_input_ids(ids, self.decoder_start_token_id, self.pad_token_id)}
             reference = hf(input_ids=ids, attention_mask=mask, **(kwargs if labels is not None else {})).logits
-            ours = self(ids, mask, labels)
+            ours = self.lm_logits(self.backbone_outputs(ids, mask, labels).last_hidden_state)
         finally:
             hf.train(was_training)
         if not torch.allclose(ours.float(), reference.float(), atol=1e-4, rtol=1e-3):
@@ -328,8 +394,11 @@ class LanguageModel(nn.Module):
         _, states, _ = self._decode(self._targets(labels), encoder_hidden, attention_mask, output_hidden_states=True)
         return states
 
-    def forward(self, input_ids, attention_mask, labels=None):
-        return self.lm_logits(self.backbone_outputs(input_ids, attention_mask, labels).last_hidden_state)
+    def forward(self, input_ids, attention_mask, labels=None) -> torch.Tensor | TargetLogits:
+        """Without ``labels``: the logits of every position ``[B, T, V]``.  With them (training, the
+        teacher-forced evaluation loss): :class:`TargetLogits`, the head only where the loss reads it."""
+        final = self.backbone_outputs(input_ids, attention_mask, labels).last_hidden_state
+        return self.classify(final, attention_mask, labels)
 
     # --- incremental decoding (the backbone keeps its KV cache) --------------------------------------------
 
@@ -403,9 +472,14 @@ class LanguageModel(nn.Module):
         return self.lm_logits(states["final"]), cache
 
 
-def lm_loss(logits: torch.Tensor, labels: torch.Tensor, family: str) -> torch.Tensor:
-    """Mean cross-entropy over the target tokens (``labels != -100``); a decoder's logits at ``t`` predict
-    token ``t + 1``, so they are shifted; an encoder-decoder's align with ``labels``."""
+def lm_loss(logits: torch.Tensor | TargetLogits, labels: torch.Tensor, family: str) -> torch.Tensor:
+    """Mean cross-entropy over the target tokens (``labels != -100``).  ``logits``: a model's output given
+    labels (:class:`TargetLogits`, the scored positions' logits and their targets), or the logits of every
+    position ``[B, T, V]`` (a decoder's at ``t`` predict token ``t + 1``, so they are shifted; an
+    encoder-decoder's align with ``labels``)."""
+    if isinstance(logits, TargetLogits):
+        total = F.cross_entropy(logits.logits.float(), logits.labels, ignore_index=IGNORE_INDEX, reduction="sum")
+        return total / (logits.labels != IGNORE_INDEX).sum().clamp(min=1)
     if family == DECODER:
         logits, labels = logits[:, :-1], labels[:, 1:]
     total = F.cross_entropy(
@@ -455,12 +529,15 @@ def greedy_generate(
     try:
         seq2seq = task.family == ENCODER_DECODER
         targets = input_ids.new_full((rows, 1), task.pad_token_id)  # the encoder-decoder's next target, a placeholder
+
+        def next_logits(ids, mask, labels=None):
+            """The last position's logits [B, V] from a pass over the whole sequence."""
+            return last_logits(model(ids, mask) if labels is None else model(ids, mask, labels), rows)
+
         if use_cache:
             logits, state = model.generation_start(input_ids, attention_mask)
         else:
-            logits = (
-                model(input_ids, attention_mask, targets)[:, -1] if seq2seq else model(input_ids, attention_mask)[:, -1]
-            )
+            logits = next_logits(input_ids, attention_mask, targets if seq2seq else None)
         finished = torch.zeros(rows, dtype=torch.bool, device=input_ids.device)
         for step in range(max_new_tokens):
             token = logits.argmax(dim=-1).masked_fill(finished, filler)
@@ -479,11 +556,11 @@ def greedy_generate(
                 logits, state = model.generation_step(token, state)
             elif seq2seq:
                 targets = torch.cat([targets[:, :-1], token[:, None], targets[:, -1:]], dim=1)
-                logits = model(input_ids, attention_mask, targets)[:, -1]
+                logits = next_logits(input_ids, attention_mask, targets)
             else:
                 input_ids = torch.cat([input_ids, token[:, None]], dim=1)
                 attention_mask = torch.cat([attention_mask, attention_mask.new_ones(rows, 1)], dim=1)
-                logits = model(input_ids, attention_mask)[:, -1]
+                logits = next_logits(input_ids, attention_mask)
     finally:
         model.train(was_training)
     return generated

@@ -91,6 +91,7 @@ class RunContext:
     model: Any
     trainable_params: int
     total_params: int
+    checkpoint_bytes: int  # taken before training: a merge may fold the trainable tensors away; sizes do not change
     make_batches: Callable
     train_batches: Any
     eval_batches: Any
@@ -149,6 +150,7 @@ def prepare(spec: RunSpec, ranks, progress, max_memory_bytes: int | None = None)
         model=model,
         trainable_params=sum(p.numel() for p in model.parameters() if p.requires_grad),
         total_params=sum(p.numel() for p in model.parameters()),
+        checkpoint_bytes=checkpoint_bytes(model),
         make_batches=make_batches,
         train_batches=make_batches(task.train),
         eval_batches=make_batches(task.eval),
@@ -557,7 +559,17 @@ def _described(ctx: RunContext) -> dict[str, Any]:
         },
         "trainable_params": ctx.trainable_params,
         "total_params": ctx.total_params,
+        "checkpoint_bytes": ctx.checkpoint_bytes,
     }
+
+
+def checkpoint_bytes(model) -> int:
+    """What the method must save: the size of its trainable tensors as one safetensors file
+    (:func:`petlprof.records.safetensors_bytes`; a tensor shared by two names, as tied embeddings, once).
+    0 when nothing trains."""
+    from petlprof.records import safetensors_bytes
+
+    return safetensors_bytes({name: p for name, p in model.named_parameters() if p.requires_grad})
 
 
 def _diverged_error(diverged: dict[str, Any]) -> str:

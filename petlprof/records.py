@@ -9,6 +9,7 @@ may lack a field added since.  ``SCHEMA_VERSION`` and ``RESULTS_FILE`` are defin
 
 from __future__ import annotations
 
+import json
 import statistics
 from typing import Any, TypedDict
 
@@ -121,6 +122,7 @@ class RunRecord(TypedDict, total=False):
     training: Training
     trainable_params: int
     total_params: int
+    checkpoint_bytes: int  # the trainable state as one safetensors file: what the method must save
     metrics: dict[str, float]  # only on a run with status ``ok``
     warnings: list[str]  # about the result itself, e.g. every evaluation prediction is one class
     diverged_at: Divergence  # status ``diverged``: the step and its loss (also in ``train``)
@@ -140,6 +142,47 @@ class RunRecord(TypedDict, total=False):
     process_wall_time_s: float  # from the start of the run's process (or execute) to its record read back
     overhead_s: float  # process_wall_time_s minus the measured phases (measured_phases_s): the harness's cost
     warm_worker_start_s: float  # the sweep's first warm-forked run: the warm worker's imports, in its wall time
+
+
+# safetensors writes tensors by dtype, widest first, then by name (its Rust ``Dtype`` order)
+_SAFETENSORS_DTYPES = ("BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "I16", "U16", "F16", "BF16", "I32", "U32", "F32")
+_SAFETENSORS_DTYPES += ("F64", "I64", "U64")
+_SAFETENSORS_NAMES = {  # torch's dtypes by name (no torch import here), as safetensors names them
+    "torch.bool": "BOOL",
+    "torch.uint8": "U8",
+    "torch.int8": "I8",
+    "torch.float8_e5m2": "F8_E5M2",
+    "torch.float8_e4m3fn": "F8_E4M3",
+    "torch.int16": "I16",
+    "torch.float16": "F16",
+    "torch.bfloat16": "BF16",
+    "torch.int32": "I32",
+    "torch.float32": "F32",
+    "torch.float64": "F64",
+    "torch.int64": "I64",
+}
+
+
+def safetensors_bytes(tensors: dict[str, Any]) -> int:
+    """The size of the file ``safetensors.torch.save_file(tensors)`` writes (no metadata), from the
+    tensors' names, dtypes and shapes alone: 8 bytes of header length, the JSON header padded with
+    spaces to a multiple of 8, then the raw data.  Computed rather than written, so no copy of the
+    weights is made inside a run (tests compare it with the real file)."""
+    entries = sorted(
+        (
+            (_SAFETENSORS_NAMES[str(t.dtype)], key, list(t.shape), t.numel() * t.element_size())
+            for key, t in tensors.items()
+        ),
+        key=lambda e: (-_SAFETENSORS_DTYPES.index(e[0]), e[1]),
+    )
+    header, offset = {}, 0
+    for dtype, key, shape, size in entries:
+        header[key] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + size]}
+        offset += size
+    if not header:
+        return 0
+    text = len(json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode())
+    return 8 + text + (-text % 8) + offset
 
 
 def measured_phases_s(record: RunRecord) -> float:

@@ -36,7 +36,7 @@ def test_an_encoder_decoder_with_a_short_target_costs_far_less_than_its_classifi
     )
     record = by_objective["lm"]
     assert record["status"] == "ok" and record["target_length"] == 5
-    assert record["lm"]["logits_shape"] == [8, 5, resolved.config.vocab_size]  # the decoder's 5 positions
+    assert record["lm"]["logits_shape"] == [8 * 5, resolved.config.vocab_size]  # the decoder's 5 positions a row
     assert record["lm"]["loss_positions"] == 8 * 5
     peaks = {k: r["memory"]["peak_train_bytes"] for k, r in by_objective.items()}
     assert peaks["lm"] < 0.6 * peaks["classification"]
@@ -113,7 +113,7 @@ def _measured_lm_step(spec: str, settings: Settings) -> tuple[int, int, dict]:
     model.train()
 
     def step():
-        model(**inputs).loss.backward()
+        loss(model, inputs).backward()
         recipe.clip(params)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -130,9 +130,26 @@ def _measured_lm_step(spec: str, settings: Settings) -> tuple[int, int, dict]:
 
 
 def _decoder_inputs(model, inputs: dict) -> dict:
+    """An encoder-decoder's decoder reads the targets; a decoder's LM head goes only on the positions that
+    predict one (``logits_to_keep``), as the run's language model puts it."""
     if not model.config.is_encoder_decoder:
-        return {}
+        return {"logits_to_keep": _scored(inputs["labels"])}
     return {"decoder_input_ids": model.prepare_decoder_input_ids_from_labels(labels=inputs["labels"])}
+
+
+def _scored(labels: torch.Tensor) -> torch.Tensor:
+    """The positions of a full decoder batch (every row the same) whose logits predict a target token."""
+    return (labels[0, 1:] != -100).nonzero().flatten()
+
+
+def loss(model, inputs: dict) -> torch.Tensor:
+    """The model's own loss on the target tokens, its LM head only where that loss reads it."""
+    if model.config.is_encoder_decoder:
+        return model(**inputs).loss
+    labels = inputs["labels"]
+    at = _scored(labels)
+    logits = model(**{k: v for k, v in inputs.items() if k != "labels"}, logits_to_keep=at).logits
+    return torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels[:, at + 1].flatten())
 
 
 @pytest.mark.parametrize("spec", ["tiny-llama", "tiny-t5"])

@@ -2,7 +2,8 @@
 
 Per method x preset, on a tiny fixed batch (built here, with -100 on prompt and padding positions): the
 loss falls over a few steps; only the intended parameters get gradients (the frozen backbone none where
-promised); step 0 gives the plain LM's loss where the method promises identity at init; greedy decoding
+promised); step 0 gives the plain LM's loss where the method promises identity at init; the LM head only
+at the scored positions gives the loss and gradients of the head at every position; greedy decoding
 with the backbone's KV cache agrees token for token with decoding that re-reads the whole sequence.
 The models run in eval mode (no dropout), so every number is deterministic.
 """
@@ -20,6 +21,7 @@ import torch
 from petlprof.backbones import DECODER, ENCODER_DECODER, load_backbone
 from petlprof.cache import HiddenStateCache
 from petlprof.errors import UsageError
+from petlprof.lm_model import TargetLogits, target_positions, targets_at, task_model_of
 from petlprof.method_api import MethodConfig, MethodSpec, MethodSpecError, check_objective
 from petlprof.modeling import LanguageModel, greedy_generate, lm_loss, make_task_model
 from petlprof.registry import builtin_method_names, get_method
@@ -94,6 +96,20 @@ def loss_of(model, batch, family):
     return lm_loss(model(**batch), batch["labels"], family)
 
 
+def every_position(out, rows: int) -> torch.Tensor:
+    """``[B, T, V]`` logits from a pass whose every position is scored (all labels real), or that gave them."""
+    return out.logits.view(rows, -1, out.logits.shape[-1]) if isinstance(out, TargetLogits) else out
+
+
+def perturbed(model, method: str, scale: float = 0.05):
+    """Every trained piece moved off its no-op start (zero-initialised projections would hide a wrong path)."""
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.requires_grad and method != "full":
+                param.add_(torch.randn(param.shape, generator=torch.Generator().manual_seed(1)) * scale)
+    return model
+
+
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_method_trains_on_the_lm_objective(case):
     method, preset, config = case
@@ -124,10 +140,7 @@ def test_method_trains_on_the_lm_objective(case):
 def test_generation_with_the_kv_cache_equals_generation_without(case):
     method, preset, config = case
     task_model, model = apply(method, preset, config)
-    with torch.no_grad():  # move every trained piece off its no-op start, so the test sees it
-        for param in model.parameters():
-            if param.requires_grad and method != "full":
-                param.add_(torch.randn(param.shape, generator=torch.Generator().manual_seed(1)) * 0.05)
+    perturbed(model, method)  # move every trained piece off its no-op start, so the test sees it
     batch = lm_batch(task_model.family)
     prompt = {k: batch[k] for k in ("input_ids", "attention_mask")}
     if task_model.family == DECODER:
@@ -153,7 +166,7 @@ def test_generation_with_the_kv_cache_equals_generation_without(case):
             mask = torch.cat([prompt["attention_mask"], torch.ones_like(fed[:, :-1])], dim=1)
             whole = model(ids, mask)[:, -fed.shape[1] :]
         else:
-            whole = model(**prompt, labels=fed)
+            whole = every_position(model(**prompt, labels=fed), 2)  # every fed token is real: all scored
     torch.testing.assert_close(torch.stack(steps, dim=1), whole, rtol=1e-4, atol=1e-4)
 
 
@@ -169,21 +182,72 @@ def test_generation_stops_each_row_at_its_eos():
     assert len(rows[0]) <= 1
 
 
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_the_head_only_where_the_loss_reads_it_gives_the_loss_of_the_head_everywhere(case):
+    """Given labels a model puts the LM head only on the positions that predict a target token; its loss and
+    gradients are those of the head at every position (``logits_everywhere``, the path before), for a method
+    moved off its start, and through the hidden-state cache for the side-tuning methods."""
+    method, preset, config = case
+    task_model, model = apply(method, preset, config)
+    perturbed(model, method)
+    batch = lm_batch(task_model.family)
+    labels = batch["labels"]
+    scored = model(**batch)
+    assert isinstance(scored, TargetLogits)
+    targets = labels[:, 1:] if task_model.family == DECODER else labels
+    assert scored.logits.shape[0] == int((targets != -100).sum()) < labels.numel()
+    assert scored.labels.tolist() == targets[targets != -100].tolist()  # row by row, left to right
+
+    def loss_and_grads(everywhere: bool, cache: HiddenStateCache | None = None):
+        task_model_of(model).logits_everywhere = everywhere
+        try:
+            out = model(**batch) if cache is None else cache.logits(model, batch, [0, 1])
+            assert isinstance(out, TargetLogits) != everywhere
+            loss = lm_loss(out, labels, task_model.family)
+            params = [p for p in model.parameters() if p.requires_grad]
+            return loss.detach(), torch.autograd.grad(loss, params)
+        finally:
+            task_model_of(model).logits_everywhere = False
+
+    (before, before_grads), (after, after_grads) = loss_and_grads(True), loss_and_grads(False)
+    torch.testing.assert_close(after, before, rtol=1e-5, atol=1e-6)
+    for new, old in zip(after_grads, before_grads, strict=True):
+        torch.testing.assert_close(new, old, rtol=1e-4, atol=1e-6)
+    if get_method(method).side_tuning:
+        for everywhere in (False, True):  # READ's cache keeps only the scored positions unless everywhere
+            cache = HiddenStateCache(budget_bytes=2**20, dtype="float32")
+            try:
+                task_model_of(model).logits_everywhere = everywhere
+                with torch.no_grad():
+                    cache.logits(model, batch, [0, 1])  # a miss fills it
+                loss, _ = loss_and_grads(everywhere, cache)  # a hit
+                assert (cache.hits, cache.misses) == (2, 2)
+                torch.testing.assert_close(loss, before, rtol=1e-5, atol=1e-6)
+            finally:
+                task_model_of(model).logits_everywhere = False
+                cache.close()
+
+
 @pytest.mark.parametrize("method", ["read", "lst"])
 @pytest.mark.parametrize("preset", PRESETS)
 def test_the_hidden_state_cache_serves_lm_batches(method, preset):
     """Teacher-forced LM batches (inputs with labels) through the cache: a hit gives the logits of a full pass."""
     task_model, model = apply(method, preset, {})
+    perturbed(model, method)
     batch = lm_batch(task_model.family)
     cache = HiddenStateCache(budget_bytes=2**20, dtype="float32")
     try:
         first = cache.logits(model, batch, [3, 5])
         second = cache.logits(model, batch, [3, 5])
         assert (cache.hits, cache.misses) == (2, 2)
-        real = batch["labels"] != -100 if task_model.family == ENCODER_DECODER else batch["attention_mask"].bool()
-        with torch.no_grad():  # padding positions, which no loss reads, are zeros in the cache
-            torch.testing.assert_close(second[real], model(**batch)[real], rtol=0, atol=1e-5)
-            torch.testing.assert_close(first[real], second[real], rtol=0, atol=1e-5)
+        with torch.no_grad():
+            whole = model(**batch)
+        for out in (first, second):
+            assert isinstance(out, TargetLogits) and torch.equal(out.labels, whole.labels)
+            torch.testing.assert_close(out.logits, whole.logits, rtol=0, atol=1e-5)
+        if method == "read" and task_model.family == DECODER:  # READ keeps only the scored positions' states
+            kept = sum(int(entry["layers"].shape[0]) for entry in cache._entries.values())
+            assert kept == whole.logits.shape[0] < int(batch["attention_mask"].sum())
     finally:
         cache.close()
 
@@ -229,16 +293,19 @@ def test_lm_loss_reads_target_tokens_only():
     torch.testing.assert_close(lm_loss(logits, labels, DECODER), expected)  # logits at t predict t + 1
     expected = torch.nn.functional.cross_entropy(logits[0, [1, 2]], torch.tensor([3, 5]))
     torch.testing.assert_close(lm_loss(logits, labels, ENCODER_DECODER), expected)
+    for family, at in ((DECODER, [0, 1]), (ENCODER_DECODER, [1, 2])):  # the scored positions alone
+        positions = target_positions(labels, family)
+        assert positions[0].nonzero().flatten().tolist() == at
+        scored = TargetLogits(logits[positions], targets_at(labels, positions, family))
+        assert scored.labels.tolist() == [3, 5]
+        torch.testing.assert_close(lm_loss(scored, labels, family), lm_loss(logits, labels, family))
 
 
 @pytest.mark.parametrize("method", ["lora", "ia3"])
 @pytest.mark.parametrize("preset", PRESETS)
 def test_merged_weights_give_the_same_logits_and_tokens(method, preset):
     task_model, model = apply(method, preset, {})
-    with torch.no_grad():
-        for param in model.parameters():
-            if param.requires_grad:
-                param.add_(torch.randn(param.shape, generator=torch.Generator().manual_seed(1)) * 0.1)
+    perturbed(model, method, scale=0.1)
     batch = lm_batch(task_model.family)
     prompt = {k: batch[k] for k in ("input_ids", "attention_mask")}
     with torch.no_grad():
@@ -246,7 +313,8 @@ def test_merged_weights_give_the_same_logits_and_tokens(method, preset):
         tokens = greedy_generate(model, **prompt, max_new_tokens=3, eos_token_id=None)
         merged = get_method(method).build_merge()(model)
         assert not any("lora_" in n or "ia3_" in n for n, _ in merged.named_parameters())
-        torch.testing.assert_close(merged(**batch), before, rtol=1e-4, atol=1e-4)
+        after = merged(**batch)
+        torch.testing.assert_close(after.logits, before.logits, rtol=1e-4, atol=1e-4)
         assert greedy_generate(merged, **prompt, max_new_tokens=3, eos_token_id=None) == tokens
 
 

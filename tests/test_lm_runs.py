@@ -48,13 +48,15 @@ def test_an_lm_run_scores_its_generations_and_measures_generation(backbone, meth
     assert len(examples) == 3 and all(set(e) == {"prompt", "generated", "reference"} for e in examples)
     assert record["eval"]["samples"] == 4  # every evaluation prompt answered
     json.dumps(record, allow_nan=False)  # a valid JSON line: no NaN or inf figure
+    weights = 4 * record["trainable_params"]  # float32: the checkpoint is the trainable tensors plus a header
+    assert weights < record["checkpoint_bytes"] < weights + 64 * 1024
     assert measured_phases_s(record) >= record["generation"]["batch_1"]["time_s"]
 
 
 def test_the_zero_shot_run_trains_nothing_and_costs_no_training_energy():
     record = execute(RunSpec(method=ZERO_SHOT, backbone="tiny-llama", inference_window_s=0.05, **TINY_LM))
     assert record["status"] == OK, record.get("traceback")
-    assert record["trainable_params"] == 0
+    assert record["trainable_params"] == 0 and record["checkpoint_bytes"] == 0  # nothing to save
     assert record["train"]["steps"] == 0 and record["train"]["energy_j"] == 0.0 and record["train"]["time_s"] == 0.0
     assert record["train"]["energy_kind"] == record["eval"]["energy_kind"]
     assert record["generation"]["batch_1"]["tokens_per_s"] > 0

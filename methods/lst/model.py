@@ -9,6 +9,9 @@ network of width ``d' = d / r``, per token::
     δ   = U · LayerNorm(g_L)                           (U zero-initialised)
     y   = head(pool(h_L + δ))
 
+(under the LM objective, given labels, the head only at the positions the loss reads; the side network
+still runs at every position, since its attention reads earlier ones)
+
 ``D_i`` are the downsampling ladder connections (``d -> d'``), ``U`` the upsampler (``d' -> d``),
 and ``Layer_i`` a pre-LayerNorm transformer layer of width ``d'`` (self-attention over the real
 tokens, causal in decoder stacks, then a feed-forward block).  In an encoder-decoder the decoder
@@ -146,4 +149,5 @@ class LstModel(SideTunedModel):
         else:
             stack = states["layers"]
             delta, _ = self.side(stack, masks["layers"])
-        return self.classifier.classify(stack[:, :, -1].to(delta.dtype) + delta, attention_mask)
+        final = stack[:, :, -1].to(delta.dtype) + delta  # every position: the side network attends over them
+        return self.classifier.classify(final, attention_mask, **self.head_labels(labels))

@@ -10,7 +10,9 @@ per token::
 
 computed at the real (non-padding) tokens only; padding positions, which no pooling rule reads,
 get δ = 0.  Under the LM objective the corrected state of every position goes through the frozen LM
-head (``y = lm_head(h_L + δ)``; READ's captioning setup), and at generation the side network runs once
+head (``y = lm_head(h_L + δ)``; READ's captioning setup); in training and the teacher-forced loss only
+the positions whose logits the loss reads are corrected and projected (each position is corrected on
+its own, so the rest would be thrown away), and at generation the side network runs once
 per new token, on that position's per-layer states alone (it recurs over depth, not time), while the
 backbone keeps its KV cache.
 
@@ -57,12 +59,18 @@ class SideNetwork(nn.Module):
 
         The RNN runs on the real tokens of ``mask`` only; padding positions get δ = 0 (no pooling rule
         reads them)."""
+        rows = mask.nonzero(as_tuple=True)[0] if self.context is not None else None
+        delta = self.correct(stack[mask], None if rows is None else context[rows])
+        return delta.new_zeros(*mask.shape, delta.shape[-1]).masked_scatter(mask.unsqueeze(-1), delta)
+
+    def correct(self, real: torch.Tensor, context: torch.Tensor | None = None) -> torch.Tensor:
+        """δ ``[N, width]`` of ``N`` positions from their states ``[N, layers + 1, width]`` (and their rows'
+        context ``[N, width]``): the network on those positions alone (each is corrected on its own)."""
         param_dtype = self.joiner.weight.dtype
-        real = stack[mask].to(param_dtype)  # [real tokens, layers + 1, width]
+        real = real.to(param_dtype)
         x = self.joiner(self.norm(real[:, 1:]))
         if self.context is not None:
-            row = mask.nonzero(as_tuple=True)[0]
-            x = x + self.context(context.to(param_dtype))[row][:, None, :]
+            x = x + self.context(context.to(param_dtype))[:, None, :]
         h0 = None
         if self.init is not None:
             h0 = torch.tanh(self.init(self.norm(real[:, 0]))).unsqueeze(0)
@@ -70,8 +78,7 @@ class SideNetwork(nn.Module):
                 h0 = (h0, torch.zeros_like(h0))
         states, _ = self.rnn(x, h0)
         summary = states[:, -1] if self.aggregation == "last" else states.mean(dim=1)
-        delta = self.out(summary)
-        return delta.new_zeros(*mask.shape, delta.shape[-1]).masked_scatter(mask.unsqueeze(-1), delta)
+        return self.out(summary)
 
 
 class ReadModel(SideTunedModel):
@@ -91,27 +98,41 @@ class ReadModel(SideTunedModel):
         return super().backbone_states(input_ids, attention_mask, labels)
 
     def state_masks(self, attention_mask, labels=None) -> dict[str, torch.Tensor]:
+        """The positions the side network reads: the real ones; under the LM objective a decoder's only where
+        the loss reads the logits (each position is corrected on its own, so the hidden-state cache keeps only
+        those; an encoder-decoder's decoder positions are the targets already)."""
         if self.wiring == "encoder_output":
             return {"encoder": attention_mask.bool()}
-        return super().state_masks(attention_mask, labels)
+        masks = super().state_masks(attention_mask, labels)
+        scored = self.scored_positions(labels)
+        if scored is not None and not self.encoder_decoder:
+            masks["layers"] = masks["layers"] & scored
+        return masks
 
     def side_forward(self, states, input_ids, attention_mask, labels=None):
         masks = self.state_masks(attention_mask, labels)
+        context = None
         if not self.encoder_decoder:
-            stack = states["layers"]
-            delta = self.side(stack, masks["layers"])
+            stack, at = states["layers"], masks["layers"]
         elif self.wiring == "side":
             delta_enc = self.encoder_side(states["encoder"], masks["encoder"])
-            stack = states["decoder"]
-            delta = self.side(stack, masks["decoder"], masked_mean(delta_enc, attention_mask))
+            stack, at = states["decoder"], masks["decoder"]
+            context = masked_mean(delta_enc, attention_mask)
         else:
             encoder = states["encoder"]
             delta_enc = self.encoder_side(encoder, masks["encoder"])
             corrected = encoder[:, :, -1].to(delta_enc.dtype) + delta_enc
             stack = torch.stack(self.classifier.decoder_states(corrected, input_ids, attention_mask, labels), dim=2)
-            delta = self.side(stack, self.classifier.decoder_mask(attention_mask, labels).bool())
-        corrected_final = stack[:, :, -1].to(delta.dtype) + delta
-        return self.classifier.classify(corrected_final, attention_mask)
+            at = self.classifier.decoder_mask(attention_mask, labels).bool()
+        scored = self.scored_positions(labels)
+        if scored is None:  # a classifier (it pools), or the LM head at every position
+            delta = self.side(stack, at, context)
+            corrected_final = stack[:, :, -1].to(delta.dtype) + delta
+            return self.classifier.classify(corrected_final, attention_mask)
+        at = at & scored  # the LM objective: only the positions whose logits the loss reads
+        real = stack[at]
+        delta = self.side.correct(real, None if context is None else context[at.nonzero(as_tuple=True)[0]])
+        return self.classifier.score(real[:, -1].to(delta.dtype) + delta, labels, at)
 
     # --- generation: the side network once per new token -------------------------------------------------------
 

@@ -5,8 +5,9 @@ tokens.  A decoder reads them as one sequence (prompt + target) and its loss cou
 positions only; an encoder-decoder's encoder reads the prompt and its decoder only the target (shifted
 right), so its decoder costs ``target-length`` positions, not the input's.  The step traced is the
 run's (:class:`petlprof.modeling.make_task_model`'s language model: the backbone's own LM head, logits
-over the whole vocabulary), so the logits' bytes are those the task model creates; the record says
-at how many positions it computes them and how many the loss counts.
+over the whole vocabulary, only at the positions that predict a target token, as the run computes them
+given labels), so the logits' bytes are those the task model creates; the record says at how many
+positions it computes them (a decoder's target positions, not its prompt's) and how many the loss counts.
 
 Generation keeps a key and a value per layer, KV head and generated token: its cache grows by
 ``2 x layers x kv_heads x head_dim x dtype bytes x batch`` bytes a token (grouped-query attention
@@ -83,7 +84,7 @@ def lm_figures(config, settings, logits_shape: tuple[int, ...], logits_bytes: in
             else f"one sequence of {prompt} prompt + {target} target tokens"
         ),
         "loss_positions": settings.batch_size * target,  # target tokens; prompt (and padding) positions ignored
-        "logits_shape": list(logits_shape),  # the task model's output: batch x positions x vocabulary
+        "logits_shape": list(logits_shape),  # the task model's logits: scored positions (of every row) x vocabulary
         "logits_positions": math.prod(logits_shape[:-1]) if logits_shape else 0,
         "logits_bytes": logits_bytes,
         "kv_cache": kv_cache(config, settings.batch_size, dtype_bytes, prompt, target),

@@ -329,6 +329,7 @@ def inference_batch(model, inputs: dict, precision: str = FP32, device: str = "c
     tracer = MetaTrace()
     with tracer, flop_counter() as counter, forward_rules(precision, device):
         out = model(**inputs)
+        out = getattr(out, "logits", out)  # a language model given labels: the logits of the scored positions
         shape = tuple(out.shape) if isinstance(out, torch.Tensor) else ()
         nbytes = math.prod(shape) * out.element_size() if shape else 0
         del out

@@ -181,6 +181,7 @@ def _signed(value: Any, fmt: str, suffix: str = "") -> str:
 
 # figures shown only where some run has them: (column, header, unit factor, decimals)
 OPTIONAL_COLUMNS = (
+    ("checkpoint_bytes", "checkpoint (MiB, safetensors)", 1 / 2**20, 3),
     ("energy_above_idle_j", "train energy above idle (J)", 1.0, 1),
     ("co2eq_g", "train CO2-eq (g, CodeCarbon)", 1.0, 3),
     ("infer_b1_latency_p50_s", "inference p50, batch 1 (ms)", 1000.0, 2),
