@@ -3,7 +3,9 @@
 LST has one side layer per backbone layer, so its trainable parameters grow with depth — linearly,
 which is checked instead of READ's constancy.  Step 0 reproduces the backbone (zero-initialised
 upsampler), the backbone never gets a gradient or an autograd graph, the gates start balanced,
-and the reduction factor shrinks the side network.
+and the reduction factor shrinks the side network.  As published, the side network is the backbone's
+configuration with its widths divided by the reduction factor (head count kept) and, by default, starts
+from the backbone's pruned weights: its step-0 output then follows the backbone's own.
 """
 
 from __future__ import annotations
@@ -67,9 +69,10 @@ def test_step0_output_is_the_backbones_and_gates_start_balanced(preset):
             assert torch.equal(gates, torch.full_like(gates, 0.5))
 
 
+@pytest.mark.parametrize("init", ["pruned", "random"])
 @pytest.mark.parametrize("preset", PRESETS)
-def test_backbone_gets_no_gradient_and_no_graph_and_the_side_learns(preset):
-    classifier, model, inputs = build(preset)
+def test_backbone_gets_no_gradient_and_no_graph_and_the_side_learns(preset, init):
+    classifier, model, inputs = build(preset, init=init)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
     losses = [step(model, inputs, optimizer) for _ in range(4)]
     seen: list[bool] = []
@@ -99,13 +102,105 @@ def test_reduction_factor_sets_the_side_width():
 
 @pytest.mark.parametrize(
     "bad, message",
-    [({"reduction_factor": 0}, "0"), ({"gate_temperature": -1.0}, "-1.0"), ({"num_heads": "four"}, "four")],
+    [({"reduction_factor": 0}, "0"), ({"gate_temperature": -1.0}, "-1.0"), ({"init": "magic"}, "init.*magic")],
 )
 def test_bad_config_names_the_value(bad, message):
-    with pytest.raises(UsageError, match=message):
+    with pytest.raises(UsageError, match=message) as caught:
         get_method("lst").make_config(bad)
+    assert "\n" not in str(caught.value)
+
+
+def test_an_init_choice_names_both_values():
+    with pytest.raises(UsageError) as caught:
+        get_method("lst").make_config({"init": "pretrained"})
+    assert "pruned" in str(caught.value) and "random" in str(caught.value)
+
+
+def test_a_side_width_the_heads_cannot_split_is_refused_before_a_sweep_naming_what_works():
+    config = get_method("lst").make_config({"reduction_factor": 32})  # tiny-bert: width 64, 4 heads -> 2 wide
+    with pytest.raises(UsageError, match="reduction factors that work: 1, 2, 4, 8, 16") as caught:
+        config.check_width(64, "tiny-bert")
+    assert "4 heads" in str(caught.value) and "\n" not in str(caught.value)
+    with pytest.raises(UsageError, match="4 heads"):
+        build("tiny-bert", reduction_factor=32)
 
 
 def test_reduction_factor_wider_than_the_model_is_refused_before_a_sweep():
     with pytest.raises(UsageError, match="128"):
         get_method("lst").make_config({"reduction_factor": 128}).check_width(64, "tiny-bert")
+
+
+def stacks_of(model):
+    return [s for s in (getattr(model, "encoder_side", None), model.side) if s is not None]
+
+
+@pytest.mark.parametrize("preset", ["tiny-t5", "tiny-bert", "tiny-llama"])
+@pytest.mark.parametrize("r", [4, 8])
+def test_side_network_is_the_backbones_configuration_with_widths_divided(preset, r):
+    classifier, model, _ = build(preset, reduction_factor=r)
+    cfg = classifier.backbone.config
+    width, heads = cfg.hidden_size, cfg.num_attention_heads
+    ffn = getattr(cfg, "d_ff", None) or cfg.intermediate_size
+    side = width // r
+    for stack in stacks_of(model):
+        assert len(stack.layers) == cfg.num_hidden_layers
+        for layer in stack.layers:
+            attention = layer.self_attention
+            assert attention.heads == heads and attention.head_dim == side // heads  # the head count kept
+            assert attention.query.weight.shape == (side, side)
+            assert layer.ffn.inner.weight.shape == (ffn // r, side) and layer.ffn.outer.weight.shape == (side, ffn // r)
+            assert layer.norm_self.weight.shape == (side,)
+    assert model.side_network_summary()["heads"] == heads
+
+
+def correlation(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.flatten() - a.mean(), b.flatten() - b.mean()
+    return float((a * b).sum() / (a.norm() * b.norm()))
+
+
+def side_vs_backbone(preset: str, init: str) -> float:
+    """Correlation of the side network's step-0 final state with the backbone's final state at the residual
+    dimensions the pruning kept (the ones the side network's width stands for), over the real tokens."""
+    from petlprof.architecture import describe
+    from petlprof.methods.lst.pruning import _residual_dimensions
+
+    classifier, model, inputs = build(preset, init=init)
+    backbone = classifier.backbone
+    kept = _residual_dimensions(backbone, describe(backbone).stacks[0], model.shape)
+    model.eval()
+    with torch.no_grad():
+        states, masks = model.backbone_states(**inputs), model.state_masks(inputs["attention_mask"])
+        name = "encoder" if model.encoder_decoder else "layers"
+        ladder = model.encoder_side if model.encoder_decoder else model.side
+        side = ladder.side_states(states[name], masks[name])
+        final = states[name][:, :, -1]
+        mask = masks[name]
+    return correlation(side[mask], final[mask][:, kept])
+
+
+@pytest.mark.parametrize("preset", ["tiny-t5", "tiny-bert"])
+def test_pruned_side_network_starts_out_following_the_backbone(preset):
+    pruned, random = side_vs_backbone(preset, "pruned"), side_vs_backbone(preset, "random")
+    assert pruned > 0.8, pruned
+    assert pruned > abs(random) + 0.5, (pruned, random)
+
+
+def test_pruned_side_layers_are_the_backbone_layers_beside_them_pruned():
+    """Side layer i starts as backbone layer i pruned: each side query row is a backbone query row of the same
+    head read at the kept residual dimensions, and the kept dimensions have the largest embedding L1 norms."""
+    from petlprof.architecture import describe
+    from petlprof.methods.lst.pruning import _residual_dimensions
+
+    classifier, model, _ = build("tiny-bert", reduction_factor=4)
+    backbone = classifier.backbone
+    kept = _residual_dimensions(backbone, describe(backbone).stacks[0], model.shape)
+    norms = backbone.get_input_embeddings().weight.abs().sum(0)
+    assert norms[kept].min() >= norms[[i for i in range(64) if i not in kept.tolist()]].max()
+    head_dim, side_head_dim = 16, model.shape.head_dim
+    for i, layer in enumerate(backbone.encoder.layer):
+        query = layer.attention.self.query.weight[:, kept]
+        side = model.side.layers[i].self_attention.query.weight
+        for row in range(side.shape[0]):
+            head = row // side_head_dim
+            candidates = query[head * head_dim : (head + 1) * head_dim]
+            assert (candidates == side[row]).all(1).any(), (i, row)

@@ -116,25 +116,40 @@ def read_params(backbone, config) -> int:
 
 
 def lst_params(backbone, config) -> int:
-    """Per stack of depth L with side width s: L+1 ladders, L gates, L pre-LN transformer layers
-    (self-attention, FFN of ffn_multiplier * s, plus cross-attention in the T5 decoder stack), a
-    final LayerNorm and, except for the T5 encoder stack, the upsampler."""
-    width, s, f = backbone.hidden_size, backbone.hidden_size // config.reduction_factor, config.ffn_multiplier
-    attention = (s * s + s) + s * s + (s * s + s) + (s * s + s)  # query, key (no bias: softmax ignores it), value, out
-    layer = 2 * s + attention + 2 * s + (s * f * s + f * s) + (f * s * s + s)
+    """Per stack of depth L with side width s = d / r: L+1 ladders, L gates, L side layers with the backbone
+    block's shape at width s (its head and key/value-head counts kept, FFN d_ff / r, its norm, bias terms
+    and gated or plain FFN; cross-attention in the T5 decoder stack), a final norm and, except for the T5
+    encoder stack, the upsampler."""
+    cfg = backbone.config
+    width = backbone.hidden_size
+    s = width // config.reduction_factor
+    heads = cfg.num_attention_heads
+    kv = (getattr(cfg, "num_key_value_heads", None) or heads) * (s // heads)
+    ffn = (
+        getattr(cfg, "d_ff", None)
+        or getattr(cfg, "intermediate_size", None)
+        or getattr(cfg, "n_inner", None)
+        or 4 * width
+    ) // config.reduction_factor
+    bias = int(cfg.model_type in ("bert", "gpt2"))
+    norm = s if cfg.model_type in ("t5", "llama") else 2 * s  # RMSNorm: a weight; LayerNorm: weight and bias
+    gated = cfg.model_type == "llama"
+    # query, key (no bias: softmax ignores it), value, out
+    attention = (s * s + bias * s) + s * kv + (s * kv + bias * kv) + (s * s + bias * s)
+    feed_forward = (1 + gated) * (s * ffn + bias * ffn) + (ffn * s + bias * s)
+    layer = 2 * norm + attention + feed_forward
 
     def stack(depth: int, cross: bool, up: bool) -> int:
-        cross_params = depth * (2 * s + attention) if cross else 0
+        cross_params = depth * (norm + attention) if cross else 0
         return (
             (depth + 1) * (width * s + s)
             + depth
             + depth * layer
             + cross_params
-            + 2 * s
+            + norm
             + (s * width + width if up else 0)
         )
 
-    cfg = backbone.config
     if cfg.model_type == "t5":
         return stack(cfg.num_layers, False, False) + stack(cfg.num_decoder_layers, True, True)
     return stack(backbone.num_layers, False, True)

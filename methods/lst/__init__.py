@@ -1,14 +1,17 @@
 """LST — Ladder Side-Tuning (Sung, Cho and Bansal 2022, arXiv 2206.06522), the closest peer of READ.
 
-A side network ``r`` times narrower than the backbone, with one lightweight transformer layer per
-backbone layer, is fed from each frozen layer through a downsampling linear "ladder"; a learned
-gate ``μ_i = sigmoid(α_i / T)`` (``α_i`` initialised to 0, ``T = 0.1``: a balanced start) mixes
-the ladder input with the side network's own state.  Its output is upsampled back to the model
-width and added to the backbone's final hidden state; the task head sits on the sum.  The backbone
-runs once per batch without autograd in eval mode, as in READ.  The side network is randomly
-initialised (the paper's optional initialisation from a pruned backbone copy is not implemented),
-and its upsampler is zero-initialised so step 0 reproduces the backbone.  The network itself is in
-:mod:`petlprof.methods.lst.model`.
+A side network beside the frozen backbone, with one layer per backbone layer, is fed from each frozen
+layer through a downsampling linear "ladder"; a learned gate ``μ_i = sigmoid(α_i / T)`` (``α_i``
+initialised to 0, ``T = 0.1``: a balanced start) mixes the side network's own state with the ladder
+input.  As in the authors' code, the side network is the backbone's own configuration with its widths
+divided by the reduction factor ``r`` (hidden size and feed-forward width; the head count kept, each head
+``d / r / heads`` wide), and by default (``init=pruned``) it starts from the backbone's weights
+structurally pruned to that width (rows/columns of largest L1 norm, the authors' criterion);
+``init=random`` starts it from scratch.  Its output is upsampled back to the model width and added to
+the backbone's final hidden state; the task head sits on the sum.  The upsampler is zero-initialised, so
+step 0 reproduces the backbone.  The backbone runs once per batch without autograd in eval mode, as in
+READ.  The network and its initialisation are in :mod:`petlprof.methods.lst.model` and
+:mod:`petlprof.methods.lst.pruning`.
 
 Under the LM objective the corrected final state of every position goes through the frozen LM head.
 At generation the backbone keeps its KV cache (each new token goes through it once); the side network
@@ -21,8 +24,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from petlprof.errors import UsageError
-from petlprof.method_api import MAX_WIDTH, MethodConfig, integer, number
+from petlprof.method_api import MAX_WIDTH, MethodConfig, choice, integer, number
 from petlprof.registry import MethodSpec, register_method
+
+INITS = ("pruned", "random")
 
 
 @dataclass
@@ -33,16 +38,50 @@ class LstConfig(MethodConfig):
     gate_temperature: float = number(
         0.1, "temperature T of the ladder gates sigmoid(alpha / T) (paper: 0.1)", minimum=0, above=True, maximum=1e4
     )
-    num_heads: int = integer(4, "attention heads of each side layer (fewer if the side width is not divisible)")
-    ffn_multiplier: int = integer(4, "feed-forward width of each side layer, in side widths", maximum=64)
+    init: str = choice(
+        "pruned",
+        "side network start: the backbone's weights structurally pruned to its width (paper), or random",
+        INITS,
+    )
 
     def check_width(self, width: int, backbone: str) -> None:
-        """Called before a sweep starts: the side network must keep at least one unit."""
+        """Called before a sweep starts: the side network must keep at least one unit, and (since it keeps
+        the backbone's head count) a width its heads split evenly."""
         if width // self.reduction_factor < 1:
             raise UsageError(
                 f"lst reduction_factor {self.reduction_factor} leaves no side width for backbone "
                 f"'{backbone}' of width {width}; use at most {width}"
             )
+        heads = _heads_of(backbone)
+        if heads:
+            check_heads(width, heads, self.reduction_factor, backbone)
+
+
+def workable_factors(width: int, heads: int, limit: int = 64) -> list[int]:
+    """Reduction factors up to ``limit`` that leave a side width the backbone's heads split evenly."""
+    return [r for r in range(1, min(width, limit) + 1) if width % r == 0 and (width // r) % heads == 0]
+
+
+def check_heads(width: int, heads: int, reduction_factor: int, backbone: str) -> None:
+    """The side network keeps the backbone's head count, so its width must split evenly across the heads."""
+    side = width // reduction_factor
+    if side < 1 or side % heads:
+        works = ", ".join(str(r) for r in workable_factors(width, heads))
+        raise UsageError(
+            f"lst reduction_factor {reduction_factor} gives backbone '{backbone}' (width {width}, {heads} heads) "
+            f"a side width of {side}, which its {heads} heads (kept from the backbone, as in the LST authors' code) "
+            f"cannot split evenly; reduction factors that work: {works or 'none'}"
+        )
+
+
+def _heads_of(backbone: str) -> int | None:
+    """The backbone's attention head count from its config (None if it cannot be read here: the model checks)."""
+    try:
+        from petlprof.backbones import backbone_config
+
+        return int(backbone_config(backbone).num_attention_heads)
+    except Exception:  # noqa: BLE001 - a best-effort early check; building the model repeats it
+        return None
 
 
 def apply(classifier, config: LstConfig):
@@ -56,7 +95,7 @@ def apply(classifier, config: LstConfig):
 register_method(
     MethodSpec(
         name="lst",
-        description="ladder side network (width / r, one light layer per backbone layer) + task head",
+        description="ladder side network (backbone blocks at width / r, heads kept, pruned init) + task head",
         config_cls=LstConfig,
         apply="petlprof.methods.lst:apply",
         default_lr=3e-3,
