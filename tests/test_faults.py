@@ -130,7 +130,9 @@ def test_sigkill_mid_sweep_then_resume_records_every_run_once(tmp_path):
     out, scratch = tmp_path / "out", tmp_path / "tmp"
     scratch.mkdir()
     env = {**os.environ, "TMPDIR": str(scratch)}  # where the runs' scratch folders go
-    proc = subprocess.Popen(sweep_cmd(out), stderr=subprocess.DEVNULL, start_new_session=True, env=env)
+    # the inference phase's 10 repeats alone: no timing depends on a run's length here (it does in the test above)
+    cmd = sweep_cmd(out, "read,lora,bitfit", "--inference-window-s", "0.05")
+    proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL, start_new_session=True, env=env)
     wait_for(lambda: first_run_recorded_and_next_started(out, proc, scratch))
     workers = worker_pids(proc.pid)
     proc.kill()
@@ -146,7 +148,7 @@ def test_sigkill_mid_sweep_then_resume_records_every_run_once(tmp_path):
     )  # no orphan
     assert json.loads((out / LOCK_FILE).read_text())["pid"] == proc.pid  # left behind, as after a power cut
     assert list(scratch.glob(f"petlprof-run-{proc.pid}-*"))  # so is the run in flight's scratch folder ...
-    resumed = subprocess.run(sweep_cmd(out), capture_output=True, text=True, timeout=600, env=env)
+    resumed = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert not list(scratch.glob("petlprof-run-*"))  # ... which the next sweep removes
     assert "took over the lock" in resumed.stderr and "1 already in" in resumed.stderr

@@ -33,7 +33,9 @@ def ray_sweep_cmd(out: Path, *extra: str) -> list[str]:
         "0,1,2",
         *TINY_CLI,
         "--max-steps",
-        "20",
+        "3",
+        "--inference-window-s",  # the 10 repeats alone: the inference phase is not what is tested here
+        "0.05",
         "--executor",
         "ray",
         "--cpus-per-run",
@@ -72,7 +74,8 @@ def test_a_killed_ray_driver_resumes_without_losing_or_repeating_a_run(tmp_path,
         assert proc.poll() is None, "the sweep ended before it could be killed"
         time.sleep(0.2)
     assert any(r["status"] == "ok" for r in stored(out)), "no run finished in time"
-    time.sleep(1.5)  # the driver submits the next run right after storing one; a run lasts several seconds
+    time.sleep(1.5)  # the driver submits the next run right after storing one; each run starts a fresh
+    # interpreter (several seconds of imports), so runs 2 and 3 cannot both be done within this sleep
     proc.send_signal(sig)
     code = proc.wait(60)
     assert code == {signal.SIGKILL: -9, signal.SIGTERM: 143, signal.SIGINT: 130}[sig], log.read_text()[-3000:]

@@ -21,7 +21,9 @@ from petlprof.worker import command
 
 pytestmark = pytest.mark.slow  # starts processes or whole sweeps: the full suite, not the inner loop
 
+# the inference phase's 10 repeats alone (its default 0.5 s per batch size is not what is tested here)
 TINY = dict(backbone="tiny-bert", train_size=32, eval_size=16, batch_size=16, max_steps=3, warmup_steps=1)
+TINY["inference_window_s"] = 0.05
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +51,8 @@ def test_a_forked_run_measures_what_a_fresh_interpreter_measures(warm, method):
 
 
 def test_the_warm_worker_forks_again_after_a_run_it_had_to_kill(warm):
-    spec = RunSpec(method="read", seed=0, **{**TINY, "max_steps": None, "train_size": 64})
+    # the default inference window: a forked run must not be able to finish within the 0.5 s timeout
+    spec = RunSpec(method="read", seed=0, **{**TINY, "max_steps": None, "train_size": 64, "inference_window_s": None})
     killed = execute_in_subprocess(spec, timeout_s=0.5, warm=warm)
     assert killed["status"] == "timeout" and "--timeout 0.5" in killed["error"]
     assert killed["overhead_s"] == killed["process_wall_time_s"] > 0.5  # nothing measured: all of it overhead
