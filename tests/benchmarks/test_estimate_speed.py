@@ -39,11 +39,12 @@ def run_estimate(backbone: str, out_dir) -> tuple[float, int, list[dict]]:
 
 
 def test_t5_3b_estimate_of_every_method_is_fast_and_small(tmp_path):
-    from petlprof.registry import method_names
+    from petlprof.registry import get_method, method_names
 
     cpu_s, peak_rss_bytes, records = run_estimate("t5-3b", tmp_path)
     print(f"\nt5-3b, {len(records)} methods: {cpu_s:.1f} s CPU, peak RSS {peak_rss_bytes / 1024**3:.2f} GiB")
-    assert sorted(r["method"] for r in records) == method_names()
+    trains = [m for m in method_names() if m != "zero_shot" and "classification" in get_method(m).objectives]
+    assert sorted(r["method"] for r in records) == trains  # every method that trains a classifier
     assert all(r["status"] == "ok" for r in records), [r["error"] for r in records if r["status"] != "ok"]
     assert cpu_s < CPU_LIMIT_S
     assert peak_rss_bytes < MEMORY_LIMIT_BYTES
