@@ -42,6 +42,7 @@ import torch
 
 from petlprof.backbones import DECODER, ENCODER_DECODER
 from petlprof.errors import UsageError
+from petlprof.train import batch_indices
 
 IGNORE_INDEX = -100  # Hugging Face's label of a position that is not a target
 _PROBE = ("Answer:", "yes")  # a prompt and a target, to learn how the tokenizer joins them
@@ -153,12 +154,8 @@ class LMBatches:
         )
 
     def batch_indices(self, shuffle_seed: int | None = None) -> Iterator[np.ndarray]:
-        """The examples' indices in the split, per batch."""
-        order = np.arange(len(self.encodings))
-        if shuffle_seed is not None:
-            np.random.default_rng(shuffle_seed).shuffle(order)
-        for start in range(0, len(order), self.batch_size):
-            yield order[start : start + self.batch_size]
+        """The examples' indices in the split, per batch (in the classification batches' order)."""
+        return batch_indices(len(self.encodings), self.batch_size, shuffle_seed)
 
     def collate(self, idx: np.ndarray, device: str) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """(inputs, labels) of the examples ``idx``, right-padded to the longest of them."""

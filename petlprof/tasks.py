@@ -254,7 +254,9 @@ def load_task(
     columns = {"text_column": text_column, "text_pair_column": text_pair_column, "label_column": label_column}
     lm_columns = {"prompt_column": prompt_column, "target_column": target_column}
     if spec in TASKS:
-        given = [option for option, value in {**columns, **lm_columns}.items() if value is not None]
+        given = [
+            "--" + option.replace("_", "-") for option, value in {**columns, **lm_columns}.items() if value is not None
+        ]  # named as the user typed them
         if given:
             raise UsageError(
                 f"{', '.join(given)} applies only to your own data files, not to the registered task '{spec}'"

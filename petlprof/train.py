@@ -53,11 +53,7 @@ class Batches:
 
     def batch_indices(self, shuffle_seed: int | None = None) -> Iterator[np.ndarray]:
         """The examples' indices in the split, per batch."""
-        order = np.arange(len(self.encodings))
-        if shuffle_seed is not None:
-            np.random.default_rng(shuffle_seed).shuffle(order)
-        for start in range(0, len(order), self.batch_size):
-            yield order[start : start + self.batch_size]
+        return batch_indices(len(self.encodings), self.batch_size, shuffle_seed)
 
     def collate(self, idx: np.ndarray, device: str) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """(inputs, labels) of the examples ``idx``, padded to the longest of them."""
@@ -73,6 +69,16 @@ class Batches:
     def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """The training loss of a batch's logits (the language-modelling batches have their own)."""
         return loss_fn(logits, labels)
+
+
+def batch_indices(count: int, batch_size: int, shuffle_seed: int | None = None) -> Iterator[np.ndarray]:
+    """The indices ``0..count-1`` cut into batches, shuffled by ``shuffle_seed`` when given (every
+    kind of batches orders its examples this way, so a seed gives the same order for each)."""
+    order = np.arange(count)
+    if shuffle_seed is not None:
+        np.random.default_rng(shuffle_seed).shuffle(order)
+    for start in range(0, count, batch_size):
+        yield order[start : start + batch_size]
 
 
 def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

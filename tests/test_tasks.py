@@ -398,7 +398,7 @@ ERROR_CASES = [
     ("tweets", {"train_size": -1}, ["train_size", "-1", "positive"]),
     ("tweets", {"eval_size": 0}, ["eval_size", "0"]),
     ("tweets", {"data_dir": "x"}, ["data_dir", "GLUE"]),
-    ("sst2", {"text_column": "text"}, ["text_column", "'sst2'"]),
+    ("sst2", {"text_column": "text"}, ["--text-column", "'sst2'"]),
     ("missing/data.csv", {}, ["'missing/data.csv'", "does not exist"]),
     (REVIEWS, {"label_column": "sentiment"}, ["no column 'sentiment'", "id, text, label"]),
     (REVIEWS, {"text_pair_column": "title"}, ["no column 'title'", "id, text, label"]),
