@@ -175,7 +175,7 @@ class _Fit:
         self.scaler = recipe.scaler(io.device)  # fp16's loss scaler; a pass-through otherwise
         self.timer = StepTimer(io.device)
         self.steps, self.samples, self.losses, self.overflows = 0, 0, [], 0
-        self.diverged: dict[str, Any] | None = None  # petlprof.records.Divergence, once a step diverged
+        self.diverged: tuple[int, float, float] | None = None  # (step, loss, gradient norm) of a step that diverged
 
     def step(self, batch: np.ndarray, bar, measured: bool) -> bool:
         """One optimiser step on the global ``batch``; this rank computes its part of it.  Each rank's
@@ -199,7 +199,7 @@ class _Fit:
         if self.ranks.any(not math.isfinite(value) or not (overflow or math.isfinite(norm))):
             self.optimizer.zero_grad(set_to_none=True)
             self.timer.stop(keep=False)
-            self.diverged = {"step": self.steps + 1, "loss": str(value), "grad_norm": str(norm)}
+            self.diverged = (self.steps + 1, value, norm)
             bar.set_postfix(loss=f"{value:.4f}", diverged=True)
             return False
         self.scaler.step(self.optimizer)  # skipped by the scaler on an overflow
@@ -220,7 +220,8 @@ class _Fit:
 
 
 def _divergence(step: int, loss: float, grad_norm: float, losses: list[float]) -> dict[str, Any]:
-    """The ``diverged_at`` entry (:class:`petlprof.records.Divergence`): non-finite numbers as text."""
+    """The ``diverged_at`` entry (:class:`petlprof.records.Divergence`): non-finite numbers as text (JSON has
+    none); the last finite loss is the mean loss of the batch before, summed over ranks."""
     return {
         "step": step,
         "loss": str(loss),
@@ -262,8 +263,8 @@ def train(
         first_loss=losses[0] if losses else None,
         final_loss=float(np.mean(losses[-10:])) if losses else None,
     )
-    if fit.diverged is not None:  # non-finite numbers as text (JSON has none); the last finite loss is the batch's
-        summary["diverged_at"] = {**fit.diverged, "last_finite_loss": losses[-1] if losses else None}
+    if fit.diverged is not None:
+        summary["diverged_at"] = _divergence(*fit.diverged, losses)
     if fit.scaler.is_enabled():  # fp16: steps whose scaled gradients overflowed (not applied, scale lowered)
         summary["overflow_skipped_steps"] = fit.overflows
     if cache is not None:
