@@ -14,6 +14,7 @@ import warnings
 from dataclasses import dataclass
 
 from petlprof.method_api import MethodConfig
+from petlprof.quantization import QUANTIZE_CHOICES
 from petlprof.registry import MethodSpec, register_method
 
 
@@ -54,5 +55,6 @@ register_method(
         default_lr=1e-3,
         lr_source="BitFit paper grid 1e-4..1e-3 (Ben Zaken et al. 2022)",
         objectives=("classification", "lm"),
+        quantize=QUANTIZE_CHOICES,
     )
 )

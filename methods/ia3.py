@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from petlprof.errors import UsageError
 from petlprof.method_api import MethodConfig, module_names
+from petlprof.quantization import QUANTIZE_CHOICES
 from petlprof.registry import MethodSpec, register_method
 
 
@@ -59,5 +60,6 @@ register_method(
         lr_source="T-Few recipe (Liu et al. 2022): 3e-3; PEFT's IA3 seq2seq example uses 8e-3",
         merge="petlprof.methods.peft_common:merge",
         objectives=("classification", "lm"),
+        quantize=QUANTIZE_CHOICES,
     )
 )

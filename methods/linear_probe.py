@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from petlprof.method_api import MethodConfig
+from petlprof.quantization import QUANTIZE_CHOICES
 from petlprof.registry import MethodSpec, register_method
 
 
@@ -41,5 +42,6 @@ register_method(
         lr_source="a head trained from scratch on frozen features takes a larger step than any backbone update; "
         "checked on the offline default: 85.3% after one 2000-example epoch (300 eval examples)",
         objectives=("classification", "lm"),
+        quantize=QUANTIZE_CHOICES,
     )
 )

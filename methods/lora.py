@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from petlprof.errors import UsageError
 from petlprof.method_api import MAX_WIDTH, MethodConfig, integer, module_names, number
+from petlprof.quantization import QUANTIZE_CHOICES
 from petlprof.registry import MethodSpec, register_method
 
 
@@ -63,5 +64,6 @@ register_method(
         default_grid=(2, 8, 32),
         merge="petlprof.methods.peft_common:merge",
         objectives=("classification", "lm"),
+        quantize=QUANTIZE_CHOICES,
     )
 )

@@ -15,12 +15,20 @@ Under the LM objective (:class:`petlprof.lm_model.LanguageModel`) the head is th
 head and stays frozen with the rest: only PEFT's pieces train.  The task model runs PEFT's prompt and
 prefix themselves (PEFT's forward re-injects them at every call, which a hand-written KV-cache decoding
 loop cannot use); LoRA and IA3 layers sit inside the model and need nothing.
+
+The generic tuners (``peft:TYPE``, :mod:`petlprof.methods.peft_tuners`) wrap the backbone, pick targets,
+shape prompts and record placement with these same functions.
 """
 
 from __future__ import annotations
 
 from petlprof.architecture import Architecture, ia3_targets, lora_targets, name_patterns, peft_table, require
 from petlprof.errors import UsageError
+
+# what PEFT raises when a tuner cannot adapt a model: a shape it refuses (ValueError), a layer type it has
+# no implementation for (TypeError, NotImplementedError), a model it cannot find its pieces in (AttributeError,
+# KeyError)
+PEFT_REFUSALS = (ValueError, TypeError, NotImplementedError, AttributeError, KeyError)
 
 
 def wrap_backbone(classifier, peft_config, method: str):
@@ -30,8 +38,10 @@ def wrap_backbone(classifier, peft_config, method: str):
     classifier.freeze_backbone()
     try:
         classifier.backbone = peft.get_peft_model(classifier.backbone, peft_config)
-    except ValueError as exc:
-        raise UsageError(f"{method} cannot adapt this backbone: {exc}") from None
+    except PEFT_REFUSALS as exc:
+        lines = str(exc).strip().splitlines()
+        why = lines[0] if lines else type(exc).__name__
+        raise UsageError(f"{method} cannot adapt this backbone: {why}") from None
     return classifier
 
 
@@ -48,9 +58,13 @@ def merge(model):
 def default_targets(classifier, method: str, targets, feedforward=None):
     """(target_modules, feedforward_modules, source) for ``lora`` or ``ia3``: the method config's
     own, PEFT's table (None, None: PEFT picks them) or the architecture description's."""
+    return targets_for(classifier.architecture, method, targets, feedforward)
+
+
+def targets_for(arch: Architecture, method: str, targets, feedforward=None):
+    """:func:`default_targets` for a backbone's architecture description."""
     if targets is not None:
         return targets, feedforward, "method config"
-    arch = classifier.architecture
     table, table_feedforward = peft_table(method, arch.model_type)
     if table is None:
         require(method, arch)
@@ -71,7 +85,7 @@ def _rescales_attention_output(feedforward: list[str] | None, arch: Architecture
 
 def record_targets(classifier, method: str, source: str):
     """Note in the record where PEFT put the method's layers (layer indices as ``*``) and why there."""
-    names = classifier.backbone.base_model.targeted_module_names
+    names = getattr(classifier.backbone.base_model, "targeted_module_names", None) or []
     classifier.placement.update(
         method=method,
         targets_from=source,
@@ -86,10 +100,29 @@ def prompt_shape(classifier, method: str) -> dict[str, int]:
     A prompt has the input embeddings' width (ALBERT's are narrower than its layers); a prefix
     has the keys' width and heads (fewer with grouped-query or multi-query attention: Falcon)."""
     arch = classifier.architecture
-    if method == "prompt_tuning":
-        shape = {"token_dim": arch.embedding_dim, "num_layers": arch.layers, "num_attention_heads": arch.heads}
-    else:
-        heads = max(1, arch.kv_width // arch.head_dim)
-        shape = {"token_dim": arch.kv_width, "num_layers": arch.layers, "num_attention_heads": heads}
+    shape = shape_of(arch, "prompt" if method == "prompt_tuning" else "prefix")
     classifier.placement.update(method=method, shape_from=f"architecture description ({arch.path})", **shape)
     return shape
+
+
+def shape_of(arch: Architecture, kind: str) -> dict[str, int]:
+    """:func:`prompt_shape`'s numbers for a ``prompt`` (before the input) or a ``prefix`` (keys and values)."""
+    if kind == "prompt":
+        return {"token_dim": arch.embedding_dim, "num_layers": arch.layers, "num_attention_heads": arch.heads}
+    heads = max(1, arch.kv_width // arch.head_dim)
+    return {"token_dim": arch.kv_width, "num_layers": arch.layers, "num_attention_heads": heads}
+
+
+def prefix_task_type(task_model) -> str:
+    """PEFT's task type for a key/value prefix: its sequence-to-sequence wrapper for an encoder-decoder (the one
+    that extends the decoder's mask by the prefix; PEFT puts the prefix on the decoder's self-attention), its
+    feature-extraction wrapper otherwise.  The seq2seq wrapper records the model's generation hooks when it is
+    built; a headless T5 classifier has none and never generates, so they are set to None first."""
+    from petlprof.backbones import ENCODER_DECODER
+
+    if task_model.family != ENCODER_DECODER:
+        return "FEATURE_EXTRACTION"
+    if task_model.objective != "lm":
+        task_model.backbone.prepare_inputs_for_generation = None
+        task_model.backbone._prepare_encoder_decoder_kwargs_for_generation = None
+    return "SEQ_2_SEQ_LM"

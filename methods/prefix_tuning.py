@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from petlprof.backbones import ENCODER_DECODER
 from petlprof.method_api import MAX_WIDTH, MethodConfig, integer
+from petlprof.quantization import QUANTIZE_CHOICES
 from petlprof.registry import MethodSpec, register_method
 
 
@@ -69,5 +70,6 @@ register_method(
         pareto_knob="num_virtual_tokens",
         default_grid=(5, 20, 50),
         objectives=("classification", "lm"),
+        quantize=QUANTIZE_CHOICES,
     )
 )

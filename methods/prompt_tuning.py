@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from petlprof.errors import UsageError, shown
 from petlprof.method_api import MethodConfig, choice, integer, text
+from petlprof.quantization import QUANTIZE_CHOICES
 from petlprof.registry import MethodSpec, register_method
 
 INITS = {"text": "TEXT", "vocab": "SAMPLE_VOCAB", "random": "RANDOM"}
@@ -68,5 +69,6 @@ register_method(
         pareto_knob="num_virtual_tokens",
         default_grid=(5, 20, 50),
         objectives=("classification", "lm"),
+        quantize=QUANTIZE_CHOICES,
     )
 )

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from petlprof.method_api import MethodConfig
+from petlprof.quantization import QUANTIZE_CHOICES
 from petlprof.registry import MethodSpec, register_method
 
 
@@ -34,5 +35,6 @@ register_method(
         default_lr=0.0,
         lr_source="nothing trains",
         objectives=("lm",),
+        quantize=QUANTIZE_CHOICES,
     )
 )

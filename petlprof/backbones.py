@@ -53,6 +53,7 @@ BACKBONES: dict[str, str] = {
 PRETRAINED_PRESETS = ("minilm", "smollm2")  # presets with weights; the others are random-init shapes
 if TYPE_CHECKING:
     from petlprof.architecture import Architecture
+    from petlprof.quantization import Quantization
 
 _TINY_WIDTH = 64  # hidden size of every tiny preset
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
@@ -70,6 +71,7 @@ class Backbone:
     placement: dict[str, Any] = field(default_factory=dict)  # filled by the method applied to it
     random_init: bool = False  # built from its config with random weights (--random-init): cost-only
     weights: dict[str, Any] | None = None  # where a file's weights came from and what was done to them (GGUF)
+    quantization: dict[str, Any] | None = None  # --quantize: how its linear layers were quantised (the record's)
 
     @cached_property
     def architecture(self) -> Architecture:
@@ -261,33 +263,41 @@ def load_backbone(
     seed: int = 0,
     random_init: bool = False,
     lm_head: bool = False,
+    quantization: Quantization | None = None,
+    device: str = "cpu",
 ) -> Backbone:
     """Load a backbone by preset name, local path or hub id; ``num_layers`` keeps the first N layers;
     ``random_init``: build it from its config (a bundled shape too) with random weights seeded by ``seed``;
     ``lm_head``: the model with its own language-modelling head (:func:`model_class`; an encoder is refused),
-    for the LM objective's :class:`petlprof.lm_model.LanguageModel`."""
+    for the LM objective's :class:`petlprof.lm_model.LanguageModel`; ``quantization``: its linear layers then
+    quantised on ``device`` (:func:`petlprof.quantization.quantize_model`; the rest stays where it was built)."""
     import torch
     from transformers import AutoTokenizer
+
+    from petlprof.quantization import quantize_model
 
     check_backbone(spec)
     check_weights(spec, random_init)
     if num_layers is not None and num_layers < 1:
         raise UsageError(f"--num-layers must be a positive integer, got {num_layers}")
     random_init = random_init or is_tiny_preset(spec)  # the tiny presets have no weights either
+    # FLOAT32: weights are built in float32 whatever a config's `torch_dtype` says (transformers 5 applies it by
+    # default); --precision decides what the products run in, and a bf16 config.json must not change that silently
     if random_init:
         tokenizer, config, source = _random_parts(spec, num_layers, seed)
         torch.manual_seed(seed)
-        model = model_class(config, lm_head, spec).from_config(config)
+        model = model_class(config, lm_head, spec).from_config(config, dtype=torch.float32)  # FLOAT32 below
     else:
         path, kwargs = pretrained_location(spec)
         config = pretrained_config(spec)
         tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
         check_shape(spec, config, num_layers=num_layers)
         set_depth(config, num_layers)
+        auto_class = model_class(config, lm_head, spec)
         if num_layers or kwargs:
-            model = _from_pretrained_quiet(path, config, auto_class=model_class(config, lm_head, spec), **kwargs)
+            model = _from_pretrained_quiet(path, config, auto_class=auto_class, dtype=torch.float32, **kwargs)
         else:
-            model = model_class(config, lm_head, spec).from_pretrained(path, config=config)
+            model = auto_class.from_pretrained(path, config=config, dtype=torch.float32)
         source = f"pretrained from {Path(path, *kwargs.values())}"
         source += f", first {num_layers} layers" if num_layers else ""
     family = family_of(model.config)
@@ -298,7 +308,10 @@ def load_backbone(
     if getattr(model.config, "pad_token_id", None) is None:
         model.config.pad_token_id = tokenizer.pad_token_id
     weights = None if random_init else weights_provenance(spec)
-    return Backbone(spec, model, tokenizer, family, source, random_init=random_init, weights=weights)
+    quantized = None if quantization is None else quantize_model(model, quantization, device)
+    return Backbone(
+        spec, model, tokenizer, family, source, random_init=random_init, weights=weights, quantization=quantized
+    )
 
 
 def _random_parts(spec: str, num_layers: int | None, seed: int):

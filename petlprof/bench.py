@@ -37,6 +37,7 @@ from petlprof.backbones import ENCODER_DECODER, load_backbone
 from petlprof.lm_model import IGNORE_INDEX, lm_loss
 from petlprof.meters import synchronize
 from petlprof.modeling import make_task_model
+from petlprof.quantization import parameter_count
 from petlprof.registry import get_method
 
 
@@ -173,7 +174,7 @@ class MethodStep:
             batch_size=self.batch_size,
             seq_len=self.seq_len,
             trainable_params=trainable,
-            total_params=sum(p.numel() for p in self.model.parameters()),
+            total_params=parameter_count(self.model),
             weight_bytes=sum(p.numel() * p.element_size() for p in self.model.parameters()),
             grad_bytes=sum(p.numel() * p.element_size() for p in self.params),
             optimizer_state_bytes=state,

@@ -20,6 +20,8 @@ from typing import Any
 
 from petlprof.errors import UsageError, shown, unknown_choice
 from petlprof.options import CACHE_DTYPES, DEVICES, OPTIONS, RunOptions, default_of, kind_of  # noqa: F401  (re-exported)
+from petlprof.quantization import run_fields as quantize_fields
+from petlprof.quantization import validate_options as validate_quantize
 from petlprof.spec import RunSpec, spec_default, spec_fields
 from petlprof.values import check_file, flag, parse_bytes  # noqa: F401  (parse_bytes re-exported)
 
@@ -165,10 +167,36 @@ def build_options(file_values: dict[str, Any], cli_values: dict[str, Any]) -> Ru
         if name not in OPTIONS:
             raise unknown_choice("option", name, OPTIONS)
         values[name] = kind_of(name).read(values[name])
+    if values.get("method_config_file"):
+        kind_of("method_config_file").check("method_config_file", values["method_config_file"])
+        _with_method_config_files(values)
     options = RunOptions(**values)
     validate(options, given=set(values))
     options.methods = list(dict.fromkeys(options.methods))  # a method named twice runs once
     return options
+
+
+def _with_method_config_files(values: dict[str, Any]) -> None:
+    """Each ``--method-config-file``'s method (``peft:TYPE``, from the file's ``peft_type``) added to the methods
+    unless named there, with the file's fields as its method config under any ``--method-config`` fields."""
+    from petlprof.methods.peft_files import read_adapter_config
+
+    methods, tables, seen = values.get("methods") or [], values.get("method_config") or {}, {}
+    if not (isinstance(methods, list) and isinstance(tables, dict)):
+        return  # refused by their own checks (validate)
+    methods, tables = list(methods), dict(tables)
+    for path in values["method_config_file"]:
+        name, fields, _ = read_adapter_config(path)
+        if name in seen:
+            raise UsageError(
+                f"--method-config-file gives {name} twice ({seen[name]} and {path}); give one file per tuner, and "
+                f"sweep a field with --method-grid {name}.FIELD=V1,V2"
+            )
+        seen[name] = path
+        methods += [] if name in methods else [name]
+        given = tables.get(name, {})
+        tables[name] = {**fields, **given} if isinstance(given, dict) else given  # a bad table: refused as usual
+    values["methods"], values["method_config"] = methods, tables
 
 
 def validate(options: RunOptions, given: set[str] = frozenset()) -> None:
@@ -178,6 +206,7 @@ def validate(options: RunOptions, given: set[str] = frozenset()) -> None:
     for name in OPTIONS:
         kind_of(name).check(name, getattr(options, name))
     _validate_methods(options)
+    validate_quantize(options)
     _validate_relations(options, given)
     _validate_executor(options)
 
@@ -343,6 +372,10 @@ def preflight(options: RunOptions, meters_here: bool = True) -> list[str]:
     if meters_here:
         check_energy_meter(options.energy_meter)
     notes: list[str] = []
+    if options.method_config_file:  # the fields of PEFT's files that petlprof decides itself
+        from petlprof.methods.peft_files import read_adapter_config
+
+        notes += [note for path in options.method_config_file for note in read_adapter_config(path)[2]]
     for spec in options.backbone:
         config = backbone_config(spec)  # the config of a folder or hub id: a bad one fails here
         check_shape(spec, config, num_layers=options.num_layers, max_length=options.max_length)
@@ -458,7 +491,12 @@ def _architecture(backbone: str):
 
 def _unsupported(backbone: str, method: str, method_config: dict[str, Any]) -> str | None:
     from petlprof.architecture import unsupported_reason
+    from petlprof.registry import is_peft_tuner
 
+    if is_peft_tuner(method):  # PEFT's own reason, from the tuner applied to the backbone without weights
+        from petlprof.methods.peft_tuners import unsupported_reason as tuner_reason
+
+        return tuner_reason(method, backbone, method_config)
     arch = _architecture(backbone)
     return None if arch is None else unsupported_reason(method, arch, method_config)
 
@@ -477,7 +515,7 @@ def unsupported_pairs(options: RunOptions) -> list[str]:
 
 
 def expand(options: RunOptions, device: str) -> list[RunSpec]:
-    """One :class:`RunSpec` per (backbone, task, method, grid point, seed), in that nesting order; a
+    """One :class:`RunSpec` per (backbone, quantization, task, method, grid point, seed), in that nesting order; a
     grid point that resolves to a configuration already listed runs once.  Each option fills its
     RunSpec field as declared (:class:`~petlprof.options.ToSpec`); the derived ones are set here: the
     sweep axes, the method's full config and learning rate, the device (and, by the caller, the folders)."""
@@ -498,9 +536,11 @@ def expand(options: RunOptions, device: str) -> list[RunSpec]:
             device=device,
             method_config=config,
             lr=resolved[method][1],
+            **quantize_fields(quantize, options.quantize_compute_dtype, options.quantize_double),
             **shared[method],
         )
         for backbone in options.backbone
+        for quantize in options.quantize
         for task in options.task
         for method in options.methods
         for config in resolved[method][0]
@@ -515,16 +555,16 @@ ZERO_SHOT = "zero_shot"  # the method of a generative sweep's row before any tun
 
 
 def _zero_shot_runs(options: RunOptions, device: str, specs: list[RunSpec]) -> list[RunSpec]:
-    """One zero-shot run per backbone and language-modelling task of the sweep (the model before any
+    """One zero-shot run per backbone (as quantised) and language-modelling task of the sweep (the model before any
     tuning, at zero training energy; greedy decoding is deterministic, so the first seed alone), made
     from the sweep's first run of that pair with the method swapped."""
     from petlprof.registry import get_method
 
     method = get_method(ZERO_SHOT)
-    first: dict[tuple[str, str], RunSpec] = {}
+    first: dict[tuple[str, str, str], RunSpec] = {}
     for spec in specs:
         if spec.method != ZERO_SHOT and _is_lm(options, spec.task):
-            first.setdefault((spec.backbone, spec.task), spec)
+            first.setdefault((spec.backbone, spec.quantize, spec.task), spec)
     config = dataclasses.asdict(method.make_config({}))
     return [
         dataclasses.replace(

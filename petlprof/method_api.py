@@ -4,7 +4,8 @@ This module is the stable surface for plug-ins (re-exported by ``petlprof``); bu
 it the same way.  A method is a :class:`MethodSpec`:
 
 * ``name`` — how ``--methods``, ``--method-config NAME.FIELD=...`` and the result records call it
-  (letters, digits, ``_`` and ``-``; it must not clash with a built-in method);
+  (letters, digits, ``_`` and ``-``; it must not clash with a built-in method; ``peft:TYPE`` names PEFT's
+  tuners, :mod:`petlprof.methods.peft_tuners`, and no plug-in may take that prefix);
 * ``config_cls`` — a dataclass subclassing :class:`MethodConfig`, every field declared with one of
   :func:`number`, :func:`integer`, :func:`choice`, :func:`text` or :func:`module_names` (a default,
   a help line shown by ``petlprof list``, and a check), so a bad value — NaN, inf, out of range,
@@ -17,6 +18,11 @@ it the same way.  A method is a :class:`MethodSpec`:
 * ``objectives`` — the task objectives the method supports: ``"classification"`` and/or ``"lm"``.
   It defaults to ``("classification",)``, so a plug-in written before the LM objective existed is
   refused for ``--objective lm`` up front (:func:`check_objective`) rather than failing mid-run;
+* ``quantize`` — the ``--quantize`` values whose backbone the method runs on.  It defaults to ``("none",)``:
+  a quantised backbone's linear weights are bitsandbytes' packed integers, frozen, so only a method that
+  leaves them so (and never reads them as float weights) may declare ``QUANTIZE_CHOICES``; a plug-in that
+  says nothing is refused for ``--quantize int8|nf4|fp4`` up front (:func:`check_quantize`) rather than
+  failing mid-run or training what it cannot;
 * ``default_lr`` and ``lr_source`` (where that learning rate comes from), optionally a
   ``pareto_knob`` (a config field) with a ``default_grid`` of 3-4 values for ``--grid``, and a
   ``merge(model) -> model`` folding trained weights into the backbone for inference;
@@ -70,10 +76,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from petlprof.errors import UsageError, shown, unknown_choice
+from petlprof.quantization import NONE, QUANTIZE_CHOICES
 
 MAX_WIDTH = 2**14  # no transformer in use is wider (LLaMA-3 405B: 16384): ranks, side widths, RNN sizes
 MAX_COUNT = 2**12  # virtual tokens, heads, multipliers: beyond any backbone's positions or memory
-NAME_PATTERN = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
+PEFT_PREFIX = "peft:"  # the names of PEFT's tuners (peft:vera, ...), resolved by petlprof.registry
+NAME_PATTERN = re.compile(rf"({PEFT_PREFIX})?[A-Za-z][A-Za-z0-9_-]*")
 OBJECTIVES = ("classification", "lm")  # what a task model is trained for (petlprof.modeling.make_task_model)
 
 
@@ -141,35 +149,104 @@ class Choice:
         return f"one of {', '.join(str(c) for c in self.choices)}"
 
     def problem(self, value: Any) -> str | None:
-        return None if value in self.choices else f"{shown(value)} is not {self.allowed()}"
+        if any(value == c and isinstance(value, bool) == isinstance(c, bool) for c in self.choices):  # 1 is no True
+            return None
+        return f"{shown(value)} is not {self.allowed()}"
 
 
 @dataclass(frozen=True)
 class Text:
-    """A string (``non_empty``: with something besides white space)."""
+    """A string (``non_empty``: with something besides white space; ``optional``: or unset)."""
 
     non_empty: bool = False
+    optional: bool = False
 
     def allowed(self) -> str:
-        return "a non-empty string" if self.non_empty else "a string"
+        return ("a non-empty string" if self.non_empty else "a string") + (", or unset" if self.optional else "")
 
     def problem(self, value: Any) -> str | None:
-        if isinstance(value, str) and (value.strip() or not self.non_empty):
+        if (isinstance(value, str) and (value.strip() or not self.non_empty)) or (value is None and self.optional):
             return None
         return f"must be {self.allowed()}, got {shown(value)}"
 
 
 @dataclass(frozen=True)
 class ModuleNames:
-    """A list of module names (or unset: the method's own default)."""
+    """A list of module names (or unset: the method's own default); ``pattern``: or one string, which PEFT
+    reads as a regular expression matched against whole module names (or its ``all-linear``)."""
+
+    pattern: bool = False
 
     def allowed(self) -> str:
-        return "a list of module names, or unset"
+        return "a list of module names" + (", a regular expression" if self.pattern else "") + ", or unset"
 
     def problem(self, value: Any) -> str | None:
         if value is None or (isinstance(value, list) and all(isinstance(v, str) and v for v in value)):
             return None
-        return f"must be a list of module names, got {shown(value)}"
+        if self.pattern and isinstance(value, str) and value:
+            return None
+        return f"must be {self.allowed().removesuffix(', or unset')}, got {shown(value)}"
+
+
+@dataclass(frozen=True)
+class Items:
+    """A list whose every item passes ``item`` (``optional``: or unset)."""
+
+    item: Any
+    optional: bool = False
+
+    def allowed(self) -> str:
+        return f"a list of {self.item.allowed()}" + (", or unset" if self.optional else "")
+
+    def problem(self, value: Any) -> str | None:
+        if value is None and self.optional:
+            return None
+        if not isinstance(value, list):
+            return f"must be {self.allowed()}, got {shown(value)}"
+        return next((f"item {i} {p}" for i, v in enumerate(value) if (p := _item_problem(self.item, v))), None)
+
+
+@dataclass(frozen=True)
+class Mapping:
+    """A table from names to values that each pass ``value`` (``optional``: or unset)."""
+
+    value: Any
+    optional: bool = False
+
+    def allowed(self) -> str:
+        return f"a table of names to {self.value.allowed()}" + (", or unset" if self.optional else "")
+
+    def problem(self, value: Any) -> str | None:
+        if value is None and self.optional:
+            return None
+        if not (isinstance(value, dict) and all(isinstance(k, str) for k in value)):
+            return f"must be {self.allowed()}, got {shown(value)}"
+        return next((f"entry {shown(k)} {p}" for k, v in value.items() if (p := _item_problem(self.value, v))), None)
+
+
+@dataclass(frozen=True)
+class AnyOf:
+    """A value that passes one of ``checks`` (a type annotation's union: an integer or a list of them;
+    ``optional``: or unset)."""
+
+    checks: tuple
+    optional: bool = False
+
+    def allowed(self) -> str:
+        return " or ".join(check.allowed() for check in self.checks) + (", or unset" if self.optional else "")
+
+    def problem(self, value: Any) -> str | None:
+        if (value is None and self.optional) or any(check.problem(value) is None for check in self.checks):
+            return None
+        return f"must be {self.allowed()}, got {shown(value)}"
+
+
+def _item_problem(check: Any, value: Any) -> str | None:
+    """A check's problem with one item, worded to follow "item 2 " (a Choice says "'x' is not one of ...")."""
+    problem = check.problem(value)
+    if problem is None or problem.startswith("must"):
+        return problem
+    return f"must be {check.allowed()}, got {shown(value)}"
 
 
 def _declare(default: Any, help: str, check: Any) -> Any:
@@ -298,6 +375,7 @@ class MethodSpec:
     side_tuning: bool = False  # never back-propagates through the frozen backbone
     merge: str | Callable | None = None  # model -> model with the trained weights folded into the backbone
     objectives: tuple[str, ...] = ("classification",)  # task objectives it supports (OBJECTIVES)
+    quantize: tuple[str, ...] = (NONE,)  # --quantize values whose backbone it runs on (QUANTIZE_CHOICES)
 
     def __post_init__(self):
         problem = spec_problem(self)
@@ -352,6 +430,19 @@ def check_objective(spec: MethodSpec, objective: str) -> None:
             f"choose another method, or declare objectives=(..., '{objective}') in its MethodSpec once its apply "
             "handles that task model"
         )
+
+
+def check_quantize(spec: MethodSpec, quantize: str) -> None:
+    """Refuse, in one line, a method on a backbone quantised in a way it does not declare (before any run)."""
+    if quantize in spec.quantize:
+        return
+    raise UsageError(
+        f"method '{spec.name}' ({spec.description}) cannot run on a --quantize {quantize} backbone: bitsandbytes "
+        "stores the backbone's linear weights as packed integers, which a method can neither train nor read as "
+        f"float weights, and it does not declare that it runs on them (its MethodSpec has quantize="
+        f"{tuple(spec.quantize)}); run it with --quantize none, or choose a method that keeps the backbone frozen "
+        "(e.g. lora, which on an nf4 backbone is QLoRA)"
+    )
 
 
 def resolve_target(target: str | Callable) -> Callable:
@@ -417,6 +508,10 @@ def spec_problem(spec: MethodSpec) -> str | None:
     if not (isinstance(objectives, (tuple, list)) and objectives and all(o in OBJECTIVES for o in objectives)):
         allowed = ", ".join(repr(o) for o in OBJECTIVES)
         return f"objectives must be a non-empty tuple of {allowed}, got {shown(objectives)}"
+    quantize = spec.quantize
+    if not (isinstance(quantize, (tuple, list)) and quantize and all(q in QUANTIZE_CHOICES for q in quantize)):
+        allowed = ", ".join(repr(q) for q in QUANTIZE_CHOICES)
+        return f"quantize must be a non-empty tuple of {allowed}, got {shown(quantize)}"
     if not isinstance(spec.side_tuning, bool):
         return f"side_tuning must be true or false, got {shown(spec.side_tuning)}"
     if isinstance(spec.apply, type):  # a model class: its kind is known now

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from petlprof.errors import UsageError, shown, unknown_choice
+from petlprof.quantization import COMPUTE_DTYPES, DEFAULT_COMPUTE_DTYPE, NONE, QUANTIZE_CHOICES
 from petlprof.recipe import PRECISIONS
 from petlprof.values import (
     Bytes,
@@ -292,12 +293,40 @@ class RunOptions:
         Choice(choices=PRECISIONS, kind="precision"),
         spec=ToSpec(identity=WHEN_CHANGED),  # fp32 runs keep the keys they had before the option
     )
+    quantize: list[str] = option(
+        [NONE],
+        "none (default), int8 (LLM.int8()), nf4 or fp4 (4-bit; nf4 as QLoRA): the frozen backbone's linear layers "
+        "loaded quantised by bitsandbytes (pip install 'petlprof[quantize]'), the LM head kept in float; methods "
+        "that train backbone weights are refused. Comma list for several",
+        Names(item=Choice(choices=QUANTIZE_CHOICES, kind="quantization")),
+        spec=ToSpec("quantize", str, NONE, identity=WHEN_CHANGED, derived=True),  # unquantised runs keep their keys
+    )
+    quantize_compute_dtype: str = option(
+        DEFAULT_COMPUTE_DTYPE,
+        "4-bit --quantize: the dtype its dequantised weights multiply in: float32 (default), bfloat16 (QLoRA's) "
+        "or float16",
+        Choice(choices=COMPUTE_DTYPES, kind="compute dtype"),
+        spec=ToSpec(identity=WHEN_CHANGED, derived=True),  # set per run: only 4-bit runs carry it
+    )
+    quantize_double: bool = option(
+        False,
+        "4-bit --quantize: quantise the per-block scales too (QLoRA's double quantisation)",
+        Flag(),
+        spec=ToSpec(identity=WHEN_CHANGED, derived=True),
+    )
     method_config: dict[str, dict[str, Any]] = option(
         {},
         "a method hyper-parameter, e.g. lora.r=16 (repeatable)",
         Table(),
         spec=ToSpec(type=dict[str, Any], derived=True),
         cli={"action": "append", "metavar": "METHOD.FIELD=VALUE"},
+    )
+    method_config_file: list[str] = option(
+        [],
+        "PEFT's adapter_config.json (or the folder save_pretrained wrote it to), comma list for several: each "
+        "runs its peft_type as method peft:TYPE with the file's fields as its config (added to --methods unless "
+        "named there; --method-config peft:TYPE.FIELD=... sets a field over the file's)",
+        Names(item=Text(path=True)),
     )
     device: str = option(
         "auto",

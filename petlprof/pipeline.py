@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from petlprof.quantization import parameter_count
 from petlprof.records import DIVERGED, OK
 from petlprof.spec import RunSpec
 
@@ -149,7 +150,7 @@ def prepare(spec: RunSpec, ranks, progress, max_memory_bytes: int | None = None)
         backbone=backbone,
         model=model,
         trainable_params=sum(p.numel() for p in model.parameters() if p.requires_grad),
-        total_params=sum(p.numel() for p in model.parameters()),
+        total_params=parameter_count(model),  # a 4-bit weight counted as its weights, not its packed bytes
         checkpoint_bytes=checkpoint_bytes(model),
         make_batches=make_batches,
         train_batches=make_batches(task.train),
@@ -186,12 +187,14 @@ def _load(spec: RunSpec) -> tuple:
     import torch
 
     from petlprof.backbones import check_shape, load_backbone
-    from petlprof.method_api import check_objective
+    from petlprof.method_api import check_objective, check_quantize
     from petlprof.modeling import make_task_model
+    from petlprof.quantization import Quantization
     from petlprof.registry import get_method
     from petlprof.tasks import load_task
 
     method = get_method(spec.method)
+    check_quantize(method, spec.quantize)  # `petlprof run` refuses it before any run; this guards a direct caller
     method_config = method.make_config(spec.method_config)
     task = load_task(
         spec.task,
@@ -210,7 +213,13 @@ def _load(spec: RunSpec) -> tuple:
     torch.manual_seed(spec.seed)
     lm = task.objective == LM
     backbone = load_backbone(
-        spec.backbone, num_layers=spec.num_layers, seed=spec.seed, random_init=spec.random_init, lm_head=lm
+        spec.backbone,
+        num_layers=spec.num_layers,
+        seed=spec.seed,
+        random_init=spec.random_init,
+        lm_head=lm,
+        quantization=Quantization.of(spec),
+        device=spec.device,
     )
     check_shape(spec.backbone, backbone.config, max_length=spec.max_length)
     task_model = make_task_model(backbone, task.objective, task.num_labels)
@@ -556,6 +565,7 @@ def _described(ctx: RunContext) -> dict[str, Any]:
             "warmup_steps": spec.warmup_steps,
             "device": spec.device,
             **ctx.recipe.describe(ctx.model),
+            **({"quantization": ctx.backbone.quantization} if ctx.backbone.quantization else {}),
         },
         "trainable_params": ctx.trainable_params,
         "total_params": ctx.total_params,

@@ -64,7 +64,29 @@ class TrainPhase(Phase, total=False):
     diverged_at: Divergence  # only on a run that diverged
 
 
-class Training(TypedDict):
+class QuantizationInfo(TypedDict, total=False):
+    """``--quantize``: how the backbone's linear layers were quantised (petlprof.quantization)."""
+
+    method: str  # int8, nf4 or fp4
+    library: str  # bitsandbytes and its version
+    quantized_layers: int
+    quantized_modules: list[str]  # layer indices as *
+    kept_in_float: list[str]  # linear layers left in float: the LM head, weights tied to it, T5's wo
+    packed_bytes: int  # the quantised weights as stored
+    state_bytes: int  # what dequantises them: block scales (and their own, double quantised), int8 row scales
+    compute_dtype: str  # 4-bit: the dtype the dequantised weights multiply in
+    double_quant: bool  # 4-bit: the block scales quantised too
+    blocksize: int  # 4-bit: weights per scale
+    cpu_inference_repacking: bool  # 4-bit: bitsandbytes' AVX512-BF16 inference layout (off: one layout throughout)
+    inputs: str  # int8: how a product with an 8-bit weight runs on the device (training and evaluation)
+    outlier_threshold: float  # int8: input columns with a value beyond it are multiplied in float16
+
+
+class _TrainingExtras(TypedDict, total=False):
+    quantization: QuantizationInfo  # only on a run with --quantize int8, nf4 or fp4
+
+
+class Training(_TrainingExtras):
     """How the run trained: the run's settings and the recipe's own description (petlprof.recipe)."""
 
     epochs: int

@@ -6,7 +6,9 @@ A name given to ``--methods`` (and carried in every run's spec) is one of
 * the name of an entry point in group ``petlprof.methods`` of an installed distribution, whose value
   ``module:ATTR`` names a :class:`~petlprof.method_api.MethodSpec` of the same name;
 * ``package.module:ATTR`` naming a ``MethodSpec`` directly (the current folder is importable, as
-  for ``python -m``).
+  for ``python -m``);
+* ``peft:TYPE``, any tuner PEFT registers (``peft:vera``, ``peft:loha``, ...; ``peft:dora``): the
+  ``peft:`` prefix names these, not a module called ``peft`` (:mod:`petlprof.methods.peft_tuners`).
 
 Each process — the sweep, a fresh worker, a torchrun rank, a Ray task — resolves the name by
 itself, lazily, so a plug-in needs no registration call in the user's process.  A plug-in that
@@ -27,7 +29,7 @@ import sys
 from typing import Any
 
 from petlprof.errors import UsageError, shown, unknown_choice
-from petlprof.method_api import MethodSpec, MethodSpecError, field_check
+from petlprof.method_api import PEFT_PREFIX, MethodSpec, MethodSpecError, field_check
 
 ENTRY_POINT_GROUP = "petlprof.methods"
 REFERENCE = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
@@ -76,6 +78,11 @@ def get_method(name: str) -> MethodSpec:
         raise UsageError(f"a method name must be text, got {shown(name)}")
     if name in _PLUGINS:
         return _PLUGINS[name]
+    if is_peft_tuner(name):
+        from petlprof.methods.peft_tuners import tuner_spec
+
+        _PLUGINS[name] = tuner_spec(name)
+        return _PLUGINS[name]
     plugins = _entry_points().get(name, [])
     if name in _METHODS:
         if plugins:
@@ -92,9 +99,16 @@ def get_method(name: str) -> MethodSpec:
     elif plugins:
         spec = _load_entry_point(plugins[0])
     else:
-        raise unknown_choice("method", name, method_names(), "(or package.module:ATTR naming a petlprof.MethodSpec)")
+        raise unknown_choice(
+            "method", name, method_names(), "(or package.module:ATTR naming a petlprof.MethodSpec, or peft:TYPE)"
+        )
     _PLUGINS[name] = spec
     return spec
+
+
+def is_peft_tuner(name: str) -> bool:
+    """Whether ``name`` is ``peft:TYPE``: one of PEFT's tuners (known or not), never a plug-in's reference."""
+    return isinstance(name, str) and name.startswith(PEFT_PREFIX)
 
 
 def _distribution(ep: metadata.EntryPoint) -> str:
@@ -137,6 +151,8 @@ def _load_reference(reference: str) -> MethodSpec:
         sys.path.append(cwd)
     try:
         spec = _import_spec(reference)
+        if is_peft_tuner(spec.name):
+            raise _Broken(f"its name '{spec.name}' starts with '{PEFT_PREFIX}', which names PEFT's tuners; rename it")
         if spec.name in _METHODS and _METHODS[spec.name] is not spec:
             raise _Broken(f"its name '{spec.name}' clashes with the built-in method '{spec.name}'; rename it")
         for ep in _entry_points().get(spec.name, []):
@@ -199,6 +215,7 @@ __all__ = [
     "builtin_method_names",
     "config_field_help",
     "get_method",
+    "is_peft_tuner",
     "method_names",
     "methods_by_name",
     "register_method",

@@ -172,3 +172,13 @@ def test_a_random_init_run_measures_what_the_estimate_predicts(shape, method, tm
 def test_the_tiny_presets_are_marked_random_init_as_a_shape_run_is(spec, random):
     """A tiny preset has random weights too: its record must say so, so reports mark its accuracy cost-only."""
     assert backbones.load_backbone(spec, num_layers=1).info().get("random_init", False) is random
+
+
+def test_a_config_that_asks_for_bfloat16_builds_float32_weights(tmp_path):
+    """transformers 5 builds in a config's `torch_dtype` by default; a run's weights are float32 whatever the
+    config says (--precision decides what the products run in), as the estimate builds them."""
+    import torch
+
+    path = config_file(tmp_path, torch_dtype="bfloat16")
+    backbone = backbones.load_backbone(path, random_init=True)
+    assert {p.dtype for p in backbone.model.parameters()} == {torch.float32}

@@ -352,6 +352,26 @@ def test_a_failed_run_is_labelled_like_the_finished_runs_of_its_configuration(me
     assert failed["method_config"] == config
 
 
+@pytest.mark.parametrize(
+    "training, label",
+    [
+        ({"precision": "float32"}, "r=8"),
+        ({"precision": "float32", "quantization": {"method": "nf4", "double_quant": True}}, "r=8 nf4"),
+        ({"precision": "bfloat16", "quantization": {"method": "int8"}}, "r=8 int8 bf16"),
+        ({"precision": "float16"}, "r=8 fp16"),
+    ],
+)
+def test_configurations_that_differ_only_in_their_numbers_are_labelled_apart(training, label):
+    """A --quantize none,nf4 or --precision fp32,bf16 sweep: each configuration's rows and points say which."""
+    from petlprof.report.records import config_label, run_label
+
+    record = {"method": "lora", "method_config": {"r": 8}, "pareto_knob": "r", "method_config_changed": []}
+    assert config_label({**record, "training": training}) == label
+    assert run_label({"method": "bitfit", "method_config": {}, "training": training}) == " ".join(
+        ["bitfit", *label.split()[1:]]
+    )
+
+
 def write_jsonl(path, lines):
     path.write_text("".join(line + "\n" for line in lines))
     return path

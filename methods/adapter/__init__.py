@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from petlprof.errors import UsageError
 from petlprof.method_api import MAX_WIDTH, MethodConfig, choice, integer
+from petlprof.quantization import QUANTIZE_CHOICES
 from petlprof.registry import MethodSpec, register_method
 
 PLACEMENTS = ("houlsby", "pfeiffer")
@@ -77,5 +78,6 @@ register_method(
         pareto_knob="reduction_factor",
         default_grid=(4, 16, 64),
         objectives=("classification", "lm"),
+        quantize=QUANTIZE_CHOICES,
     )
 )

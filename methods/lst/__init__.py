@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from petlprof.errors import UsageError
 from petlprof.method_api import MAX_WIDTH, MethodConfig, choice, integer, number
+from petlprof.quantization import QUANTIZE_CHOICES
 from petlprof.registry import MethodSpec, register_method
 
 INITS = ("pruned", "random")
@@ -104,5 +105,6 @@ register_method(
         default_grid=(4, 8, 16, 32),
         side_tuning=True,
         objectives=("classification", "lm"),
+        quantize=QUANTIZE_CHOICES,  # the pruned start reads a quantised backbone's weights dequantised
     )
 )

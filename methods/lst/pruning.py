@@ -16,11 +16,12 @@ import torch
 from torch import nn
 
 from petlprof.errors import UsageError
+from petlprof.quantization import float_weight
 
 
 def _weight(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(weight [out, in], bias) of a linear layer or of GPT-2's Conv1D (stored [in, out])."""
-    weight = module.weight.detach()
+    weight = float_weight(module)  # a quantised backbone's (--quantize) packed weight, dequantised
     if not isinstance(module, nn.Linear) and hasattr(module, "nf"):
         weight = weight.t()
     bias = getattr(module, "bias", None)

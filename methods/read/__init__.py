@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from petlprof.method_api import MAX_WIDTH, MethodConfig, choice, integer
+from petlprof.quantization import QUANTIZE_CHOICES
 from petlprof.registry import MethodSpec, register_method
 
 CELLS = ("rnn", "gru", "lstm")
@@ -62,5 +63,6 @@ register_method(
         default_grid=(32, 128, 512),
         side_tuning=True,
         objectives=("classification", "lm"),
+        quantize=QUANTIZE_CHOICES,
     )
 )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -10,9 +11,10 @@ from typing import Any
 
 from petlprof.errors import UsageError, printable, shown
 from petlprof.estimate import gpus
+from petlprof.estimate.attention import ATTENTIONS, DEFAULT_ATTENTION, check_attention
 from petlprof.estimate.lm import CLASSIFICATION, DEFAULT_TARGET_LENGTH, LM, OBJECTIVES
 from petlprof.options import OPTIONS, default_of, kind_of
-from petlprof.values import Choice, Integer
+from petlprof.values import Choice, Flag, Integer, flag
 
 GIB = 1024**3
 
@@ -64,13 +66,27 @@ def add_estimate_parser(sub) -> argparse.ArgumentParser:
         help=OPTIONS["precision"].metadata["help"].replace("(default)", "(default; the run option's)")
         + "; bf16/fp16 follow --device's autocast rules",
     )
+    for name in QUANTIZE_OPTIONS:  # the run options, declared once (petlprof/options.py)
+        _add_run_option(parser, name)
+    parser.add_argument(
+        "--attention",
+        default=DEFAULT_ATTENTION,
+        help=f"{'|'.join(ATTENTIONS)}: the attention implementation the step runs: eager (transformers' own code: "
+        "the batch x heads x length x length scores, probabilities and dropout mask kept for backward), sdpa "
+        "(default, as a run builds the model: scaled_dot_product_attention, its kernel the --device's choice; "
+        "eager where an architecture has no sdpa) or flash (the flash-attention kernel forced: fp16/bf16 on cuda)",
+    )
     parser.add_argument(
         "--device",
         default="cuda",
         help="whose kernel choices (attention, recurrent layers, AdamW) and autocast rules the step follows: cuda "
         "(an sm80+ GPU such as A100/H100/H200; default; auto means it too) or cpu (what `cpu-tensors` measures)",
     )
-    parser.add_argument("--device-memory", help="say whether each peak fits this size, e.g. 24GiB")
+    parser.add_argument(
+        "--device-memory",
+        help="say whether each peak fits this size, e.g. 24GiB (less the CUDA context and the allocator's slack, "
+        "as every fit verdict)",
+    )
     parser.add_argument(
         "--gpu",
         default=gpus.DEFAULT_GPU,
@@ -82,6 +98,33 @@ def add_estimate_parser(sub) -> argparse.ArgumentParser:
 
 
 _INTEGER = Integer()  # reads integer text as the number, keeps other text for the check to refuse in one line
+QUANTIZE_OPTIONS = ("quantize", "quantize_compute_dtype", "quantize_double")
+
+
+def _add_run_option(parser: argparse.ArgumentParser, name: str) -> None:
+    """A run option on the estimate's parser, from its one declaration: its default, help, and how it is read."""
+    kind, help_text = kind_of(name), OPTIONS[name].metadata["help"].format(default=default_of(name))
+    if isinstance(kind, Flag):
+        parser.add_argument(flag(name), action="store_true", help=help_text)
+    else:
+        parser.add_argument(flag(name), type=kind.read, default=default_of(name), help=help_text)
+
+
+def _quantizations(args: argparse.Namespace, methods: list[str]) -> list:
+    """One :class:`~petlprof.quantization.Quantization` (None for ``none``) per ``--quantize`` value, checked as
+    ``petlprof run`` checks them (:func:`petlprof.quantization.validate_options`): every method must declare
+    that it runs on such a backbone."""
+    from types import SimpleNamespace
+
+    from petlprof.quantization import NONE, Quantization, validate_options
+
+    for name in QUANTIZE_OPTIONS:
+        kind_of(name).check(name, getattr(args, name))
+    validate_options(SimpleNamespace(**{n: getattr(args, n) for n in QUANTIZE_OPTIONS}, methods=methods))
+    return [
+        None if q == NONE else Quantization(q, args.quantize_compute_dtype, args.quantize_double)
+        for q in dict.fromkeys(args.quantize)
+    ]
 
 
 def _positive(value, option: str) -> int:
@@ -136,8 +179,14 @@ def _configurations(methods: list[str], overrides: dict[str, dict], grid: bool) 
     return out
 
 
-def _check_applies(resolved, configurations: list[tuple[str, dict]], objective: str = CLASSIFICATION) -> None:
+def _check_applies(
+    resolved,
+    configurations: list[tuple[str, dict]],
+    objective: str = CLASSIFICATION,
+    attention: str = DEFAULT_ATTENTION,
+) -> None:
     from petlprof.architecture import describe, unsupported_reason
+    from petlprof.estimate.attention import FLASH, check_flash_support
     from petlprof.estimate.lm import check_family
     from petlprof.estimate.model import build_backbone_model, family
     from petlprof.method_api import check_objective
@@ -147,34 +196,36 @@ def _check_applies(resolved, configurations: list[tuple[str, dict]], objective: 
         check_family(family(resolved), resolved.name)
         for name, _ in configurations:
             check_objective(get_method(name), LM)
-    architecture = describe(build_backbone_model(resolved, lm_head=objective == LM))  # once, on the meta device
+    model = build_backbone_model(resolved, lm_head=objective == LM, attention=attention)  # once, on the meta device
+    if attention == FLASH:
+        check_flash_support(model, resolved.name)
+    architecture = describe(model)
     for name, overrides in configurations:
         reason = unsupported_reason(name, architecture, overrides)
         if reason is not None:
             raise UsageError(f"method '{name}' cannot apply to backbone '{resolved.name}': {reason}")
 
 
-def _default_methods(objective: str) -> list[str]:
-    """Every built-in method that trains on ``objective`` (the zero-shot row trains nothing: no step to price)."""
+def _default_methods(objective: str, quantize: list[str]) -> tuple[list[str], list[str]]:
+    """(every built-in method that trains on ``objective`` and runs on each ``--quantize`` value, those left out
+    because a quantised backbone stores the weights they train packed): the zero-shot row trains nothing, so
+    it has no step to price."""
     from petlprof.config import ZERO_SHOT
     from petlprof.registry import get_method, method_names
 
-    return [m for m in method_names() if m != ZERO_SHOT and objective in get_method(m).objectives]
+    trains = [m for m in method_names() if m != ZERO_SHOT and objective in get_method(m).objectives]
+    runs = [m for m in trains if all(q in get_method(m).quantize for q in quantize)]
+    return runs, [m for m in trains if m not in runs]
 
 
-def cmd_estimate(args: argparse.Namespace) -> int:
-    from petlprof.config import parse_method_overrides
-    from petlprof.estimate.core import Settings, estimate
-    from petlprof.estimate.model import resolve_backbone
-    from petlprof.shapes import shape_names
-    from petlprof.store import check_writable
+def _settings(args: argparse.Namespace):
+    """The settings every estimate of the command shares, its options checked (one line, exit 2)."""
+    from petlprof.estimate.core import Settings
     from petlprof.values import parse_bytes
 
-    if args.list_shapes:
-        print("\n".join(shape_names()))
-        return 0
     kind_of("precision").check("precision", args.precision)  # the run options' checks: one line, exit 2
     kind_of("device").check("device", args.device)
+    check_attention(args.attention, args.precision, args.device)
     objective, target_length = _objective(args)
     settings = Settings(
         batch_size=_positive(args.batch_size, "--batch-size"),
@@ -186,26 +237,48 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         device=args.device,
         objective=objective,
         target_length=target_length,
+        attention=args.attention,
     )
     _batch_tokens(settings.batch_size, settings.max_length, settings.target_length)
-    methods = [m for m in args.methods.split(",") if m] if args.methods else _default_methods(objective)
+    return settings
+
+
+def cmd_estimate(args: argparse.Namespace) -> int:
+    from petlprof.config import parse_method_overrides
+    from petlprof.estimate.core import estimate
+    from petlprof.estimate.model import resolve_backbone
+    from petlprof.shapes import shape_names
+    from petlprof.store import check_writable
+
+    if args.list_shapes:
+        print("\n".join(shape_names()))
+        return 0
+    settings = _settings(args)
+    left_out: list[str] = []
+    if args.methods:
+        methods = [m for m in args.methods.split(",") if m]
+    else:
+        methods, left_out = _default_methods(settings.objective, list(args.quantize))
+    quantizations = _quantizations(args, methods)
     configurations = _configurations(methods, parse_method_overrides(args.method_config), args.grid)
     backbones = [b for b in args.backbone.split(",") if b]
     resolved = [resolve_backbone(spec, args.num_layers) for spec in backbones]
     for backbone in resolved:
-        _check_applies(backbone, configurations, settings.objective)
+        _check_applies(backbone, configurations, settings.objective, settings.attention)
         _check_length(backbone, settings)
     out = Path(args.output or f"petlprof-out/estimate-{time.strftime('%Y%m%d-%H%M%S')}")
     check_writable(out)  # the check `petlprof run --output` makes, before any estimate is traced
     records = []
     with open(out / "estimates.jsonl", "w") as fh:
         for backbone in resolved:
-            for name, overrides in configurations:
-                record = estimate(backbone, name, overrides, settings)
-                fh.write(json.dumps(record) + "\n")
-                fh.flush()
-                records.append(record)
-    print(format_table(records, settings))
+            for quantization in quantizations:
+                swept = dataclasses.replace(settings, quantization=quantization)
+                for name, overrides in configurations:
+                    record = estimate(backbone, name, overrides, swept)
+                    fh.write(json.dumps(record) + "\n")
+                    fh.flush()
+                    records.append(record)
+    print(format_table(records, settings, left_out))
     print()
     print(printable(f"wrote {out / 'estimates.jsonl'}"))
     if len(resolved) > 1:
@@ -267,17 +340,23 @@ def table_rows(records: list[dict], settings) -> list[dict[str, Any]]:
     from petlprof.estimate.core import META_TRACE
 
     rows = []
+    quantized = any(record.get("quantize", "none") != "none" for record in records)
     for record in records:
         row = {"backbone": record["backbone"], "method": record["method"], "config": _config_label(record)}
+        if quantized:
+            row["quantize"] = _quantize_label(record)
         if record["status"] != "ok":
             rows.append({**row, "note": record["error"]})
             continue
         memory, counts, bound = record["memory"], record["flops"], record["step_time_lower_bound"]
         row.update(
             {
+                "dtype": _dtype_label(record),
+                "attention": _attention_label(record),
                 "trainable_params": f"{record['trainable_params']:,}",
                 "total_params": f"{record['total_params']:,}",
                 "weights": size(memory["weights_bytes"]),
+                **({"quant_state": _state_label(memory)} if quantized else {}),
                 "gradients": size(memory["gradients_bytes"]),
                 "adamw_state": size(memory["optimizer_bytes"]),
                 "peak_train": size(memory["peak_train_bytes"]),
@@ -295,20 +374,60 @@ def table_rows(records: list[dict], settings) -> list[dict[str, Any]]:
             row["kv_cache_at_end"] = size(lm["kv_cache"]["bytes_at_end"])
         if settings.device_memory_bytes is not None:
             row[f"fits {size(settings.device_memory_bytes)}"] = "yes" if record["fits_train"]["device_memory"] else "no"
-        if record["estimate_source"] != META_TRACE:
-            row["note"] = record["estimate_source"]
+        notes = [record["estimate_source"]] if record["estimate_source"] != META_TRACE else []
+        if record.get("config_dtype") not in (None, record["dtype"]):
+            notes.append(f"the config asks for {record['config_dtype']}; built {record['dtype']} (--precision decides)")
+        if notes:
+            row["note"] = "; ".join(notes)
         rows.append(row)
     return rows
 
 
-def format_table(records: list[dict], settings) -> str:
+def _state_label(memory: dict) -> str:
+    """The quantisation state's bytes, ``-`` for an unquantised row."""
+    state = memory.get("quantization_state_bytes")
+    return "-" if state is None else size(state)
+
+
+def _quantize_label(record: dict) -> str:
+    """``none``, ``int8``, or ``nf4`` with its compute dtype and ``+dq`` for double quantisation."""
+    method = record.get("quantize", "none")
+    if method in ("none", "int8"):
+        return method
+    return f"{method} {record['quantize_compute_dtype']}{'+dq' if record['quantize_double'] else ''}"
+
+
+def _dtype_label(record: dict) -> str:
+    """The weights' dtype, and the autocast dtype the step computes in where it differs."""
+    if record["precision"] == "fp32":
+        return record["dtype"]
+    return f"{record['dtype']}+{record['precision']} autocast"
+
+
+def _attention_label(record: dict) -> str:
+    """The implementation built and, for sdpa, the kernels the training step ran: ``sdpa/flash``."""
+    attention = record["attention"]
+    kernels = "+".join(attention["train_kernels"])
+    return f"{attention['implementation']}/{kernels}" if kernels else attention["implementation"]
+
+
+def format_table(records: list[dict], settings, left_out: list[str] = ()) -> str:
     rows = table_rows(records, settings)
     columns = list(dict.fromkeys(key for row in rows for key in row if key != "note"))
     widths = {c: max(len(c), *(len(str(row.get(c, ""))) for row in rows)) for c in columns}
     lines = [
         f"batch {settings.batch_size} x {_tokens(settings)}, AdamW, {_precision(settings)}; "
         "step_time>= is a lower bound: FLOPs / the GPU's peak (see the GPU table in the README)",
+        f"attention: the implementation built / the kernels its training step ran (--attention {settings.attention})",
+        f"fits: peak <= (GPU memory - {size(gpus.CUDA_CONTEXT_BYTES)} CUDA context) x {1 - gpus.ALLOCATOR_SLACK:g} "
+        f"(the allocator's {gpus.ALLOCATOR_SLACK:.0%} slack): {size(gpus.usable_bytes(24 * GIB))} of a 24 GiB card; "
+        "sources in the README",
     ]
+    if left_out:
+        lines.append(
+            f"left out: {', '.join(left_out)} (they train weights a --quantize {','.join(_quantized(records))} "
+            "backbone stores packed and frozen)"
+        )
     if settings.objective == LM:
         lines.append(
             f"lm: the loss counts the {settings.target_length} target positions of each row; logits: the LM head's "
@@ -324,6 +443,10 @@ def format_table(records: list[dict], settings) -> str:
     return "\n".join(lines)
 
 
+def _quantized(records: list[dict]) -> list[str]:
+    return list(dict.fromkeys(r["quantize"] for r in records if r.get("quantize", "none") != "none"))
+
+
 def _tokens(settings) -> str:
     if settings.objective != LM:
         return f"{settings.max_length} tokens"
@@ -335,7 +458,7 @@ def _precision(settings) -> str:
 
     kernels = f"{policy_device(settings.device)} kernels"
     if settings.precision == "fp32":
-        return f"the model's dtype, {kernels}"
+        return f"float32 (every backbone, whatever dtype its config names), {kernels}"
     return f"{settings.precision} autocast ({policy_device(settings.device)} rules), float32 weights, {kernels}"
 
 
@@ -350,7 +473,10 @@ def plot_memory_vs_size(records: list[dict], path: Path) -> Path:
     lines: dict[str, list[tuple[int, float]]] = {}
     for record in records:
         if record["status"] == "ok":
-            label = " ".join(filter(None, (record["method"], _config_label(record))))
+            quantize = record.get("quantize", "none")
+            label = " ".join(
+                filter(None, (record["method"], _config_label(record), "" if quantize == "none" else quantize))
+            )
             lines.setdefault(label, []).append((record["total_params"], record["memory"]["peak_train_bytes"] / GIB))
     for label, points in sorted(lines.items()):
         points.sort()

@@ -14,6 +14,12 @@ autocast by a device's rules (:mod:`petlprof.estimate.autocast`; a GPU's by defa
 activations and the low-precision copies of weights count at their real dtype; weights, gradients and
 AdamW's state stay float32, as in a run.
 
+``--attention`` picks the attention implementation the model is built with (eager, or sdpa with the
+device's kernel; flash forces that kernel: :mod:`petlprof.estimate.attention`); ``--quantize`` quantises
+the frozen backbone as a run does (:mod:`petlprof.estimate.quantized`).  The model is float32 whatever
+dtype its config names (the record's ``config_dtype`` says what it asked for).  A fit verdict counts the
+CUDA context and the allocator's slack (:func:`petlprof.estimate.gpus.usable_bytes`).
+
 The objective (``--objective``) decides the task model: ``classification`` (the default) a pooled
 state and a linear head on a batch of ``max_length`` tokens; ``lm`` the backbone's own LM head on a
 prompt of ``max_length`` and a target of ``target_length`` tokens (:mod:`petlprof.estimate.lm`), its
@@ -29,11 +35,14 @@ from typing import Any
 
 from petlprof.errors import UsageError
 from petlprof.estimate import gpus
+from petlprof.estimate.attention import DEFAULT_ATTENTION, FLASH, implementation_of
 from petlprof.estimate.autocast import policy_device
 from petlprof.estimate.fallback import extrapolated_figures
 from petlprof.estimate.lm import CLASSIFICATION, LM, lm_figures
-from petlprof.estimate.model import ResolvedBackbone, build_model, weight_breakdown
+from petlprof.estimate.model import ResolvedBackbone, build, weight_breakdown
+from petlprof.estimate.quantized import check_traceable
 from petlprof.estimate.trace import UntraceableError, example_batch, inference_batch, lm_batch, train_steps
+from petlprof.quantization import DEFAULT_COMPUTE_DTYPE, NONE, Quantization, parameter_count, run_fields
 from petlprof.recipe import AUTOCAST_DTYPES, FP32
 
 META_TRACE = "meta-device trace of the step (no weights allocated)"
@@ -52,6 +61,13 @@ class Settings:
     device: str = "cuda"  # whose kernels and autocast rules the step follows (cuda: a GPU's; cpu)
     objective: str = CLASSIFICATION  # or LM: the backbone's own LM head, a prompt of max_length tokens and a target
     target_length: int | None = None  # LM: target tokens per row (the decoder of an encoder-decoder reads only them)
+    attention: str = DEFAULT_ATTENTION  # eager, sdpa or flash (petlprof.estimate.attention)
+    quantization: Quantization | None = None  # the frozen backbone's linear layers quantised by bitsandbytes
+
+    @property
+    def quantize(self) -> str:
+        """The ``--quantize`` value (``none`` without quantisation)."""
+        return NONE if self.quantization is None else self.quantization.method
 
 
 def estimate(resolved: ResolvedBackbone, method_name: str, overrides: dict, settings: Settings) -> dict[str, Any]:
@@ -75,6 +91,8 @@ def estimate(resolved: ResolvedBackbone, method_name: str, overrides: dict, sett
         "precision": settings.precision,
         "autocast_rules": None if settings.precision == FP32 else policy_device(settings.device),
         "kernels": policy_device(settings.device),
+        "config_dtype": resolved.config_dtype,  # what the config asked for; the model is built float32
+        **_quantize_fields(settings),
         "status": "ok",
         "error": None,
     }
@@ -97,9 +115,21 @@ def trace_figures(resolved: ResolvedBackbone, method, config, settings: Settings
     """Parameters, bytes and FLOPs of ``method`` on ``resolved`` from one traced step on ``device``."""
     import torch
 
-    model = build_model(resolved, method, config, settings.num_labels, device=device, objective=settings.objective)
+    if device == "meta":
+        check_traceable(settings.quantization)
+    built = build(
+        resolved,
+        method,
+        config,
+        settings.num_labels,
+        device=device,
+        objective=settings.objective,
+        attention=settings.attention,
+        quantization=settings.quantization,
+    )
+    model = built.model
     static = weight_breakdown(model)
-    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    dtype = str(next(p for p in model.parameters() if p.is_floating_point()).dtype).removeprefix("torch.")
     loss_fn = None
     if settings.objective == LM:
         from petlprof.estimate.model import family
@@ -113,9 +143,11 @@ def trace_figures(resolved: ResolvedBackbone, method, config, settings: Settings
         inputs, labels = example_batch(settings.batch_size, settings.max_length, _token_id(resolved))
     if not any(p.requires_grad for p in model.parameters()):
         raise ValueError(f"{method.name} trains no parameter of the {settings.objective} task model")
-    resident = static["frozen_weights_bytes"] + static["trainable_weights_bytes"] + static["buffers_bytes"]
-    train = train_steps(model, inputs, labels, precision=settings.precision, device=settings.device, loss_fn=loss_fn)
-    infer = inference_batch(model, inputs, precision=settings.precision, device=settings.device)
+    state = static.get("quantization_state_bytes", 0)
+    resident = static["frozen_weights_bytes"] + static["trainable_weights_bytes"] + static["buffers_bytes"] + state
+    rules = {"precision": settings.precision, "device": settings.device, "attention_kernel": _forced(settings)}
+    train = train_steps(model, inputs, labels, loss_fn=loss_fn, **rules)
+    infer = inference_batch(model, inputs, **rules)
     compute_dtype = dtype if settings.precision == FP32 else AUTOCAST_DTYPES[settings.precision]
     lm = {}
     if settings.objective == LM:
@@ -125,11 +157,19 @@ def trace_figures(resolved: ResolvedBackbone, method, config, settings: Settings
         "dtype": dtype,
         "compute_dtype": compute_dtype,
         "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
-        "total_params": sum(p.numel() for p in model.parameters()),
+        "total_params": parameter_count(model),
+        "attention": {
+            "asked": settings.attention,
+            "implementation": implementation_of(model),
+            "train_kernels": list(train.attention_kernels),
+            "inference_kernels": list(infer.attention_kernels),
+        },
+        **({"quantization": built.quantization} if settings.quantization else {}),
         "memory": {
             "weights_bytes": static["frozen_weights_bytes"] + static["trainable_weights_bytes"],
             "trainable_weights_bytes": static["trainable_weights_bytes"],
             "buffers_bytes": static["buffers_bytes"],
+            **({"quantization_state_bytes": state} if settings.quantization else {}),
             "gradients_bytes": static["gradients_bytes"],
             "optimizer_bytes": static["optimizer_bytes"],
             "peak_train_bytes": resident + train.peak_new_bytes,
@@ -139,6 +179,18 @@ def trace_figures(resolved: ResolvedBackbone, method, config, settings: Settings
         "estimate_source": META_TRACE,
         **lm,
     }
+
+
+def _quantize_fields(settings: Settings) -> dict[str, Any]:
+    """The run's quantisation fields (``quantize``, ``quantize_compute_dtype``, ``quantize_double``), named and
+    filled as a run's spec fills them (the 4-bit settings only where they act)."""
+    q = settings.quantization
+    return run_fields(settings.quantize, *((q.compute_dtype, q.double_quant) if q else (DEFAULT_COMPUTE_DTYPE, False)))
+
+
+def _forced(settings: Settings) -> str | None:
+    """The attention kernel every call runs: flash for ``--attention flash``, else the device's own choice."""
+    return FLASH if settings.attention == FLASH else None
 
 
 def _token_id(resolved: ResolvedBackbone) -> int:
@@ -152,6 +204,7 @@ def _verdicts(peak_train_bytes: int, train_flops: int, figures: dict, settings: 
     return {
         "fits_train": gpus.fits(peak_train_bytes, settings.device_memory_bytes),
         "fits_inference": gpus.fits(figures["memory"]["peak_inference_bytes"], settings.device_memory_bytes),
+        "headroom": gpus.headroom(),
         "step_time_lower_bound": {
             "gpu": gpu.name,
             "peak_flops_per_s": peak_flops,

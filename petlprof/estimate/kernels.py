@@ -31,6 +31,9 @@ give their outputs' shapes and autograd saves what their backward needs):
 
 from __future__ import annotations
 
+import math
+import sys
+
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
@@ -50,16 +53,22 @@ class UntraceableError(RuntimeError):
 
 
 class DeviceKernels(TorchFunctionMode):
-    """Runs meta attention and recurrent layers with the kernels ``device`` (``cpu`` or ``cuda``) would pick."""
+    """Runs meta attention and recurrent layers with the kernels ``device`` (``cpu`` or ``cuda``) would pick;
+    ``force``: the attention kernel every call runs (``flash``: ``--attention flash``), else the device's choice.
+    ``attention_kernels``: the attention kernels the calls under it ran."""
 
-    def __init__(self, device: str = "cuda"):
+    def __init__(self, device: str = "cuda", force: str | None = None):
         super().__init__()
         self.device = policy_device(device)
+        self.force = force
+        self.attention_kernels: set[str] = set()
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is F.scaled_dot_product_attention and _is_meta(args[0] if args else kwargs.get("query")):
-            return attention(self.device, *args, **kwargs)
+            backend = self.force or backend_for(self.device, *args, **kwargs)
+            self.attention_kernels.add(backend)
+            return attention(self.device, *args, force=backend, **kwargs)
         name = getattr(func, "__name__", "")
         if name == "lstm" and self.device == "cpu" and args and _is_meta(args[0]):
             raise UntraceableError("a CPU runs nn.LSTM by oneDNN (mkldnn_rnn_layer): its workspace has no meta size")
@@ -80,30 +89,59 @@ def _cpu_flash_backward_flops(grad_out_shape, query_shape, key_shape, value_shap
     return sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
 
 
+def _gemm_4bit_flops(a_shape, b_shape, shape_b, *args, **kwargs) -> int:
+    """A bitsandbytes 4-bit layer's product: input (..., K) times the dequantised (N, K) weight, as ``mm``."""
+    return 2 * math.prod(a_shape) * int(shape_b[0])
+
+
+def _int8_flops(a_shape, b_shape, *args, **kwargs) -> int:
+    """An LLM.int8() product: the int8 input (..., K) times the int8 (N, K) weight, as ``mm``."""
+    return 2 * math.prod(a_shape) * int(b_shape[0])
+
+
+def _int8_mixed_flops(a_shape, int8_a_shape, b_shape, *args, **kwargs) -> int:
+    """LLM.int8() with outlier columns: the same product, its columns split between int8 and float."""
+    return _int8_flops(a_shape, b_shape)
+
+
 def flop_counter() -> FlopCounterMode:
     """torch's FLOP counter, taught the CPU flash attention kernel (it counts the GPU ones only), with the
     same formulas as the GPU kernels: the products of the scores and of the output, and in backward
-    their gradients and the recomputed scores."""
+    their gradients and the recomputed scores; and, once bitsandbytes is imported, its layers' fused products
+    (``gemm_4bit``: the product of the dequantised weight, whose backward is a plain ``matmul``; the int8
+    products LLM.int8() runs without gradients)."""
     aten = torch.ops.aten
-    return FlopCounterMode(
-        display=False,
-        custom_mapping={
-            aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash_flops,
-            aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_flash_backward_flops,
-        },
-    )
+    mapping = {
+        aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash_flops,
+        aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_flash_backward_flops,
+    }
+    if "bitsandbytes" in sys.modules:
+        bnb = torch.ops.bitsandbytes
+        mapping.update({bnb.gemm_4bit: _gemm_4bit_flops, bnb.int8_scaled_mm: _int8_flops})
+        mapping[bnb.int8_mixed_scaled_mm] = _int8_mixed_flops
+    return FlopCounterMode(display=False, custom_mapping=mapping)
 
 
 def _is_meta(value) -> bool:
     return isinstance(value, torch.Tensor) and value.is_meta
 
 
-def attention(device: str, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **extra):
-    """``F.scaled_dot_product_attention`` on meta tensors by the kernel ``device`` would run."""
-    enable_gqa = bool(extra.get("enable_gqa", False))
+def attention(
+    device: str,
+    query,
+    key,
+    value,
+    attn_mask=None,
+    dropout_p=0.0,
+    is_causal=False,
+    scale=None,
+    force: str | None = None,
+    **extra,
+):
+    """``F.scaled_dot_product_attention`` on meta tensors by the kernel ``device`` would run (``force``: that
+    kernel, whatever the device's checks say)."""
     mask = _float_mask(attn_mask, query.dtype)
-    args = (query, key, value, mask, dropout_p, is_causal, scale, enable_gqa)
-    backend = _cpu_backend(*args) if device == "cpu" else cuda_backend(*args)
+    backend = force or backend_for(device, query, key, value, attn_mask, dropout_p, is_causal, scale, **extra)
     if backend == FLASH and device == "cpu":
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             query, key, value, dropout_p, is_causal, attn_mask=mask, scale=scale
@@ -118,6 +156,15 @@ def attention(device: str, query, key, value, attn_mask=None, dropout_p=0.0, is_
     return F.scaled_dot_product_attention(
         query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, **extra
     )
+
+
+def backend_for(device: str, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **extra):
+    """The attention kernel ``device`` picks for these arguments: flash, efficient or math."""
+    with _disable_current_modes():  # the float mask it looks at is not the step's memory (attention makes its own)
+        mask = _float_mask(attn_mask, query.dtype)
+    args = (query, key, value, mask, dropout_p, is_causal, scale)
+    enable_gqa = bool(extra.get("enable_gqa", False))
+    return _cpu_backend(*args, enable_gqa) if device == "cpu" else cuda_backend(*args, enable_gqa)
 
 
 def _float_mask(mask, dtype: torch.dtype):

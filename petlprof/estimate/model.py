@@ -19,6 +19,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from petlprof.errors import UsageError, unknown_choice
+from petlprof.estimate.attention import DEFAULT_ATTENTION, attn_implementation
 from petlprof.estimate.lm import CLASSIFICATION, LM
 from petlprof.meters.memory import static_breakdown
 from petlprof.shapes import config_from_file, shape_config, shape_names
@@ -33,6 +34,7 @@ class ResolvedBackbone:
     config: Any  # transformers PretrainedConfig
     tokenizer: Any  # the preset's tokenizer, or a stand-in with pad_token_id and name_or_path
     source: str
+    config_dtype: str | None = None  # the dtype the config asks for (``torch_dtype``/``dtype``); never applied
 
 
 def resolve_backbone(spec: str, num_layers: int | None = None) -> ResolvedBackbone:
@@ -60,6 +62,7 @@ def resolve_backbone(spec: str, num_layers: int | None = None) -> ResolvedBackbo
         )
     if resolved.tokenizer is None:
         resolved.tokenizer = _stand_in(resolved.config)
+    resolved.config_dtype = _asked_dtype(resolved.config)
     if num_layers is not None:
         _cut_depth(resolved, num_layers)
     return resolved
@@ -76,6 +79,12 @@ def _preset(spec: str) -> ResolvedBackbone:
     tokenizer = AutoTokenizer.from_pretrained(minilm_path())
     source = "pretrained all-MiniLM-L6-v2 config" if spec == "minilm" else f"{spec} preset config"
     return ResolvedBackbone(spec, config, tokenizer, source)
+
+
+def _asked_dtype(config) -> str | None:
+    """The dtype a config names (a downloaded ``config.json``'s ``torch_dtype: bfloat16``), as text; None if none."""
+    dtype = getattr(config, "dtype", None)
+    return None if dtype is None else str(dtype).removeprefix("torch.")
 
 
 def _stand_in(config) -> SimpleNamespace:
@@ -114,6 +123,53 @@ def family(resolved: ResolvedBackbone) -> str:
     return family_of(resolved.config)
 
 
+@dataclass
+class BuiltModel:
+    """A task model as a run trains it, and how its backbone was quantised (the record's ``quantization``,
+    the run record's ``training.quantization``; None unquantised)."""
+
+    model: Any
+    quantization: dict[str, Any] | None = None
+
+
+def build(
+    resolved: ResolvedBackbone,
+    method,
+    method_config,
+    num_labels: int,
+    device: str = "meta",
+    objective: str = CLASSIFICATION,
+    attention: str = DEFAULT_ATTENTION,
+    quantization=None,
+) -> BuiltModel:
+    """The model a run trains: backbone from the config (``attention``'s implementation; quantised as
+    ``quantization``, a :class:`petlprof.quantization.Quantization`, says, by
+    :func:`petlprof.estimate.quantized.quantize_backbone`), the objective's task model (a classifier head, or
+    the backbone's own LM head), method applied; on ``device``."""
+    import torch
+
+    from petlprof.backbones import Backbone
+    from petlprof.modeling import SequenceClassifier
+
+    model = build_backbone_model(resolved, device, lm_head=objective == LM, attention=attention)
+    info = None
+    if quantization is not None:
+        from petlprof.estimate.quantized import quantize_backbone
+
+        info = quantize_backbone(model, quantization, device)
+    with torch.device(device), _fast_meta(device):
+        backbone = Backbone(
+            resolved.name, model, resolved.tokenizer, family(resolved), resolved.source, quantization=info
+        )
+        if objective == LM:
+            from petlprof.modeling import make_task_model
+
+            task_model = make_task_model(backbone, LM, num_labels)
+        else:
+            task_model = SequenceClassifier(backbone, num_labels)
+        return BuiltModel(method.build()(task_model, method_config), info)
+
+
 def build_model(
     resolved: ResolvedBackbone,
     method,
@@ -121,27 +177,19 @@ def build_model(
     num_labels: int,
     device: str = "meta",
     objective: str = CLASSIFICATION,
+    attention: str = DEFAULT_ATTENTION,
 ):
-    """The model a run trains: backbone from the config, the objective's task model (a classifier head, or
-    the backbone's own LM head), method applied; on ``device``."""
-    import torch
-
-    from petlprof.backbones import Backbone
-    from petlprof.modeling import SequenceClassifier
-
-    with torch.device(device), _fast_meta(device):
-        model = build_backbone_model(resolved, device, lm_head=objective == LM)
-        backbone = Backbone(resolved.name, model, resolved.tokenizer, family(resolved), resolved.source)
-        if objective == LM:
-            from petlprof.modeling import make_task_model
-
-            return method.build()(make_task_model(backbone, LM, num_labels), method_config)
-        return method.build()(SequenceClassifier(backbone, num_labels), method_config)
+    """The model a run trains, unquantised (:func:`build`'s model)."""
+    return build(resolved, method, method_config, num_labels, device, objective, attention).model
 
 
-def build_backbone_model(resolved: ResolvedBackbone, device: str = "meta", lm_head: bool = False):
-    """The backbone as load_backbone makes it from a config (the pooler dropped, the pad id set), on ``device``;
-    ``lm_head``: with its language-modelling head (a causal or a sequence-to-sequence LM)."""
+def build_backbone_model(
+    resolved: ResolvedBackbone, device: str = "meta", lm_head: bool = False, attention: str = DEFAULT_ATTENTION
+):
+    """The backbone as load_backbone makes it from a config (the pooler dropped, the pad id set), on ``device``,
+    in float32 whatever dtype the config names (``--precision`` decides the step's, as for the bundled shapes),
+    with ``attention``'s implementation (:func:`petlprof.estimate.attention.attn_implementation`); ``lm_head``:
+    with its language-modelling head (a causal or a sequence-to-sequence LM)."""
     import torch
     from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
@@ -151,7 +199,7 @@ def build_backbone_model(resolved: ResolvedBackbone, device: str = "meta", lm_he
     if lm_head:
         auto = AutoModelForSeq2SeqLM if family(resolved) == ENCODER_DECODER else AutoModelForCausalLM
     with torch.device(device), _fast_meta(device):
-        model = auto.from_config(resolved.config)
+        model = auto.from_config(resolved.config, dtype=torch.float32, **attn_implementation(attention))
     if getattr(model, "pooler", None) is not None:
         model.pooler = None  # petlprof pools itself
     if getattr(model.config, "pad_token_id", None) is None:

@@ -19,7 +19,10 @@ padding masks, the optimiser's step counters): the model's control flow reads th
 * counts the bytes of every storage an operation creates, real or meta, until the last tensor on
   it is freed -- the rule of the ``cpu-tensors`` meter (:mod:`petlprof.meters.tensors`): an output
   that aliases an input (views, in-place updates) is not new memory, but a view keeps its storage
-  alive until the view is freed too.
+  alive until the view is freed too;
+* runs a bitsandbytes operation that a CPU runs by its composite kernel (``gemm_4bit``: a 4-bit
+  layer's weight dequantised whole, then multiplied) through that kernel under itself, so the
+  temporaries inside it count (as one dispatched call, or by its meta kernel, only its output would).
 
 An operation without a meta kernel raises :class:`UntraceableError`; the caller then uses the
 exact fallback in :mod:`petlprof.estimate.fallback`.
@@ -40,6 +43,7 @@ from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_unflat
 
 from petlprof.estimate.autocast import MetaAutocast, policy_device
 from petlprof.estimate.kernels import DeviceKernels, UntraceableError, flop_counter
+from petlprof.meters.tensors import run_composite, runs_composite
 from petlprof.recipe import AUTOCAST_DTYPES, FP16, FP32, TrainRecipe
 
 aten = torch.ops.aten
@@ -93,6 +97,8 @@ class MetaTrace(TorchDispatchMode):
 
     def _run(self, func, args, kwargs) -> tuple[Any, set[int]]:
         """(the operation's output, the storage keys of its tensor arguments)."""
+        if runs_composite(func):
+            return self._composite(func, args, kwargs)
         kind = _kind(func)
         first = args[0] if args else None
         if kind == "update" and isinstance(first, torch.Tensor) and first.is_meta:
@@ -122,6 +128,16 @@ class MetaTrace(TorchDispatchMode):
         if key is not None and len(_OUTPUTS) < _CACHE_LIMIT:
             _remember(key, out, inputs | {_storage_key(t) for t in leaves if isinstance(t, torch.Tensor)})
         return out, inputs
+
+    def _composite(self, func, args, kwargs) -> tuple[Any, set[int]]:
+        """A library operation a CPU runs by its composite kernel, run so under this trace (its inner operations
+        traced too), real arguments moved to meta where any is meta."""
+        tensors = [leaf for leaf in tree_leaves((args, kwargs)) if isinstance(leaf, torch.Tensor)]
+        inputs = {_storage_key(t) for t in tensors}
+        if any(t.is_meta for t in tensors):
+            args, kwargs = tree_map(_to_meta, (args, kwargs))
+        with self:
+            return run_composite(func, args, kwargs), inputs
 
     def _track(self, tensor: torch.Tensor, inputs: set[int]) -> None:
         key = _storage_key(tensor)
@@ -233,6 +249,7 @@ class StepTrace:
     flops: int
     output_shape: tuple[int, ...] = ()
     output_bytes: int = 0
+    attention_kernels: tuple[str, ...] = ()  # the kernels its scaled_dot_product_attention calls ran (eager: none)
 
 
 def example_batch(batch_size: int, max_length: int, token_id: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
@@ -266,11 +283,12 @@ def lm_batch(
 
 
 @contextlib.contextmanager
-def forward_rules(precision: str, device: str):
-    """The forward pass's context: ``device``'s kernel choices (:class:`DeviceKernels`), and at bf16/fp16
-    its autocast rules (:class:`MetaAutocast`; it casts first, as autocast runs before a kernel is chosen)."""
+def forward_rules(precision: str, device: str, kernels: DeviceKernels | None = None):
+    """The forward pass's context: ``device``'s kernel choices (``kernels``, a :class:`DeviceKernels`), and at
+    bf16/fp16 its autocast rules (:class:`MetaAutocast`; it casts first, as autocast runs before a kernel is
+    chosen)."""
     with contextlib.ExitStack() as stack:
-        stack.enter_context(DeviceKernels(device))
+        stack.enter_context(kernels or DeviceKernels(device))
         if precision != FP32:
             stack.enter_context(MetaAutocast(getattr(torch, AUTOCAST_DTYPES[precision]), device))
         yield
@@ -284,6 +302,7 @@ def train_steps(
     precision: str = FP32,
     device: str = "cuda",
     loss_fn: Callable | None = None,
+    attention_kernel: str | None = None,
 ) -> StepTrace:
     """Trace ``steps`` training steps as :func:`petlprof.train.train` runs them with the run's
     :class:`~petlprof.recipe.TrainRecipe` (forward and loss under ``precision``'s autocast by ``device``'s
@@ -292,7 +311,8 @@ def train_steps(
     the later ones run.  FLOPs are counted in the first step and the peak is read from the later ones:
     ``FlopCounterMode`` keeps tensors of the step it counts alive longer than a run does (13% of a
     LoRA step's bytes on tiny-llama at 16 x 64).  ``loss_fn(logits, labels)``: the classifier's loss by
-    default (the LM objective passes its own)."""
+    default (the LM objective passes its own); ``attention_kernel``: the attention kernel every call runs
+    (``--attention flash``), else the device's choice."""
     if loss_fn is None:
         from petlprof.train import loss_fn
 
@@ -303,13 +323,13 @@ def train_steps(
     for group in optimizer.param_groups:  # torch's default for the device: a GPU runs AdamW's foreach loop
         group["foreach"] = policy_device(device) == "cuda"
     model.train()
-    tracer, counter = MetaTrace(), flop_counter()
+    tracer, counter, kernels = MetaTrace(), flop_counter(), DeviceKernels(device, attention_kernel)
     with tracer:
         for step in range(steps):
             if step == 1:
                 tracer.peak_bytes = tracer.live_bytes  # the optimiser state is alive from here on
             with counter if step == 0 else contextlib.nullcontext():
-                with forward_rules(precision, device):
+                with forward_rules(precision, device, kernels):
                     loss = loss_fn(model(**inputs), labels)
                 (loss * _LOSS_SCALE if precision == FP16 else loss).backward()
                 if precision == FP16:  # GradScaler.unscale_: in place, before clipping
@@ -319,18 +339,24 @@ def train_steps(
                 optimizer.zero_grad(set_to_none=True)
             del loss
         del optimizer
-    return StepTrace(peak_new_bytes=tracer.peak_bytes, flops=counter.get_total_flops())
+    return StepTrace(
+        tracer.peak_bytes, counter.get_total_flops(), attention_kernels=tuple(sorted(kernels.attention_kernels))
+    )
 
 
 @torch.no_grad()
-def inference_batch(model, inputs: dict, precision: str = FP32, device: str = "cuda") -> StepTrace:
+def inference_batch(
+    model, inputs: dict, precision: str = FP32, device: str = "cuda", attention_kernel: str | None = None
+) -> StepTrace:
     """Trace one evaluation forward pass (eval mode, no autograd) under ``precision``'s autocast."""
     model.eval()
-    tracer = MetaTrace()
-    with tracer, flop_counter() as counter, forward_rules(precision, device):
+    tracer, kernels = MetaTrace(), DeviceKernels(device, attention_kernel)
+    with tracer, flop_counter() as counter, forward_rules(precision, device, kernels):
         out = model(**inputs)
         out = getattr(out, "logits", out)  # a language model given labels: the logits of the scored positions
         shape = tuple(out.shape) if isinstance(out, torch.Tensor) else ()
         nbytes = math.prod(shape) * out.element_size() if shape else 0
         del out
-    return StepTrace(tracer.peak_bytes, counter.get_total_flops(), shape, nbytes)
+    return StepTrace(
+        tracer.peak_bytes, counter.get_total_flops(), shape, nbytes, tuple(sorted(kernels.attention_kernels))
+    )

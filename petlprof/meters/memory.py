@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from petlprof.meters.base import MEASURED, Meter
+from petlprof.quantization import quantization_state
 
 _STATUS = "/proc/self/status"
 
@@ -154,7 +155,9 @@ def static_breakdown(model) -> dict[str, int]:
     the gradients of the trainable weights, and AdamW's state (``exp_avg`` and ``exp_avg_sq`` in
     the parameter's dtype, plus a 4-byte ``step`` per trainable tensor).  Shared (tied) tensors
     count once: tensors are told apart by their storage, so a model on the ``meta`` device (no data
-    pointer) is counted the same way (``petlprof estimate`` uses this too)."""
+    pointer) is counted the same way (``petlprof estimate`` uses this too).  A quantised backbone's
+    (``--quantize``) weights count as stored (packed), and ``quantization_state_bytes``, present only
+    then, counts what dequantises them (:func:`petlprof.quantization.quantization_state`)."""
     seen: set[int] = set()
     figures = dict.fromkeys(
         (
@@ -181,6 +184,10 @@ def static_breakdown(model) -> dict[str, int]:
         if _storage(buffer) not in seen:
             seen.add(_storage(buffer))
             figures["buffers_bytes"] += buffer.numel() * buffer.element_size()
+    for tensor in quantization_state(model):
+        if _storage(tensor) not in seen:
+            seen.add(_storage(tensor))
+            figures["quantization_state_bytes"] = figures.get("quantization_state_bytes", 0) + tensor.nbytes
     figures["total_bytes"] = sum(figures.values())
     return figures
 

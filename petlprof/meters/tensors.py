@@ -21,6 +21,34 @@ from typing import Any
 
 from petlprof.meters.base import MEASURED, Meter
 
+_COMPOSITES: dict = {}  # operation -> whether a dispatch mode runs its composite kernel (see runs_composite)
+
+
+def runs_composite(func) -> bool:
+    """bitsandbytes' operations without a CPU kernel of their own (a CPU runs their composite kernel: the 4-bit
+    product ``gemm_4bit`` dequantises its whole weight, then multiplies).  Dispatched as one operation, their
+    inner tensors are hidden from a dispatch mode (and their meta kernel creates only the output); run by their
+    composite kernel under the mode (:func:`run_composite`), their temporaries count where they are alive.  The
+    ``cpu-tensors`` meter and the estimate's trace both do so."""
+    known = _COMPOSITES.get(func)
+    if known is None:
+        import torch
+
+        name = func._schema.name if isinstance(func, torch._ops.OpOverload) else ""
+        has = torch._C._dispatch_has_kernel_for_dispatch_key
+        known = _COMPOSITES[func] = (
+            name.startswith("bitsandbytes::") and has(name, "CompositeExplicitAutograd") and not has(name, "CPU")
+        )
+    return known
+
+
+def run_composite(func, args, kwargs):
+    """Run ``func`` by its composite kernel; called inside a dispatch mode's ``__torch_dispatch__`` with the
+    mode re-entered, so the kernel's inner operations come back to the mode one by one."""
+    import torch
+
+    return func.redispatch(torch._C.DispatchKeySet(torch._C.DispatchKey.CompositeExplicitAutograd), *args, **kwargs)
+
 
 def _mode_class():
     import torch
@@ -37,7 +65,11 @@ def _mode_class():
             self._storages: dict[int, list] = {}  # data_ptr -> [bytes, ids of the tensors alive on it]
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
+            if runs_composite(func):  # a 4-bit product: its dequantised weight is a temporary worth counting
+                with self:
+                    out = run_composite(func, args, kwargs or {})
+            else:
+                out = func(*args, **(kwargs or {}))
             inputs = {
                 t.untyped_storage().data_ptr()
                 for t in tree_leaves((args, kwargs))

@@ -133,20 +133,40 @@ def _knob_value(value: Any) -> str:
 
 
 def config_label(record: Mapping[str, Any], width: int = 32) -> str:
-    """The method's Pareto knob and any non-default hyper-parameters as ``r=8 alpha=8`` (``-`` for none).
+    """The method's Pareto knob and any non-default hyper-parameters as ``r=8 alpha=8``, then the
+    backbone's quantisation and a reduced precision (``r=8 nf4``; ``-`` for none of these).
 
     Records name their knob (``pareto_knob``) and the fields changed from the method's defaults
     (``method_config_changed``); older or foreign records without them show every field.
     """
     config = record.get("method_config")
-    if not isinstance(config, Mapping) or not config:
+    parts = []
+    if isinstance(config, Mapping) and config:
+        knob, changed = record.get("pareto_knob"), record.get("method_config_changed")
+        keys = list(config) if changed is None else [k for k in config if k == knob or k in changed]
+        parts = [f"{key}={_knob_value(config[key])}" for key in keys]
+    label = " ".join(parts + _numerics(record))
+    if not label:
         return MISSING
-    knob, changed = record.get("pareto_knob"), record.get("method_config_changed")
-    keys = list(config) if changed is None else [k for k in config if k == knob or k in changed]
-    if not keys:
-        return MISSING
-    label = " ".join(f"{key}={_knob_value(config[key])}" for key in keys)
     return label if len(label) <= width else label[: width - 1] + "…"
+
+
+def _numerics(record: Mapping[str, Any]) -> list[str]:
+    """How the run's numbers differ from the float32 default, as label words: the backbone's
+    quantisation (``nf4``, ``int8``; ``training.quantization``) and a reduced precision (``bf16``), so
+    two configurations that differ only there are told apart in tables and plots."""
+    training = record.get("training")
+    if not isinstance(training, Mapping):
+        return []
+    words = []
+    quantization = training.get("quantization")
+    if isinstance(quantization, Mapping) and quantization.get("method"):
+        words.append(text(quantization["method"]))
+    precision = training.get("precision")
+    short = {"bfloat16": "bf16", "float16": "fp16", "bf16": "bf16", "fp16": "fp16"}
+    if isinstance(precision, str) and precision in short:
+        words.append(short[precision])
+    return words
 
 
 def run_label(record: Mapping[str, Any]) -> str:
