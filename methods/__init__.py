@@ -1,19 +1,6 @@
 """Fine-tuning method implementations, installed as ``petlprof.methods``.
 
-Importing this package registers every built-in method's light spec (name, config, default
-learning rate); each method's torch/peft code is imported only when a run applies it.
+Each built-in method's module defines its light spec as ``SPEC`` (name, config, default learning
+rate); :data:`petlprof.registry.BUILTIN_METHODS` lists them, and the registry imports one only when
+its method is asked for.  A method's torch/peft code is imported only when a run applies it.
 """
-
-from petlprof.methods import (  # noqa: F401  (self-registering)
-    adapter,
-    bitfit,
-    full,
-    ia3,
-    linear_probe,
-    lora,
-    lst,
-    prefix_tuning,
-    prompt_tuning,
-    read,
-    zero_shot,
-)

@@ -13,9 +13,8 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass
 
-from petlprof.method_api import MethodConfig
+from petlprof.method_api import MethodConfig, MethodSpec
 from petlprof.quantization import QUANTIZE_CHOICES
-from petlprof.registry import MethodSpec, register_method
 
 
 @dataclass
@@ -46,15 +45,13 @@ def apply(classifier, config: BitFitConfig):
     return classifier
 
 
-register_method(
-    MethodSpec(
-        name="bitfit",
-        description="backbone bias terms + task head",
-        config_cls=BitFitConfig,
-        apply="petlprof.methods.bitfit:apply",
-        default_lr=1e-3,
-        lr_source="BitFit paper grid 1e-4..1e-3 (Ben Zaken et al. 2022)",
-        objectives=("classification", "lm"),
-        quantize=QUANTIZE_CHOICES,
-    )
+SPEC = MethodSpec(
+    name="bitfit",
+    description="backbone bias terms + task head",
+    config_cls=BitFitConfig,
+    apply="petlprof.methods.bitfit:apply",
+    default_lr=1e-3,
+    lr_source="BitFit paper grid 1e-4..1e-3 (Ben Zaken et al. 2022)",
+    objectives=("classification", "lm"),
+    quantize=QUANTIZE_CHOICES,
 )

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from petlprof.method_api import MethodConfig
-from petlprof.registry import MethodSpec, register_method
+from petlprof.method_api import MethodConfig, MethodSpec
 
 
 @dataclass
@@ -22,14 +21,12 @@ def apply(classifier, config: FullConfig):
     return classifier
 
 
-register_method(
-    MethodSpec(
-        name="full",
-        description="all backbone weights + task head",
-        config_cls=FullConfig,
-        apply="petlprof.methods.full:apply",
-        default_lr=5e-5,
-        lr_source="BERT fine-tuning range 2e-5..5e-5 (Devlin et al. 2019); upper end for short budgets",
-        objectives=("classification", "lm"),
-    )
+SPEC = MethodSpec(
+    name="full",
+    description="all backbone weights + task head",
+    config_cls=FullConfig,
+    apply="petlprof.methods.full:apply",
+    default_lr=5e-5,
+    lr_source="BERT fine-tuning range 2e-5..5e-5 (Devlin et al. 2019); upper end for short budgets",
+    objectives=("classification", "lm"),
 )

@@ -16,9 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from petlprof.errors import UsageError
-from petlprof.method_api import MethodConfig, module_names
+from petlprof.method_api import MethodConfig, MethodSpec, module_names
 from petlprof.quantization import QUANTIZE_CHOICES
-from petlprof.registry import MethodSpec, register_method
 
 
 @dataclass
@@ -40,6 +39,7 @@ class Ia3Config(MethodConfig):
 
 
 def apply(classifier, config: Ia3Config):
+    # peft and torch: the spec is listed and checked without them
     import peft
 
     from petlprof.methods.peft_common import default_targets, record_targets, wrap_backbone
@@ -50,16 +50,14 @@ def apply(classifier, config: Ia3Config):
     return record_targets(classifier, "ia3", source)
 
 
-register_method(
-    MethodSpec(
-        name="ia3",
-        description="learned rescaling vectors on keys, values and feed-forward activations (PEFT) + task head",
-        config_cls=Ia3Config,
-        apply="petlprof.methods.ia3:apply",
-        default_lr=3e-3,
-        lr_source="T-Few recipe (Liu et al. 2022): 3e-3; PEFT's IA3 seq2seq example uses 8e-3",
-        merge="petlprof.methods.peft_common:merge",
-        objectives=("classification", "lm"),
-        quantize=QUANTIZE_CHOICES,
-    )
+SPEC = MethodSpec(
+    name="ia3",
+    description="learned rescaling vectors on keys, values and feed-forward activations (PEFT) + task head",
+    config_cls=Ia3Config,
+    apply="petlprof.methods.ia3:apply",
+    default_lr=3e-3,
+    lr_source="T-Few recipe (Liu et al. 2022): 3e-3; PEFT's IA3 seq2seq example uses 8e-3",
+    merge="petlprof.methods.peft_common:merge",
+    objectives=("classification", "lm"),
+    quantize=QUANTIZE_CHOICES,
 )

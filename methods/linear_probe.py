@@ -16,9 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from petlprof.method_api import MethodConfig
+from petlprof.method_api import MethodConfig, MethodSpec
 from petlprof.quantization import QUANTIZE_CHOICES
-from petlprof.registry import MethodSpec, register_method
 
 
 @dataclass
@@ -32,16 +31,14 @@ def apply(classifier, config: LinearProbeConfig):
     return classifier.freeze_backbone()
 
 
-register_method(
-    MethodSpec(
-        name="linear_probe",
-        description="task head only, on the frozen backbone's pooled states",
-        config_cls=LinearProbeConfig,
-        apply="petlprof.methods.linear_probe:apply",
-        default_lr=1e-2,
-        lr_source="a head trained from scratch on frozen features takes a larger step than any backbone update; "
-        "checked on the offline default: 85.3% after one 2000-example epoch (300 eval examples)",
-        objectives=("classification", "lm"),
-        quantize=QUANTIZE_CHOICES,
-    )
+SPEC = MethodSpec(
+    name="linear_probe",
+    description="task head only, on the frozen backbone's pooled states",
+    config_cls=LinearProbeConfig,
+    apply="petlprof.methods.linear_probe:apply",
+    default_lr=1e-2,
+    lr_source="a head trained from scratch on frozen features takes a larger step than any backbone update; "
+    "checked on the offline default: 85.3% after one 2000-example epoch (300 eval examples)",
+    objectives=("classification", "lm"),
+    quantize=QUANTIZE_CHOICES,
 )

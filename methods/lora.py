@@ -11,9 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from petlprof.errors import UsageError
-from petlprof.method_api import MAX_WIDTH, MethodConfig, integer, module_names, number
+from petlprof.method_api import MAX_WIDTH, MethodConfig, MethodSpec, integer, module_names, number
 from petlprof.quantization import QUANTIZE_CHOICES
-from petlprof.registry import MethodSpec, register_method
 
 
 @dataclass
@@ -35,6 +34,7 @@ class LoraConfig(MethodConfig):
 
 
 def apply(classifier, config: LoraConfig):
+    # peft and torch: the spec is listed and checked without them
     import peft
 
     from petlprof.methods.peft_common import default_targets, record_targets, wrap_backbone
@@ -51,19 +51,17 @@ def apply(classifier, config: LoraConfig):
     return record_targets(classifier, "lora", source)
 
 
-register_method(
-    MethodSpec(
-        name="lora",
-        description="low-rank updates of the attention projections (PEFT) + task head",
-        config_cls=LoraConfig,
-        apply="petlprof.methods.lora:apply",
-        default_lr=2e-3,
-        lr_source="tuned on the offline default for short budgets (1e-3: 83.3%, 2e-3: 84.6%, 5e-4: 73.8% after one "
-        "2000-example epoch); the LoRA paper's 4e-4..5e-4 assumes 30+ epochs",
-        pareto_knob="r",
-        default_grid=(2, 8, 32),
-        merge="petlprof.methods.peft_common:merge",
-        objectives=("classification", "lm"),
-        quantize=QUANTIZE_CHOICES,
-    )
+SPEC = MethodSpec(
+    name="lora",
+    description="low-rank updates of the attention projections (PEFT) + task head",
+    config_cls=LoraConfig,
+    apply="petlprof.methods.lora:apply",
+    default_lr=2e-3,
+    lr_source="tuned on the offline default for short budgets (1e-3: 83.3%, 2e-3: 84.6%, 5e-4: 73.8% after one "
+    "2000-example epoch); the LoRA paper's 4e-4..5e-4 assumes 30+ epochs",
+    pareto_knob="r",
+    default_grid=(2, 8, 32),
+    merge="petlprof.methods.peft_common:merge",
+    objectives=("classification", "lm"),
+    quantize=QUANTIZE_CHOICES,
 )

@@ -22,7 +22,10 @@ shape prompts and record placement with these same functions.
 
 from __future__ import annotations
 
+import peft
+
 from petlprof.architecture import Architecture, ia3_targets, lora_targets, name_patterns, peft_table, require
+from petlprof.backbones import ENCODER_DECODER
 from petlprof.errors import UsageError
 
 # what PEFT raises when a tuner cannot adapt a model: a shape it refuses (ValueError), a layer type it has
@@ -33,8 +36,6 @@ PEFT_REFUSALS = (ValueError, TypeError, NotImplementedError, AttributeError, Key
 
 def wrap_backbone(classifier, peft_config, method: str):
     """Freeze the backbone, wrap it with ``peft_config`` (PEFT decides what trains) and free the head."""
-    import peft
-
     classifier.freeze_backbone()
     try:
         classifier.backbone = peft.get_peft_model(classifier.backbone, peft_config)
@@ -118,8 +119,6 @@ def prefix_task_type(task_model) -> str:
     that extends the decoder's mask by the prefix; PEFT puts the prefix on the decoder's self-attention), its
     feature-extraction wrapper otherwise.  The seq2seq wrapper records the model's generation hooks when it is
     built; a headless T5 classifier has none and never generates, so they are set to None first."""
-    from petlprof.backbones import ENCODER_DECODER
-
     if task_model.family != ENCODER_DECODER:
         return "FEATURE_EXTRACTION"
     if task_model.objective != "lm":

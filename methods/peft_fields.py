@@ -19,6 +19,7 @@ an ``adapter_config.json`` that sets one to anything else is refused with that r
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import enum
 import re
@@ -215,6 +216,4 @@ def config_class(peft_cls: type, name: str, defaults: dict[str, Any]) -> type:
 
 
 def _copier(value: Any):
-    import copy
-
     return lambda: copy.deepcopy(value)

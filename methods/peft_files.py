@@ -18,6 +18,7 @@ from petlprof.errors import UsageError, shown, unknown_choice
 from petlprof.method_api import PEFT_PREFIX
 from petlprof.methods.peft_fields import BASE_FIELDS, DERIVED, excluded_fields, peft_default, plain
 from petlprof.methods.peft_tuners import ALIASES, Tuner, TunerSpec, first_line, peft_types, peft_version, tuner_spec
+from petlprof.values import check_file
 
 QUIET = {"peft_type", "peft_version", "inference_mode"}  # fields of every saved file, taken or left without a note
 
@@ -40,8 +41,6 @@ def read_adapter_config(path: str) -> tuple[str, dict[str, Any], list[str]]:
 
 
 def _load_json(path: str) -> tuple[dict[str, Any], str]:
-    from petlprof.values import check_file
-
     file = Path(path)
     check_file(file, "--method-config-file", folder=True)
     if file.is_dir():

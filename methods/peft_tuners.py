@@ -32,17 +32,30 @@ the method.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
+import importlib.util
 import json
+import warnings
 import weakref
 from dataclasses import dataclass
 from typing import Any
 
+import peft
+import torch
+from peft.mapping import PEFT_TYPE_TO_CONFIG_MAPPING, PEFT_TYPE_TO_TUNER_MAPPING
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+from transformers.utils import logging as hf_logging
+
+from petlprof.architecture import describe, lora_targets
+from petlprof.backbones import backbone_config, family_of, model_class
 from petlprof.errors import UsageError, shown, unknown_choice
 from petlprof.method_api import PEFT_PREFIX, MethodSpec
+from petlprof.methods.peft_common import prefix_task_type, record_targets, shape_of, targets_for, wrap_backbone
 from petlprof.methods.peft_fields import config_class
 from petlprof.quantization import NONE, QUANTIZE_CHOICES
+from petlprof.registry import get_method
 
 # tuners that cannot run in petlprof whatever the backbone, and why
 REFUSED = {
@@ -83,8 +96,6 @@ PROBE_PARAMETERS = 2**25  # a backbone this small is built with weights for the 
 
 def peft_types() -> dict[str, str]:
     """``peft:TYPE`` name -> PEFT type, for every tuner PEFT registers (and the aliases)."""
-    from peft.mapping import PEFT_TYPE_TO_CONFIG_MAPPING
-
     names = {f"{PEFT_PREFIX}{t.value.lower()}": t.value for t in PEFT_TYPE_TO_CONFIG_MAPPING}
     names.update({f"{PEFT_PREFIX}{alias}": peft_type for alias, (peft_type, _) in ALIASES.items()})
     return dict(sorted(names.items()))
@@ -97,14 +108,10 @@ class Tuner:
 
     @property
     def peft_cls(self) -> type:
-        from peft.mapping import PEFT_TYPE_TO_CONFIG_MAPPING
-
         return PEFT_TYPE_TO_CONFIG_MAPPING[self.peft_type]
 
     @property
     def model_cls(self) -> type | None:
-        from peft.mapping import PEFT_TYPE_TO_TUNER_MAPPING
-
         return PEFT_TYPE_TO_TUNER_MAPPING.get(self.peft_type)
 
     @property
@@ -127,8 +134,6 @@ def tuner_of(name: str) -> Tuner:
 
 def peft_version() -> str:
     """The installed PEFT's version (its tuners are what `peft:TYPE` names)."""
-    import peft
-
     return peft.__version__
 
 
@@ -159,8 +164,6 @@ class TunerSpec(MethodSpec):
 @functools.cache
 def tuner_spec(name: str) -> TunerSpec:
     """The method spec of tuner ``peft:TYPE`` (made once per process)."""
-    from petlprof.registry import get_method
-
     tuner = tuner_of(name)
     class_name = "Peft" + "".join(part.title() for part in name.removeprefix(PEFT_PREFIX).split("_")) + "Config"
     config_cls = config_class(tuner.peft_cls, class_name, tuner.defaults)
@@ -187,8 +190,6 @@ def tuner_spec(name: str) -> TunerSpec:
 def _runs_quantized(tuner: Tuner) -> bool:
     """Whether the tuner runs on a ``--quantize``-d backbone: it wraps no linear layer, or PEFT has bitsandbytes
     layers for it (``peft.tuners.<tuner>.bnb``: LoRA and DoRA, AdaLoRA, IA3, ...); the rest are refused up front."""
-    import importlib.util
-
     if tuner.peft_type in NO_LINEAR_LAYERS:
         return True
     package = tuner.model_cls.__module__.rpartition(".")[0] if tuner.model_cls else ""
@@ -211,8 +212,6 @@ def first_line(exc: BaseException) -> str:
 
 def apply(task_model, config):
     """Freeze the backbone, wrap it with the tuner (PEFT decides what trains), keep the head trainable."""
-    from petlprof.methods.peft_common import record_targets, shape_of, wrap_backbone
-
     tuner = tuner_of(type(config).tuner_name)
     arch = task_model.architecture
     if tuner.kind == "adapter":
@@ -242,9 +241,6 @@ def apply(task_model, config):
 
 def _targets(tuner: Tuner, config, task_model) -> tuple[dict[str, Any], str]:
     """(the target fields of PEFT's config, where they come from) for an adapter tuner."""
-    from petlprof.architecture import lora_targets
-    from petlprof.methods.peft_common import targets_for
-
     if not hasattr(config, "target_modules") or tuner.peft_type in OWN_TARGETS:
         return {}, "PEFT's own choice"
     arch = task_model.architecture
@@ -276,8 +272,6 @@ def _norm_layers(model) -> list[str]:
 
 def _prompt_fields(tuner: Tuner, config, task_model) -> dict[str, Any]:
     """A prompt-learning tuner's shape (from the architecture description) and PEFT wrapper."""
-    from petlprof.methods.peft_common import prefix_task_type, shape_of
-
     task_type = prefix_task_type(task_model) if tuner.kind == "prefix" else "FEATURE_EXTRACTION"
     extra = {"task_type": task_type, **shape_of(task_model.architecture, tuner.kind)}
     if tuner.peft_type == "PROMPT_TUNING" and config.prompt_tuning_init == "TEXT":
@@ -294,9 +288,6 @@ def _schedule_adalora(peft_model, config) -> None:
     removed when the next is scheduled: torch iterates the hooks while it calls them); before each step, the
     gradient of ``orth_reg_weight`` x the mean of ||P P^T - I||_F over the singular-vector matrices (A: rows,
     B: columns), as PEFT's model adds that regulariser to a loss it computes."""
-    import torch
-    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
-
     for gone in [entry for entry in _SCHEDULED if entry[0]() is None]:
         _SCHEDULED.remove(gone)
         for handle in gone[1]:
@@ -332,8 +323,6 @@ _SCHEDULED: list = []  # (the model, its hooks' handles) of every AdaLoRA model 
 
 
 def _orthogonality_gap(factor, rows: bool):
-    import torch
-
     gram = factor @ factor.T if rows else factor.T @ factor
     return torch.linalg.matrix_norm(gram - torch.eye(gram.shape[0], dtype=gram.dtype, device=gram.device))
 
@@ -364,8 +353,6 @@ class _MetaOnly(Exception):
 def unsupported_reason(name: str, backbone, method_config: dict[str, Any] | None = None) -> str | None:
     """One line on why tuner ``name`` cannot adapt ``backbone`` (a ``--backbone`` value or a transformers config)
     with ``method_config``, or None: PEFT's own reason, from applying the tuner to the backbone without weights."""
-    import torch
-
     key = json.dumps(method_config or {}, sort_keys=True, default=str)
     if isinstance(backbone, str):
         return _cached_reason(name, backbone, key)
@@ -382,10 +369,6 @@ def _cached_reason(name: str, backbone: str, key: str) -> str | None:
 @functools.lru_cache(maxsize=8)
 def _meta_backbone(backbone: str):
     """(config, headless model on the meta device) of a ``--backbone`` value, built once; probes copy the model."""
-    import torch
-
-    from petlprof.backbones import backbone_config
-
     config = backbone_config(backbone)
     with torch.device("meta"):
         return config, _build(config)
@@ -401,10 +384,6 @@ def _reason(name: str, config, meta_model, key: str) -> str | None:
 
 
 def _build(config):
-    from transformers.utils import logging as hf_logging
-
-    from petlprof.backbones import model_class
-
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
@@ -416,14 +395,6 @@ def _build(config):
 def _probe(name: str, settings, config, meta_model) -> str | None:
     """The reason ``apply`` refuses with on a copy of ``meta_model``, or (None) on the model built with random
     weights on the CPU."""
-    import copy
-    import warnings
-
-    import torch
-
-    from petlprof.architecture import describe
-    from petlprof.backbones import family_of
-
     prefix = f"{name} cannot adapt this backbone: "
     device = "meta" if meta_model is not None else "cpu"
     with torch.random.fork_rng(), torch.device(device), warnings.catch_warnings():

@@ -15,9 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from petlprof.backbones import ENCODER_DECODER
-from petlprof.method_api import MAX_WIDTH, MethodConfig, integer
+from petlprof.method_api import MAX_WIDTH, MethodConfig, MethodSpec, integer
 from petlprof.quantization import QUANTIZE_CHOICES
-from petlprof.registry import MethodSpec, register_method
 
 
 @dataclass
@@ -32,6 +31,7 @@ class PrefixTuningConfig(MethodConfig):
 
 
 def apply(classifier, config: PrefixTuningConfig):
+    # peft and torch: the spec is listed and checked without them
     import peft
 
     from petlprof.architecture import require
@@ -58,18 +58,16 @@ def apply(classifier, config: PrefixTuningConfig):
     return wrap_backbone(classifier, peft_config, "prefix_tuning")
 
 
-register_method(
-    MethodSpec(
-        name="prefix_tuning",
-        description="trained key/value prefixes in every attention layer (PEFT) + task head",
-        config_cls=PrefixTuningConfig,
-        apply="petlprof.methods.prefix_tuning:apply",
-        default_lr=1e-2,
-        lr_source="PEFT's prefix-tuning seq2seq example: 1e-2; 86.7% on the offline default after one 2000-example "
-        "epoch (300 eval examples)",
-        pareto_knob="num_virtual_tokens",
-        default_grid=(5, 20, 50),
-        objectives=("classification", "lm"),
-        quantize=QUANTIZE_CHOICES,
-    )
+SPEC = MethodSpec(
+    name="prefix_tuning",
+    description="trained key/value prefixes in every attention layer (PEFT) + task head",
+    config_cls=PrefixTuningConfig,
+    apply="petlprof.methods.prefix_tuning:apply",
+    default_lr=1e-2,
+    lr_source="PEFT's prefix-tuning seq2seq example: 1e-2; 86.7% on the offline default after one 2000-example "
+    "epoch (300 eval examples)",
+    pareto_knob="num_virtual_tokens",
+    default_grid=(5, 20, 50),
+    objectives=("classification", "lm"),
+    quantize=QUANTIZE_CHOICES,
 )

@@ -13,9 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from petlprof.errors import UsageError, shown
-from petlprof.method_api import MethodConfig, choice, integer, text
+from petlprof.method_api import MethodConfig, MethodSpec, choice, integer, text
 from petlprof.quantization import QUANTIZE_CHOICES
-from petlprof.registry import MethodSpec, register_method
 
 INITS = {"text": "TEXT", "vocab": "SAMPLE_VOCAB", "random": "RANDOM"}
 
@@ -36,6 +35,7 @@ class PromptTuningConfig(MethodConfig):
 
 
 def apply(classifier, config: PromptTuningConfig):
+    # peft and torch: the spec is listed and checked without them
     import peft
 
     from petlprof.architecture import require
@@ -57,18 +57,16 @@ def apply(classifier, config: PromptTuningConfig):
     return classifier
 
 
-register_method(
-    MethodSpec(
-        name="prompt_tuning",
-        description="trained virtual-token embeddings before the input (PEFT) + task head",
-        config_cls=PromptTuningConfig,
-        apply="petlprof.methods.prompt_tuning:apply",
-        default_lr=3e-2,
-        lr_source="PEFT's prompt-tuning example: 3e-2 (the paper's 0.3 is for Adafactor); 84.0% on the offline default "
-        "after one 2000-example epoch (300 eval examples)",
-        pareto_knob="num_virtual_tokens",
-        default_grid=(5, 20, 50),
-        objectives=("classification", "lm"),
-        quantize=QUANTIZE_CHOICES,
-    )
+SPEC = MethodSpec(
+    name="prompt_tuning",
+    description="trained virtual-token embeddings before the input (PEFT) + task head",
+    config_cls=PromptTuningConfig,
+    apply="petlprof.methods.prompt_tuning:apply",
+    default_lr=3e-2,
+    lr_source="PEFT's prompt-tuning example: 3e-2 (the paper's 0.3 is for Adafactor); 84.0% on the offline default "
+    "after one 2000-example epoch (300 eval examples)",
+    pareto_knob="num_virtual_tokens",
+    default_grid=(5, 20, 50),
+    objectives=("classification", "lm"),
+    quantize=QUANTIZE_CHOICES,
 )

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from petlprof.method_api import MethodConfig
+from petlprof.method_api import MethodConfig, MethodSpec
 from petlprof.quantization import QUANTIZE_CHOICES
-from petlprof.registry import MethodSpec, register_method
 
 
 @dataclass
@@ -26,15 +25,13 @@ def apply(model, config: ZeroShotConfig):
     return model
 
 
-register_method(
-    MethodSpec(
-        name="zero_shot",
-        description="nothing trains: the language model before any tuning (the row every generative sweep gets)",
-        config_cls=ZeroShotConfig,
-        apply="petlprof.methods.zero_shot:apply",
-        default_lr=0.0,
-        lr_source="nothing trains",
-        objectives=("lm",),
-        quantize=QUANTIZE_CHOICES,
-    )
+SPEC = MethodSpec(
+    name="zero_shot",
+    description="nothing trains: the language model before any tuning (the row every generative sweep gets)",
+    config_cls=ZeroShotConfig,
+    apply="petlprof.methods.zero_shot:apply",
+    default_lr=0.0,
+    lr_source="nothing trains",
+    objectives=("lm",),
+    quantize=QUANTIZE_CHOICES,
 )

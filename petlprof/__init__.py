@@ -41,7 +41,7 @@ __all__ = [
 
 def __getattr__(name: str):
     if name == "SideTunedModel":  # imports torch: only when a side-tuning plug-in asks for it
-        from petlprof.methods.side_tuning import SideTunedModel
+        from petlprof.side_tuning import SideTunedModel
 
         return SideTunedModel
     raise AttributeError(f"module 'petlprof' has no attribute {name!r}")

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from petlprof.figures import ENERGY
 from petlprof.report.frame import frontier, relative_to, runs_frame, summarise
 from petlprof.report.records import load_records
 
@@ -44,7 +45,7 @@ def load_results(paths: str | Path | Sequence[str | Path]) -> pd.DataFrame:
 
 def plot_frontier(
     frame: pd.DataFrame,
-    x: str = "energy_j",
+    x: str = ENERGY.name,
     y: str = "quality",
     *,
     task: str | None = None,

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from petlprof.figures import ENERGY, TIME
 from petlprof.metrics import HIGHER, direction
 
 TARGET = "target"
@@ -90,7 +91,7 @@ class Budget:
         value = float(self.score(self.model))
         self.check_time_s += time.perf_counter() - t0
         if self.check_meter is not None:
-            self.check_energy_j += float(self.check_meter.end()["energy_j"])
+            self.check_energy_j += float(self.check_meter.end()[ENERGY.name])
         return value
 
     def summary(self, train_phase: dict[str, Any]) -> dict[str, Any]:
@@ -98,7 +99,7 @@ class Budget:
         (window) figures when the target was reached, None otherwise; ``*_without_checks`` subtract
         the checks' own time and energy."""
         reached = self.stop_reason == TARGET
-        time_s, energy_j = train_phase.get("time_s"), train_phase.get("energy_j")
+        time_s, energy_j = TIME.of(train_phase), ENERGY.of(train_phase)
         return {
             "target_metric": self.metric,
             "target_value": self.target_value,
@@ -202,7 +203,7 @@ def make_budget(spec, task, model, make_batches, check_meter=None) -> Budget | N
         if size is not None and size < len(held_out):
             held_out = held_out.head(size)
         size = len(held_out)
-        from petlprof.methods.side_tuning import SideTunedModel
+        from petlprof.side_tuning import SideTunedModel
 
         reuse = bool(spec.cache_hidden_states) and isinstance(model, SideTunedModel)
         score = SliceScorer(task, make_batches(held_out), metric, spec.device, reuse, spec.precision)

@@ -1,6 +1,7 @@
 """The ``petlprof`` command: ``run`` a sweep, ``list`` what is available, ``report`` a result store.
 
-Importing this module is cheap (no torch, no NVML); each sub-command imports what it needs.
+Importing this module is cheap (no torch, no NVML): ``petlprof --help`` imports only the parser's
+declarations, and each sub-command imports what it needs inside its function (each such import says why).
 A :class:`~petlprof.errors.UsageError` is printed as one line and exits with code 2.
 """
 
@@ -13,6 +14,7 @@ import signal
 import sys
 import textwrap
 import threading
+import time
 import warnings
 from pathlib import Path
 
@@ -21,6 +23,7 @@ from petlprof.errors import UsageError, printable
 from petlprof.estimate.command import add_estimate_parser, cmd_estimate
 from petlprof.options import add_run_arguments
 from petlprof.report.intervals import DEFAULT_INTERVAL, INTERVALS
+from petlprof.values import check_file
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -84,6 +87,7 @@ def _on_sigterm(signum, frame):
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    # not for --help: the options' checks (the registry's entry points), the executors and the store's lock
     from petlprof.config import (
         build_options,
         default_output_dir,
@@ -91,7 +95,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         parse_bytes,
         parse_method_grids,
         parse_method_overrides,
+        preflight,
+        resolve_device,
     )
+    from petlprof.executors import make_executor
+    from petlprof.store import StoreLock, check_writable
 
     cli_values = {k: v for k, v in vars(args).items() if k not in ("command", "config", "debug")}
     cli_values["method_config"] = parse_method_overrides(args.method_config) if args.method_config else None
@@ -100,10 +108,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     options = build_options(file_values, cli_values)
     out_dir = Path(options.output) if options.output else default_output_dir()
     max_memory = parse_bytes(options.max_memory)
-
-    from petlprof.config import preflight, resolve_device
-    from petlprof.executors import make_executor
-    from petlprof.store import StoreLock, check_writable
 
     # every check of the input and the output folder before an executor starts: a bad data path or
     # a folder another sweep holds is one error line, not a Ray start-up followed by one
@@ -138,7 +142,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _run_sweep(options, executor, out_dir: Path, device: str | None) -> int:
     """The sweep, with ``out_dir`` locked: the device (``None``: check it against the Ray cluster's,
     as a driver may have no GPU of its own), the runs not yet recorded, each record as it finishes."""
-    from petlprof.config import expand, resolve_device, unsupported_pairs
+    from petlprof.config import expand, resolve_device, unsupported_pairs  # not for --help: as in cmd_run
     from petlprof.store import RESULTS_FILE, finished_keys
 
     if device is None:
@@ -188,9 +192,7 @@ def _say(line: str) -> None:
 
 def _progress(spec, position: int, total: int, started: float, finished: int) -> str:
     """``[7/24] lora r=8 on minilm / tweets, seed 1 (elapsed 3m10s, about 8m left)``."""
-    import time
-
-    from petlprof.registry import get_method
+    from petlprof.registry import get_method  # not for --help: it reads the installed plug-ins' entry points
 
     method = get_method(spec.method)
     point = f" {method.pareto_knob}={spec.method_config.get(method.pareto_knob)}" if method.pareto_knob else ""
@@ -206,9 +208,7 @@ def _sweep(todo, store, executor, done: int = 0, total: int | None = None) -> in
     """Run ``todo`` on ``executor``, appending each record as it comes back; ``done`` runs of
     ``total`` were recorded before (a resumed sweep), so progress counts the whole sweep.  On an
     interrupt the runs in flight are recorded ``cancelled`` and stopped."""
-    import time
-
-    from petlprof.runner import cancelled_record, release_signals
+    from petlprof.runner import cancelled_record, release_signals  # not for --help: a run's whole machinery
     from petlprof.store import append_record
 
     failed, finished, started, total = 0, 0, time.monotonic(), total if total is not None else len(todo)
@@ -248,7 +248,7 @@ def _sweep(todo, store, executor, done: int = 0, total: int | None = None) -> in
 
 
 def _finish(store: Path, out_dir: Path) -> None:
-    from petlprof.report import load_records, write_report
+    from petlprof.report import load_records, write_report  # not for --help: pandas and matplotlib
 
     skipped: list[str] = []
     records = load_records([store], skipped)
@@ -259,6 +259,7 @@ def _finish(store: Path, out_dir: Path) -> None:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    # not for --help: the meters probe NVML and RAPL, the tasks bring numpy, the registry reads entry points
     from petlprof.backbones import BACKBONES
     from petlprof.meters import meter_status
     from petlprof.registry import config_field_help, get_method, method_names
@@ -267,14 +268,14 @@ def cmd_list(args: argparse.Namespace) -> int:
 
     print("Methods (name: what trains; Pareto knob; default learning rate; objectives; options for --method-config):")
     for name in method_names():
-        spec = get_method(name)
-        knob = f"knob {spec.pareto_knob}" if spec.pareto_knob else "no knob"
-        if spec.default_grid:
-            knob += f" (grid {', '.join(str(v) for v in spec.default_grid)})"
-        side = "; side-tuning (no backbone autograd)" if spec.side_tuning else ""
-        objectives = "+".join(spec.objectives)
-        print(f"  {name:<13} {spec.description}; {knob}; lr {spec.default_lr:g}; {objectives}{side}")
-        for field_name, default, text in config_field_help(spec.config_cls):
+        method = get_method(name)
+        knob = f"knob {method.pareto_knob}" if method.pareto_knob else "no knob"
+        if method.default_grid:
+            knob += f" (grid {', '.join(str(v) for v in method.default_grid)})"
+        side = "; side-tuning (no backbone autograd)" if method.side_tuning else ""
+        objectives = "+".join(method.objectives)
+        print(f"  {name:<13} {method.description}; {knob}; lr {method.default_lr:g}; {objectives}{side}")
+        for field_name, default, text in config_field_help(method.config_cls):
             print(f"  {'':<15}{name}.{field_name}={default}  {text}")
     print("\nTasks:")
     for name, text in TASKS.items():
@@ -299,9 +300,10 @@ def cmd_meters(args: argparse.Namespace) -> int:
     if args.json and not args.check:
         raise UsageError("--json prints the results of --check; add --check")
     if args.check:
-        from petlprof.meters.check import main as check_main
+        from petlprof.meters.check import main as check_main  # not for --help: torch
 
         return check_main(as_json=args.json)
+    # not for --help: the meters probe NVML and RAPL
     from petlprof.meters import meter_status
     from petlprof.meters.devices.nvml import gpu_details
 
@@ -314,9 +316,9 @@ def cmd_meters(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    # not for --help: the report brings pandas and matplotlib, the store (its records) the statistics module
     from petlprof.report import load_records, write_report
     from petlprof.store import check_writable
-    from petlprof.values import check_file
 
     paths = [Path(d) for d in args.dirs]
     for path in paths:
@@ -336,6 +338,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def _print_summary(records: list[dict], skipped: list[str]) -> None:
+    # not for --help: the records bring the statistics module, the report pandas and matplotlib
     from petlprof.records import overhead_line
     from petlprof.report import run_warnings, summary_table
 

@@ -13,17 +13,38 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import functools
+import itertools
 import re
 import sys
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from petlprof import quantization
+from petlprof.backbones import backbone_config, check_random_init, check_shape, check_weights, model_class
+from petlprof.budget import check_target
 from petlprof.errors import UsageError, shown, unknown_choice
+from petlprof.meters import check_energy_meter
+from petlprof.method_api import check_backbone, check_objective, check_quantize
 from petlprof.options import CACHE_DTYPES, DEVICES, OPTIONS, RunOptions, default_of, kind_of  # noqa: F401  (re-exported)
 from petlprof.quantization import run_fields as quantize_fields
-from petlprof.quantization import validate_options as validate_quantize
+from petlprof.registry import (
+    get_method,
+    is_peft_tuner,
+    method_names,
+    methods_by_name,
+    peft_unsupported_reason,
+    read_peft_config_file,
+)
 from petlprof.spec import RunSpec, spec_default, spec_fields
+from petlprof.tasks import generative_possible, load_task
 from petlprof.values import check_file, flag, parse_bytes  # noqa: F401  (parse_bytes re-exported)
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 _YAML_12_FLOAT = re.compile(r"^[-+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$")
 
@@ -31,7 +52,6 @@ _YAML_12_FLOAT = re.compile(r"^[-+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$
 def _yaml_loader():
     """PyYAML's safe loader, with two changes: a number written ``1e-3`` (YAML 1.2; YAML 1.1 wants
     ``1.0e-3``) is a number, not text, and a key given twice in one table is an error, as in TOML."""
-    import yaml
 
     class Loader(yaml.SafeLoader):
         def construct_mapping(self, node, deep=False):
@@ -52,8 +72,6 @@ def _yaml_loader():
 
 def yaml_value(text: str) -> Any:
     """One YAML value as config files read it (``1e3`` is a number; a duplicate key is an error)."""
-    import yaml
-
     return yaml.load(text, Loader=_yaml_loader())  # a SafeLoader subclass: no Python objects
 
 
@@ -66,10 +84,6 @@ def load_config_file(path: str) -> dict[str, Any]:
     suffix = file.suffix.lower()
     try:
         if suffix == ".toml":
-            if sys.version_info >= (3, 11):
-                import tomllib
-            else:  # pragma: no cover
-                import tomli as tomllib
             data = tomllib.loads(file.read_text())
         elif suffix in (".yaml", ".yml"):
             data = yaml_value(file.read_text()) or {}
@@ -115,8 +129,6 @@ def parse_method_overrides(
 ) -> dict[str, dict[str, Any]]:
     """``["lora.r=4", "read.cell=lstm"]`` -> ``{"lora": {"r": 4}, "read": {"cell": "lstm"}}``; values are
     read as YAML, so ``lora.alpha=1e3`` is the number 1000.0."""
-    import yaml
-
     out: dict[str, dict[str, Any]] = {}
     for item in items:
         key, sep, text = item.partition("=")
@@ -179,14 +191,12 @@ def build_options(file_values: dict[str, Any], cli_values: dict[str, Any]) -> Ru
 def _with_method_config_files(values: dict[str, Any]) -> None:
     """Each ``--method-config-file``'s method (``peft:TYPE``, from the file's ``peft_type``) added to the methods
     unless named there, with the file's fields as its method config under any ``--method-config`` fields."""
-    from petlprof.methods.peft_files import read_adapter_config
-
     methods, tables, seen = values.get("methods") or [], values.get("method_config") or {}, {}
     if not (isinstance(methods, list) and isinstance(tables, dict)):
         return  # refused by their own checks (validate)
     methods, tables = list(methods), dict(tables)
     for path in values["method_config_file"]:
-        name, fields, _ = read_adapter_config(path)
+        name, fields, _ = read_peft_config_file(path)
         if name in seen:
             raise UsageError(
                 f"--method-config-file gives {name} twice ({seen[name]} and {path}); give one file per tuner, and "
@@ -197,6 +207,33 @@ def _with_method_config_files(values: dict[str, Any]) -> None:
         given = tables.get(name, {})
         tables[name] = {**fields, **given} if isinstance(given, dict) else given  # a bad table: refused as usual
     values["methods"], values["method_config"] = methods, tables
+
+
+def validate_quantize(options) -> None:
+    """The checks of ``--quantize`` and its settings that need no model (:func:`validate`; ``petlprof estimate`` too):
+    a value at all, bitsandbytes installed, the 4-bit settings only with a 4-bit value, and every method of
+    the sweep declaring that it runs on such a backbone (:func:`petlprof.method_api.check_quantize`)."""
+    if not options.quantize:
+        raise UsageError("no quantization given (an empty --quantize): give at least one, e.g. --quantize none")
+    for method in options.quantize:
+        quantization.check_available(method)
+    if not any(q in quantization.FOUR_BIT for q in options.quantize):
+        changed = [
+            flag
+            for flag, is_set in (
+                ("--quantize-compute-dtype", options.quantize_compute_dtype != quantization.DEFAULT_COMPUTE_DTYPE),
+                ("--quantize-double", options.quantize_double),
+            )
+            if is_set
+        ]
+        if changed:
+            raise UsageError(
+                f"{changed[0]} acts only with a 4-bit --quantize ({' or '.join(quantization.FOUR_BIT)}); "
+                f"the sweep's is {','.join(options.quantize)}"
+            )
+    for name in options.methods:
+        for method in options.quantize:
+            check_quantize(get_method(name), method)
 
 
 def validate(options: RunOptions, given: set[str] = frozenset()) -> None:
@@ -212,8 +249,6 @@ def validate(options: RunOptions, given: set[str] = frozenset()) -> None:
 
 
 def _validate_methods(options: RunOptions) -> None:
-    from petlprof.registry import get_method, methods_by_name
-
     if not options.methods:
         raise UsageError("no method given: use --methods, e.g. --methods read,lora (see `petlprof list`)")
     for name, example in (("seeds", "--seeds 0,1"), ("backbone", "--backbone minilm"), ("task", "--task tweets")):
@@ -241,9 +276,6 @@ def _validate_methods(options: RunOptions) -> None:
 
 def _validate_relations(options: RunOptions, given: set[str]) -> None:
     """Options that act only with another (declared ``only_with``), and the other pairs that cannot go together."""
-    from petlprof.backbones import check_weights
-    from petlprof.registry import get_method, method_names
-
     for name, f in OPTIONS.items():
         needed = f.metadata["only_with"]
         value = getattr(options, needed) if needed else True
@@ -294,10 +326,6 @@ def _validate_executor(options: RunOptions) -> None:
 def grid_points(options: RunOptions, method: str) -> list[dict[str, Any]]:
     """The method-config overrides one method runs with: its explicit grid (the cartesian product of
     the listed values) or, with ``grid``, its default grid, each laid over its ``method_config``."""
-    import itertools
-
-    from petlprof.registry import get_method
-
     name = get_method(method).name  # what method_config and method_grid call it
     base = options.method_config.get(name, {})
     explicit = options.method_grid.get(name)
@@ -341,7 +369,7 @@ def _resolve_device(device: str, nproc: int, cluster_gpus: float | None) -> str:
                 f"--device {device}: a Ray task sees only the GPUs Ray gives it, as cuda:0 onwards; use --device cuda"
             )
         return "cuda"
-    import torch
+    import torch  # seconds: loaded to find a local device, after every option has been checked
 
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -363,29 +391,21 @@ def preflight(options: RunOptions, meters_here: bool = True) -> list[str]:
     written.  ``meters_here``: the runs measure on this machine (not on a cluster's nodes), so a
     named energy meter must work here.  Returns notes for the user: sizes asked for that the data
     cannot give."""
-    from petlprof.backbones import backbone_config, check_random_init, check_shape
-    from petlprof.budget import check_target
-    from petlprof.meters import check_energy_meter
-    from petlprof.method_api import check_backbone, check_objective
-    from petlprof.registry import get_method
-
     if meters_here:
         check_energy_meter(options.energy_meter)
     notes: list[str] = []
     if options.method_config_file:  # the fields of PEFT's files that petlprof decides itself
-        from petlprof.methods.peft_files import read_adapter_config
-
-        notes += [note for path in options.method_config_file for note in read_adapter_config(path)[2]]
-    for spec in options.backbone:
-        config = backbone_config(spec)  # the config of a folder or hub id: a bad one fails here
-        check_shape(spec, config, num_layers=options.num_layers, max_length=options.max_length)
+        notes += [note for path in options.method_config_file for note in read_peft_config_file(path)[2]]
+    for backbone in options.backbone:
+        config = backbone_config(backbone)  # the config of a folder or hub id: a bad one fails here
+        check_shape(backbone, config, num_layers=options.num_layers, max_length=options.max_length)
         if options.random_init:  # the weights are built on this machine unless the runs go to a cluster
-            check_random_init(spec, config, options.num_layers, memory=meters_here)
+            check_random_init(backbone, config, options.num_layers, memory=meters_here)
         for method in options.methods:
             for point in grid_points(options, method):  # every grid point, e.g. a LoRA rank wider than the model
                 method_config = get_method(method).make_config(point)
                 depth = options.num_layers or int(config.num_hidden_layers)
-                check_backbone(get_method(method), method_config, int(config.hidden_size), depth, spec)
+                check_backbone(get_method(method), method_config, int(config.hidden_size), depth, backbone)
     refused = unsupported_pairs(options)
     if refused and not options.skip_unsupported:
         raise UsageError(
@@ -422,8 +442,6 @@ def preflight(options: RunOptions, meters_here: bool = True) -> list[str]:
 
 def _check_lm_options(options: RunOptions, task: str) -> None:
     """Options a language-modelling run cannot honour yet, and backbones with no LM head, refused before any run."""
-    from petlprof.backbones import backbone_config, model_class
-
     for backbone in options.backbone:
         model_class(backbone_config(backbone), True, backbone)  # an encoder: one line naming it
     if options.target_value is not None:
@@ -459,8 +477,6 @@ def sweep_task(options: RunOptions, name: str):
 
 @functools.cache
 def _sweep_task(name, train_size, eval_size, data_dir, text, pair, label, objective, prompt, target, chat_template):
-    from petlprof.tasks import load_task
-
     return load_task(
         name,
         train_size=train_size,
@@ -483,20 +499,16 @@ def default_output_dir() -> Path:
 @functools.cache
 def _architecture(backbone: str):
     """The architecture description of a backbone by name (``petlprof.architecture``), built once per process."""
-    from petlprof.architecture import describe_any
-    from petlprof.backbones import backbone_config
+    from petlprof.architecture import describe_any  # torch (seconds): only the preflight of a backbone needs it
 
     return describe_any(backbone_config(backbone))
 
 
 def _unsupported(backbone: str, method: str, method_config: dict[str, Any]) -> str | None:
-    from petlprof.architecture import unsupported_reason
-    from petlprof.registry import is_peft_tuner
+    from petlprof.architecture import unsupported_reason  # torch (seconds): as in _architecture
 
     if is_peft_tuner(method):  # PEFT's own reason, from the tuner applied to the backbone without weights
-        from petlprof.methods.peft_tuners import unsupported_reason as tuner_reason
-
-        return tuner_reason(method, backbone, method_config)
+        return peft_unsupported_reason(method, backbone, method_config)
     arch = _architecture(backbone)
     return None if arch is None else unsupported_reason(method, arch, method_config)
 
@@ -519,13 +531,11 @@ def expand(options: RunOptions, device: str) -> list[RunSpec]:
     grid point that resolves to a configuration already listed runs once.  Each option fills its
     RunSpec field as declared (:class:`~petlprof.options.ToSpec`); the derived ones are set here: the
     sweep axes, the method's full config and learning rate, the device (and, by the caller, the folders)."""
-    from petlprof.registry import get_method
-
     resolved = {}  # the full configs and learning rate, so an explicit default gives the same run key
     for method in options.methods:
-        spec = get_method(method)
-        configs = [dataclasses.asdict(spec.make_config(point)) for point in grid_points(options, method)]
-        resolved[method] = (configs, options.lr if options.lr is not None else spec.default_lr)
+        method_spec = get_method(method)
+        configs = [dataclasses.asdict(method_spec.make_config(point)) for point in grid_points(options, method)]
+        resolved[method] = (configs, options.lr if options.lr is not None else method_spec.default_lr)
     shared = {method: _copied(options, method) for method in options.methods}
     specs = [
         RunSpec(
@@ -558,8 +568,6 @@ def _zero_shot_runs(options: RunOptions, device: str, specs: list[RunSpec]) -> l
     """One zero-shot run per backbone (as quantised) and language-modelling task of the sweep (the model before any
     tuning, at zero training energy; greedy decoding is deterministic, so the first seed alone), made
     from the sweep's first run of that pair with the method swapped."""
-    from petlprof.registry import get_method
-
     method = get_method(ZERO_SHOT)
     first: dict[tuple[str, str, str], RunSpec] = {}
     for spec in specs:
@@ -582,8 +590,6 @@ def _zero_shot_runs(options: RunOptions, device: str, specs: list[RunSpec]) -> l
 def _is_lm(options: RunOptions, task: str) -> bool:
     """Whether ``task`` runs on the language-modelling objective (read from the task itself unless the
     objective is named or the task is a labelled built-in)."""
-    from petlprof.tasks import generative_possible
-
     if options.objective != "auto":
         return options.objective == "lm"
     return generative_possible(task, options.prompt_column) and sweep_task(options, task).objective == "lm"

@@ -50,6 +50,17 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from petlprof import figures
+from petlprof.figures import (
+    ENERGY,
+    ENERGY_COUNTER,
+    ENERGY_INTEGRATED,
+    ENERGY_WINDOW,
+    LATENCY,
+    PEAK_MEMORY,
+    SAMPLES,
+    TIME,
+)
 from petlprof.meters.base import ESTIMATED, MEASURED
 from petlprof.records import Phase, RunRecord
 
@@ -61,26 +72,11 @@ _GROUPS: dict[str, Any] = {}
 PHASES = ("train", "eval")
 RANK0_ONLY_PHASES = ("inference", "eval_merged")
 NODE_WIDE_ENERGY_METERS = frozenset({"rapl"})  # their counter covers the node, not one process or device
-ENERGY_FIELDS = (
-    "energy_j",
-    "energy_counter_j",
-    "energy_integrated_j",
-    "energy_above_idle_j",
-    "idle_power_w",
-    "mean_power_w",
-    "cpu_time_s",
-    "cpu_core_s",
-)
-CODECARBON_FIELDS = (
-    "codecarbon_energy_j",
-    "codecarbon_cpu_energy_j",
-    "codecarbon_gpu_energy_j",
-    "codecarbon_ram_energy_j",
-    "co2eq_g",
-)
-MAX_FIELDS = ("time_s", "peak_memory_bytes", "peak_reserved_bytes", "energy_window_s")
-KIND_FIELDS = ("energy_kind", "memory_kind", "co2eq_kind")
-PER_RANK_FIELDS = ("time_s", "samples", "energy_j", "peak_memory_bytes")
+ENERGY_FIELDS = figures.combined_by(figures.DEVICE_ENERGY)
+CODECARBON_FIELDS = figures.combined_by(figures.CODECARBON_ENERGY)
+MAX_FIELDS = tuple(f.name for f in figures.FIGURES if f.ranks in (figures.SLOWEST, figures.MAX))
+KIND_FIELDS = tuple(dict.fromkeys(f.kind for f in figures.FIGURES if f.kind is not None))
+PER_RANK_FIELDS = tuple(f.name for f in figures.FIGURES if f.per_rank)
 COMMUNICATION_ERRORS = ("DistError", "DistBackendError", "DistNetworkError", "DistStoreError")
 # what a rank's error says when a peer went away under a collective (gloo raises a plain RuntimeError)
 COMMUNICATION_MARKERS = (
@@ -245,15 +241,19 @@ def _aggregate_phase(phases: list[Phase], ranks: list[int], hosts: list[str], de
         for key in dict.fromkeys(k for p in phases for k in p)
         if key != "warnings" and all(key in p and p[key] == phases[0][key] for p in phases)
     }
-    times = [p.get("time_s") for p in phases]
+    times = [TIME.of(p) for p in phases]
     slowest = max(range(len(phases)), key=lambda i: times[i] if times[i] is not None else -1.0)
     for key in MAX_FIELDS:
         out.pop(key, None)
         if any(key in p for p in phases):
             out[key] = _total([p.get(key) for p in phases], ranks, key, max, warnings)
-    out["samples"] = _total([p.get("samples") for p in phases], ranks, "samples", sum, warnings)
-    out["samples_per_s"] = out["samples"] / out["time_s"] if out["samples"] is not None and out.get("time_s") else None
-    out["latency_s"] = phases[slowest].get("latency_s")
+    for key in figures.combined_by(figures.SUM):
+        if any(key in p for p in phases):
+            out[key] = _total([p.get(key) for p in phases], ranks, key, sum, warnings)
+    for rate in figures.rates():
+        if rate.per.name in out:
+            out[rate.name] = figures.rate(out[rate.per.name], out.get(TIME.name))
+    out[LATENCY.name] = LATENCY.of(phases[slowest])
     out["latency_rank"] = ranks[slowest]
     node_wide = phases[0].get("energy_meter") in NODE_WIDE_ENERGY_METERS
     _energy(out, phases, ranks, hosts, ENERGY_FIELDS, node_wide, warnings)
@@ -268,7 +268,7 @@ def _aggregate_phase(phases: list[Phase], ranks: list[int], hosts: list[str], de
         if any(flag in p for p in phases):
             out[flag] = any(p.get(flag) for p in phases)
     if any("energy_integrated_vs_counter" in p for p in phases):  # the cross-check of the totals
-        counter, integrated = out.get("energy_counter_j"), out.get("energy_integrated_j")
+        counter, integrated = ENERGY_COUNTER.of(out), ENERGY_INTEGRATED.of(out)
         out["energy_integrated_vs_counter"] = integrated / counter if counter and integrated is not None else None
     out["per_rank"] = {
         "rank": ranks,
@@ -277,15 +277,15 @@ def _aggregate_phase(phases: list[Phase], ranks: list[int], hosts: list[str], de
         **{key: [p.get(key) for p in phases] for key in PER_RANK_FIELDS},
     }
     out["aggregation"] = {
-        "energy_j": (
+        ENERGY.name: (
             f"once per node ({phases[0].get('energy_meter')} reads a node-wide counter), summed over nodes"
             if node_wide
             else "sum over ranks (each rank's own devices/process)"
         ),
-        "peak_memory_bytes": "max over ranks (per_rank: each rank's device/process)",
-        "time_s": "slowest rank",
-        "samples": "sum over ranks",
-        "latency_s": f"rank {ranks[slowest]}, the slowest",
+        PEAK_MEMORY.name: PEAK_MEMORY.ranks,
+        TIME.name: TIME.ranks,
+        SAMPLES.name: SAMPLES.ranks,
+        LATENCY.name: f"rank {ranks[slowest]}, the slowest",
     }
     out["warnings"] = warnings + _merge_warnings([p.get("warnings") or [] for p in phases], ranks)
     return out
@@ -315,9 +315,7 @@ def _energy(
     if node_wide:
         best: dict[str, int] = {}
         for i, host in enumerate(hosts):
-            if host not in best or (phases[i].get("energy_window_s") or 0) > (
-                phases[best[host]].get("energy_window_s") or 0
-            ):
+            if host not in best or (ENERGY_WINDOW.of(phases[i]) or 0) > (ENERGY_WINDOW.of(phases[best[host]]) or 0):
                 best[host] = i
         chosen = sorted(best.values())
     for key in fields:

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from petlprof.figures import ENERGY, TIME, TOKENS_PER_S
 from petlprof.meters import Meter, Window
 from petlprof.meters.base import phase_warnings, synchronize
 from petlprof.meters.energy import SHORT_WINDOW_S
@@ -167,7 +168,7 @@ def side_network_share(decoding: Decoding, side: torch.nn.Module, inputs) -> dic
     return {
         "module": type(side).__name__,
         "calls": len(spans),
-        "time_s": side_s,
+        TIME.name: side_s,
         "call_time_s": call_s,
         "share_of_call": side_s / call_s if call_s > 0 else None,
         "share_of_per_token": side_decode_s / decode_s if decode_s > 0 else None,
@@ -194,7 +195,7 @@ def _figures(calls: list[tuple[list, list]], batches, window: Window, reading: d
         if token_times:
             first_token_s.append(token_times[0])
             gaps += [b - a for a, b in zip(token_times, token_times[1:])]
-    time_s, energy = window.time_s, reading.get("energy_j")
+    time_s, energy = window.time_s, reading.get(ENERGY.name)
     per = lambda total, count: total / count if total is not None and count else None  # noqa: E731
     return {
         "batch_size": size,
@@ -204,8 +205,8 @@ def _figures(calls: list[tuple[list, list]], batches, window: Window, reading: d
         "generated_tokens": tokens,
         "response_tokens": response_tokens,
         "decode_steps": steps,
-        "time_s": time_s,
-        "tokens_per_s": per(tokens, time_s),
+        TIME.name: time_s,
+        TOKENS_PER_S.name: per(tokens, time_s),
         "responses_per_s": per(responses, time_s),
         "energy_per_token_j": per(energy, tokens),
         "energy_per_response_j": per(energy, responses),
@@ -268,9 +269,9 @@ def measure_generation(
             entry = _measure(decoding, batches, make_meters(rows), limit, min_window_s)
             if side is not None:
                 entry["side_network"] = side_network_share(decoding, side, batches[0])
-        if entry["time_s"] is not None and entry["time_s"] < min_window_s:
+        if entry[TIME.name] is not None and entry[TIME.name] < min_window_s:
             entry["warnings"].append(
-                f"the generation window lasted {entry['time_s']:.2f} s, under its {min_window_s:g} s target: "
+                f"the generation window lasted {entry[TIME.name]:.2f} s, under its {min_window_s:g} s target: "
                 f"it is capped at {limit * rows} prompt(s) per batch size (max_prompts={max_prompts})"
             )
         phase[f"batch_{rows}"] = entry

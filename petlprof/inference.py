@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from petlprof.figures import ENERGY, LATENCY, SAMPLES_PER_S, TIME
 from petlprof.meters import ESTIMATED, Meter, Window
 from petlprof.meters.base import phase_warnings
 from petlprof.meters.energy import SHORT_WINDOW_S
@@ -79,15 +80,15 @@ def measure_inference(
         latencies = timer.latencies_s()
         reading = dict(window.reading)
         warnings = phase_warnings(reading)
-        energy = reading.get("energy_j")
+        energy = reading.get(ENERGY.name)
         phase[f"batch_{size}"] = {
             "batch_size": size,
             "repeats": repeats,
-            "time_s": window.time_s,
-            "latency_s": percentiles(latencies),
+            TIME.name: window.time_s,
+            LATENCY.name: percentiles(latencies),
             "latency_per_sample_s": percentiles([t / size for t in latencies]),
             "latency_source": timer.source,
-            "samples_per_s": repeats * size / window.time_s if window.time_s else None,
+            SAMPLES_PER_S.name: repeats * size / window.time_s if window.time_s else None,
             "energy_per_sample_j": energy / (repeats * size) if energy is not None else None,
             **reading,
             "warnings": warnings,

@@ -27,7 +27,7 @@ it the same way.  A method is a :class:`MethodSpec`:
   ``pareto_knob`` (a config field) with a ``default_grid`` of 3-4 values for ``--grid``, and a
   ``merge(model) -> model`` folding trained weights into the backbone for inference;
 * ``side_tuning=True`` for a method whose ``apply`` returns a
-  :class:`petlprof.methods.side_tuning.SideTunedModel` (never back-propagates through the frozen
+  :class:`petlprof.side_tuning.SideTunedModel` (never back-propagates through the frozen
   backbone): it then gets the hidden-state cache (``--cache-hidden-states``).  The flag and the
   model class must agree: checked when the spec is made (where ``apply`` is a class) and on every
   ``apply``.
@@ -458,7 +458,7 @@ def resolve_target(target: str | Callable) -> Callable:
 
 def check_model(spec: MethodSpec, model: Any) -> Any:
     """The model ``apply`` returned, if it agrees with the spec's ``side_tuning`` flag."""
-    from petlprof.methods.side_tuning import SideTunedModel
+    from petlprof.side_tuning import SideTunedModel  # torch: a method spec is made, and listed, without it
 
     side = isinstance(model, SideTunedModel)
     if side != spec.side_tuning:
@@ -515,7 +515,7 @@ def spec_problem(spec: MethodSpec) -> str | None:
     if not isinstance(spec.side_tuning, bool):
         return f"side_tuning must be true or false, got {shown(spec.side_tuning)}"
     if isinstance(spec.apply, type):  # a model class: its kind is known now
-        from petlprof.methods.side_tuning import SideTunedModel
+        from petlprof.side_tuning import SideTunedModel  # torch: only for a spec whose apply is a model class
 
         if issubclass(spec.apply, SideTunedModel) != spec.side_tuning:
             return _side_mismatch(spec, spec.apply)

@@ -18,8 +18,7 @@ import math
 import re
 from decimal import Decimal, InvalidOperation
 
-HIGHER = "higher"
-LOWER = "lower"
+from petlprof.figures import HIGHER, LOWER, directions
 
 METRIC_DIRECTIONS: dict[str, str] = {
     # task quality
@@ -33,13 +32,9 @@ METRIC_DIRECTIONS: dict[str, str] = {
     "rouge_l": HIGHER,
     "eval_loss": LOWER,
     "perplexity": LOWER,
-    # costs (units in the names)
-    "energy_j": LOWER,
-    "peak_memory_bytes": LOWER,
-    "time_s": LOWER,
+    # costs (units in the names): every measured figure's as declared, and the record's other costs
+    **directions(),
     "trainable_params": LOWER,
-    "energy_above_idle_j": LOWER,
-    "co2eq_g": LOWER,
     "latency_p50_s": LOWER,
     "infer_b1_latency_p50_s": LOWER,
     "infer_latency_per_sample_p50_s": LOWER,

@@ -111,7 +111,7 @@ def _target(options, method: str) -> bool:
 
 
 def _cache(options, method: str) -> bool:  # the cache serves side-tuning methods; the others run as usual
-    from petlprof.registry import get_method
+    from petlprof.registry import get_method  # not for --help: it reads the installed plug-ins' entry points
 
     return options.cache_hidden_states and get_method(method).side_tuning
 
@@ -122,31 +122,31 @@ def _cache_bytes(value) -> int | None:
 
 # names checked against what petlprof knows (imported when checked, so --help stays light)
 def _method(name: str) -> None:
-    from petlprof.registry import get_method
+    from petlprof.registry import get_method  # the entry points of installed plug-ins
 
     get_method(name)
 
 
-def _backbone(spec: str) -> None:
-    from petlprof.backbones import check_backbone
+def _backbone(backbone: str) -> None:
+    from petlprof.backbones import check_backbone  # the model shapes and GGUF presets
 
-    check_backbone(spec)
+    check_backbone(backbone)
 
 
-def _task(spec: str) -> None:
-    from petlprof.tasks import check_task
+def _task(task: str) -> None:
+    from petlprof.tasks import check_task  # numpy (about as long as all of --help)
 
-    check_task(spec)
+    check_task(task)
 
 
 def _energy_meter(name: str) -> None:
-    from petlprof.meters import check_energy_meter
+    from petlprof.meters import check_energy_meter  # every meter's module, probing NVML and RAPL
 
     check_energy_meter(name, need_available=False)
 
 
 def _extra_meter(name: str) -> None:
-    from petlprof.meters import check_extra_meters
+    from petlprof.meters import check_extra_meters  # every meter's module, probing NVML and RAPL
 
     check_extra_meters([name])
 
@@ -157,7 +157,7 @@ def _country(code: str) -> None:
 
 
 def _metric(name: str) -> None:
-    from petlprof.metrics import GENERATION_METRICS, METRIC_FUNCTIONS
+    from petlprof.metrics import GENERATION_METRICS, METRIC_FUNCTIONS  # decimal: --help checks no metric
 
     if name not in METRIC_FUNCTIONS and name not in GENERATION_METRICS:  # a task metric, not a cost
         raise unknown_choice("target metric", name, {**METRIC_FUNCTIONS, **GENERATION_METRICS})

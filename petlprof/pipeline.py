@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from petlprof.figures import ENERGY, TIME
 from petlprof.quantization import parameter_count
 from petlprof.records import DIVERGED, OK
 from petlprof.spec import RunSpec
@@ -350,12 +351,12 @@ def untrained_phase() -> dict[str, Any]:
     """The training phase of a model with nothing to train (the zero-shot row): no step ran, so it took
     no time and no energy, exactly; there is no window to measure."""
     return {
-        "time_s": 0.0,
+        TIME.name: 0.0,
         "steps": 0,
         "samples": 0,
         "warmup_steps": 0,
-        "energy_j": 0.0,  # its energy_kind is the evaluation's, so a sweep's kinds stay comparable
-        "energy_source": "no training step ran (zero-shot)",
+        ENERGY.name: 0.0,  # its energy_kind is the evaluation's, so a sweep's kinds stay comparable
+        ENERGY.source: "no training step ran (zero-shot)",
         "epochs_run": 0.0,
         "first_loss": None,
         "final_loss": None,

@@ -109,36 +109,6 @@ def check_available(method: str) -> None:
         raise UsageError(f"--quantize {method} needs bitsandbytes, which is not installed: {INSTALL}")
 
 
-def validate_options(options) -> None:
-    """The checks of ``--quantize`` and its settings that need no model (:func:`petlprof.config.validate`):
-    a value at all, bitsandbytes installed, the 4-bit settings only with a 4-bit value, and every method of
-    the sweep declaring that it runs on such a backbone (:func:`petlprof.method_api.check_quantize`)."""
-    from petlprof.method_api import check_quantize
-    from petlprof.registry import get_method
-
-    if not options.quantize:
-        raise UsageError("no quantization given (an empty --quantize): give at least one, e.g. --quantize none")
-    for method in options.quantize:
-        check_available(method)
-    if not any(q in FOUR_BIT for q in options.quantize):
-        changed = [
-            flag
-            for flag, is_set in (
-                ("--quantize-compute-dtype", options.quantize_compute_dtype != DEFAULT_COMPUTE_DTYPE),
-                ("--quantize-double", options.quantize_double),
-            )
-            if is_set
-        ]
-        if changed:
-            raise UsageError(
-                f"{changed[0]} acts only with a 4-bit --quantize ({' or '.join(FOUR_BIT)}); the sweep's is "
-                f"{','.join(options.quantize)}"
-            )
-    for name in options.methods:
-        for method in options.quantize:
-            check_quantize(get_method(name), method)
-
-
 def kept_in_float(model) -> list[str]:
     """The module names ``from_pretrained`` leaves unquantised: the output embeddings (LM head), weights tied
     to them, the model's last module, and the model class's ``_keep_in_fp32_modules`` (T5: ``wo``)."""

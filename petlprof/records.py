@@ -13,6 +13,8 @@ import json
 import statistics
 from typing import Any, TypedDict
 
+from petlprof.figures import TIME
+
 SCHEMA_VERSION = 1
 RESULTS_FILE = "results.jsonl"
 
@@ -214,7 +216,7 @@ def measured_phases_s(record: RunRecord) -> float:
     for name in ("inference", "generation", "generation_merged"):
         repeated = record.get(name) or {}
         phases += [v for k, v in repeated.items() if k.startswith("batch_")]
-    return sum(p["time_s"] for p in phases if isinstance(p, dict) and isinstance(p.get("time_s"), (int, float)))
+    return sum(p[TIME.name] for p in phases if isinstance(p, dict) and isinstance(p.get(TIME.name), (int, float)))
 
 
 def add_overhead(record: RunRecord, process_wall_time_s: float) -> RunRecord:

@@ -2,7 +2,8 @@
 
 A name given to ``--methods`` (and carried in every run's spec) is one of
 
-* a built-in method, registered by its module in ``petlprof.methods`` with :func:`register_method`;
+* a built-in method, listed in :data:`BUILTIN_METHODS` by the ``module:ATTR`` of its spec in
+  ``petlprof.methods`` (imported only when that method is asked for);
 * the name of an entry point in group ``petlprof.methods`` of an installed distribution, whose value
   ``module:ATTR`` names a :class:`~petlprof.method_api.MethodSpec` of the same name;
 * ``package.module:ATTR`` naming a ``MethodSpec`` directly (the current folder is importable, as
@@ -15,6 +16,10 @@ itself, lazily, so a plug-in needs no registration call in the user's process.  
 clashes with a built-in, fails to import or is malformed is one :class:`UsageError` line saying
 which plug-in, which distribution and what is wrong.  Listing methods imports no torch (unless a
 plug-in's own module does).
+
+The registry stands below the methods, with the contract (:mod:`petlprof.method_api`): no method
+registers itself, and nothing here imports ``petlprof.methods`` by an import statement; the tables
+below name what it loads from there, the way an entry point names a plug-in.
 """
 
 from __future__ import annotations
@@ -29,25 +34,50 @@ import sys
 from typing import Any
 
 from petlprof.errors import UsageError, shown, unknown_choice
-from petlprof.method_api import PEFT_PREFIX, MethodSpec, MethodSpecError, field_check
+from petlprof.method_api import PEFT_PREFIX, MethodSpec, MethodSpecError, field_check, resolve_target
 
 ENTRY_POINT_GROUP = "petlprof.methods"
 REFERENCE = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
 
-_METHODS: dict[str, MethodSpec] = {}  # built-in methods, by name
+BUILTIN_METHODS = {  # name -> module:ATTR of its MethodSpec (a light module: torch/peft load on apply)
+    "adapter": "petlprof.methods.adapter:SPEC",
+    "bitfit": "petlprof.methods.bitfit:SPEC",
+    "full": "petlprof.methods.full:SPEC",
+    "ia3": "petlprof.methods.ia3:SPEC",
+    "linear_probe": "petlprof.methods.linear_probe:SPEC",
+    "lora": "petlprof.methods.lora:SPEC",
+    "lst": "petlprof.methods.lst:SPEC",
+    "prefix_tuning": "petlprof.methods.prefix_tuning:SPEC",
+    "prompt_tuning": "petlprof.methods.prompt_tuning:SPEC",
+    "read": "petlprof.methods.read:SPEC",
+    "zero_shot": "petlprof.methods.zero_shot:SPEC",
+}
+PEFT_TUNERS = {  # what peft:TYPE and PEFT's saved adapter_config.json need, by module:ATTR (peft loads on use)
+    "spec": "petlprof.methods.peft_tuners:tuner_spec",  # peft:TYPE -> its MethodSpec
+    "unsupported": "petlprof.methods.peft_tuners:unsupported_reason",  # (peft:TYPE, backbone, fields) -> why not
+    "config_file": "petlprof.methods.peft_files:read_adapter_config",  # path -> (peft:TYPE, fields, notes)
+}
+
 _PLUGINS: dict[str, MethodSpec] = {}  # plug-ins resolved in this process, by the name they were asked for
 
 
-def register_method(spec: MethodSpec) -> MethodSpec:
-    """Register a built-in method (plug-ins are found through entry points or ``module:ATTR``)."""
-    if spec.name in _METHODS and _METHODS[spec.name] != spec:
-        raise RuntimeError(f"method '{spec.name}' registered twice")
-    _METHODS[spec.name] = spec
+@functools.cache
+def _builtin(name: str) -> MethodSpec:
+    """The spec of built-in method ``name``, imported from the module :data:`BUILTIN_METHODS` names."""
+    spec = resolve_target(BUILTIN_METHODS[name])
+    if not (isinstance(spec, MethodSpec) and spec.name == name):
+        raise RuntimeError(f"{BUILTIN_METHODS[name]} is {shown(spec)}, not the MethodSpec of built-in method '{name}'")
     return spec
 
 
-def _load_builtin_methods() -> None:
-    importlib.import_module("petlprof.methods")  # its __init__ imports each method's light module
+def peft_unsupported_reason(name: str, backbone: Any, method_config: dict[str, Any] | None = None) -> str | None:
+    """One line on why PEFT tuner ``name`` (``peft:TYPE``) cannot adapt ``backbone`` with ``method_config``, or None."""
+    return resolve_target(PEFT_TUNERS["unsupported"])(name, backbone, method_config)
+
+
+def read_peft_config_file(path: str) -> tuple[str, dict[str, Any], list[str]]:
+    """A PEFT ``adapter_config.json``: (its tuner ``peft:TYPE``, the fields petlprof takes, notes on the rest)."""
+    return resolve_target(PEFT_TUNERS["config_file"])(path)
 
 
 @functools.cache
@@ -61,9 +91,8 @@ def _entry_points() -> dict[str, list[metadata.EntryPoint]]:
 
 
 def builtin_method_names() -> list[str]:
-    """The methods that ship with petlprof."""
-    _load_builtin_methods()
-    return sorted(_METHODS)
+    """The methods that ship with petlprof (not loaded: see :func:`get_method`)."""
+    return sorted(BUILTIN_METHODS)
 
 
 def method_names() -> list[str]:
@@ -73,22 +102,19 @@ def method_names() -> list[str]:
 
 def get_method(name: str) -> MethodSpec:
     """The spec of a built-in method, an installed plug-in or a ``module:ATTR`` reference."""
-    _load_builtin_methods()
     if not isinstance(name, str):
         raise UsageError(f"a method name must be text, got {shown(name)}")
     if name in _PLUGINS:
         return _PLUGINS[name]
     if is_peft_tuner(name):
-        from petlprof.methods.peft_tuners import tuner_spec
-
-        _PLUGINS[name] = tuner_spec(name)
+        _PLUGINS[name] = resolve_target(PEFT_TUNERS["spec"])(name)
         return _PLUGINS[name]
     plugins = _entry_points().get(name, [])
-    if name in _METHODS:
+    if name in BUILTIN_METHODS:
         if plugins:
             ep = plugins[0]
             raise UsageError(f"{_entry_label(ep)}: its name clashes with the built-in method '{name}'; rename it")
-        return _METHODS[name]
+        return _builtin(name)
     if ":" in name:
         spec = _load_reference(name)
     elif len(plugins) > 1:
@@ -153,7 +179,7 @@ def _load_reference(reference: str) -> MethodSpec:
         spec = _import_spec(reference)
         if is_peft_tuner(spec.name):
             raise _Broken(f"its name '{spec.name}' starts with '{PEFT_PREFIX}', which names PEFT's tuners; rename it")
-        if spec.name in _METHODS and _METHODS[spec.name] is not spec:
+        if spec.name in BUILTIN_METHODS and _builtin(spec.name) is not spec:
             raise _Broken(f"its name '{spec.name}' clashes with the built-in method '{spec.name}'; rename it")
         for ep in _entry_points().get(spec.name, []):
             if ep.value != reference:
@@ -209,6 +235,7 @@ def config_field_help(config_cls: type) -> list[tuple[str, Any, str]]:
 
 
 __all__ = [
+    "BUILTIN_METHODS",
     "ENTRY_POINT_GROUP",
     "MethodSpec",
     "UsageError",
@@ -218,5 +245,6 @@ __all__ = [
     "is_peft_tuner",
     "method_names",
     "methods_by_name",
-    "register_method",
+    "peft_unsupported_reason",
+    "read_peft_config_file",
 ]

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from petlprof.figures import LATENCY, SAMPLES, SAMPLES_PER_S, TIME, TOKENS, TOKENS_PER_S, rate
 from petlprof.meters import Window
 from petlprof.meters.base import phase_warnings
 from petlprof.meters.latency import StepTimer
@@ -102,12 +103,12 @@ def phase_summary(window: Window, timer: StepTimer, steps, samples, warmup, requ
             "phase is too short, so its figures include start-up costs"
         )
     return {
-        "time_s": window.time_s,
+        TIME.name: window.time_s,
         "steps": steps,
-        "samples": samples,
+        SAMPLES.name: samples,
         "warmup_steps": warmup,
-        "samples_per_s": samples / window.time_s if window.time_s else None,
-        "latency_s": percentiles(timer.latencies_s()),
+        SAMPLES_PER_S.name: rate(samples, window.time_s),
+        LATENCY.name: percentiles(timer.latencies_s()),
         "latency_source": timer.source,
         **window.reading,
         "warnings": warnings,
@@ -174,7 +175,7 @@ class _Fit:
         self.schedule = recipe.schedule(self.optimizer, total)
         self.scaler = recipe.scaler(io.device)  # fp16's loss scaler; a pass-through otherwise
         self.timer = StepTimer(io.device)
-        self.steps, self.samples, self.losses, self.overflows = 0, 0, [], 0
+        self.steps, self.samples, self.tokens, self.losses, self.overflows = 0, 0, 0, [], 0
         self.diverged: tuple[int, float, float] | None = None  # (step, loss, gradient norm) of a step that diverged
 
     def step(self, batch: np.ndarray, bar, measured: bool) -> bool:
@@ -210,8 +211,9 @@ class _Fit:
             self.schedule.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.timer.stop(keep=measured)
-        if measured:
-            self.samples += len(labels) if share else 0
+        if measured and share:
+            self.samples += len(labels)
+            self.tokens += int(inputs["attention_mask"].sum())  # the positions trained on, padding excluded
         self.losses.append(value * share)  # this rank's part of the batch's mean loss
         self.steps += 1
         bar.update(1)
@@ -258,6 +260,7 @@ def train(
     losses = ranks.sum_over(fit.losses)
     measured = max(fit.steps - warmup, 0)
     summary = phase_summary(window, fit.timer, measured, fit.samples, warmup, steps.warmup_steps)
+    summary.update({TOKENS.name: fit.tokens, TOKENS_PER_S.name: rate(fit.tokens, window.time_s)})
     summary.update(
         epochs_run=round(fit.steps / len(batches), 3),
         first_loss=losses[0] if losses else None,

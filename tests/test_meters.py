@@ -15,9 +15,9 @@ import pytest
 
 from petlprof.errors import UsageError
 from petlprof.meters import Window, energy_meter_for, meter_status
+from petlprof.meters.cpu_power_model import EstimateEnergyMeter, cpu_power_per_core
 from petlprof.meters.devices.rapl import domains as rapl_domains
 from petlprof.meters.energy import NvmlEnergyMeter, RaplEnergyMeter
-from petlprof.meters.estimate import EstimateEnergyMeter, cpu_power_per_core
 from petlprof.meters.idle import IDLE_ENV
 from petlprof.meters.memory import CpuMemoryMeter
 

@@ -25,9 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from petlprof.errors import UsageError
-from petlprof.method_api import MAX_WIDTH, MethodConfig, choice, integer
+from petlprof.method_api import MAX_WIDTH, MethodConfig, MethodSpec, choice, integer
 from petlprof.quantization import QUANTIZE_CHOICES
-from petlprof.registry import MethodSpec, register_method
 
 PLACEMENTS = ("houlsby", "pfeiffer")
 ACTIVATIONS = ("relu", "gelu", "silu", "tanh")
@@ -53,6 +52,7 @@ class AdapterConfig(MethodConfig):
 
 
 def apply(classifier, config: AdapterConfig):
+    # torch: the spec is listed and checked without it
     from petlprof.architecture import name_patterns, require
     from petlprof.methods.adapter.model import add_adapters
 
@@ -66,18 +66,16 @@ def apply(classifier, config: AdapterConfig):
     return add_adapters(classifier, names, config)
 
 
-register_method(
-    MethodSpec(
-        name="adapter",
-        description="bottleneck adapters after attention and/or feed-forward blocks (Houlsby/Pfeiffer) + task head",
-        config_cls=AdapterConfig,
-        apply="petlprof.methods.adapter:apply",
-        default_lr=1e-3,
-        lr_source="Houlsby et al. 2019 swept 3e-5..1e-3; the top of that range for a one-epoch budget (84.3% on the "
-        "offline default after one 2000-example epoch, 300 eval examples)",
-        pareto_knob="reduction_factor",
-        default_grid=(4, 16, 64),
-        objectives=("classification", "lm"),
-        quantize=QUANTIZE_CHOICES,
-    )
+SPEC = MethodSpec(
+    name="adapter",
+    description="bottleneck adapters after attention and/or feed-forward blocks (Houlsby/Pfeiffer) + task head",
+    config_cls=AdapterConfig,
+    apply="petlprof.methods.adapter:apply",
+    default_lr=1e-3,
+    lr_source="Houlsby et al. 2019 swept 3e-5..1e-3; the top of that range for a one-epoch budget (84.3% on the "
+    "offline default after one 2000-example epoch, 300 eval examples)",
+    pareto_knob="reduction_factor",
+    default_grid=(4, 16, 64),
+    objectives=("classification", "lm"),
+    quantize=QUANTIZE_CHOICES,
 )

@@ -23,10 +23,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from petlprof.backbones import backbone_config
 from petlprof.errors import UsageError
-from petlprof.method_api import MAX_WIDTH, MethodConfig, choice, integer, number
+from petlprof.method_api import MAX_WIDTH, MethodConfig, MethodSpec, choice, integer, number
 from petlprof.quantization import QUANTIZE_CHOICES
-from petlprof.registry import MethodSpec, register_method
 
 INITS = ("pruned", "random")
 
@@ -78,33 +78,33 @@ def check_heads(width: int, heads: int, reduction_factor: int, backbone: str) ->
 def _heads_of(backbone: str) -> int | None:
     """The backbone's attention head count from its config (None if it cannot be read here: the model checks)."""
     try:
-        from petlprof.backbones import backbone_config
-
         return int(backbone_config(backbone).num_attention_heads)
     except Exception:  # noqa: BLE001 - a best-effort early check; building the model repeats it
         return None
 
 
 def apply(classifier, config: LstConfig):
+    # torch: the spec is listed and checked without it
     from petlprof.architecture import require
     from petlprof.methods.lst.model import LstModel
 
     require("lst", classifier.architecture)  # its side network reads every layer's states at one width
+    backbone = classifier.backbone.config  # the side network keeps its head count
+    width, heads = int(backbone.hidden_size), int(backbone.num_attention_heads)
+    check_heads(width, heads, config.reduction_factor, getattr(backbone, "model_type", ""))
     return LstModel(classifier, config)
 
 
-register_method(
-    MethodSpec(
-        name="lst",
-        description="ladder side network (backbone blocks at width / r, heads kept, pruned init) + task head",
-        config_cls=LstConfig,
-        apply="petlprof.methods.lst:apply",
-        default_lr=3e-3,
-        lr_source="LST paper (arXiv 2206.06522), its T5 GLUE setting; not re-tuned on the offline default",
-        pareto_knob="reduction_factor",
-        default_grid=(4, 8, 16, 32),
-        side_tuning=True,
-        objectives=("classification", "lm"),
-        quantize=QUANTIZE_CHOICES,  # the pruned start reads a quantised backbone's weights dequantised
-    )
+SPEC = MethodSpec(
+    name="lst",
+    description="ladder side network (backbone blocks at width / r, heads kept, pruned init) + task head",
+    config_cls=LstConfig,
+    apply="petlprof.methods.lst:apply",
+    default_lr=3e-3,
+    lr_source="LST paper (arXiv 2206.06522), its T5 GLUE setting; not re-tuned on the offline default",
+    pareto_knob="reduction_factor",
+    default_grid=(4, 8, 16, 32),
+    side_tuning=True,
+    objectives=("classification", "lm"),
+    quantize=QUANTIZE_CHOICES,  # the pruned start reads a quantised backbone's weights dequantised
 )

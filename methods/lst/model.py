@@ -40,11 +40,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch.nn import functional as F
+from transformers.activations import ACT2FN
 
 from petlprof.backbones import DECODER, ENCODER
 from petlprof.errors import UsageError
-from petlprof.methods.lst import check_heads
-from petlprof.methods.side_tuning import SideTunedModel
+from petlprof.methods.lst.pruning import initialise_from_backbone
+from petlprof.side_tuning import SideTunedModel
 
 
 class RMSNorm(nn.Module):
@@ -63,8 +64,6 @@ class Shape:
     """What the side network takes from the backbone: widths, heads, norm, activation, placement."""
 
     def __init__(self, backbone, family: str, reduction_factor: int):
-        from transformers.activations import ACT2FN
-
         config = backbone.config
         self.model_type = getattr(config, "model_type", "")
         self.width = int(config.hidden_size)
@@ -72,7 +71,6 @@ class Shape:
         self.kv_heads = int(getattr(config, "num_key_value_heads", None) or self.heads)
         self.r = reduction_factor
         self.side = self.width // reduction_factor
-        check_heads(self.width, self.heads, reduction_factor, self.model_type)
         if self.heads % self.kv_heads:
             raise UsageError(f"lst cannot pair {self.heads} query heads with {self.kv_heads} key/value heads")
         self.head_dim = self.side // self.heads
@@ -258,8 +256,6 @@ class LstModel(SideTunedModel):
         else:
             self.side = LadderStack(self.shape, depth, config, causal=classifier.family == DECODER)
         if config.init == "pruned":
-            from petlprof.methods.lst.pruning import initialise_from_backbone
-
             initialise_from_backbone(self, backbone)
 
     def side_forward(self, states, input_ids, attention_mask, labels=None):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from petlprof.architecture import describe
 from petlprof.errors import UsageError
 from petlprof.quantization import float_weight
 
@@ -144,8 +145,6 @@ def _residual_dimensions(backbone, stack, shape) -> torch.Tensor:
 @torch.no_grad()
 def initialise_from_backbone(model, backbone) -> None:
     """Copy each backbone layer, pruned to the side width, into the side layer beside it."""
-    from petlprof.architecture import describe
-
     shape = model.shape
     arch = describe(backbone)
     ladders = [model.encoder_side, model.side] if model.encoder_decoder else [model.side]

@@ -18,9 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from petlprof.method_api import MAX_WIDTH, MethodConfig, choice, integer
+from petlprof.method_api import MAX_WIDTH, MethodConfig, MethodSpec, choice, integer
 from petlprof.quantization import QUANTIZE_CHOICES
-from petlprof.registry import MethodSpec, register_method
 
 CELLS = ("rnn", "gru", "lstm")
 INIT_STATES = ("zeros", "embedding")
@@ -44,6 +43,7 @@ class ReadConfig(MethodConfig):
 
 
 def apply(classifier, config: ReadConfig):
+    # torch: the spec is listed and checked without it
     from petlprof.architecture import require
     from petlprof.methods.read.model import ReadModel
 
@@ -51,18 +51,16 @@ def apply(classifier, config: ReadConfig):
     return ReadModel(classifier, config)
 
 
-register_method(
-    MethodSpec(
-        name="read",
-        description="GRU side network over the frozen backbone's per-layer states + task head",
-        config_cls=ReadConfig,
-        apply="petlprof.methods.read:apply",
-        default_lr=1e-3,
-        lr_source="side network and head trained from scratch; READ authors' range 1e-4..3e-3",
-        pareto_knob="hidden_size",
-        default_grid=(32, 128, 512),
-        side_tuning=True,
-        objectives=("classification", "lm"),
-        quantize=QUANTIZE_CHOICES,
-    )
+SPEC = MethodSpec(
+    name="read",
+    description="GRU side network over the frozen backbone's per-layer states + task head",
+    config_cls=ReadConfig,
+    apply="petlprof.methods.read:apply",
+    default_lr=1e-3,
+    lr_source="side network and head trained from scratch; READ authors' range 1e-4..3e-3",
+    pareto_knob="hidden_size",
+    default_grid=(32, 128, 512),
+    side_tuning=True,
+    objectives=("classification", "lm"),
+    quantize=QUANTIZE_CHOICES,
 )

@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from petlprof.methods.side_tuning import SideTunedModel, masked_mean
+from petlprof.side_tuning import SideTunedModel, masked_mean
 
 _CELLS = {"rnn": nn.RNN, "gru": nn.GRU, "lstm": nn.LSTM}
 

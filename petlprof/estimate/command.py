@@ -112,15 +112,16 @@ def _add_run_option(parser: argparse.ArgumentParser, name: str) -> None:
 
 def _quantizations(args: argparse.Namespace, methods: list[str]) -> list:
     """One :class:`~petlprof.quantization.Quantization` (None for ``none``) per ``--quantize`` value, checked as
-    ``petlprof run`` checks them (:func:`petlprof.quantization.validate_options`): every method must declare
+    ``petlprof run`` checks them (:func:`petlprof.config.validate_quantize`): every method must declare
     that it runs on such a backbone."""
     from types import SimpleNamespace
 
-    from petlprof.quantization import NONE, Quantization, validate_options
+    from petlprof.config import validate_quantize
+    from petlprof.quantization import NONE, Quantization
 
     for name in QUANTIZE_OPTIONS:
         kind_of(name).check(name, getattr(args, name))
-    validate_options(SimpleNamespace(**{n: getattr(args, n) for n in QUANTIZE_OPTIONS}, methods=methods))
+    validate_quantize(SimpleNamespace(**{n: getattr(args, n) for n in QUANTIZE_OPTIONS}, methods=methods))
     return [
         None if q == NONE else Quantization(q, args.quantize_compute_dtype, args.quantize_double)
         for q in dict.fromkeys(args.quantize)

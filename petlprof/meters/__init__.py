@@ -13,9 +13,9 @@ from petlprof.errors import UsageError, unknown_choice
 from petlprof.meters.base import ESTIMATED, MEASURED, Meter, Window, synchronize
 from petlprof.meters.carbon import CodecarbonMeter
 from petlprof.meters.contention import ContentionMeter
+from petlprof.meters.cpu_power_model import EstimateEnergyMeter, cpu_power_per_core, estimate_model
 from petlprof.meters.devices import nvml as nvml_dev
 from petlprof.meters.energy import NvmlEnergyMeter, RaplEnergyMeter
-from petlprof.meters.estimate import EstimateEnergyMeter, cpu_power_per_core, estimate_model
 from petlprof.meters.memory import CpuMemoryMeter, CudaMemoryMeter
 from petlprof.meters.tensors import CpuTensorMeter
 

@@ -15,6 +15,7 @@ import logging
 import warnings
 from typing import Any
 
+from petlprof.figures import CO2, CODECARBON_CPU, CODECARBON_ENERGY_J, CODECARBON_GPU, CODECARBON_RAM
 from petlprof.meters.base import ESTIMATED, Meter
 
 DEFAULT_COUNTRY = "USA"
@@ -23,7 +24,7 @@ J_PER_KWH = 3.6e6
 
 class CodecarbonMeter(Meter):
     name = "codecarbon"
-    FIGURES = ("co2eq_g", "codecarbon_energy_j")
+    FIGURES = (CO2.name, CODECARBON_ENERGY_J.name)
 
     def __init__(self, device: str = "cpu", country_code: str | None = None):
         super().__init__(device)
@@ -55,14 +56,14 @@ class CodecarbonMeter(Meter):
         emissions_kg = self._tracker.stop()
         data = self._tracker.final_emissions_data
         return {
-            "co2eq_g": None if emissions_kg is None else emissions_kg * 1000.0,
+            CO2.name: None if emissions_kg is None else emissions_kg * 1000.0,
             "co2eq_country": self.country_code,
-            "codecarbon_energy_j": data.energy_consumed * J_PER_KWH,
-            "codecarbon_cpu_energy_j": data.cpu_energy * J_PER_KWH,
-            "codecarbon_gpu_energy_j": data.gpu_energy * J_PER_KWH,
-            "codecarbon_ram_energy_j": data.ram_energy * J_PER_KWH,
+            CODECARBON_ENERGY_J.name: data.energy_consumed * J_PER_KWH,
+            CODECARBON_CPU.name: data.cpu_energy * J_PER_KWH,
+            CODECARBON_GPU.name: data.gpu_energy * J_PER_KWH,
+            CODECARBON_RAM.name: data.ram_energy * J_PER_KWH,
             "codecarbon_cpu_model": data.cpu_model,
             "codecarbon_tracking_mode": data.tracking_mode,
-            "co2eq_kind": ESTIMATED,
+            CO2.kind: ESTIMATED,
             "co2eq_source": f"codecarbon {data.codecarbon_version} offline, grid intensity of {self.country_code}",
         }

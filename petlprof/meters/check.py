@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from petlprof.figures import CODECARBON_ENERGY_J, ENERGY, PEAK_MEMORY
 from petlprof.meters import meter_status
 from petlprof.meters.base import Window
 from petlprof.meters.check_gpu import cuda_allocator_checks, nvml_checks
@@ -86,7 +87,7 @@ def spread_check(meter_factory: Callable[[], Any], what: str) -> Check:
         with Window([meter]) as window:
             busy_cpu(SHORT_WINDOW_S)
         meter.close()
-        energies.append(window.reading.get("energy_j"))
+        energies.append(window.reading.get(ENERGY.name))
     if any(e is None for e in energies) or not np.mean(energies):
         return Check("short-window spread", None, "cv", FAIL, f"a {what} window gave no energy: {energies}")
     cv = float(np.std(energies) / np.mean(energies))
@@ -132,7 +133,7 @@ def rapl_checks(root=rapl.POWERCAP) -> list[Check]:
 
 
 def estimate_checks(why_not_measured: list[str]) -> list[Check]:
-    from petlprof.meters.estimate import EstimateEnergyMeter, cpu_power_per_core, estimate_model
+    from petlprof.meters.cpu_power_model import EstimateEnergyMeter, cpu_power_per_core, estimate_model
 
     model = estimate_model(cpu_power_per_core())
     resolution = time.get_clock_info("process_time").resolution
@@ -164,7 +165,7 @@ def cpu_rss_checks() -> list[Check]:
         block = np.ones(KNOWN_BYTES // 8)
         block[::512] = 2.0  # every page touched
         del block
-    peak = window.reading["peak_memory_bytes"]
+    peak = window.reading[PEAK_MEMORY.name]
     ratio = peak / KNOWN_BYTES
     return [
         Check(
@@ -208,7 +209,7 @@ def codecarbon_checks() -> list[Check]:
 
     with Window([CodecarbonMeter("cpu")]) as window:
         busy_cpu(1.0)
-    energy = window.reading.get("codecarbon_energy_j")
+    energy = window.reading.get(CODECARBON_ENERGY_J.name)
     return [
         Check(
             "runs",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import time
 
+from petlprof.figures import ENERGY, ENERGY_COUNTER, ENERGY_INTEGRATED, ENERGY_WINDOW, PEAK_MEMORY
 from petlprof.meters.base import Window
 from petlprof.meters.devices import nvml as nvml_dev
 from petlprof.meters.verdicts import FAIL, KNOWN_BYTES, PASS, REPEATS, WARN, Check, graded
@@ -50,7 +51,7 @@ def _metered(timeline, seconds: float, duty: float = 1.0, period_s: float = 0.1)
 
 
 def _agreement(name: str, reading: dict, limits: tuple[float, float], load: str) -> Check:
-    counter, integrated = reading.get("energy_counter_j"), reading.get("energy_integrated_j")
+    counter, integrated = reading.get(ENERGY_COUNTER.name), reading.get(ENERGY_INTEGRATED.name)
     if not counter or integrated is None:
         return Check(name, None, "ratio", WARN, f"no counter ({counter}) or no integrated figure ({integrated})")
     gap = abs(integrated - counter) / counter
@@ -59,7 +60,7 @@ def _agreement(name: str, reading: dict, limits: tuple[float, float], load: str)
         round(integrated / counter, 4),
         "ratio",
         graded(gap, *limits),
-        f"integrated {integrated:.1f} J / counter {counter:.1f} J over {reading['energy_window_s']:.1f} s of "
+        f"integrated {integrated:.1f} J / counter {counter:.1f} J over {reading[ENERGY_WINDOW.name]:.1f} s of "
         f"{load}, {reading.get('power_field')} power field at {reading.get('power_sample_rate_hz') or 0:.0f} Hz "
         f"(pass within {limits[0]:.0%}, warn within {limits[1]:.0%})",
     )
@@ -131,7 +132,7 @@ def nvml_checks() -> list[Check]:
 def _spread(timeline) -> Check:
     import numpy as np
 
-    energies = [_metered(timeline, 0.5)["energy_j"] for _ in range(REPEATS)]
+    energies = [_metered(timeline, 0.5)[ENERGY.name] for _ in range(REPEATS)]
     cv = float(np.std(energies) / np.mean(energies))
     return Check(
         "short-window spread",
@@ -151,7 +152,7 @@ def cuda_allocator_checks() -> list[Check]:
     with Window([CudaMemoryMeter(DEVICE)], DEVICE) as window:
         block = torch.empty(KNOWN_BYTES, dtype=torch.uint8, device=DEVICE)
         del block
-    peak = window.reading["peak_memory_bytes"]
+    peak = window.reading[PEAK_MEMORY.name]
     checks = [
         Check(
             "known allocation",

@@ -28,6 +28,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from petlprof.figures import (
+    ENERGY,
+    ENERGY_ABOVE_IDLE,
+    ENERGY_COUNTER,
+    ENERGY_INTEGRATED,
+    ENERGY_WINDOW,
+    IDLE_POWER,
+    MEAN_POWER,
+)
 from petlprof.meters.base import MEASURED, Meter
 from petlprof.meters.devices import nvml as nvml_dev
 from petlprof.meters.devices import rapl
@@ -54,12 +63,12 @@ def provenance(
             "few counter updates, so this figure is low-confidence",
         ]
     return {
-        "energy_kind": kind,
-        "energy_source": source,
+        ENERGY.kind: kind,
+        ENERGY.source: source,
         "energy_meter": meter.name,
         "energy_samples": samples,
         "energy_sample_rate_hz": sample_rate_hz,
-        "energy_window_s": window_s,
+        ENERGY_WINDOW.name: window_s,
         "energy_low_confidence": low,
         "energy_warnings": warnings,
     }
@@ -80,8 +89,8 @@ def above_idle(
             "baseline, a power-state change, or sensor error)"
         )
     return {
-        "energy_above_idle_j": above,
-        "idle_power_w": idle_w,
+        ENERGY_ABOVE_IDLE.name: above,
+        IDLE_POWER.name: idle_w,
         "idle_power_source": source,
         "energy_above_idle_low_confidence": above < 0,
     }
@@ -119,7 +128,7 @@ class NvmlEnergyMeter(Meter):
     ``idle``: the sweep's idle baseline (:func:`petlprof.meters.idle.measure_idle`), or None."""
 
     name = "nvml"
-    FIGURES = ("energy_j", "energy_kind", "energy_source")
+    FIGURES = ENERGY.reading_keys
 
     def __init__(self, device: str = "cuda", timeline=None, idle: dict[str, Any] | None = None):
         super().__init__(device)
@@ -181,13 +190,13 @@ class NvmlEnergyMeter(Meter):
                 "so a window's edges are smeared by about half a second"
             )
         return {
-            "energy_j": energy,
-            "energy_counter_j": counter_j,
-            "energy_integrated_j": integrated_j,
+            ENERGY.name: energy,
+            ENERGY_COUNTER.name: counter_j,
+            ENERGY_INTEGRATED.name: integrated_j,
             "power_field": timeline.get("power_field"),
             "power_samples": timeline.get("samples"),
             "power_sample_rate_hz": timeline.get("sample_rate_hz"),
-            "mean_power_w": timeline.get("mean_power_w"),
+            MEAN_POWER.name: timeline.get(MEAN_POWER.name),
             "counter_update_period_s": timeline.get("update_period_s"),
             "power_update_period_s": timeline.get("power_update_period_s"),
             "power_fallback_samples": timeline.get("power_fallback_samples"),
@@ -243,7 +252,7 @@ class RaplEnergyMeter(Meter):
     [:data:`RAPL_MIN_POLL_S`, :data:`RAPL_MAX_POLL_S`]); 0 reads only at the window's edges."""
 
     name = "rapl"
-    FIGURES = ("energy_j", "energy_kind", "energy_source")
+    FIGURES = ENERGY.reading_keys
 
     def __init__(
         self,
@@ -302,7 +311,7 @@ class RaplEnergyMeter(Meter):
             )
         idle = above_idle(energy, self.idle_w, self.window_s, "rapl", warnings)
         reading = {
-            "energy_j": energy,
+            ENERGY.name: energy,
             "energy_domains": rapl.names(self.domains),
             **provenance(self, "rapl", MEASURED, self.tracker.readings, warnings),
             **idle,

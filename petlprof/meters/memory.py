@@ -19,6 +19,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from petlprof.figures import PEAK_MEMORY, PEAK_RESERVED
 from petlprof.meters.base import MEASURED, Meter
 from petlprof.quantization import quantization_state
 
@@ -67,7 +68,7 @@ class CpuMemoryMeter(Meter):
     """Peak resident memory of this process during the window, above a runtime baseline."""
 
     name = "cpu-rss"
-    FIGURES = ("peak_memory_bytes", "memory_kind", "memory_source")
+    FIGURES = PEAK_MEMORY.reading_keys
 
     def __init__(self, device: str = "cpu", baseline_bytes: int | None = None):
         """``baseline_bytes``: RSS to subtract (the runtime's); by default the RSS when the window opens."""
@@ -91,11 +92,11 @@ class CpuMemoryMeter(Meter):
     def _end(self) -> dict[str, Any]:
         hwm = (_status_kib("VmHWM") or 0) * 1024
         return {
-            "peak_memory_bytes": max(hwm - self.baseline_bytes, 0),
+            PEAK_MEMORY.name: max(hwm - self.baseline_bytes, 0),
             "peak_rss_bytes": hwm,
             "rss_baseline_bytes": self.baseline_bytes,
-            "memory_kind": MEASURED,
-            "memory_source": "rss-hwm" if self._was_reset else "rss-hwm-unreset",
+            PEAK_MEMORY.kind: MEASURED,
+            PEAK_MEMORY.source: "rss-hwm" if self._was_reset else "rss-hwm-unreset",
         }
 
 
@@ -104,7 +105,7 @@ class CudaMemoryMeter(Meter):
     snapshot of the window (``snapshot_path``, a pickle that https://pytorch.org/memory_viz opens)."""
 
     name = "cuda-allocator"
-    FIGURES = ("peak_memory_bytes", "memory_kind", "memory_source")
+    FIGURES = PEAK_MEMORY.reading_keys
     SNAPSHOT_ENTRIES = 100_000
 
     def __init__(self, device: str = "cuda", snapshot_path: str | None = None):
@@ -133,10 +134,10 @@ class CudaMemoryMeter(Meter):
         import torch
 
         reading = {
-            "peak_memory_bytes": int(torch.cuda.max_memory_allocated(self.device)),
-            "peak_reserved_bytes": int(torch.cuda.max_memory_reserved(self.device)),
-            "memory_kind": MEASURED,
-            "memory_source": "cuda-allocator",
+            PEAK_MEMORY.name: int(torch.cuda.max_memory_allocated(self.device)),
+            PEAK_RESERVED.name: int(torch.cuda.max_memory_reserved(self.device)),
+            PEAK_MEMORY.kind: MEASURED,
+            PEAK_MEMORY.source: "cuda-allocator",
         }
         if self.snapshot_path:
             Path(self.snapshot_path).parent.mkdir(parents=True, exist_ok=True)

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from petlprof.figures import MEAN_POWER
 from petlprof.meters.devices import nvml as nvml_dev
 
 DETECT_S = 1.0
@@ -224,7 +225,7 @@ def window_figures(info: dict[str, Any], data: dict[str, Any], t0: float, t1: fl
     covered = len(times) >= 2 and times[0] <= t0 + info["period_s"] and times[-1] >= t1 - info["period_s"]
     return {
         "integrated_energy_j": integrate_j(times, data["powers"], t0, t1) if covered else None,
-        "mean_power_w": float(per_gpu.sum()) if times else None,
+        MEAN_POWER.name: float(per_gpu.sum()) if times else None,
         "mean_power_per_gpu_w": per_gpu.tolist() if times else None,
         "samples": inside,
         "sample_rate_hz": inside / (t1 - t0) if t1 > t0 else None,

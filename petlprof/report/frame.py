@@ -22,6 +22,7 @@ from typing import Any
 
 import pandas as pd
 
+from petlprof.figures import ENERGY, LATENCY, MEASURED_PHASES, PEAK_MEMORY, TIME, TOKENS_PER_S, frame_columns
 from petlprof.metrics import METRIC_DIRECTIONS, direction
 from petlprof.pareto import pareto_front
 from petlprof.report.intervals import ci_half_width, standard_error
@@ -29,25 +30,17 @@ from petlprof.report.records import ZERO_SHOT, config_key, config_label, field, 
 
 GROUP = ["task", "backbone"]  # a frontier is drawn within one task and backbone
 CONFIG = GROUP + ["method", "config", "config_key"]  # what identifies a configuration across seeds
-PHASE_FIGURES = {  # column suffix -> keys inside a phase
-    "time_s": ("time_s",),
-    "energy_j": ("energy_j",),
-    "peak_memory_bytes": ("peak_memory_bytes",),
-    "steps": ("steps",),
-    "latency_p50_s": ("latency_s", "p50"),
-    "energy_above_idle_j": ("energy_above_idle_j",),
-    "co2eq_g": ("co2eq_g",),
-}
-PHASE_TEXT = ("energy_kind", "energy_source", "energy_model", "memory_source")
-COSTS = ("energy_j", "peak_memory_bytes", "time_s", "trainable_params")
+PHASE_FIGURES = {phase: frame_columns(phase) for phase in MEASURED_PHASES}  # column -> keys inside the phase
+PHASE_TEXT = (ENERGY.kind, ENERGY.source, "energy_model", PEAK_MEMORY.source)
+COSTS = (ENERGY.name, PEAK_MEMORY.name, TIME.name, "trainable_params")
 GENERATION_PHASES = ("generation", "generation_merged")  # the model as tuned, and merged (methods that merge)
 GENERATION_FIGURES = (  # per batch size of a generation phase, as the record's dotted path below it
-    "tokens_per_s",
+    TOKENS_PER_S.name,
     "energy_per_token_j",
     "energy_per_response_j",
     "time_to_first_token_s",
     "per_token_latency_s.p50",
-    "peak_memory_bytes",
+    PEAK_MEMORY.name,
     "side_network.share_of_per_token",
 )
 GENERATION_COLUMN = re.compile(r"^(generation(?:_merged)?)\.batch_(\d+)\.(.+)$")
@@ -106,11 +99,11 @@ def _row(record: Mapping[str, Any]) -> dict[str, Any]:
     batch = field(record, "spec", "batch_size")
     row.update(
         {  # inference phase (batch 1 and the training batch) and the merged model's evaluation
-            "infer_b1_latency_p50_s": number(record, "inference", "batch_1", "latency_s", "p50"),
+            "infer_b1_latency_p50_s": number(record, "inference", "batch_1", LATENCY.name, "p50"),
             "infer_latency_per_sample_p50_s": number(
                 record, "inference", f"batch_{batch}", "latency_per_sample_s", "p50"
             ),
-            "merged_latency_p50_s": number(record, "eval_merged", "latency_s", "p50"),
+            "merged_latency_p50_s": number(record, "eval_merged", LATENCY.name, "p50"),
         }
     )
     row.update(
@@ -126,9 +119,10 @@ def _row(record: Mapping[str, Any]) -> dict[str, Any]:
         row[name] = number(record, "metrics", name)
     if row["primary_metric"] in metrics:
         row["quality"] = row[row["primary_metric"]]
-    for phase, prefix in (("train", ""), ("eval", "eval_")):
-        for column, keys in PHASE_FIGURES.items():
-            row[prefix + column] = number(record, phase, *keys)
+    for phase, columns in PHASE_FIGURES.items():
+        for column, keys in columns.items():
+            row[column] = number(record, phase, *keys)
+        prefix = "" if phase == "train" else f"{phase}_"
         for column in PHASE_TEXT:
             row[prefix + column] = field(record, phase, column)
     return row
@@ -144,14 +138,14 @@ def _generation_figures(record: Mapping[str, Any]) -> dict[str, Any]:
             for name in GENERATION_FIGURES:
                 row[f"{phase}.{key}.{name}"] = number(figures, key, *name.split("."))
             if phase == "generation" and "generation_energy_kind" not in row:
-                row["generation_energy_kind"] = field(figures, key, "energy_kind")
+                row["generation_energy_kind"] = field(figures, key, ENERGY.kind)
     return row
 
 
 def generation_batches(frame: pd.DataFrame, phase: str = "generation") -> list[int]:
     """The batch sizes some row of ``frame`` has generation figures for, ascending."""
     sizes = {int(m[2]) for c in frame.columns if (m := GENERATION_COLUMN.match(c)) and m[1] == phase}
-    return sorted(s for s in sizes if frame[f"{phase}.batch_{s}.tokens_per_s"].notna().any())
+    return sorted(s for s in sizes if frame[f"{phase}.batch_{s}.{TOKENS_PER_S.name}"].notna().any())
 
 
 def runs_frame(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
@@ -173,7 +167,7 @@ def runs_frame(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
         "target_value",
         "diverged_at_step",
         *metrics,
-        *(prefix + column for prefix in ("", "eval_") for column in PHASE_FIGURES),
+        *(column for columns in PHASE_FIGURES.values() for column in columns),
         *(column for column in frame.columns if GENERATION_COLUMN.match(column)),
     }
     for name in numeric & set(frame.columns):  # all-missing figures stay numeric (NaN), not objects
@@ -217,14 +211,14 @@ def summarise(runs: pd.DataFrame, ok_only: bool = True) -> pd.DataFrame:
         for column in ("energy_kind", "eval_energy_kind", "generation_energy_kind"):
             kinds = set(group[column].dropna()) if column in group else set()
             row[column] = "estimated" if "estimated" in kinds else (kinds.pop() if len(kinds) == 1 else None)
-        for column in ("energy_source", "energy_model", "memory_source"):
+        for column in (ENERGY.source, "energy_model", PEAK_MEMORY.source):
             if column in group:
                 row[column] = ", ".join(sorted({str(v) for v in group[column].dropna()})) or None
         rows.append(row)
     return pd.DataFrame(rows)
 
 
-def frontier(frame: pd.DataFrame, x: str = "energy_j", y: str = "quality", by: Sequence[str] = GROUP) -> pd.DataFrame:
+def frontier(frame: pd.DataFrame, x: str = ENERGY.name, y: str = "quality", by: Sequence[str] = GROUP) -> pd.DataFrame:
     """Per-configuration rows (seeds merged by :func:`summarise`) with an ``on_front`` column: True where
     no configuration of the same ``by`` group is at least as good on both ``x`` and ``y`` (seed means)
     and strictly better on one.  Equal configurations are both on the front; a configuration missing

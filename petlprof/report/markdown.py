@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from petlprof.errors import shown
+from petlprof.figures import ENERGY, PEAK_MEMORY
 from petlprof.records import DIVERGED, overhead_line
 from petlprof.report.curves import CurvePlot, learning_curve_figures
 from petlprof.report.differences import difference_tables
@@ -289,17 +290,17 @@ def _provenance(records: Sequence[Mapping[str, Any]]) -> list[str]:
             lines += [f"No run recorded the {phase} phase.", ""]
             continue
         energy = Counter(
-            (field(r, phase, "energy_source"), field(r, phase, "energy_kind"), field(r, phase, "energy_model"))
+            (field(r, phase, ENERGY.source), field(r, phase, ENERGY.kind), field(r, phase, "energy_model"))
             for r in runs
-            if field(r, phase, "energy_j") is not None
+            if field(r, phase, ENERGY.name) is not None
         )
         for (source, kind, model), n in energy.items():
             line = f"- Energy (J): **{text(kind)}**, source `{text(source)}`, {n} run(s)"
             lines.append(line + (f"; estimate model: {model}" if kind == "estimated" and model else ""))
-        missing = sum(1 for r in runs if field(r, phase, "energy_j") is None)
+        missing = sum(1 for r in runs if field(r, phase, ENERGY.name) is None)
         if missing:
             lines.append(f"- Energy (J): no figure for {missing} run(s) (no meter could give one)")
-        for source, n in Counter(field(r, phase, "memory_source") for r in runs).items():
+        for source, n in Counter(field(r, phase, PEAK_MEMORY.source) for r in runs).items():
             lines.append(f"- Peak memory (bytes, shown in MiB): source `{text(source)}`, {n} run(s)")
         lines.append(
             "- Latency (s per batch, shown in ms): percentiles p50/p90/p99 over the timed batches; "
@@ -322,7 +323,7 @@ def _generation_provenance(records: Sequence[Mapping[str, Any]]) -> list[str]:
     if not windows:
         return []
     lines = ["### Generation phase", ""]
-    energy = Counter((w.get("energy_source"), w.get("energy_kind")) for w in windows if w.get("energy_j") is not None)
+    energy = Counter((w.get(ENERGY.source), w.get(ENERGY.kind)) for w in windows if w.get(ENERGY.name) is not None)
     for (source, kind), n in energy.items():
         lines.append(f"- Energy (J, per token and response): **{text(kind)}**, source `{text(source)}`, {n} windows")
     for source, n in Counter(w.get("latency_source") for w in windows).items():

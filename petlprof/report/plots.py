@@ -29,6 +29,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
+from petlprof import figures
 from petlprof.metrics import METRIC_RANGES, direction
 from petlprof.report.frame import frontier, knob_sort_value, runs_frame
 from petlprof.report.intervals import DEFAULT_INTERVAL, caption, check_interval
@@ -44,7 +45,6 @@ from petlprof.report.plotkit import (
     place_labels,
 )
 from petlprof.report.records import (
-    BYTES_PER_MIB,
     MISSING,
     ZERO_SHOT,
     ZERO_SHOT_LABEL,
@@ -73,9 +73,24 @@ class CostAxis:
     kind_column: str | None = None
 
 
-ENERGY = CostAxis("energy", "Train energy", "energy_j", "J", 1.0, "energy_source", "energy_kind")
-MEMORY = CostAxis("memory", "Train peak memory", "peak_memory_bytes", "MiB", 1 / BYTES_PER_MIB, "memory_source")
-TIME = CostAxis("time", "Train time", "time_s", "s, warm-up excluded", 1.0)
+ENERGY = CostAxis(
+    "energy",
+    "Train energy",
+    figures.ENERGY.name,
+    figures.ENERGY.shown_unit,
+    1.0,
+    figures.ENERGY.source,
+    figures.ENERGY.kind,
+)
+MEMORY = CostAxis(
+    "memory",
+    "Train peak memory",
+    figures.PEAK_MEMORY.name,
+    figures.PEAK_MEMORY.shown_unit,
+    figures.PEAK_MEMORY.scale,
+    figures.PEAK_MEMORY.source,
+)
+TIME = CostAxis("time", "Train time", figures.TIME.name, "s, warm-up excluded", figures.TIME.scale)
 PARAMS = CostAxis("params", "Trainable parameters", "trainable_params", "count", 1.0)
 COST_AXES = (ENERGY, MEMORY, TIME, PARAMS)
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from petlprof.errors import unknown_choice
+from petlprof.figures import CO2, ENERGY, ENERGY_ABOVE_IDLE, LATENCY, PEAK_MEMORY, TIME, TOKENS_PER_S, Figure
 from petlprof.report.records import (
-    BYTES_PER_MIB,
     MISSING,
     ZERO_SHOT,
     ZERO_SHOT_LABEL,
@@ -67,6 +67,12 @@ def _scaled(*keys: str, factor: float, decimals: int) -> Callable[[Mapping[str, 
     return cell
 
 
+def _phase_column(phase: str, figure: Figure) -> Column:
+    """One phase's figure, in its declared unit and format, for every run."""
+    cell = _scaled(phase, figure.name, *figure.part, factor=figure.scale, decimals=figure.decimals)
+    return Column(f"{phase} {figure.header}", cell, numeric=True)
+
+
 def _metric(name: str) -> Callable[[Mapping[str, Any]], str]:
     """A cell getter for a quality metric, shown only on the runs whose primary metric it is (and
     marked cost-only on runs with random weights)."""
@@ -95,17 +101,11 @@ def columns(records: Sequence[Mapping[str, Any]]) -> list[Column]:
     cols += [Column(name, _metric(name), numeric=True) for name in distinct(r.get("primary_metric") for r in records)]
     cols += [
         Column("trainable params (count, % of total)", _params, numeric=True),
-        Column("train time (s)", _scaled("train", "time_s", factor=1.0, decimals=1), numeric=True),
-        Column(
-            "train peak mem (MiB)",
-            _scaled("train", "peak_memory_bytes", factor=1 / BYTES_PER_MIB, decimals=1),
-            numeric=True,
-        ),
-        Column("train energy (J)", _scaled("train", "energy_j", factor=1.0, decimals=1), numeric=True),
-        Column("energy kind", lambda r: text(field(r, "train", "energy_kind"))),
-        Column(
-            "eval p50 latency (ms/batch)", _scaled("eval", "latency_s", "p50", factor=1000.0, decimals=1), numeric=True
-        ),
+        _phase_column("train", TIME),
+        _phase_column("train", PEAK_MEMORY),
+        _phase_column("train", ENERGY),
+        Column("energy kind", lambda r: text(field(r, "train", ENERGY.kind))),
+        _phase_column("eval", LATENCY),
     ]
     if not all(is_ok(r) for r in records):
         cols.append(Column("error", lambda r: MISSING if is_ok(r) else short_error(r, width=48)))
@@ -170,6 +170,11 @@ def _mean_ci(row: Mapping[str, Any], column: str, factor: float, decimals: int) 
     return shown if ci is None or ci != ci else f"{shown} ± {ci * factor:,.{decimals}f}"
 
 
+def _figure_ci(row: Mapping[str, Any], figure: Figure, prefix: str = "") -> str:
+    """A figure's column of the per-configuration frame as ``mean ± ci`` in its declared unit and format."""
+    return _mean_ci(row, prefix + str(figure.column), figure.scale, figure.decimals)
+
+
 def _signed(value: Any, fmt: str, suffix: str = "") -> str:
     """``+5%`` / ``−72%`` with a real minus sign; ``-`` when missing."""
     if value is None or value != value:
@@ -182,8 +187,13 @@ def _signed(value: Any, fmt: str, suffix: str = "") -> str:
 # figures shown only where some run has them: (column, header, unit factor, decimals)
 OPTIONAL_COLUMNS = (
     ("checkpoint_bytes", "checkpoint (MiB, safetensors)", 1 / 2**20, 3),
-    ("energy_above_idle_j", "train energy above idle (J)", 1.0, 1),
-    ("co2eq_g", "train CO2-eq (g, CodeCarbon)", 1.0, 3),
+    (
+        ENERGY_ABOVE_IDLE.column,
+        f"train {ENERGY_ABOVE_IDLE.header}",
+        ENERGY_ABOVE_IDLE.scale,
+        ENERGY_ABOVE_IDLE.decimals,
+    ),
+    (CO2.column, f"train {CO2.label} ({CO2.unit}, CodeCarbon)", CO2.scale, CO2.decimals),
     ("infer_b1_latency_p50_s", "inference p50, batch 1 (ms)", 1000.0, 2),
     ("infer_latency_per_sample_p50_s", "inference p50 per sample, train batch (ms)", 1000.0, 2),
     ("merged_latency_p50_s", "merged eval p50 (ms/batch)", 1000.0, 1),
@@ -279,9 +289,9 @@ def _costs_table(group, majority: float | None, zero_shot) -> str:
     majority-class rate and the ``zero_shot`` configurations as reference rows under the others."""
     metric = text((distinct([*group["primary_metric"], *zero_shot["primary_metric"]]) or [None])[0])
     kinds = [k for k in distinct(group["energy_kind"]) if isinstance(k, str)] if "energy_kind" in group else []
-    energy = f"train energy (J, {kinds[0]})" if len(kinds) == 1 else "train energy (J)"
-    headers = ["method", "config", "seeds", f"{metric} (mean ± 95% CI)", energy, "train peak mem (MiB)"]
-    headers += ["train time (s)", "trainable params (count)", "on frontier of"]
+    energy = f"train {ENERGY.label} ({ENERGY.shown_unit}, {kinds[0]})" if len(kinds) == 1 else f"train {ENERGY.header}"
+    headers = ["method", "config", "seeds", f"{metric} (mean ± 95% CI)", energy, f"train {PEAK_MEMORY.header}"]
+    headers += [f"train {TIME.header}", "trainable params (count)", "on frontier of"]
     numeric = [False, False] + [True] * 6 + [False]
     if len(kinds) > 1:
         headers.append("energy kind")
@@ -299,9 +309,7 @@ def _costs_row(row, mixed: bool, reference: bool = False) -> list[str]:
     cells = names + [
         str(int(row["n_seeds"])),
         _cost_only(_mean_ci(row, "quality", 1.0, 4), row["random_init"]),
-        _mean_ci(row, "energy_j", 1.0, 1),
-        _mean_ci(row, "peak_memory_bytes", 1 / BYTES_PER_MIB, 1),
-        _mean_ci(row, "time_s", 1.0, 1),
+        *(_figure_ci(row, figure) for figure in (ENERGY, PEAK_MEMORY, TIME)),
         _fixed(row.get("trainable_params"), 0),
         "" if reference else ", ".join(row["fronts"]) or MISSING,
     ]
@@ -319,7 +327,7 @@ def _vs_table(group) -> str:
 def _vs_row(row) -> list[str]:
     if row["method"] == REFERENCE:
         return _names(row) + ["ref"] * 5
-    costs = ("energy_j", "peak_memory_bytes", "time_s", "trainable_params")
+    costs = (ENERGY.name, PEAK_MEMORY.name, TIME.name, "trainable_params")
     quality = _cost_only(_signed(row.get(f"quality_vs_{REFERENCE}"), ".4f"), row["random_init"])
     return _names(row) + [quality] + [_signed(row.get(f"{cost}_vs_{REFERENCE}_pct"), ".0f", "%") for cost in costs]
 
@@ -327,10 +335,10 @@ def _vs_row(row) -> list[str]:
 def _more_table(group) -> str:
     """Eval latency and the figures only some runs have (energy above idle, CO2, inference, merged eval)."""
     optional = [c for c in OPTIONAL_COLUMNS if c[0] in group and group[c[0]].notna().any()]
-    headers = ["method", "config", "eval p50 latency (ms/batch)"] + [title for _, title, _, _ in optional]
+    headers = ["method", "config", f"eval {LATENCY.header}"] + [title for _, title, _, _ in optional]
     rows = [
         _names(row)
-        + [_mean_ci(row, "eval_latency_p50_s", 1000.0, 1)]
+        + [_figure_ci(row, LATENCY, prefix="eval_")]
         + [_mean_ci(row, column, factor, decimals) for column, _, factor, decimals in optional]
         for _, row in group.iterrows()
     ]
@@ -356,12 +364,12 @@ def _target_table(group) -> str:
 
 # (figure under generation.batch_<n>., header, unit factor, decimals)
 GENERATION_COLUMNS = (
-    ("tokens_per_s", "tokens/s", 1.0, 1),
+    (TOKENS_PER_S.name, TOKENS_PER_S.label, TOKENS_PER_S.scale, TOKENS_PER_S.decimals),
     ("energy_per_token_j", "energy per token (J{kind})", 1.0, 4),
     ("energy_per_response_j", "energy per response (J{kind})", 1.0, 3),
     ("time_to_first_token_s", "time to first token (s, median)", 1.0, 3),
     ("per_token_latency_s.p50", "per-token latency p50 (ms)", 1000.0, 1),
-    ("peak_memory_bytes", "peak mem incl. KV cache (MiB)", 1 / BYTES_PER_MIB, 1),
+    (PEAK_MEMORY.name, f"{PEAK_MEMORY.label} incl. KV cache ({PEAK_MEMORY.shown_unit})", PEAK_MEMORY.scale, 1),
 )
 GENERATION_VARIANTS = (("generation", "as tuned"), ("generation_merged", "merged"))
 SIDE_SHARE = ("side_network.share_of_per_token", "side network's share of per-token time (%)", 100.0, 0)
@@ -386,7 +394,7 @@ def _generation_table(group) -> str:
         for phase, label in variants:
             for size in generation_batches(group, phase):
                 prefix = f"{phase}.batch_{size}."
-                if row[prefix + "tokens_per_s"] != row[prefix + "tokens_per_s"]:
+                if row[prefix + TOKENS_PER_S.name] != row[prefix + TOKENS_PER_S.name]:
                     continue  # NaN: this configuration has no figures at this batch size
                 cells = [_mean_ci(row, prefix + figure, factor, decimals) for figure, _, factor, decimals in shown]
                 rows.append(_names(row) + ([label] if len(variants) > 1 else []) + [str(size)] + cells)

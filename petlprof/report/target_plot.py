@@ -19,6 +19,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
+from petlprof.figures import ENERGY
 from petlprof.report.frame import runs_frame
 from petlprof.report.intervals import caption, check_interval
 from petlprof.report.plotkit import COST, Bars, axis_limits, bar_legend, bounded_interval, clipped_caption, draw_bars
@@ -79,9 +80,7 @@ def draw_cost_to_target(configs: pd.DataFrame, runs: pd.DataFrame, plot: TargetP
     ax.set_yticks(range(len(rows)), plot.order, fontsize=8)
     unit_axis = CostAxis(cost.slug, f"{cost.title} to reach the target", cost.with_checks, cost.unit, 1.0)
     if cost.slug == "energy":
-        unit_axis = CostAxis(
-            cost.slug, unit_axis.title, cost.with_checks, cost.unit, 1.0, "energy_source", "energy_kind"
-        )
+        unit_axis = CostAxis(cost.slug, unit_axis.title, cost.with_checks, cost.unit, 1.0, ENERGY.source, ENERGY.kind)
     ax.set_xlabel(cost_label(unit_axis, runs) + (" [log scale]" if log else ""))
     ax.set_title(plot.title, fontsize=11)
     ax.grid(True, axis="x", which="major", alpha=0.3)

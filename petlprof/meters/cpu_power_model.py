@@ -17,6 +17,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
+from petlprof.figures import CPU_CORES, CPU_TIME, ENERGY
 from petlprof.meters.base import ESTIMATED, Meter
 from petlprof.meters.energy import provenance
 from petlprof.meters.memory import rss_bytes
@@ -30,7 +31,7 @@ class EstimateEnergyMeter(Meter):
     """Estimated energy: CPU time × per-core power + resident memory × DRAM power × wall time."""
 
     name = "estimate"
-    FIGURES = ("energy_j", "energy_kind", "energy_source")
+    FIGURES = ENERGY.reading_keys
 
     def __init__(self, device: str = "cpu", why_not_measured: str | None = None, cpuinfo: str = "/proc/cpuinfo"):
         """``why_not_measured``: why the measured meter for the device could not be used (``auto``)."""
@@ -54,12 +55,12 @@ class EstimateEnergyMeter(Meter):
         if self.why_not_measured:
             warnings.append(f"energy is estimated because it could not be measured ({self.why_not_measured})")
         return {
-            "energy_j": energy,
+            ENERGY.name: energy,
             "energy_model": self.model,
             "cpu_model": self.cpu["cpu_model"],
             "cpu_watts_per_core": self.cpu["watts_per_core"],
-            "cpu_time_s": cpu_s,
-            "cpu_core_s": core_s,
+            CPU_TIME.name: cpu_s,
+            CPU_CORES.name: core_s,
             **provenance(self, "estimate", ESTIMATED, 2, warnings),
         }
 

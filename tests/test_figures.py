@@ -1,0 +1,146 @@
+"""Every measured figure is declared once (petlprof.figures): no other module spells a figure's key,
+declarations refuse what they cannot mean, and what derives from them (rank aggregation, DataFrame
+columns, report headers, the direction table) follows a declaration, including the training phase's
+tokens per second, the figure added by declaration and meter alone."""
+
+from __future__ import annotations
+
+import ast
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+from petlprof import distributed, figures
+from petlprof.figures import ENERGY, HIGHER, LOWER, MAX, RATE, SUM, TIME, TOKENS, TOKENS_PER_S, Figure
+from petlprof.metrics import direction
+from petlprof.report.frame import runs_frame
+from petlprof.report.table import columns
+from petlprof.runner import RunSpec, execute
+
+ROOT = Path(__file__).resolve().parents[1]
+# counts (samples, steps, tokens) are plain words elsewhere too (power samples, tokenizer tokens); every
+# figure with a unit in its name is a record key and nothing else
+KEYS = {f.name for f in figures.FIGURES if f.unit != "count"}
+SPELLERS = {"petlprof/figures.py"}  # the only module that may spell a figure key (the issue allows two)
+
+
+def _spelling_modules() -> dict[str, set[str]]:
+    found: dict[str, set[str]] = {}
+    for path in sorted([*(ROOT / "petlprof").rglob("*.py"), *(ROOT / "methods").rglob("*.py")]):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        keys = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and n.value in KEYS}
+        if keys:
+            found[path.relative_to(ROOT).as_posix()] = keys
+    return found
+
+
+def test_only_the_declarations_spell_a_figure_key():
+    found = _spelling_modules()
+    assert set(found) == SPELLERS, {m: sorted(k) for m, k in found.items() if m not in SPELLERS}
+    assert len(found) <= 2
+
+
+BAD = [  # (fields, what the error names)
+    (dict(better="smaller"), "smaller"),
+    (dict(ranks="average"), "average"),
+    (dict(ranks=RATE), "per="),  # a rate without its count
+    (dict(ranks=SUM, per=TOKENS), "per="),  # a count per second that is not a rate
+]
+
+
+@pytest.mark.parametrize("fields, named", BAD, ids=[str(f) for f, _ in BAD])
+def test_a_declaration_that_cannot_mean_anything_is_refused(fields, named):
+    declared = dict(name="x_j", unit="J", better=LOWER, ranks=MAX, label="x", phases=("train",)) | fields
+    with pytest.raises(ValueError, match=re.escape(named)):
+        Figure(**declared)
+
+
+def test_names_are_unique_and_each_direction_reaches_the_direction_table():
+    names = [f.name for f in figures.FIGURES]
+    assert len(names) == len(set(names))
+    for f in figures.FIGURES:
+        if f.better is None:  # a count, no cost: no frontier may be drawn over it
+            with pytest.raises(KeyError, match=f.name):
+                direction(f.name)
+        else:
+            assert direction(f.name) == f.better
+    assert (ENERGY.better, TOKENS_PER_S.better) == (LOWER, HIGHER)
+
+
+SHOWN = [  # (figure, value in its record unit, shown text, header)
+    (figures.PEAK_MEMORY, 3 * 2**20, "3.0", "peak mem (MiB)"),
+    (figures.LATENCY, 0.0123, "12.3", "p50 latency (ms/batch)"),
+    (figures.CO2, 0.5, "0.500", "CO2-eq (g)"),
+    (TOKENS_PER_S, 1234.56, "1234.6", "tokens/s (1/s)"),
+]
+
+
+@pytest.mark.parametrize("figure, value, text, header", SHOWN, ids=[s[0].name for s in SHOWN])
+def test_a_figure_is_shown_in_its_declared_unit_and_format(figure, value, text, header):
+    assert (figure.shown(value), figure.header, figure.shown(None)) == (text, header, None)
+
+
+def _rank_phase(time_s: float, samples: int, tokens: int, energy_j: float) -> dict:
+    return {
+        "time_s": time_s,
+        "samples": samples,
+        "tokens": tokens,
+        "tokens_per_s": tokens / time_s,
+        "energy_j": energy_j,
+        "energy_kind": "measured",
+        "energy_meter": "nvml",
+        "peak_memory_bytes": 100 * samples,
+        "latency_s": {"p50": time_s / 10},
+        "warnings": [],
+    }
+
+
+def test_ranks_combine_each_figure_as_declared_the_new_rate_included():
+    phases = [_rank_phase(2.0, 8, 100, 5.0), _rank_phase(4.0, 8, 60, 7.0)]
+    out = distributed._aggregate_phase(phases, [0, 1], ["h", "h"], ["cuda:0", "cuda:1"])
+    assert (out["time_s"], out["samples"], out["tokens"]) == (4.0, 16, 160)  # slowest rank, sums
+    assert (out["samples_per_s"], out["tokens_per_s"]) == (4.0, 40.0)  # counts over the slowest rank's time
+    assert (out["energy_j"], out["peak_memory_bytes"], out["latency_s"]) == (12.0, 800, {"p50": 0.4})
+    assert out["per_rank"]["energy_j"] == [5.0, 7.0]
+    assert out["aggregation"]["time_s"] == TIME.ranks
+
+
+def test_old_records_without_the_new_figure_aggregate_as_before():
+    phases = [_rank_phase(2.0, 8, 100, 5.0), _rank_phase(4.0, 8, 60, 7.0)]
+    for phase in phases:
+        del phase["tokens"], phase["tokens_per_s"]
+    out = distributed._aggregate_phase(phases, [0, 1], ["h", "h"], ["cuda:0", "cuda:1"])
+    assert "tokens" not in out and "tokens_per_s" not in out and not out["warnings"]
+
+
+@pytest.fixture(scope="module")
+def record():
+    spec = RunSpec(method="bitfit", backbone="tiny-bert", train_size=16, eval_size=8, batch_size=8, max_steps=3)
+    out = execute(spec)
+    assert out["status"] == "ok", out.get("error")
+    return out
+
+
+def test_the_training_phase_measures_tokens_per_second(record):
+    train = record["train"]
+    max_length = record["spec"]["max_length"]
+    assert train["samples"] <= train["tokens"] <= train["samples"] * max_length  # padding is not counted
+    assert math.isclose(train["tokens_per_s"], train["tokens"] / train["time_s"])
+    assert "tokens_per_s" not in record["eval"]  # declared for the training phase only
+
+
+def test_the_dataframe_and_the_table_follow_the_declarations(record):
+    frame = runs_frame([record])
+    for phase in figures.MEASURED_PHASES:
+        for column, keys in figures.frame_columns(phase).items():
+            value = record[phase]
+            for key in keys:
+                value = value.get(key) if isinstance(value, dict) else None
+            shown = frame[column].iloc[0]
+            assert math.isnan(shown) if value is None else shown == pytest.approx(value), column
+    assert frame["tokens_per_s"].iloc[0] == pytest.approx(record["train"]["tokens_per_s"])
+    headers = [c.header for c in columns([record])]
+    assert {f"train {f.header}" for f in (TIME, ENERGY, figures.PEAK_MEMORY)} <= set(headers)
+    assert f"eval {figures.LATENCY.header}" in headers
