@@ -36,6 +36,8 @@ from petlprof.errors import UsageError, unknown_choice
 
 EXECUTORS = ("local", "ray")
 DRIVER_GRACE_S = 120.0  # past --timeout, the driver cancels a task its node failed to stop
+CHECK_S = 5.0  # while no task finishes, the driver looks for tasks no live node can take this often
+POLL_S = 0.25  # Ray's wait raises a signal (SIGTERM, Ctrl-C) only when it returns: it returns this often
 RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0"}  # no usage report to a server these machines cannot reach
 
 OnStart = Callable[[Any], None]
@@ -317,9 +319,28 @@ class RayExecutor:
                 yield from self._stranded()
 
     def _wait(self) -> list:
-        """The first finished task, or none within 5 s."""
+        """The first finished task, or none by the next check: :data:`CHECK_S` from now, or sooner when a
+        task reaches the driver's limit.  Ray's wait is called in slices of :data:`POLL_S`, so a SIGTERM or
+        Ctrl-C stops the sweep within that (with one 5 s wait, a signal waited for the wait to end)."""
+        until = min(time.monotonic() + CHECK_S, self._next_limit())
         with _signals_surface():
-            return self._ray.wait(list(self._refs), num_returns=1, timeout=5.0)[0]
+            while True:
+                left = until - time.monotonic()
+                ready = self._ray.wait(list(self._refs), num_returns=1, timeout=max(0.0, min(POLL_S, left)))[0]
+                if ready or left <= POLL_S:
+                    return ready
+
+    def _limit_s(self) -> float | None:
+        """Seconds from submission after which the driver cancels a task: (retries + 1) x (``--timeout`` +
+        grace); None without ``--timeout``."""
+        return None if self.timeout_s is None else (self.retries + 1) * (self.timeout_s + DRIVER_GRACE_S)
+
+    def _next_limit(self) -> float:
+        """The monotonic time the first task in flight passes the driver's limit (infinity without one)."""
+        limit = self._limit_s()
+        if limit is None or not self._refs:
+            return float("inf")
+        return min(submitted for _, submitted in self._refs.values()) + limit
 
     def _drop(self, ref) -> Any:
         self._ray.cancel(ref, force=True)
@@ -331,9 +352,9 @@ class RayExecutor:
         them (hung, or lost without Ray noticing): cancel and record them."""
         from petlprof.runner import failed_record
 
-        if self.timeout_s is None:
+        limit = self._limit_s()
+        if limit is None:
             return
-        limit = (self.retries + 1) * (self.timeout_s + DRIVER_GRACE_S)
         now = time.monotonic()
         for ref, (spec, submitted) in list(self._refs.items()):
             if now - submitted > limit:

@@ -229,15 +229,13 @@ def serve(fd: int, run_job, preload) -> int:
     """The warm worker's loop: import, say ready, then fork one child per request until end of stream.
 
     ``run_job(spec_path, out_path) -> exit code`` is what a child runs; ``preload()`` imports the
-    libraries.  Ctrl-C is the run's and the sweep's to handle: this process ignores it."""
+    libraries.  Ctrl-C is the run's and the sweep's to handle: this process ignores it.  The stop signals
+    are unblocked, as in a fresh worker (:data:`petlprof.worker.LAUNCH`), for the children to inherit."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT, signal.SIGTERM))
     sock = socket.socket(fileno=fd)
     lines = _Lines(sock)
-    preload()
-    import gc
-
-    gc.collect()
-    gc.freeze()  # the imported objects are never collected: each child's collections skip them
+    preload()  # and out of the garbage collector's scans (gc.freeze): each child's collections skip them
     import threading
 
     threads = _threads()

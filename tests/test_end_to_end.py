@@ -12,6 +12,8 @@ import sys
 
 import pytest
 
+from petlprof.cli import main
+
 pytestmark = pytest.mark.slow  # starts processes or whole sweeps: the full suite, not the inner loop
 
 METHODS = ["full", "bitfit", "lora", "read"]
@@ -106,38 +108,25 @@ def test_plots_and_report_are_written(sweep):
     assert "pareto_accuracy_vs_energy.png" in report
 
 
-def test_rerun_skips_finished_runs_and_report_rerenders(sweep, tmp_path):
+def test_rerun_skips_finished_runs_and_report_rerenders(sweep, tmp_path, capsys):
+    """The same command again, and ``petlprof report``, called in this process: they start no run."""
     out, _ = sweep
     before = (out / "results.jsonl").read_text()
-    again = petlprof(*SWEEP, "--output", str(out))
-    assert again.returncode == 0 and "4 already in" in again.stderr
+    assert main([*SWEEP, "--output", str(out)]) == 0
+    assert "4 already in" in capsys.readouterr().err
     assert (out / "results.jsonl").read_text() == before
     report_dir = tmp_path / "rendered"
-    rendered = petlprof("report", str(out), "--output", str(report_dir))
-    assert rendered.returncode == 0, rendered.stderr
+    assert main(["report", str(out), "--output", str(report_dir)]) == 0, capsys.readouterr().err
     assert (report_dir / "report.md").exists() and (report_dir / "pareto_accuracy_vs_memory.png").exists()
 
 
 def test_a_failing_run_is_recorded_and_the_sweep_goes_on(tmp_path):
+    """The sweep's driver in this process (its runs in processes of their own, as always)."""
     out = tmp_path / "out"
-    result = petlprof(
-        "run",
-        "--methods",
-        "lora,read",
-        "--backbone",
-        "tiny-bert",
-        "--train-size",
-        "32",
-        "--eval-size",
-        "16",
-        "--batch-size",
-        "16",
-        "--method-config",
-        "lora.target_modules=[nope]",
-        "--output",
-        str(out),
-    )
-    assert result.returncode == 1
+    args = ["run", "--methods", "lora,read", "--backbone", "tiny-bert", "--train-size", "32", "--eval-size", "16"]
+    args += ["--batch-size", "16", "--method-config", "lora.target_modules=[nope]", "--output", str(out)]
+    # the inference phase's 10 repeats alone: it is not what is tested here
+    assert main([*args, "--inference-window-s", "0.05"]) == 1
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert [(r["method"], r["status"]) for r in records] == [("lora", "failed"), ("read", "ok")]
     assert "nope" in records[0]["error"]

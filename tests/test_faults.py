@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -126,7 +127,11 @@ def test_signals_stop_the_run_in_flight_and_keep_the_store_valid(tmp_path, sig, 
     assert (out / LOCK_FILE).read_text() == ""  # released
 
 
-def test_sigkill_mid_sweep_then_resume_records_every_run_once(tmp_path):
+def test_sigkill_mid_sweep_then_resume_records_every_run_once(tmp_path, monkeypatch, capsys):
+    """The killed sweep is a process of its own; the resume runs in this one (its runs in processes of their
+    own, as always)."""
+    from petlprof.cli import main
+
     out, scratch = tmp_path / "out", tmp_path / "tmp"
     scratch.mkdir()
     env = {**os.environ, "TMPDIR": str(scratch)}  # where the runs' scratch folders go
@@ -148,10 +153,13 @@ def test_sigkill_mid_sweep_then_resume_records_every_run_once(tmp_path):
     )  # no orphan
     assert json.loads((out / LOCK_FILE).read_text())["pid"] == proc.pid  # left behind, as after a power cut
     assert list(scratch.glob(f"petlprof-run-{proc.pid}-*"))  # so is the run in flight's scratch folder ...
-    resumed = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    monkeypatch.setenv("TMPDIR", str(scratch))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # gettempdir() reads TMPDIR again
+    code = main(cmd[3:])  # the same command: `petlprof run ...`
+    err = capsys.readouterr().err
+    assert code == 0, err[-2000:]
     assert not list(scratch.glob("petlprof-run-*"))  # ... which the next sweep removes
-    assert "took over the lock" in resumed.stderr and "1 already in" in resumed.stderr
+    assert "took over the lock" in err and "1 already in" in err
     ok = [r["run_key"] for r in records(out) if r["status"] == "ok"]
     assert len(ok) == 3 and len(set(ok)) == 3
 

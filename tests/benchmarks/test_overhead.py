@@ -9,7 +9,7 @@ own: from a fresh interpreter (the executor without its warm worker) and forked 
 - ``sweep/overhead_share``: the warm sweep's overhead over its runs' wall time, the warm worker's own
   start (carried by the first run) included (may not grow);
 - ``sweep/warm_over_fresh_overhead``: the median run's overhead, warm over fresh (may not grow: a change
-  that made each forked run import its libraries again would take it from about 0.23 to about 1).
+  that made each forked run import its libraries again would take it from about 0.27 to about 1).
 
 The same warm sweep, run alone on the machine, has no window flagged as contended (skipped, with the
 reason, when something else already keeps the machine busy before the sweep starts).
