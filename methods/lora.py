@@ -42,7 +42,7 @@ def apply(classifier, config: LoraConfig):
     targets, _, source = default_targets(classifier, "lora", config.target_modules)
     peft_config = peft.LoraConfig(
         r=config.r,
-        lora_alpha=config.alpha,
+        lora_alpha=config.alpha,  # type: ignore[arg-type]  # PEFT annotates int, but only divides it by r
         lora_dropout=config.dropout,
         target_modules=targets,
         bias="none",

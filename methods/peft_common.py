@@ -109,6 +109,8 @@ def prompt_shape(classifier, method: str) -> dict[str, int]:
 def shape_of(arch: Architecture, kind: str) -> dict[str, int]:
     """:func:`prompt_shape`'s numbers for a ``prompt`` (before the input) or a ``prefix`` (keys and values)."""
     if kind == "prompt":
+        if arch.embedding_dim is None:  # the method's requirements refuse such a model before it gets here
+            raise ValueError(f"the {arch.model_type} model has no input embeddings to put a prompt before")
         return {"token_dim": arch.embedding_dim, "num_layers": arch.layers, "num_attention_heads": arch.heads}
     heads = max(1, arch.kv_width // arch.head_dim)
     return {"token_dim": arch.kv_width, "num_layers": arch.layers, "num_attention_heads": heads}

@@ -30,7 +30,7 @@ def read_adapter_config(path: str) -> tuple[str, dict[str, Any], list[str]]:
     peft_type = data.get("peft_type")
     names = {t: n for n, t in peft_types().items() if n.removeprefix(PEFT_PREFIX) not in ALIASES}
     if not isinstance(peft_type, str) or peft_type not in names:
-        raise UsageError(f"{where}: {unknown_choice('peft_type', peft_type, names, f'(PEFT {peft_version()})')}")
+        raise UsageError(f"{where}: {unknown_choice('peft_type', str(peft_type), names, f'(PEFT {peft_version()})')}")
     spec = tuner_spec(names[peft_type])
     fields, notes = _file_fields(spec, data, where)
     try:

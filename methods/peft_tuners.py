@@ -108,11 +108,11 @@ class Tuner:
 
     @property
     def peft_cls(self) -> type:
-        return PEFT_TYPE_TO_CONFIG_MAPPING[self.peft_type]
+        return PEFT_TYPE_TO_CONFIG_MAPPING[peft.PeftType(self.peft_type)]
 
     @property
     def model_cls(self) -> type | None:
-        return PEFT_TYPE_TO_TUNER_MAPPING.get(self.peft_type)
+        return PEFT_TYPE_TO_TUNER_MAPPING.get(peft.PeftType(self.peft_type))
 
     @property
     def kind(self) -> str:
@@ -367,7 +367,7 @@ def _cached_reason(name: str, backbone: str, key: str) -> str | None:
 
 
 @functools.lru_cache(maxsize=8)
-def _meta_backbone(backbone: str):
+def _meta_backbone(backbone: str) -> tuple[Any, torch.nn.Module]:
     """(config, headless model on the meta device) of a ``--backbone`` value, built once; probes copy the model."""
     config = backbone_config(backbone)
     with torch.device("meta"):

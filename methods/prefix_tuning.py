@@ -13,6 +13,7 @@ a model whose forward takes no key/value cache (DistilBERT, DeBERTa-v2, ALBERT) 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from petlprof.backbones import ENCODER_DECODER
 from petlprof.method_api import MAX_WIDTH, MethodConfig, MethodSpec, integer
@@ -44,7 +45,7 @@ def apply(classifier, config: PrefixTuningConfig):
         # model's generation hooks when built; a headless T5 has none, and classification never generates.
         classifier.backbone.prepare_inputs_for_generation = None
         classifier.backbone._prepare_encoder_decoder_kwargs_for_generation = None
-    projection = (
+    projection: dict[str, Any] = (
         {}
         if config.projection_size is None
         else {"prefix_projection": True, "encoder_hidden_size": config.projection_size}

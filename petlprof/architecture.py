@@ -24,12 +24,15 @@ from __future__ import annotations
 
 import inspect
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import nn
 
 from petlprof.errors import UsageError
+from petlprof.families import model_from_config
 
 # model_type -> (attention block's output projection, feed-forward block's output projection), full names
 EXPLICIT_SUBLAYERS: dict[str, tuple[str, str]] = {
@@ -153,9 +156,18 @@ def _linear_shape(module: nn.Module) -> tuple[int, int] | None:
     """(in, out) features of a linear layer: torch's Linear (and subclasses) or transformers' Conv1D."""
     if isinstance(module, nn.Linear):
         return module.in_features, module.out_features
-    if type(module).__name__ == "Conv1D" and getattr(module, "weight", None) is not None:
-        return int(module.weight.shape[0]), int(module.weight.shape[1])  # Conv1D stores (in, out)
+    weight: Any = getattr(module, "weight", None)  # Any: nn.Module types a sub-module's attribute as either
+    if type(module).__name__ == "Conv1D" and weight is not None:
+        return int(weight.shape[0]), int(weight.shape[1])  # Conv1D stores (in, out)
     return None
+
+
+def _out_width(module: nn.Module) -> int:
+    """Output width of a projection that :func:`_linears` found (so a linear layer)."""
+    shape = _linear_shape(module)
+    if shape is None:
+        raise AssertionError(f"{type(module).__name__} is not a linear layer")
+    return shape[1]
 
 
 def _linears(module: nn.Module, prefix: str) -> list[tuple[str, int, int]]:
@@ -243,9 +255,9 @@ def _kv_width(model: nn.Module, stacks: list[Stack], query_width: int) -> int:
         return query_width
     modules = dict(model.named_modules())
     if attentions[0].key:
-        return _linear_shape(modules[attentions[0].key])[1]
+        return _out_width(modules[attentions[0].key])
     if attentions[0].fused_qkv:
-        return (_linear_shape(modules[attentions[0].fused_qkv])[1] - query_width) // 2
+        return (_out_width(modules[attentions[0].fused_qkv]) - query_width) // 2
     return query_width
 
 
@@ -253,7 +265,8 @@ def describe(model: nn.Module) -> Architecture:
     """The :class:`Architecture` of a transformers base model (no task head) or of one with its LM head (its
     stacks are found inside the wrapper: ``model.layers``, ``transformer.h``, ``encoder.block``), real or on the
     meta device."""
-    config = model.config
+    config: Any = model.config  # a transformers model's; nn.Module types any attribute as a tensor or a module
+    embeddings: Any = model.get_input_embeddings  # as config
     text = config.get_text_config(decoder=True)  # the config itself, or a composite model's text part
     width, heads = int(text.hidden_size), int(text.num_attention_heads)
     head_dim = int(getattr(text, "head_dim", None) or width // heads)
@@ -268,7 +281,7 @@ def describe(model: nn.Module) -> Architecture:
         kv_width=_kv_width(model, stacks, heads * head_dim),
         layers=int(text.num_hidden_layers),
         kv_cache=_takes_cache(model),
-        embedding_dim=getattr(model.get_input_embeddings(), "embedding_dim", None),
+        embedding_dim=getattr(embeddings(), "embedding_dim", None),
         bias_terms=any(name.endswith(".bias") or name == "bias" for name, _ in model.named_parameters()),
         module_names=tuple(name for name, _ in model.named_modules()),
         output_width=_projected_output(text, width),
@@ -286,16 +299,13 @@ def describe_config(config, lm_head: bool = False) -> Architecture:
     """:func:`describe` of the model a config builds, built on the meta device (no weights, no memory);
     ``lm_head``: the model with its language-modelling head, as the LM objective loads it (module names
     then carry the wrapper's prefix, e.g. ``model.layers.0...``)."""
-    import torch
-    from transformers.utils import logging as hf_logging
-
-    from petlprof.backbones import model_class
+    from transformers.utils import logging as hf_logging  # transformers: describe() of a given model needs none
 
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
         with torch.device("meta"):
-            model = model_class(config, lm_head).from_config(config)
+            model = model_from_config(config, lm_head)
     finally:
         hf_logging.set_verbosity(verbosity)
     return describe(model)
@@ -337,9 +347,13 @@ def peft_table(method: str, model_type: str) -> tuple[list[str] | None, list[str
     from peft.utils import constants
 
     if method == "lora":
-        return constants.TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING.get(model_type), None
+        return _listed(constants.TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING.get(model_type)), None
     targets = constants.TRANSFORMERS_MODELS_TO_IA3_TARGET_MODULES_MAPPING.get(model_type)
-    return targets, constants.TRANSFORMERS_MODELS_TO_IA3_FEEDFORWARD_MODULES_MAPPING.get(model_type)
+    return _listed(targets), _listed(constants.TRANSFORMERS_MODELS_TO_IA3_FEEDFORWARD_MODULES_MAPPING.get(model_type))
+
+
+def _listed(names: Sequence[str] | None) -> list[str] | None:
+    return None if names is None else list(names)
 
 
 def _missing_projections(method: str, arch: Architecture) -> str | None:

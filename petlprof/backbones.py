@@ -34,11 +34,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from petlprof.errors import UsageError, unknown_choice
+from petlprof.families import DECODER as DECODER  # the families' names, re-exported where backbones are loaded
+from petlprof.families import ENCODER as ENCODER
+from petlprof.families import ENCODER_DECODER as ENCODER_DECODER
+from petlprof.families import family_of, model_class, model_from_config
 from petlprof.shapes import check_sizes, config_label, is_config_file, is_shape, shape_names, weightless_config
 from petlprof.values import check_file
 
 DEFAULT_BACKBONE = "minilm"
-ENCODER, ENCODER_DECODER, DECODER = "encoder", "encoder-decoder", "decoder"
 
 BACKBONES: dict[str, str] = {
     "minilm": "pretrained all-MiniLM-L6-v2 BERT encoder (6 layers, width 384) from the PyPI package "
@@ -237,25 +240,6 @@ def check_shape(spec: str, config, *, num_layers: int | None = None, max_length:
         raise UsageError(f"--max-length {max_length} exceeds the {positions} positions of backbone '{spec}'")
 
 
-def family_of(config) -> str:
-    """Architecture family of a transformers config, from the Auto mappings (not a name list)."""
-    from transformers.models.auto.modeling_auto import (
-        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
-        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
-    )
-
-    if getattr(config, "is_encoder_decoder", False):
-        return ENCODER_DECODER
-    if config.model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES:
-        return ENCODER
-    if config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
-        return DECODER
-    raise UsageError(
-        f"model type '{config.model_type}' is neither an encoder, an encoder-decoder nor a "
-        "decoder-only transformers architecture; petlprof cannot classify with it"
-    )
-
-
 def load_backbone(
     spec: str = DEFAULT_BACKBONE,
     *,
@@ -281,12 +265,11 @@ def load_backbone(
     if num_layers is not None and num_layers < 1:
         raise UsageError(f"--num-layers must be a positive integer, got {num_layers}")
     random_init = random_init or is_tiny_preset(spec)  # the tiny presets have no weights either
-    # FLOAT32: weights are built in float32 whatever a config's `torch_dtype` says (transformers 5 applies it by
-    # default); --precision decides what the products run in, and a bf16 config.json must not change that silently
+    # float32 weights whatever a config's `torch_dtype` says, as model_from_config builds them
     if random_init:
         tokenizer, config, source = _random_parts(spec, num_layers, seed)
         torch.manual_seed(seed)
-        model = model_class(config, lm_head, spec).from_config(config, dtype=torch.float32)  # FLOAT32 below
+        model = model_from_config(config, lm_head, spec)
     else:
         path, kwargs = pretrained_location(spec)
         config = pretrained_config(spec)
@@ -301,17 +284,24 @@ def load_backbone(
         source = f"pretrained from {Path(path, *kwargs.values())}"
         source += f", first {num_layers} layers" if num_layers else ""
     family = family_of(model.config)
-    if getattr(model, "pooler", None) is not None:
-        model.pooler = None  # BERT-style poolers are unused (petlprof pools itself) and would count as parameters
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
-    if getattr(model.config, "pad_token_id", None) is None:
-        model.config.pad_token_id = tokenizer.pad_token_id
+    prepare_backbone_model(model, tokenizer.pad_token_id)
     weights = None if random_init else weights_provenance(spec)
     quantized = None if quantization is None else quantize_model(model, quantization, device)
     return Backbone(
         spec, model, tokenizer, family, source, random_init=random_init, weights=weights, quantization=quantized
     )
+
+
+def prepare_backbone_model(model: Any, pad_token_id: int | None) -> None:
+    """What every backbone model is given, a run's or an estimate's: no pooler (BERT-style poolers are unused,
+    petlprof pools itself, and would count as parameters) and a pad id (``pad_token_id``, the tokenizer's, where
+    the config names none)."""
+    if getattr(model, "pooler", None) is not None:
+        model.pooler = None
+    if getattr(model.config, "pad_token_id", None) is None:
+        model.config.pad_token_id = pad_token_id
 
 
 def _random_parts(spec: str, num_layers: int | None, seed: int):
@@ -366,10 +356,9 @@ def minilm_vocab_size() -> int:
 def weights_bytes(config) -> tuple[int, int]:
     """(parameters, bytes of parameters and buffers) of the model ``config`` builds, counted on the meta device."""
     import torch
-    from transformers import AutoModel
 
     with torch.device("meta"):
-        model = AutoModel.from_config(config)
+        model = model_from_config(config)  # float32, as a run builds it
     tensors = [*model.parameters(), *model.buffers()]
     return sum(p.numel() for p in model.parameters()), sum(t.numel() * t.element_size() for t in tensors)
 
@@ -382,23 +371,6 @@ def available_memory_bytes() -> int | None:
     except OSError:
         return None
     return int(match.group(1)) * 1024 if match else None
-
-
-def model_class(config, lm_head: bool, spec: str = "this backbone"):
-    """The transformers Auto class that builds ``config``: the headless model, or with ``lm_head`` the model with
-    its own language-modelling head (causal for a decoder, sequence-to-sequence for an encoder-decoder; tied
-    embeddings stay tied).  An encoder has no language-modelling objective here: refused in one line."""
-    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
-
-    if not lm_head:
-        return AutoModel
-    family = family_of(config)
-    if family == ENCODER:
-        raise UsageError(
-            f"backbone '{spec}' is an encoder ({config.model_type}): it has no language-modelling head to generate "
-            "with; the LM objective needs a decoder (tiny-llama, tiny-gpt2, smollm2) or an encoder-decoder (tiny-t5)"
-        )
-    return AutoModelForSeq2SeqLM if family == ENCODER_DECODER else AutoModelForCausalLM
 
 
 def _from_pretrained_quiet(path: str, config, auto_class=None, **kwargs):
@@ -443,7 +415,7 @@ def _tiny_config(name: str, vocab_size: int, tokenizer):
             pad_token_id=pad,
         )
     if name == "tiny-t5":
-        return T5Config(
+        config = T5Config(
             vocab_size=vocab_size,
             d_model=width,
             d_kv=width // heads,
@@ -453,8 +425,11 @@ def _tiny_config(name: str, vocab_size: int, tokenizer):
             num_heads=heads,
             pad_token_id=pad,
             eos_token_id=eos,
-            decoder_start_token_id=pad,
         )
+        # set after: T5Config's declared fields do not name it (transformers takes it as an extra keyword), as T5's
+        # own checkpoints the decoder starts from the pad token
+        config.decoder_start_token_id = pad
+        return config
     if name == "tiny-gpt2":
         return GPT2Config(
             vocab_size=vocab_size,

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from petlprof.backbones import ENCODER_DECODER, load_backbone
+from petlprof.figures import TRAINING_TENSORS, Figure
 from petlprof.lm_model import IGNORE_INDEX, lm_loss
 from petlprof.meters import synchronize
 from petlprof.modeling import make_task_model
@@ -69,10 +70,18 @@ class StepProfile:
         return self.weight_bytes + self.grad_bytes + self.optimizer_state_bytes + self.saved_activation_bytes
 
     def figures(self) -> dict[str, int]:
+        """Every count of the profile by its name, the derived :data:`~petlprof.figures.TRAINING_TENSORS` included."""
         return {
             **{k: v for k, v in asdict(self).items() if isinstance(v, int)},
-            "training_tensor_bytes": self.training_tensor_bytes,
+            TRAINING_TENSORS.name: self.training_tensor_bytes,
         }
+
+    def figure(self, figure: Figure) -> int:
+        """The value of a declared step figure (:data:`petlprof.figures.STEP`); a KeyError for another."""
+        figures = self.figures()
+        if figure.name not in figures:
+            raise KeyError(f"a step profile has no figure {figure.name!r}; it has {', '.join(figures)}")
+        return figures[figure.name]
 
 
 def _lm_batch(backbone, batch_size: int, seq_len: int, target_len: int) -> tuple[dict, torch.Tensor]:
@@ -116,7 +125,7 @@ class MethodStep:
         spec = get_method(method)
         torch.manual_seed(0)
         lm = objective == "lm"
-        self.backbone = load_backbone(backbone, num_layers=num_layers, **({"lm_head": True} if lm else {}))
+        self.backbone = load_backbone(backbone, num_layers=num_layers, lm_head=lm)
         task_model = make_task_model(self.backbone, objective, num_labels=2)
         self.model = spec.build()(task_model, spec.make_config(method_config or {})).to(device)
         # a plug-in named as ``module:SPEC`` is called by its spec's name, in messages and baseline keys
@@ -126,7 +135,9 @@ class MethodStep:
             inputs, _ = _lm_batch(self.backbone, batch_size, seq_len, target_len)
             self.inputs = {k: v.to(device) for k, v in inputs.items()}
             self.labels = self.inputs["labels"]
-            self.loss_fn = functools.partial(lm_loss, family=self.backbone.family)
+            self.loss_fn: Callable[[Any, torch.Tensor], torch.Tensor] = functools.partial(
+                lm_loss, family=self.backbone.family
+            )
         else:
             batch = self.backbone.tokenizer(
                 [SENTENCE] * batch_size, padding="max_length", truncation=True, max_length=seq_len, return_tensors="pt"

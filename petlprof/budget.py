@@ -63,15 +63,15 @@ class Budget:
         """Start the clock of ``max_time_s`` (call right before training)."""
         self._t0 = time.perf_counter()
 
-    def _reached(self, value: float) -> bool:
-        return value >= self.target_value if self.higher else value <= self.target_value
+    def _reached(self, value: float, target: float) -> bool:
+        return value >= target if self.higher else value <= target
 
     def __call__(self, step: int) -> str | None:
         """After optimiser step ``step`` (1-based): why to stop now, or None to go on."""
-        if self.target_value is not None and step % self.eval_every == 0:
+        if (target := self.target_value) is not None and step % self.eval_every == 0:
             value = self._check()
             self.checks.append({"step": step, "value": value, "elapsed_s": time.perf_counter() - self._t0})
-            if self._reached(value):
+            if self._reached(value, target):
                 self.stop_reason, self.reached_at_step = TARGET, step
                 return TARGET
         if self.max_time_s is not None and time.perf_counter() - self._t0 >= self.max_time_s:
@@ -87,11 +87,13 @@ class Budget:
             synchronize(self.check_meter.device)  # the training step queued on a GPU is not the check's
             self.check_meter.prepare()
             self.check_meter.begin()
+        if self.score is None:
+            raise ValueError("a budget with a target value needs a score of the model")
         t0 = time.perf_counter()
         value = float(self.score(self.model))
         self.check_time_s += time.perf_counter() - t0
-        if self.check_meter is not None:
-            self.check_energy_j += float(self.check_meter.end()[ENERGY.name])
+        if self.check_meter is not None:  # check_energy_j started at 0 with the meter
+            self.check_energy_j = (self.check_energy_j or 0.0) + float(self.check_meter.end()[ENERGY.name])
         return value
 
     def summary(self, train_phase: dict[str, Any]) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
@@ -46,9 +46,12 @@ class HiddenStateCache:
             raise ValueError(f"cache dtype '{dtype}' is not one of {', '.join(DTYPES)}")
         self.budget_bytes = int(budget_bytes)
         self.dtype_name, self.dtype = dtype, DTYPES[dtype]
-        self._own_dir = None if spill_dir is not None else tempfile.TemporaryDirectory(prefix="petlprof-cache-")
-        self.spill_path = Path(spill_dir if spill_dir is not None else self._own_dir.name) / SPILL_FILE
-        self._file = None
+        self._own_dir: tempfile.TemporaryDirectory[str] | None = None
+        if spill_dir is None:
+            self._own_dir = tempfile.TemporaryDirectory(prefix="petlprof-cache-")
+            spill_dir = self._own_dir.name
+        self.spill_path = Path(spill_dir) / SPILL_FILE
+        self._file: BinaryIO | None = None
         self._made_dir = False
         self._mapped: np.memmap | None = None
         # index -> {name: tensor in memory, or (byte offset, shape) in the spill file}

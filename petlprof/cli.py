@@ -16,7 +16,9 @@ import textwrap
 import threading
 import time
 import warnings
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from petlprof import __version__
 from petlprof.errors import UsageError, printable
@@ -337,7 +339,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_summary(records: list[dict], skipped: list[str]) -> None:
+def _print_summary(records: Sequence[Mapping[str, Any]], skipped: list[str]) -> None:
     # not for --help: the records bring the statistics module, the report pandas and matplotlib
     from petlprof.records import overhead_line
     from petlprof.report import run_warnings, summary_table
@@ -354,8 +356,8 @@ def _print_summary(records: list[dict], skipped: list[str]) -> None:
     }
     for model in sorted(m for m in estimated if m):
         print(f"energy marked 'estimated' is a model, not a measurement: {model}")
-    if line := overhead_line(records):
-        print(line)
+    if overhead := overhead_line(records):
+        print(overhead)
     for warning in _grouped(run_warnings(records)):
         print(printable(f"warning: {warning}"))
 

@@ -16,6 +16,7 @@ import functools
 import itertools
 import re
 import sys
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any
 
@@ -191,7 +192,8 @@ def build_options(file_values: dict[str, Any], cli_values: dict[str, Any]) -> Ru
 def _with_method_config_files(values: dict[str, Any]) -> None:
     """Each ``--method-config-file``'s method (``peft:TYPE``, from the file's ``peft_type``) added to the methods
     unless named there, with the file's fields as its method config under any ``--method-config`` fields."""
-    methods, tables, seen = values.get("methods") or [], values.get("method_config") or {}, {}
+    methods, tables = values.get("methods") or [], values.get("method_config") or {}
+    seen: dict[str, str] = {}  # tuner -> the file that gave it
     if not (isinstance(methods, list) and isinstance(tables, dict)):
         return  # refused by their own checks (validate)
     methods, tables = list(methods), dict(tables)
@@ -236,7 +238,7 @@ def validate_quantize(options) -> None:
             check_quantize(get_method(name), method)
 
 
-def validate(options: RunOptions, given: set[str] = frozenset()) -> None:
+def validate(options: RunOptions, given: AbstractSet[str] = frozenset()) -> None:
     """Every check of the options that needs no data or model: first each option's own kind and range
     (declared with it), then the relations between options; ``given``: the options a file or the command
     line set (an option that acts only with another is refused when given, even at its default value)."""
@@ -274,7 +276,7 @@ def _validate_methods(options: RunOptions) -> None:
             get_method(method).make_config(point)
 
 
-def _validate_relations(options: RunOptions, given: set[str]) -> None:
+def _validate_relations(options: RunOptions, given: AbstractSet[str]) -> None:
     """Options that act only with another (declared ``only_with``), and the other pairs that cannot go together."""
     for name, f in OPTIONS.items():
         needed = f.metadata["only_with"]

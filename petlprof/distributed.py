@@ -62,7 +62,7 @@ from petlprof.figures import (
     TIME,
 )
 from petlprof.meters.base import ESTIMATED, MEASURED
-from petlprof.records import Phase, RunRecord
+from petlprof.records import RunRecord
 
 COLLECTIVE_TIMEOUT_S = 600.0
 # how long the other ranks wait for rank 0's per-device phases (inference, merged evaluation) before the
@@ -192,7 +192,7 @@ def gather_in_order(
     return np.concatenate([p[1] for p in parts])[order], np.concatenate([p[2] for p in parts])[order]
 
 
-def summary(world_size: int, backend: str, batch_size: int, nodes: int, per_rank: list[dict]) -> dict[str, Any]:
+def summary(world_size: int, backend: str | None, batch_size: int, nodes: int, per_rank: list[dict]) -> dict[str, Any]:
     """The record's ``distributed`` entry: how the run was split and how its figures are to be read."""
     return {
         "world_size": world_size,
@@ -234,7 +234,9 @@ def aggregate_ranks(records: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _aggregate_phase(phases: list[Phase], ranks: list[int], hosts: list[str], devices: list) -> Phase:
+def _aggregate_phase(phases: list[dict[str, Any]], ranks: list[int], hosts: list[str], devices: list) -> dict[str, Any]:
+    """One phase of the run from the ranks' (a :class:`~petlprof.records.Phase` with every meter's figures,
+    which the aggregation reads by the figures' declared names)."""
     warnings: list[str] = []
     out = {
         key: phases[0][key]
@@ -251,7 +253,7 @@ def _aggregate_phase(phases: list[Phase], ranks: list[int], hosts: list[str], de
         if any(key in p for p in phases):
             out[key] = _total([p.get(key) for p in phases], ranks, key, sum, warnings)
     for rate in figures.rates():
-        if rate.per.name in out:
+        if rate.per is not None and rate.per.name in out:  # every rate is per a figure
             out[rate.name] = figures.rate(out[rate.per.name], out.get(TIME.name))
     out[LATENCY.name] = LATENCY.of(phases[slowest])
     out["latency_rank"] = ranks[slowest]

@@ -30,9 +30,12 @@ import os
 import socket
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from petlprof.errors import UsageError, unknown_choice
+
+if TYPE_CHECKING:
+    from petlprof.records import RunRecord
 
 EXECUTORS = ("local", "ray")
 DRIVER_GRACE_S = 120.0  # past --timeout, the driver cancels a task its node failed to stop
@@ -100,7 +103,7 @@ class LocalExecutor:
 
         return prepare_sweep_idle(device, energy_meter)
 
-    def results(self, specs: Iterable, on_start: OnStart | None = None) -> Iterator[tuple[Any, dict]]:
+    def results(self, specs: Iterable, on_start: OnStart | None = None) -> Iterator[tuple[Any, RunRecord]]:
         from petlprof.records import add_overhead
         from petlprof.runner import execute, execute_in_subprocess
 
@@ -135,7 +138,7 @@ class LocalExecutor:
             self.warm_worker = None
 
 
-def _ray_task(spec_dict: dict, timeout_s: float | None, max_memory_bytes: int | None, cpus: float) -> dict:
+def _ray_task(spec_dict: dict, timeout_s: float | None, max_memory_bytes: int | None, cpus: float) -> RunRecord:
     """Body of one Ray task: the run in a fresh worker process on this node, plus where it ran.  (No warm
     worker here yet: Ray's task cancellation has not been tried against one.)"""
     import ray
@@ -297,7 +300,7 @@ class RayExecutor:
         ref = task.remote(spec.to_dict(), self.timeout_s, self.max_memory_bytes, cpus)
         self._refs[ref] = (spec, time.monotonic())
 
-    def results(self, specs: Iterable, on_start: OnStart | None = None) -> Iterator[tuple[Any, dict]]:
+    def results(self, specs: Iterable, on_start: OnStart | None = None) -> Iterator[tuple[Any, RunRecord]]:
         pending = list(specs)
         if not pending:
             return
@@ -347,7 +350,7 @@ class RayExecutor:
         self._unplaceable.pop(ref, None)
         return self._refs.pop(ref)[0]
 
-    def _overdue(self) -> Iterator[tuple[Any, dict]]:
+    def _overdue(self) -> Iterator[tuple[Any, RunRecord]]:
         """Tasks past (retries + 1) × (``--timeout`` + grace) since submission: the node did not end
         them (hung, or lost without Ray noticing): cancel and record them."""
         from petlprof.runner import failed_record
@@ -371,7 +374,7 @@ class RayExecutor:
                     ),
                 )
 
-    def _stranded(self) -> Iterator[tuple[Any, dict]]:
+    def _stranded(self) -> Iterator[tuple[Any, RunRecord]]:
         """Tasks that no live node can take (their node was lost and none like it is left): after
         :data:`DRIVER_GRACE_S` (time for a node to come back), cancel and record them ``failed``
         instead of waiting forever."""
@@ -398,7 +401,7 @@ class RayExecutor:
                     ),
                 )
 
-    def _record(self, ref, spec) -> dict:
+    def _record(self, ref, spec) -> RunRecord:
         from petlprof.runner import failed_record
 
         try:

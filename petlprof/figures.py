@@ -3,9 +3,9 @@ ranks of a data-parallel run and the seeds of a configuration combine it, its la
 tables and plots, and the phases that carry it.
 
 A meter keys its reading through these declarations (``{ENERGY.name: joules}``); the rank aggregation
-(:mod:`petlprof.distributed`), the report's columns, the DataFrame API and the metric-direction table
-read them instead of spelling the keys.  Records stay plain JSON dicts with the keys of schema 1, so every
-existing store loads and resumes unchanged.
+(:mod:`petlprof.distributed`), the report's columns, the DataFrame API, the ``petlprof_bench`` fixture's
+baseline checks and the metric-direction table read them instead of spelling the keys.  Records stay
+plain JSON dicts with the keys of schema 1, so every existing store loads and resumes unchanged.
 
 Adding a figure: declare it here (and in :data:`FIGURES`), and have the meter that measures it put it in
 its reading under ``FIGURE.name``; aggregation across ranks, the DataFrame's columns and the direction
@@ -30,13 +30,21 @@ RATE = "count over ranks / time of the slowest rank"
 DEVICE_ENERGY = "sum over ranks' devices; once per node for a node-wide counter"
 CODECARBON_ENERGY = "sum over ranks; once per node when CodeCarbon tracks the machine"
 SAME = "the same on every rank, else dropped"
-RANK_RULES = (SUM, MAX, SLOWEST, FROM_SLOWEST, RATE, DEVICE_ENERGY, CODECARBON_ENERGY, SAME)
+# the generation phase runs on rank 0 alone (petlprof.pipeline), the bench fixture in one process
+ONE_RANK = "measured by one process (rank 0 of a data-parallel run): nothing to combine"
+RANK_RULES = (SUM, MAX, SLOWEST, FROM_SLOWEST, RATE, DEVICE_ENERGY, CODECARBON_ENERGY, SAME, ONE_RANK)
 
 # how the seeds of one configuration combine a figure (petlprof.report.frame)
 MEAN_INTERVAL = "mean over seeds ± interval (Student's t or standard error)"
 
 TRAIN, EVAL, INFERENCE, GENERATION = "train", "eval", "inference", "generation"
 MEASURED_PHASES = (TRAIN, EVAL)  # the phases every run measures, each under one meter window
+STEP = "step"  # one training step profiled by petlprof.bench (the petlprof_bench fixture), not a run's phase
+
+# how the petlprof_bench fixture checks a figure against its committed baseline (petlprof.pytest_plugin)
+EXACT = "an exact count: a change past the tolerance either way fails"
+GROWTH = "may not grow past the tolerance; a drop is an improvement"
+BASELINE_RULES = (EXACT, GROWTH)
 
 
 @dataclass(frozen=True)
@@ -48,7 +56,7 @@ class Figure:
 
     name: str
     unit: str
-    better: str | None  # None: a count that is no cost or quality to compare (steps, samples, tokens)
+    better: str | None  # None: no cost or quality to compare (a count: steps, samples, tokens; a share)
     ranks: str
     label: str
     phases: tuple[str, ...]
@@ -62,6 +70,8 @@ class Figure:
     per_rank: bool = False  # listed rank by rank in a data-parallel record's per_rank
     column: str | None = None  # its column in the DataFrame API (train; eval_ prefixed for eval), if any
     part: tuple[str, ...] = ()  # the key under ``name`` the column reads (a percentile: ``("p50",)``)
+    under: tuple[str, ...] = ()  # the keys of the phase it sits under (the side network's: ``("side_network",)``)
+    baseline: str | None = None  # how the petlprof_bench fixture checks it (EXACT, GROWTH), if it does
 
     def __post_init__(self) -> None:
         if self.better not in (HIGHER, LOWER, None):
@@ -70,11 +80,27 @@ class Figure:
             raise ValueError(f"figure {self.name}: ranks {self.ranks!r} is not one of {', '.join(RANK_RULES)}")
         if (self.ranks == RATE) != (self.per is not None):
             raise ValueError(f"figure {self.name}: a rate (ranks={RATE!r}) and only a rate names its count (per=)")
+        if self.baseline not in (*BASELINE_RULES, None):
+            raise ValueError(
+                f"figure {self.name}: baseline {self.baseline!r} is not one of {', '.join(BASELINE_RULES)}, None"
+            )
 
     @property
     def header(self) -> str:
         """The column title of a table: label and shown unit, as ``train energy (J)``."""
         return f"{self.label} ({self.shown_unit or self.unit})"
+
+    @property
+    def path(self) -> tuple[str, ...]:
+        """The keys from a phase of a record to the shown value, as ``("per_token_latency_s", "p50")``."""
+        return (*self.under, self.name, *self.part)
+
+    def frame_column(self, phase: str = TRAIN) -> str:
+        """Its column in the DataFrame API for one measured phase (``eval_`` prefixed for the evaluation);
+        a KeyError when it has none there."""
+        if self.column is None or phase not in self.phases or phase not in MEASURED_PHASES:
+            raise KeyError(f"figure {self.name} has no DataFrame column for the {phase} phase")
+        return ("" if phase == TRAIN else f"{phase}_") + self.column
 
     @property
     def reading_keys(self) -> tuple[str, ...]:
@@ -91,6 +117,9 @@ class Figure:
 
 
 MIB = 2**20
+# the reading keys that say how the energy and the memory figures were obtained (measured or estimated, by what)
+ENERGY_KIND, ENERGY_SOURCE = "energy_kind", "energy_source"
+MEMORY_KIND, MEMORY_SOURCE = "memory_kind", "memory_source"
 ALL = (TRAIN, EVAL, INFERENCE, GENERATION)
 TIME = Figure("time_s", "s", LOWER, SLOWEST, "time", ALL, per_rank=True, column="time_s")
 SAMPLES = Figure("samples", "count", None, SUM, "samples", (TRAIN, EVAL), decimals=0, per_rank=True)
@@ -103,13 +132,13 @@ TOKENS_PER_S = Figure(
 )
 ENERGY = Figure(
     "energy_j", "J", LOWER, DEVICE_ENERGY, "energy", ALL, "J",
-    kind="energy_kind", source="energy_source", per_rank=True, column="energy_j",
+    kind=ENERGY_KIND, source=ENERGY_SOURCE, per_rank=True, column="energy_j",
 )  # fmt: skip
 ENERGY_COUNTER = Figure("energy_counter_j", "J", LOWER, DEVICE_ENERGY, "energy counter", ALL)
 ENERGY_INTEGRATED = Figure("energy_integrated_j", "J", LOWER, DEVICE_ENERGY, "integrated power", ALL)
 PEAK_MEMORY = Figure(
     "peak_memory_bytes", "B", LOWER, MAX, "peak mem", ALL, "MiB", 1 / MIB,
-    kind="memory_kind", source="memory_source", per_rank=True, column="peak_memory_bytes",
+    kind=MEMORY_KIND, source=MEMORY_SOURCE, per_rank=True, column="peak_memory_bytes",
 )  # fmt: skip
 PEAK_RESERVED = Figure("peak_reserved_bytes", "B", LOWER, MAX, "peak reserved", ALL, "MiB", 1 / MIB)
 ENERGY_WINDOW = Figure("energy_window_s", "s", LOWER, MAX, "energy window", ALL)
@@ -120,7 +149,7 @@ LATENCY = Figure(
 )  # fmt: skip
 ENERGY_ABOVE_IDLE = Figure(
     "energy_above_idle_j", "J", LOWER, DEVICE_ENERGY, "energy above idle", ALL, "J",
-    kind="energy_kind", column="energy_above_idle_j",
+    kind=ENERGY_KIND, column="energy_above_idle_j",
 )  # fmt: skip
 IDLE_POWER = Figure("idle_power_w", "W", LOWER, DEVICE_ENERGY, "idle power", ALL)
 MEAN_POWER = Figure("mean_power_w", "W", LOWER, DEVICE_ENERGY, "mean power", ALL)
@@ -131,6 +160,61 @@ CODECARBON_CPU = Figure("codecarbon_cpu_energy_j", "J", LOWER, CODECARBON_ENERGY
 CODECARBON_GPU = Figure("codecarbon_gpu_energy_j", "J", LOWER, CODECARBON_ENERGY, "CodeCarbon GPU energy", ALL)
 CODECARBON_RAM = Figure("codecarbon_ram_energy_j", "J", LOWER, CODECARBON_ENERGY, "CodeCarbon RAM energy", ALL)
 CO2 = Figure("co2eq_g", "g", LOWER, CODECARBON_ENERGY, "CO2-eq", ALL, "g", 1.0, 3, kind="co2eq_kind", column="co2eq_g")
+
+# the generation phase (petlprof.generation), per batch size: greedy decoding on rank 0 alone; the per-token
+# and per-response figures divide the window's totals, time to first token is the median over its calls
+GENERATED_TOKENS = Figure("generated_tokens", "count", None, ONE_RANK, "generated tokens", (GENERATION,), decimals=0)
+RESPONSES = Figure("responses", "count", None, ONE_RANK, "responses", (GENERATION,), decimals=0)
+RESPONSES_PER_S = Figure("responses_per_s", "1/s", HIGHER, RATE, "responses/s", (GENERATION,), per=RESPONSES)
+ENERGY_PER_TOKEN = Figure(
+    "energy_per_token_j", "J", LOWER, ONE_RANK, "energy per token", (GENERATION,), "J", decimals=4,
+    kind=ENERGY_KIND, source=ENERGY_SOURCE,
+)  # fmt: skip
+ENERGY_PER_RESPONSE = Figure(
+    "energy_per_response_j", "J", LOWER, ONE_RANK, "energy per response", (GENERATION,), "J", decimals=3,
+    kind=ENERGY_KIND, source=ENERGY_SOURCE,
+)  # fmt: skip
+TIME_TO_FIRST_TOKEN = Figure(
+    "time_to_first_token_s", "s", LOWER, ONE_RANK, "time to first token", (GENERATION,), "s", decimals=3
+)
+TIME_TO_FIRST_TOKEN_PERCENTILES = Figure(
+    "time_to_first_token_percentiles_s", "s", LOWER, ONE_RANK, "time to first token p50", (GENERATION,), "s",
+    decimals=3, part=("p50",),
+)  # fmt: skip
+PER_TOKEN_LATENCY = Figure(
+    "per_token_latency_s", "s", LOWER, ONE_RANK, "per-token latency p50", (GENERATION,), "ms", 1000.0, 1,
+    part=("p50",),
+)  # fmt: skip
+# a side-tuning model's side network, timed over one unmetered call (petlprof.generation.side_network_share)
+SIDE = ("side_network",)
+SIDE_CALL_TIME = Figure(
+    "call_time_s", "s", LOWER, ONE_RANK, "side network's whole call", (GENERATION,), "s", decimals=3, under=SIDE
+)
+SIDE_SHARE_OF_CALL = Figure(
+    "share_of_call", "fraction", None, ONE_RANK, "side network's share of the call", (GENERATION,), "%", 100.0, 0,
+    under=SIDE,
+)  # fmt: skip
+SIDE_SHARE_OF_PER_TOKEN = Figure(
+    "share_of_per_token", "fraction", None, ONE_RANK, "side network's share of per-token time", (GENERATION,),
+    "%", 100.0, 0, under=SIDE,
+)  # fmt: skip
+
+# one training step profiled by the petlprof_bench fixture (petlprof.bench.StepProfile's fields, by name)
+TRAINABLE_PARAMS = Figure(
+    "trainable_params", "count", LOWER, SAME, "trainable params", (STEP,), decimals=0, baseline=EXACT
+)
+SAVED_ACTIVATIONS = Figure(
+    "saved_activation_bytes", "B", LOWER, ONE_RANK, "saved activations", (STEP,), "MiB", 1 / MIB, 3,
+    baseline=EXACT,
+)  # fmt: skip
+TRAINING_TENSORS = Figure(
+    "training_tensor_bytes", "B", LOWER, ONE_RANK, "training tensors", (STEP,), "MiB", 1 / MIB, 3,
+    baseline=EXACT,
+)  # fmt: skip
+# a method's step time over a reference's, timed in alternation in one process (petlprof.bench.paired_ratio)
+STEP_TIME_RATIO = Figure(
+    "step_time_ratio", "ratio", LOWER, ONE_RANK, "step time ratio", (STEP,), decimals=2, baseline=GROWTH
+)
 
 # Declaration order is the order of the keys petlprof.distributed writes and of the DataFrame's phase
 # columns (petlprof.report.frame), so a new figure goes where it should appear in both.
@@ -158,6 +242,21 @@ FIGURES: tuple[Figure, ...] = (
     CODECARBON_GPU,
     CODECARBON_RAM,
     CO2,
+    GENERATED_TOKENS,
+    RESPONSES,
+    RESPONSES_PER_S,
+    ENERGY_PER_TOKEN,
+    ENERGY_PER_RESPONSE,
+    TIME_TO_FIRST_TOKEN,
+    TIME_TO_FIRST_TOKEN_PERCENTILES,
+    PER_TOKEN_LATENCY,
+    SIDE_CALL_TIME,
+    SIDE_SHARE_OF_CALL,
+    SIDE_SHARE_OF_PER_TOKEN,
+    TRAINABLE_PARAMS,
+    SAVED_ACTIVATIONS,
+    TRAINING_TENSORS,
+    STEP_TIME_RATIO,
 )
 BY_NAME: dict[str, Figure] = {f.name: f for f in FIGURES}
 
@@ -173,6 +272,13 @@ def figure(name: str) -> Figure:
 def combined_by(rule: str) -> tuple[str, ...]:
     """The names of the figures the ranks combine by ``rule`` (one of :data:`RANK_RULES`), in declaration order."""
     return tuple(f.name for f in FIGURES if f.ranks == rule)
+
+
+def checked_against_baseline(rule: str) -> tuple[Figure, ...]:
+    """The figures the petlprof_bench fixture checks by ``rule`` (one of :data:`BASELINE_RULES`), in order."""
+    if rule not in BASELINE_RULES:
+        raise ValueError(f"baseline rule {rule!r} is not one of {', '.join(BASELINE_RULES)}")
+    return tuple(f for f in FIGURES if f.baseline == rule)
 
 
 def rates() -> tuple[Figure, ...]:
@@ -194,8 +300,7 @@ def provenance_keys() -> tuple[str, ...]:
 def frame_columns(phase: str) -> dict[str, tuple[str, ...]]:
     """The DataFrame API's columns for one measured phase: column name (``eval_`` prefixed for the
     evaluation) -> the keys under the phase that hold its value."""
-    prefix = "" if phase == TRAIN else f"{phase}_"
-    return {prefix + f.column: (f.name, *f.part) for f in FIGURES if f.column is not None and phase in f.phases}
+    return {f.frame_column(phase): (f.name, *f.part) for f in FIGURES if f.column is not None and phase in f.phases}
 
 
 def directions() -> dict[str, str]:

@@ -33,7 +33,23 @@ from typing import Any
 
 import torch
 
-from petlprof.figures import ENERGY, TIME, TOKENS_PER_S
+from petlprof.figures import (
+    ENERGY,
+    ENERGY_PER_RESPONSE,
+    ENERGY_PER_TOKEN,
+    GENERATED_TOKENS,
+    PER_TOKEN_LATENCY,
+    RESPONSES,
+    RESPONSES_PER_S,
+    SIDE_CALL_TIME,
+    SIDE_SHARE_OF_CALL,
+    SIDE_SHARE_OF_PER_TOKEN,
+    TIME,
+    TIME_TO_FIRST_TOKEN,
+    TIME_TO_FIRST_TOKEN_PERCENTILES,
+    TOKENS_PER_S,
+    rate,
+)
 from petlprof.meters import Meter, Window
 from petlprof.meters.base import phase_warnings, synchronize
 from petlprof.meters.energy import SHORT_WINDOW_S
@@ -169,9 +185,9 @@ def side_network_share(decoding: Decoding, side: torch.nn.Module, inputs) -> dic
         "module": type(side).__name__,
         "calls": len(spans),
         TIME.name: side_s,
-        "call_time_s": call_s,
-        "share_of_call": side_s / call_s if call_s > 0 else None,
-        "share_of_per_token": side_decode_s / decode_s if decode_s > 0 else None,
+        SIDE_CALL_TIME.name: call_s,
+        SIDE_SHARE_OF_CALL.name: side_s / call_s if call_s > 0 else None,
+        SIDE_SHARE_OF_PER_TOKEN.name: side_decode_s / decode_s if decode_s > 0 else None,
         "how": "forward hooks on the side network over one unmetered call on the first batch, outside the window",
     }
 
@@ -195,25 +211,29 @@ def _figures(calls: list[tuple[list, list]], batches, window: Window, reading: d
         if token_times:
             first_token_s.append(token_times[0])
             gaps += [b - a for a, b in zip(token_times, token_times[1:])]
-    time_s, energy = window.time_s, reading.get(ENERGY.name)
-    per = lambda total, count: total / count if total is not None and count else None  # noqa: E731
+    time_s, energy = window.time_s, ENERGY.of(reading)
     return {
         "batch_size": size,
         "batches": len(calls),
-        "responses": responses,
+        RESPONSES.name: responses,
         "prompt_tokens": prompt_tokens,
-        "generated_tokens": tokens,
+        GENERATED_TOKENS.name: tokens,
         "response_tokens": response_tokens,
         "decode_steps": steps,
         TIME.name: time_s,
-        TOKENS_PER_S.name: per(tokens, time_s),
-        "responses_per_s": per(responses, time_s),
-        "energy_per_token_j": per(energy, tokens),
-        "energy_per_response_j": per(energy, responses),
-        "time_to_first_token_s": statistics.median(first_token_s) if first_token_s else None,
-        "time_to_first_token_percentiles_s": percentiles(first_token_s),
-        "per_token_latency_s": percentiles(gaps),
+        TOKENS_PER_S.name: rate(tokens, time_s),
+        RESPONSES_PER_S.name: rate(responses, time_s),
+        ENERGY_PER_TOKEN.name: _per(energy, tokens),
+        ENERGY_PER_RESPONSE.name: _per(energy, responses),
+        TIME_TO_FIRST_TOKEN.name: statistics.median(first_token_s) if first_token_s else None,
+        TIME_TO_FIRST_TOKEN_PERCENTILES.name: percentiles(first_token_s),
+        PER_TOKEN_LATENCY.name: percentiles(gaps),
     }
+
+
+def _per(total: float | None, count: int) -> float | None:
+    """``total`` per one of ``count`` (energy per token); None without a total or a count."""
+    return total / count if total is not None and count else None
 
 
 @torch.no_grad()
@@ -246,7 +266,9 @@ def measure_generation(
     makes a fresh window's meters; ``min_window_s`` as for inference
     (:func:`petlprof.inference.target_window_s`); every call runs at the run's ``precision``."""
     if generate is None:
-        from petlprof.modeling import greedy_generate as generate
+        from petlprof.modeling import greedy_generate
+
+        generate = greedy_generate
     progress = progress if progress is not None else Progress()
     model.eval()
     decoding = Decoding(generate, model, max_new_tokens, eos_token_id, device)
@@ -280,7 +302,7 @@ def measure_generation(
 
 def _measure(decoding: Decoding, batches, meters: list[Meter], limit: int, min_window_s: float) -> dict[str, Any]:
     """One batch size's window: batch after batch until the stopping rule, then its figures."""
-    calls = []
+    calls: list[tuple[list[list[int]], Timeline]] = []
     try:
         with Window(meters, decoding.device) as window:
             t0 = time.perf_counter()
@@ -293,6 +315,6 @@ def _measure(decoding: Decoding, batches, meters: list[Meter], limit: int, min_w
     warnings = phase_warnings(reading)
     resolved = [(out, timeline.resolve()) for out, timeline in calls]
     figures = _figures(resolved, batches, window, reading, int(batches[0]["input_ids"].shape[0]))
-    if not figures["generated_tokens"]:
+    if not figures[GENERATED_TOKENS.name]:
         warnings.append("no token was generated: the figures per token are missing")
     return {**figures, "latency_source": timing_source(decoding.device), **reading, "warnings": warnings}

@@ -42,9 +42,9 @@ from __future__ import annotations
 
 import inspect
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from types import SimpleNamespace
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from torch import nn
@@ -123,6 +123,21 @@ def _is_peft(model) -> bool:
     return peft is not None and isinstance(model, peft.PeftModel)
 
 
+class LMHead(Protocol):
+    """What :meth:`LanguageModel.lm_logits` needs of an LM head: an ``nn.Linear``, or a PEFT layer that wraps one
+    and passes its weight through."""
+
+    @property
+    def weight(self) -> torch.Tensor: ...
+
+    @property
+    def out_features(self) -> int: ...
+
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor: ...
+
+    def parameters(self, recurse: bool = True) -> Iterator[nn.Parameter]: ...
+
+
 class LanguageModel(nn.Module):
     """A backbone with its own LM head: ``forward(input_ids, attention_mask)`` -> ``[B, T, V]`` logits;
     ``forward(input_ids, attention_mask, labels)`` -> :class:`TargetLogits` (the scored positions' alone)."""
@@ -173,7 +188,7 @@ class LanguageModel(nn.Module):
         return self.backbone.get_base_model() if _is_peft(self.backbone) else self.backbone
 
     @property
-    def head(self) -> nn.Module:
+    def head(self) -> LMHead:
         """The LM head on the final hidden state: the backbone's own, or linear_probe's untied copy."""
         return self.untied_head if self.untied_head is not None else self.hf_model.get_output_embeddings()
 
@@ -246,7 +261,7 @@ class LanguageModel(nn.Module):
         """The head on a (corrected) final state ``[B, T, W]``: what side networks call.  Without ``labels``
         the logits of every position ``[B, T, V]``; with them only the scored positions' (:class:`TargetLogits`)."""
         positions = self.scored_positions(labels)
-        if positions is None:
+        if positions is None or labels is None:  # no labels: no scored positions
             return self.lm_logits(final_hidden)
         return self.score(final_hidden[positions], labels, positions)
 

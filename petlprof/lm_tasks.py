@@ -1,6 +1,6 @@
 """Tasks for the language-modelling objective: prompts and the target texts a model learns to generate.
 
-Three kinds, each a :class:`~petlprof.tasks.TaskData` with ``objective == "lm"`` (prompts in
+Three kinds, each a :class:`~petlprof.task_data.TaskData` with ``objective == "lm"`` (prompts in
 ``Split.texts``, references in ``Split.targets``), scored on generated text by ``score_generations``:
 
 * the generative tasks ``arith`` and ``gsm``, drawn from the ``reasoning-gym`` package (procedural,
@@ -30,21 +30,14 @@ the data has no label column, so a labelled file keeps its classification head u
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from petlprof.data_files import require_columns, split_frames
 from petlprof.errors import UsageError, shown, unknown_choice
 from petlprof.metrics import normalise
-from petlprof.tasks import (
-    CHAT_TEMPLATES,
-    CLASSIFICATION,
-    LM,
-    OBJECTIVES,
-    Split,
-    TaskData,
-    _require,
-    split_frames,
-)
+from petlprof.task_data import CHAT_TEMPLATES, CLASSIFICATION, LM, OBJECTIVES, Split, TaskData
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -58,6 +51,10 @@ TARGET_COLUMNS = ("target", "completion", "output", "response", "answer")
 USER_MAX_NEW_TOKENS = 64  # generated per prompt of the user's free text unless --max-new-tokens says otherwise
 LABEL_MAX_NEW_TOKENS = 16
 SENTIMENT_TASKS = ("tweets", "tweets3", "sst2")
+NO_LAYOUT = (
+    "none of the prompt/target layouts instruction/input/output, prompt/completion or messages; name its columns "
+    "with --prompt-column and --target-column"
+)
 
 # reasoning-gym's basic_arithmetic, set so that a short CPU budget moves a 135M model
 ARITH = {
@@ -215,6 +212,8 @@ def verbalised(task: TaskData) -> TaskData:
             f"task '{task.name}' is a regression (scores, not classes): --objective lm verbalises class labels "
             "and a score has no label word; run it with --objective auto"
         )
+    if task.label_names is None:  # every classification loader names its classes
+        raise ValueError(f"task '{task.name}' is a classification without label names: nothing to verbalise")
     words = [str(name).replace("_", " ") for name in task.label_names]
     if len({normalise(word) for word in words}) < len(words):
         raise UsageError(
@@ -225,7 +224,7 @@ def verbalised(task: TaskData) -> TaskData:
     suffix = f"{cue} ({_either(words)}):"
 
     def split(part: Split) -> Split:
-        pairs = part.pairs or [None] * len(part)
+        pairs: Sequence[str | None] = part.pairs or [None] * len(part)
         prompts = [
             f"{text}\n{pair}\n{suffix}" if pair is not None else f"{text}\n{suffix}"
             for text, pair in zip(part.texts, pairs)
@@ -303,9 +302,8 @@ def is_prompt_data(
         return True
     if objective == LM:
         raise UsageError(
-            f"--objective lm: the data has no label column '{label_column or 'label'}' and none of the prompt/target "
-            "layouts instruction/input/output, prompt/completion or messages; name its columns with --prompt-column "
-            f"and --target-column. Its columns: {_columns_text(frame)}"
+            f"--objective lm: the data has no label column '{label_column or 'label'}' and {NO_LAYOUT}. "
+            f"Its columns: {_columns_text(frame)}"
         )
     return False
 
@@ -321,16 +319,18 @@ def load_user_lm(
 ) -> TaskData:
     """The user's prompt/target rows as an LM task (module docstring)."""
     layouts = {where: _layout(frame, where, prompt_column, target_column) for where, frame in sources.items()}
-    layout = next(iter(layouts.values()))
+    first, layout = next(iter(layouts.items()))
+    if layout is None:  # is_prompt_data found a layout in the first file, or --prompt-column names one
+        raise UsageError(f"{first} has {NO_LAYOUT}. Its columns: {_columns_text(sources[first])}")
     for where, frame in sources.items():
         if layouts[where] != layout:
             raise UsageError(
                 f"{where} is laid out as {_name(layouts[where])}, not as {layout.name} like the training file"
             )
-        _require(frame, (layout.prompt, layout.target), where)
+        require_columns(frame, (layout.prompt, layout.target), where)
     train_frame, eval_frame, how = split_frames(spec, sources, train_size, eval_size, split_seed)
-    where = iter(sources) if len(sources) == 2 else iter([spec, spec])
-    train, evaluation = (_split(frame, layout, place) for frame, place in zip((train_frame, eval_frame), where))
+    places = iter(sources) if len(sources) == 2 else iter([spec, spec])
+    train, evaluation = (_split(frame, layout, place) for frame, place in zip((train_frame, eval_frame), places))
     return TaskData(
         spec,
         train,
@@ -374,19 +374,18 @@ def _chat(value: Any, where: str, row: int) -> tuple[list[dict[str, str]], str]:
     turns = (
         list(value) if value is not None and not isinstance(value, (str, dict)) and hasattr(value, "__iter__") else None
     )
-    problem = None
+    bad = f"{where}: 'messages' of data row {row}"
     if not turns or not all(
         isinstance(t, dict) and isinstance(t.get("role"), str) and isinstance(t.get("content"), str) for t in turns
     ):
-        problem = "is not a list of turns with a role and a content"
-    elif turns[-1]["role"] != "assistant":
-        problem = (
-            f"ends with a {shown(turns[-1]['role'])} turn; the last turn must be the assistant's reply (the target)"
+        raise UsageError(f"{bad} is not a list of turns with a role and a content")
+    if turns[-1]["role"] != "assistant":
+        raise UsageError(
+            f"{bad} ends with a {shown(turns[-1]['role'])} turn; the last turn must be the assistant's reply "
+            "(the target)"
         )
-    elif len(turns) < 2:
-        problem = "has no turn before the assistant's reply (the prompt)"
-    if problem:
-        raise UsageError(f"{where}: 'messages' of data row {row} {problem}")
+    if len(turns) < 2:
+        raise UsageError(f"{bad} has no turn before the assistant's reply (the prompt)")
     prompt = [{"role": t["role"], "content": t["content"]} for t in turns[:-1]]
     return prompt, turns[-1]["content"]
 

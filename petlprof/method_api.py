@@ -71,7 +71,7 @@ import dataclasses
 import importlib
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,7 +112,7 @@ class Number:
         """(what a value of the wrong kind or below the range is told, the whole range)."""
         low, high = self.minimum, self.maximum
         if self.integer:
-            lower = {1: "a positive integer", 0: "a non-negative integer"}.get(low, f"an integer >= {low:g}")
+            lower = {1.0: "a positive integer", 0.0: "a non-negative integer"}.get(low, f"an integer >= {low:g}")
         elif low == 0 and self.above:
             lower = "a positive number"
         else:  # both bounds at once: "a number in [0, 1)"
@@ -285,7 +285,7 @@ def integer(
     return _declare(default, help, Number(minimum, maximum, integer=True, optional=optional, depth=depth))
 
 
-def choice(default: Any, help: str, choices: Sequence) -> Any:
+def choice(default: Any, help: str, choices: Iterable[Any]) -> Any:
     """A field taking one of ``choices``."""
     return _declare(default, help, Choice(tuple(choices)))
 
@@ -414,9 +414,9 @@ class MethodSpec:
 
     def grid_configs(self) -> list[dict[str, Any]]:
         """One method-config override per value of the default grid (``[{}]`` without a grid)."""
-        if not self.default_grid:
+        if self.pareto_knob is None:  # then the grid is empty too: __post_init__ refuses a grid without a knob
             return [{}]
-        return [{self.pareto_knob: value} for value in self.default_grid]
+        return [{self.pareto_knob: value} for value in self.default_grid] or [{}]
 
 
 def check_objective(spec: MethodSpec, objective: str) -> None:
@@ -445,12 +445,12 @@ def check_quantize(spec: MethodSpec, quantize: str) -> None:
     )
 
 
-def resolve_target(target: str | Callable) -> Callable:
-    """A callable, or the one ``"module:attr"`` names."""
+def resolve_target(target: str | Callable) -> Any:
+    """A callable, or the object ``"module:attr"`` names (a function, or a :class:`MethodSpec` for the registry)."""
     if callable(target):
         return target
     module, _, attr = target.partition(":")
-    obj = importlib.import_module(module)
+    obj: Any = importlib.import_module(module)
     for part in attr.split("."):
         obj = getattr(obj, part)
     return obj
@@ -531,7 +531,10 @@ def _config_problem(spec: MethodSpec) -> str | None:
         return f"default_grid must be a tuple of values, got {shown(spec.default_grid)}"
     if spec.default_grid and spec.pareto_knob is None:
         return "it has a default grid but no Pareto knob"
-    for point in [{}] + [{spec.pareto_knob: v} for v in spec.default_grid]:
+    points: list[dict[str, Any]] = [{}]
+    if spec.pareto_knob is not None:
+        points += [{spec.pareto_knob: value} for value in spec.default_grid]
+    for point in points:
         try:
             spec.config_cls(**point)
         except (UsageError, TypeError, ValueError) as exc:

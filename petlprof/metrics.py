@@ -159,8 +159,9 @@ def canonical_number(text: str) -> str | None:
         return None
     if value == 0:
         return "0"
-    sign, digits, exponent = value.as_tuple()
-    digits = list(digits)
+    sign, written, exponent = value.as_tuple()
+    assert isinstance(exponent, int)  # a finite Decimal's: 'n', 'N' and 'F' mark NaN, sNaN and infinity
+    digits = list(written)
     while digits[-1] == 0:  # trailing zeros into the exponent: 12.0 -> 12, 1200 -> 12E+2
         digits.pop()
         exponent += 1

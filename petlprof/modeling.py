@@ -27,10 +27,15 @@ so lengths do not change.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import torch
 from torch import nn
 
 from petlprof.backbones import DECODER, ENCODER, ENCODER_DECODER, Backbone
+
+if TYPE_CHECKING:
+    from petlprof.method_api import MethodSpec
 
 
 def last_token_index(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -148,6 +153,14 @@ def make_task_model(backbone: Backbone, objective: str, num_labels: int) -> nn.M
     return SequenceClassifier(backbone, num_labels)
 
 
+def trainable_model(
+    backbone: Backbone, objective: str, num_labels: int, method: MethodSpec, method_config: Any
+) -> nn.Module:
+    """The model a run trains and an estimate traces: the objective's task model (:func:`make_task_model`) with
+    ``method`` applied by its ``build()`` at ``method_config``."""
+    return method.build()(make_task_model(backbone, objective, num_labels), method_config)
+
+
 from petlprof.lm_model import LanguageModel, greedy_generate, lm_loss  # noqa: E402  (re-exported)
 
 __all__ = [
@@ -158,4 +171,5 @@ __all__ = [
     "lm_loss",
     "make_task_model",
     "shift_right",
+    "trainable_model",
 ]

@@ -505,7 +505,7 @@ def kind_of(name: str) -> Kind:
 
 def default_of(name: str) -> Any:
     f = OPTIONS[name]
-    return f.default_factory() if f.default is dataclasses.MISSING else f.default
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
 
 
 def _shown_default(value: Any) -> str:
@@ -541,3 +541,8 @@ def _argtype(name: str, kind: Kind) -> Callable[[str], Any]:
 def _size_or_all(text: str):
     """A number of examples, or ``all`` (kept as the word, so that it is not mistaken for "not given")."""
     return "all" if text.lower() in ("all", "none") else Examples().read(text)
+
+
+def help_of(name: str) -> str:
+    """The option's help as ``--help`` shows it, its default filled in from the declaration."""
+    return OPTIONS[name].metadata["help"].format(default=_shown_default(default_of(name)))

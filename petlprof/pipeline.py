@@ -12,12 +12,12 @@ from the same :class:`~petlprof.recipe.TrainRecipe` the loop trained by.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from petlprof.figures import ENERGY, TIME
+from petlprof.libraries import import_runtime_libraries
 from petlprof.quantization import parameter_count
 from petlprof.records import DIVERGED, OK
 from petlprof.spec import RunSpec
@@ -25,7 +25,6 @@ from petlprof.spec import RunSpec
 LM = "lm"  # the language-modelling objective (petlprof.tasks): the backbone's LM head, scored on generations
 
 # what prepare imports before it takes the run's memory baseline (the warm worker imports the same)
-RUNTIME_LIBRARIES = ("datasets", "pandas", "peft", "torch", "transformers")
 
 
 def _cap_memory(device: str, max_memory_bytes: int) -> None:
@@ -57,7 +56,7 @@ class MeterFactory:
     Extra meters come first: a window begins meters in order and ends them in reverse, so CodeCarbon's
     start and stop (and the tensor tracker's) fall outside the energy and memory readings."""
 
-    def __init__(self, spec: RunSpec, key: str, runtime_baseline: int, breakdown: dict[str, int], timeline):
+    def __init__(self, spec: RunSpec, key: str, runtime_baseline: int | None, breakdown: dict[str, int], timeline):
         self.spec, self.key, self.runtime_baseline = spec, key, runtime_baseline
         self.breakdown, self.timeline = breakdown, timeline
 
@@ -119,8 +118,7 @@ def prepare(spec: RunSpec, ranks, progress, max_memory_bytes: int | None = None)
     """Join the ranks' group, cap memory, load the data and the model with its method applied, and set
     up the meters, the hidden-state cache and the budget."""
     # library code is imported before the memory baseline: it is the runtime's memory, not the run's
-    for name in RUNTIME_LIBRARIES:
-        importlib.import_module(name)
+    import_runtime_libraries()
     import torch
 
     from petlprof.budget import make_budget
@@ -189,7 +187,7 @@ def _load(spec: RunSpec) -> tuple:
 
     from petlprof.backbones import check_shape, load_backbone
     from petlprof.method_api import check_objective, check_quantize
-    from petlprof.modeling import make_task_model
+    from petlprof.modeling import trainable_model
     from petlprof.quantization import Quantization
     from petlprof.registry import get_method
     from petlprof.tasks import load_task
@@ -223,8 +221,7 @@ def _load(spec: RunSpec) -> tuple:
         device=spec.device,
     )
     check_shape(spec.backbone, backbone.config, max_length=spec.max_length)
-    task_model = make_task_model(backbone, task.objective, task.num_labels)
-    model = method.build()(task_model, method_config).to(spec.device)
+    model = trainable_model(backbone, task.objective, task.num_labels, method, method_config).to(spec.device)
     return method, method_config, task, backbone, model
 
 
@@ -301,6 +298,13 @@ class Phases:
         """Where training diverged (:class:`petlprof.records.Divergence`), or None."""
         return self.train.get("diverged_at")
 
+    @property
+    def evaluated(self) -> dict[str, Any]:
+        """The evaluation phase, which every run whose training did not diverge has."""
+        if self.eval is None:
+            raise ValueError("no evaluation phase: training diverged")
+        return self.eval
+
 
 def run_phases(ctx: RunContext) -> Phases | None:
     """Train, evaluate, measure inference and (for a method that merges) evaluate the merged model;
@@ -311,9 +315,9 @@ def run_phases(ctx: RunContext) -> Phases | None:
     try:
         phases = _train_and_evaluate(ctx, train_meters, eval_meters)
         if phases is not None and not phases.diverged and ctx.task.objective == LM:
-            phases.generation = _generation(ctx, ctx.model, phases.eval)
+            phases.generation = _generation(ctx, ctx.model, phases.evaluated)
         elif phases is not None and not phases.diverged:
-            phases.inference = _inference(ctx, phases.eval)
+            phases.inference = _inference(ctx, phases.evaluated)
     finally:
         for meter in train_meters + eval_meters:
             meter.close()
@@ -322,7 +326,7 @@ def run_phases(ctx: RunContext) -> Phases | None:
     if phases is not None and not phases.diverged and ctx.method.merge:
         phases.merged, merged_model = _evaluate_merged(ctx, phases.preds)
         if merged_model is not None and ctx.task.objective == LM:
-            phases.generation_merged = _generation(ctx, merged_model, phases.eval, "generation-merged")
+            phases.generation_merged = _generation(ctx, merged_model, phases.evaluated, "generation-merged")
     if ctx.timeline is not None:  # on a failure the sampler stops when ``timeline`` is collected
         ctx.timeline.stop()
     if phases is not None:
@@ -356,7 +360,7 @@ def untrained_phase() -> dict[str, Any]:
         "samples": 0,
         "warmup_steps": 0,
         ENERGY.name: 0.0,  # its energy_kind is the evaluation's, so a sweep's kinds stay comparable
-        ENERGY.source: "no training step ran (zero-shot)",
+        **({ENERGY.source: "no training step ran (zero-shot)"} if ENERGY.source else {}),  # ENERGY declares one
         "epochs_run": 0.0,
         "first_loss": None,
         "final_loss": None,
@@ -526,7 +530,8 @@ def _metrics(task, phases: Phases) -> dict[str, float]:
     if task.objective != LM:
         return task.compute_metrics(phases.preds, phases.golds)
     scores = task.score_generations(phases.preds, phases.golds)
-    return {**scores, "eval_loss": phases.eval["eval_loss"], "perplexity": phases.eval["perplexity"]}
+    evaluation = phases.evaluated
+    return {**scores, "eval_loss": evaluation["eval_loss"], "perplexity": evaluation["perplexity"]}
 
 
 EXAMPLES_KEPT = 3  # generated responses kept in the record beside their references, so a reader sees what scored

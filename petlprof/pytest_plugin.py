@@ -21,8 +21,18 @@ from pathlib import Path
 
 import pytest
 
+from petlprof.figures import EXACT, GROWTH, STEP_TIME_RATIO, Figure, checked_against_baseline
+
 DETERMINISTIC_RTOL = 0.05  # allowed growth of parameter and byte counts (library versions move them a little)
 RATIO_RTOL = 0.5  # allowed growth of a side-by-side time ratio on a noisy shared machine
+RTOL = {EXACT: DETERMINISTIC_RTOL, GROWTH: RATIO_RTOL}  # the default tolerance of each baseline rule
+
+
+def default_rtol(figure: Figure) -> float:
+    """The tolerance of ``figure``'s baseline rule, when a test gives none."""
+    if figure.baseline is None:
+        raise ValueError(f"figure {figure.name} declares no baseline rule: petlprof_bench does not check it")
+    return RTOL[figure.baseline]
 
 
 def pytest_addoption(parser):
@@ -73,10 +83,11 @@ class PetlprofBench:
             self.failures.append(message)
 
     def check(self, profile, rtol: float | None = None) -> None:
-        """Compare trainable params and tensor bytes of a profile with the baseline (both ways)."""
+        """Compare the exact counts of a profile (the figures declared with ``baseline=EXACT``: trainable
+        params, tensor bytes) with the baseline, both ways."""
         prefix = f"{profile.method}/{profile.backbone}/b{profile.batch_size}x{profile.seq_len}"
-        for name in ("trainable_params", "saved_activation_bytes", "training_tensor_bytes"):
-            self._compare(f"{prefix}/{name}", getattr(profile, name), rtol, DETERMINISTIC_RTOL, two_sided=True)
+        for figure in checked_against_baseline(EXACT):
+            self._compare(f"{prefix}/{figure.name}", profile.figure(figure), rtol, default_rtol(figure), two_sided=True)
         self._raise_failures()
 
     def check_ratio(
@@ -98,13 +109,13 @@ class PetlprofBench:
             pytest.fail(f"petlprof_bench: {diverged}; its step time is not a result", pytrace=False)
         ratio = paired_ratio(samples, method, reference)
         names = f"{steps[method].method}/{steps[reference].method}"  # a plug-in by its spec's name
-        self._compare(f"{names}/{backbone}/step_time_ratio", ratio, rtol, RATIO_RTOL)
+        self._compare(f"{names}/{backbone}/{STEP_TIME_RATIO.name}", ratio, rtol, default_rtol(STEP_TIME_RATIO))
         self._raise_failures()
         return ratio
 
     def check_value(self, key: str, value: float, rtol: float | None = None) -> None:
         """Compare any other figure (lower is better) with the baseline."""
-        self._compare(key, value, rtol, RATIO_RTOL)
+        self._compare(key, value, rtol, RTOL[GROWTH])
         self._raise_failures()
 
     def _raise_failures(self) -> None:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,8 +55,14 @@ _QUIET = {
     "bitsandbytes.backends.cpu.ops": "Failed to load CPU gemm_4bit_forward from kernels-community",
     "bitsandbytes.autograd._functions": "MatMul8bitLt: inputs will be cast from",
 }
+
+
+def _not_starting(start: str) -> Callable[[logging.LogRecord], bool]:
+    return lambda record: not str(record.msg).startswith(start)
+
+
 for _logger, _start in _QUIET.items():
-    logging.getLogger(_logger).addFilter(lambda record, start=_start: not str(record.msg).startswith(start))
+    logging.getLogger(_logger).addFilter(_not_starting(_start))
 
 
 @dataclass(frozen=True)

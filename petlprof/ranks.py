@@ -193,7 +193,7 @@ class RankContext:
         destroy()
 
 
-def rank_context(nproc: int) -> OneProcess:
+def rank_context(nproc: int) -> OneProcess | RankContext:
     """This process's context in a run of ``nproc`` ranks (:data:`ONE_PROCESS` for one rank); a
     UsageError when the run was not started by torchrun with that many ranks (``--in-process``, a
     plain ``execute``)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Mapping, Sequence
 from typing import Any, TypedDict
 
 from petlprof.figures import TIME
@@ -120,6 +121,8 @@ class FailedAt(TypedDict, total=False):
     step: int | None
     rss_bytes: int | None
     peak_rss_bytes: int | None
+    cuda_allocated_bytes: int  # on CUDA
+    cuda_peak_allocated_bytes: int
 
 
 class RunRecord(TypedDict, total=False):
@@ -166,10 +169,26 @@ class RunRecord(TypedDict, total=False):
     process_wall_time_s: float  # from the start of the run's process (or execute) to its record read back
     overhead_s: float  # process_wall_time_s minus the measured phases (measured_phases_s): the harness's cost
     warm_worker_start_s: float  # the sweep's first warm-forked run: the warm worker's imports, in its wall time
+    node: dict[str, Any]  # where the run executed (petlprof.executors.node_fields)
+    stderr_tail: str  # a run whose process wrote no record: the last lines it wrote to stderr
+    failed_unix_s: float  # a failed rank's own record (beside rank 0's): when it failed, to order the ranks
 
 
 # safetensors writes tensors by dtype, widest first, then by name (its Rust ``Dtype`` order)
-_SAFETENSORS_DTYPES = ("BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "I16", "U16", "F16", "BF16", "I32", "U32", "F32")
+_SAFETENSORS_DTYPES: tuple[str, ...] = (
+    "BOOL",
+    "U8",
+    "I8",
+    "F8_E5M2",
+    "F8_E4M3",
+    "I16",
+    "U16",
+    "F16",
+    "BF16",
+    "I32",
+    "U32",
+    "F32",
+)
 _SAFETENSORS_DTYPES += ("F64", "I64", "U64")
 _SAFETENSORS_NAMES = {  # torch's dtypes by name (no torch import here), as safetensors names them
     "torch.bool": "BOOL",
@@ -213,9 +232,8 @@ def measured_phases_s(record: RunRecord) -> float:
     """Seconds inside the run's measurement windows: training (target checks included), evaluation,
     the inference (or generation) windows at each batch size and the merged evaluation."""
     phases: list[Any] = [record.get("train"), record.get("eval"), record.get("eval_merged")]
-    for name in ("inference", "generation", "generation_merged"):
-        repeated = record.get(name) or {}
-        phases += [v for k, v in repeated.items() if k.startswith("batch_")]
+    for repeated in (record.get("inference"), record.get("generation"), record.get("generation_merged")):
+        phases += [v for k, v in (repeated or {}).items() if k.startswith("batch_")]
     return sum(p[TIME.name] for p in phases if isinstance(p, dict) and isinstance(p.get(TIME.name), (int, float)))
 
 
@@ -226,7 +244,7 @@ def add_overhead(record: RunRecord, process_wall_time_s: float) -> RunRecord:
     return record
 
 
-def overhead_line(records: list[RunRecord]) -> str | None:
+def overhead_line(records: Sequence[Mapping[str, Any]]) -> str | None:
     """How much of the runs' wall time the harness spent outside the measured phases, as one sentence
     (None when no record carries ``overhead_s``)."""
     pairs = [

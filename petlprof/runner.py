@@ -27,10 +27,24 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
-from petlprof.records import CANCELLED, FAILED, FINAL_STATUSES, OOM, SCHEMA_VERSION, TIMEOUT, RunRecord, add_overhead
+from petlprof.records import (
+    CANCELLED,
+    FAILED,
+    FINAL_STATUSES,
+    OOM,
+    SCHEMA_VERSION,
+    TIMEOUT,
+    FailedAt,
+    RunRecord,
+    add_overhead,
+)
 from petlprof.spec import BUDGET_FIELDS, RunSpec, spec_identity  # noqa: F401  (re-exported)
+
+if TYPE_CHECKING:
+    from petlprof.train import Progress
+    from petlprof.warm import WarmChild, WarmWorker
 
 
 def _now() -> str:
@@ -67,9 +81,12 @@ def _base_record(spec: RunSpec) -> RunRecord:
 
 
 def failed_record(spec: RunSpec, error: str, status: str = FAILED, **fields: Any) -> RunRecord:
-    """The record of a run that gave no record of its own (its process or node was lost, ...)."""
+    """The record of a run that gave no record of its own (its process or node was lost, ...); ``fields``:
+    more of its fields (:class:`~petlprof.records.RunRecord`'s)."""
     record = _base_record(spec)
-    record.update(status=status, error=error, finished_at=_now(), **fields)
+    record["status"], record["error"], record["finished_at"] = status, error, _now()
+    # keyword arguments cannot be typed as RunRecord's keys: `spec`, `status` and `error` are parameters here
+    record.update(cast(RunRecord, fields))
     return record
 
 
@@ -99,7 +116,8 @@ def execute(spec: RunSpec, max_memory_bytes: int | None = None) -> RunRecord:
     t0 = time.perf_counter()
     try:
         ctx = prepare(spec, ranks, progress, max_memory_bytes)
-        record.update(to_record(ctx, run_phases(ctx)))  # status ok, or diverged
+        # status ok, or diverged; to_record builds the record's fields as a plain dict
+        record.update(cast(RunRecord, to_record(ctx, run_phases(ctx))))
     except Exception as exc:  # a failed run is a result, not a crash of the sweep
         record.update(_failure(exc, progress, spec.device))
     if record["status"] in FINAL_STATUSES:  # a failed rank exits without the collective teardown (petlprof.worker)
@@ -113,9 +131,9 @@ def execute(spec: RunSpec, max_memory_bytes: int | None = None) -> RunRecord:
     return record
 
 
-def _failure(exc: Exception, progress, device: str) -> dict[str, Any]:
+def _failure(exc: Exception, progress: Progress, device: str) -> RunRecord:
     """The fields of a run that raised ``exc``: status, error, traceback, where it was and its memory then."""
-    fields: dict[str, Any] = {
+    fields: RunRecord = {
         "status": OOM if _is_oom(exc) else FAILED,
         "error": f"{type(exc).__name__}: {exc}".strip(),
         "traceback": traceback.format_exc(limit=20),
@@ -132,18 +150,16 @@ def _is_oom(exc: BaseException) -> bool:
     return isinstance(exc, MemoryError) or "out of memory" in text or "can't allocate memory" in text
 
 
-def _memory_now(device: str) -> dict[str, Any]:
+def _memory_now(device: str) -> FailedAt:
     """Memory figures at the moment of a failure (bytes)."""
     from petlprof.meters.memory import status_bytes
 
-    figures = {"rss_bytes": status_bytes("VmRSS"), "peak_rss_bytes": status_bytes("VmHWM")}
+    figures: FailedAt = {"rss_bytes": status_bytes("VmRSS"), "peak_rss_bytes": status_bytes("VmHWM")}
     if device.startswith("cuda"):
         import torch
 
-        figures.update(
-            cuda_allocated_bytes=int(torch.cuda.memory_allocated(device)),
-            cuda_peak_allocated_bytes=int(torch.cuda.max_memory_allocated(device)),
-        )
+        figures["cuda_allocated_bytes"] = int(torch.cuda.memory_allocated(device))
+        figures["cuda_peak_allocated_bytes"] = int(torch.cuda.max_memory_allocated(device))
     return figures
 
 
@@ -173,8 +189,12 @@ def _alive(pid: int) -> bool:
 
 
 def execute_in_subprocess(
-    spec: RunSpec, *, timeout_s: float | None = None, max_memory_bytes: int | None = None, warm=None
-) -> dict[str, Any]:
+    spec: RunSpec,
+    *,
+    timeout_s: float | None = None,
+    max_memory_bytes: int | None = None,
+    warm: WarmWorker | None = None,
+) -> RunRecord:
     """Run ``spec`` in a process of its own and return its record.
 
     The process is a child forked from ``warm`` (a :class:`petlprof.warm.WarmWorker`) when one is given,
@@ -191,7 +211,7 @@ def execute_in_subprocess(
 
 
 def _execute_in_child(
-    spec: RunSpec, timeout_s: float | None, max_memory_bytes: int | None, warm, t0: float
+    spec: RunSpec, timeout_s: float | None, max_memory_bytes: int | None, warm: WarmWorker | None, t0: float
 ) -> RunRecord:
     remove_stale_run_dirs()
     with tempfile.TemporaryDirectory(prefix=f"{RUN_DIR_PREFIX}{os.getpid()}-") as tmp:
@@ -205,6 +225,7 @@ def _execute_in_child(
             returncode = proc.wait(timeout=timeout_s)
             hold_signals()  # the run is finished: a Ctrl-C now must not cost its record
         except subprocess.TimeoutExpired:
+            assert proc is not None  # only the process's wait times out
             _stop(proc)
             pump.join(5)
             return failed_record(
@@ -225,10 +246,12 @@ def _execute_in_child(
         return _lost_record(spec, out_path, returncode, tail, max_memory_bytes, time.perf_counter() - t0)
 
 
-def _start(spec: RunSpec, spec_path: Path, out_path: Path, warm) -> tuple[Any, str]:
+def _start(
+    spec: RunSpec, spec_path: Path, out_path: Path, warm: WarmWorker | None
+) -> tuple[subprocess.Popen[bytes] | WarmChild, str]:
     """The run's process (``Popen`` or :class:`petlprof.warm.WarmChild`) and how it was made."""
     from petlprof.warm import serves
-    from petlprof.worker import command
+    from petlprof.worker_process import command
 
     if warm is not None and warm.broken is None and serves(spec):
         try:
@@ -310,7 +333,7 @@ def _forward(stream, tail: bytearray) -> None:
         tail[:] = (tail + chunk)[-8000:]
 
 
-def _stop(proc: subprocess.Popen) -> None:
+def _stop(proc: subprocess.Popen[bytes] | WarmChild) -> None:
     if proc.poll() is None:
         proc.terminate()
         try:

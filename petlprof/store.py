@@ -20,7 +20,7 @@ import shutil
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from petlprof.errors import UsageError
 from petlprof.records import FINAL_STATUSES, RESULTS_FILE, SCHEMA_VERSION, RunRecord
@@ -165,7 +165,7 @@ class StoreLock:
     def __init__(self, out_dir: Path):
         self.path = Path(out_dir) / LOCK_FILE
         self.taken_over: dict | None = None
-        self._fh = None
+        self._fh: IO[str] | None = None
 
     def __enter__(self) -> StoreLock:
         import fcntl
@@ -194,9 +194,11 @@ class StoreLock:
     def __exit__(self, *exc) -> None:
         # the file stays (unlinking a lock file lets a waiting process lock a dead inode); emptied, it
         # says that nobody died holding it
-        self._fh.seek(0)
-        self._fh.truncate()
-        self._fh.close()
+        fh = self._fh
+        assert fh is not None, "the lock is released only after it was taken (__enter__)"
+        fh.seek(0)
+        fh.truncate()
+        fh.close()
 
 
 def _parse(text: str) -> dict | None:

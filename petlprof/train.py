@@ -31,6 +31,7 @@ from petlprof.meters.base import phase_warnings
 from petlprof.meters.latency import StepTimer
 from petlprof.ranks import ONE_PROCESS
 from petlprof.recipe import FP32, TrainRecipe, autocast
+from petlprof.records import FailedAt
 
 
 @dataclass
@@ -140,7 +141,7 @@ class Progress:
     def at(self, phase: str | None, step: int | None = None) -> None:
         self.phase, self.step = phase, step
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> FailedAt:
         return {"phase": self.phase, "step": self.step}
 
 
@@ -175,7 +176,8 @@ class _Fit:
         self.schedule = recipe.schedule(self.optimizer, total)
         self.scaler = recipe.scaler(io.device)  # fp16's loss scaler; a pass-through otherwise
         self.timer = StepTimer(io.device)
-        self.steps, self.samples, self.tokens, self.losses, self.overflows = 0, 0, 0, [], 0
+        self.steps, self.samples, self.tokens, self.overflows = 0, 0, 0, 0
+        self.losses: list[float] = []
         self.diverged: tuple[int, float, float] | None = None  # (step, loss, gradient norm) of a step that diverged
 
     def step(self, batch: np.ndarray, bar, measured: bool) -> bool:
@@ -290,7 +292,10 @@ class _Predictions:
     def __init__(self, model, batches: Batches, io: PhaseIO, ranks, precision: str):
         self.model, self.batches, self.io, self.ranks, self.precision = model, batches, io, ranks, precision
         self.timer = StepTimer(io.device)
-        self.preds, self.golds, self.positions, self.samples = [], [], [], 0
+        self.samples = 0
+        self.preds: list[torch.Tensor] = []
+        self.golds: list[torch.Tensor] = []
+        self.positions: list[np.ndarray] = []  # each batch's example indices in the split
 
     def batch(self, step: int, batch: np.ndarray, bar, measured: bool) -> None:
         """Predict this rank's part of ``batch``."""

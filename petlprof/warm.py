@@ -6,7 +6,7 @@ them once, then forks one child per run; the child runs exactly what a fresh wor
 (:func:`petlprof.worker.run_job`), so a crash, a segfault or the kernel's OOM killer still costs one
 run only.  Peak-memory figures stay those of a fresh process: the warm worker imports only what
 :func:`petlprof.pipeline.prepare` imports before it takes the run's memory baseline
-(:data:`petlprof.pipeline.RUNTIME_LIBRARIES`), so every later import still counts in the run as before;
+(:data:`petlprof.libraries.RUNTIME_LIBRARIES`), so every later import still counts in the run as before;
 and a forked child maps again the file pages (library code) that the warm worker had resident
 (``MADV_POPULATE_READ``), which ``fork`` leaves unmapped, so code that a fresh process had already paged
 in while importing is not counted in the child's peak as it pages in again.
@@ -36,6 +36,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import BinaryIO
+
+from petlprof.worker_process import die_with_parent
 
 READY_TIMEOUT_S = 300.0  # the imports of a cold disk cache; past it the sweep uses fresh processes
 _MAX_MESSAGE = 65536
@@ -53,7 +56,8 @@ class _Lines:
     """JSON lines from a socket (with the file descriptors sent alongside them)."""
 
     def __init__(self, sock: socket.socket):
-        self.sock, self.buffer, self.fds = sock, b"", []
+        self.sock, self.buffer = sock, b""
+        self.fds: list[int] = []
 
     def read(self, timeout_s: float | None = None) -> dict | None:
         """The next message, None at end of stream; raises ``TimeoutError`` past ``timeout_s``."""
@@ -87,8 +91,9 @@ class WarmChild:
     :func:`petlprof.runner.execute_in_subprocess` uses (``stderr``, ``wait``, ``poll``, ``terminate``,
     ``kill``)."""
 
-    def __init__(self, worker: WarmWorker, pid: int, stderr):
-        self.worker, self.pid, self.stderr, self.returncode = worker, pid, stderr, None
+    def __init__(self, worker: WarmWorker, pid: int, stderr: BinaryIO):
+        self.worker, self.pid, self.stderr = worker, pid, stderr
+        self.returncode: int | None = None
 
     def wait(self, timeout: float | None = None) -> int:
         if self.returncode is None:
@@ -230,7 +235,7 @@ def serve(fd: int, run_job, preload) -> int:
 
     ``run_job(spec_path, out_path) -> exit code`` is what a child runs; ``preload()`` imports the
     libraries.  Ctrl-C is the run's and the sweep's to handle: this process ignores it.  The stop signals
-    are unblocked, as in a fresh worker (:data:`petlprof.worker.LAUNCH`), for the children to inherit."""
+    are unblocked, as in a fresh worker (:data:`petlprof.worker_process.LAUNCH`), for the children to inherit."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT, signal.SIGTERM))
     sock = socket.socket(fileno=fd)
@@ -269,8 +274,6 @@ def _child(sock: socket.socket, stderr_fd: int, run_job, request: dict, resident
         os.dup2(stderr_fd, 2)
         os.close(stderr_fd)
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        from petlprof.worker import die_with_parent
-
         die_with_parent(os.getppid())
         os.environ.clear()  # the driver's environment of now, not the one the warm worker started with
         os.environ.update(request["env"])

@@ -8,52 +8,40 @@ code 1, so torchrun stops the other ranks.
 ``python -m petlprof.worker --serve FD`` is the sweep's warm worker (:mod:`petlprof.warm`): it imports
 the run's libraries once and forks one child per run, which runs :func:`run_job` as a fresh worker does.
 
-The sweep starts this module through :data:`LAUNCH` with SIGINT ignored, so a Ctrl-C that lands while
-Python is still importing (before a run has anything to lose) ends nothing with a traceback: the sweep
-stops the process itself; :func:`main` takes Ctrl-C back once the imports are done.  SIGINT and SIGTERM
-are unblocked first: a signal mask is inherited, and a caller of
+The sweep starts this module through :data:`petlprof.worker_process.LAUNCH` with SIGINT ignored, so a
+Ctrl-C that lands while Python is still importing (before a run has anything to lose) ends nothing with a
+traceback: the sweep stops the process itself; :func:`main` takes Ctrl-C back once the imports are done.
+SIGINT and SIGTERM are unblocked first: a signal mask is inherited, and a caller of
 :func:`petlprof.runner.execute_in_subprocess` holds both once a run has finished, so a worker started
 after that would otherwise ignore the sweep's ``terminate()`` and run on.
 """
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import signal
 import sys
 import time
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 
 from petlprof.records import FINAL_STATUSES
 from petlprof.runner import RunSpec, execute
-
-# python -c: SIGINT is ignored (and both stop signals unblocked) before the first import of petlprof, then
-# this module runs as __main__
-LAUNCH = (
-    "import signal, runpy; signal.signal(signal.SIGINT, signal.SIG_IGN); "
-    "signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT, signal.SIGTERM)); "
-    "runpy.run_module('petlprof.worker', run_name='__main__', alter_sys=True)"
-)
-
-
-def command(*args: str) -> list[str]:
-    """The command line of a worker process with ``args`` (``SPEC OUT``, ``--nproc N SPEC OUT``, ``--serve FD``)."""
-    return [sys.executable, "-c", LAUNCH, *args]
+from petlprof.worker_process import LAUNCH, command, die_with_parent, expected_parent  # noqa: F401  (re-exported)
 
 
 def main(argv: list[str]) -> int:
     if argv[0] == "--serve":
         from petlprof.warm import serve
 
-        die_with_parent(_expected_parent())
+        die_with_parent(expected_parent())
         return serve(int(argv[1]), run_job, preload)
     if argv[0] != "--nproc":  # a run (or a rank of one) imports as a warm worker does; torchrun's launcher need not
         preload()
     signal.signal(signal.SIGINT, signal.default_int_handler)  # the imports are done: Ctrl-C cancels the run
-    die_with_parent(_expected_parent())
+    die_with_parent(expected_parent())
     if argv[0] == "--nproc":
         from petlprof.distributed import launch
 
@@ -69,12 +57,10 @@ def preload() -> None:
     (:func:`petlprof.meters.memory.release_free_memory`), and each collection walked them all (about 0.25 s
     of CPU after these imports, five times per run)."""
     import gc
-    import importlib
 
-    from petlprof.pipeline import RUNTIME_LIBRARIES
+    from petlprof.libraries import import_runtime_libraries
 
-    for name in RUNTIME_LIBRARIES:
-        importlib.import_module(name)
+    import_runtime_libraries()
     gc.collect()  # the imports' garbage first: what is frozen is never freed
     gc.freeze()
 
@@ -102,26 +88,10 @@ def run_job(spec_path: Path, out_path: Path) -> int:
     return 0
 
 
-def _write(path: Path, record: dict) -> None:
+def _write(path: Path, record: Mapping[str, object]) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(record))
     tmp.replace(path)
-
-
-def _expected_parent() -> int | None:
-    expected = os.environ.get("PETLPROF_PARENT_PID")
-    return int(expected) if expected else None
-
-
-def die_with_parent(expected_parent: int | None) -> None:
-    """Linux: get SIGKILL when the parent (the sweep, or the warm worker) dies, so a killed sweep leaves
-    no orphan run behind; exit at once if it died before prctl took effect."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-    if expected_parent and os.getppid() != expected_parent:
-        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -36,6 +36,26 @@ if (_threads := threads_per_worker()) is not None:  # before torch is imported, 
         os.environ.setdefault(_name, str(_threads))
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """``--dist loadscope`` (pyproject's addopts) without ``-n``: no distribution, as pytest-xdist itself
+    reads ``-n 0``.  Left as given, pytest-benchmark took the run for a distributed one and disabled every
+    benchmark (each timed once, no statistics, no ``--benchmark-json``), under ``pytest tests/benchmarks
+    --benchmark-enable`` too."""
+    if not getattr(config.option, "numprocesses", None) and getattr(config.option, "dist", "no") != "no":
+        config.option.dist = "no"
+
+
+def pytest_configure(config):
+    """A process that runs tests imports the run's libraries the way a run's process does
+    (:func:`petlprof.libraries.import_runtime_libraries`: bitsandbytes' kernels compiled on first use, not
+    at import); the xdist controller, which runs none, imports nothing."""
+    if os.environ.get("PYTEST_XDIST_WORKER") or not getattr(config.option, "numprocesses", None):
+        from petlprof.libraries import import_runtime_libraries
+
+        import_runtime_libraries()
+
+
 def pytest_collection_finish(session):
     """What collection imported (torch, transformers, ...) lives as long as this process: out of the garbage
     collector's scans, as in a run's worker (:func:`petlprof.worker.preload`).  A run collects garbage

@@ -338,8 +338,15 @@ BAD_INPUT = [
     (lambda tmp: ["--backbone", "tiny-bert", "--gpu", "h300"], "h300"),
     (lambda tmp: ["--backbone", "tiny-bert", "--precision", "bf8"], "bf16, fp16, fp32"),
     (lambda tmp: ["--backbone", "tiny-bert", "--device", "tpu"], "auto, cpu, cuda"),
-    (lambda tmp: ["--backbone", "tiny-bert", "--batch-size", str(10**30)], f"--batch-size {10**30} x --max-length"),
-    (lambda tmp: ["--backbone", "tiny-bert", "--batch-size", "0"], "--batch-size must be a positive integer, got 0"),
+    (lambda tmp: ["--backbone", "tiny-bert", "--batch-size", str(10**30)], "--batch-size must be at most 1048576"),
+    (
+        lambda tmp: ["--backbone", "tiny-bert", "--batch-size", str(2**20), "--max-length", "512"],
+        f"--batch-size {2**20} x --max-length 512",
+    ),
+    (lambda tmp: ["--backbone", "tiny-bert", "--batch-size", "0"], "--batch-size must be an integer >= 1, got 0"),
+    (lambda tmp: ["--backbone", "tiny-bert", "--num-layers", "0"], "--num-layers must be an integer >= 1, got 0"),
+    (lambda tmp: ["--backbone", "t5-large", "--num-layers", "30"], "--num-layers 30 exceeds the 24 layers"),
+    (lambda tmp: ["--backbone", "tiny-bert", "--objective", "lmm"], "did you mean 'lm'"),
     (lambda tmp: ["--backbone", "tiny-bert", "--max-length", "100000"], "--max-length 100000"),
 ]
 

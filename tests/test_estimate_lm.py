@@ -183,7 +183,7 @@ BAD = [
     (["--objective", "lm", "--target-length", "nan"], "--target-length must be an integer >= 1, got 'nan'"),
     (["--objective", "lm", "--target-length", str(10**30)], f"--target-length must be at most {2**27}"),
     (["--objective", "lm", "--target-length", "abc"], "got 'abc'"),
-    (["--objective", "lm", "--batch-size", "abc"], "--batch-size must be a positive integer, got 'abc'"),
+    (["--objective", "lm", "--batch-size", "abc"], "--batch-size must be an integer >= 1, got 'abc'"),
     (["--objective", "lm", "--target-length", str(2**26), "--batch-size", "2"], "+ --target-length 67108864"),
     (["--objective", "lm", "--target-length", "600"], "--target-length 600 (a decoder reads --max-length 16 + it)"),
     (["--objective", "lmm"], "did you mean 'lm'"),

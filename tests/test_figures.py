@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 
 from petlprof import distributed, figures
+from petlprof.bench import StepProfile
 from petlprof.figures import ENERGY, HIGHER, LOWER, MAX, RATE, SUM, TIME, TOKENS, TOKENS_PER_S, Figure
 from petlprof.metrics import direction
+from petlprof.pytest_plugin import RATIO_RTOL, default_rtol
 from petlprof.report.frame import runs_frame
 from petlprof.report.table import columns
 from petlprof.runner import RunSpec, execute
@@ -47,6 +49,7 @@ BAD = [  # (fields, what the error names)
     (dict(ranks="average"), "average"),
     (dict(ranks=RATE), "per="),  # a rate without its count
     (dict(ranks=SUM, per=TOKENS), "per="),  # a count per second that is not a rate
+    (dict(baseline="sometimes"), "sometimes"),  # no rule the bench fixture knows
 ]
 
 
@@ -144,3 +147,16 @@ def test_the_dataframe_and_the_table_follow_the_declarations(record):
     headers = [c.header for c in columns([record])]
     assert {f"train {f.header}" for f in (TIME, ENERGY, figures.PEAK_MEMORY)} <= set(headers)
     assert f"eval {figures.LATENCY.header}" in headers
+
+
+def test_the_bench_fixture_checks_the_declared_exact_counts_of_a_step_profile():
+    profile = StepProfile("m", "b", 2, 8, 10, 100, 400, 40, 80, 1000)
+    exact = figures.checked_against_baseline(figures.EXACT)
+    assert {f.name for f in exact} == {"trainable_params", "saved_activation_bytes", "training_tensor_bytes"}
+    assert [profile.figure(f) for f in exact] == [10, 1000, 400 + 40 + 80 + 1000]
+    assert figures.checked_against_baseline(figures.GROWTH) == (figures.STEP_TIME_RATIO,)
+    assert default_rtol(figures.STEP_TIME_RATIO) == RATIO_RTOL and default_rtol(figures.SAVED_ACTIVATIONS) == 0.05
+    with pytest.raises(KeyError, match="step_time_ratio"):  # a ratio of two steps, no figure of one profile
+        profile.figure(figures.STEP_TIME_RATIO)
+    with pytest.raises(ValueError, match=ENERGY.name):
+        default_rtol(ENERGY)

@@ -16,6 +16,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from petlprof import figures
 from petlprof.generation import MIN_BATCHES, chosen_tokens, measure_generation
 from petlprof.meters import MEASURED, Meter, memory_meter_for
 
@@ -172,6 +173,28 @@ def test_every_figure_at_batch_1_and_the_evaluation_batch_with_consistent_units(
         assert "side_network" not in figures
 
 
+# the figures declared for the generation phase alone: a window holds each at its declared path (the side
+# network's only for a side-tuning model)
+GENERATION_ONLY = [f for f in figures.FIGURES if f.phases == (figures.GENERATION,)]
+WINDOW_FIGURES = [f for f in GENERATION_ONLY if f.under != figures.SIDE]
+SIDE_FIGURES = [f for f in GENERATION_ONLY if f.under == figures.SIDE]
+
+
+def at(window: dict, figure: figures.Figure):
+    value = window
+    for key in figure.path:
+        value = value[key]
+    return value
+
+
+def test_every_figure_declared_for_the_generation_phase_is_in_each_window(lm):
+    assert WINDOW_FIGURES and SIDE_FIGURES
+    phase = measure(lm, Prompts(6))
+    for window in (phase["batch_1"], phase["batch_4"]):
+        shown = {f.name: at(window, f) for f in WINDOW_FIGURES}
+        assert all(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0 for v in shown.values()), shown
+
+
 def test_the_window_is_capped_at_max_prompts_and_says_so(lm):
     phase = measure(lm, Prompts(5), batch_sizes=[1, 8], max_prompts=2, min_window_s=60.0, warmup_steps=0)
     one = phase["batch_1"]
@@ -234,3 +257,4 @@ def test_the_real_generate_on_a_read_model_times_its_side_network_once_per_token
     assert figures["generated_tokens"] == figures["batches"] * 2 * 4  # no EOS: every row runs to max_new_tokens
     assert figures["side_network"]["calls"] == 4  # the prompt's, then once per further token (not over time)
     assert 0 < figures["side_network"]["share_of_per_token"] < 1
+    assert all(0 < at(figures, f) for f in SIDE_FIGURES)  # the whole call's time and the side network's shares

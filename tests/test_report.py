@@ -554,25 +554,25 @@ def test_configuration_table_from_the_fixture():
 
 def test_vs_full_table_only_where_full_ran():
     records = load_records([FIXTURE])
-    ((_, _, tables),) = [(s.task, s.backbone, dict(s.tables)) for s in configuration_sections(records)]
+    ((_, _, tables),) = [(s.task, s.backbone, dict(s.tables)) for s in configuration_sections(runs_frame(records))]
     header, rows = table_rows(tables[VS_CAPTION])
     for title in ("Δ accuracy vs full", "energy vs full", "memory vs full", "time vs full", "params vs full"):
         assert title in header
     assert rows[("full", "-")].count("| ref") == 5 and "−71%" in rows[("read", "hidden_size=32")]
     without_full = [r for r in records if r["method"] != "full"]
-    (section,) = configuration_sections(without_full)
+    (section,) = configuration_sections(runs_frame(without_full))
     assert VS_CAPTION not in dict(section.tables)
     assert all("vs full" not in table for _, table in section.tables)
-    assert "vs full" not in render_report(without_full, [])  # nor in the differences table
+    assert "vs full" not in render_report(without_full, runs_frame(without_full), [])  # nor in the differences table
 
 
 def test_energy_kind_is_a_column_only_when_kinds_differ():
     records = seeds_of("a", [(0.8, 100)]) + seeds_of("b", [(0.7, 50)])
-    (section,) = configuration_sections(records)
+    (section,) = configuration_sections(runs_frame(records))
     header = section.tables[0][1].splitlines()[0]
     assert "train energy (J, measured)" in header and "energy kind" not in header
     records[1]["train"]["energy_kind"] = "estimated"
-    header = configuration_sections(records)[0].tables[0][1].splitlines()[0]
+    header = configuration_sections(runs_frame(records))[0].tables[0][1].splitlines()[0]
     assert "| train energy (J) |" in header and header.endswith("| energy kind |")
 
 
@@ -592,13 +592,15 @@ def test_majority_class_reference_row_and_line(rates, metric, shown, tmp_path):
         record["primary_metric"] = metric
         if rate is not None:
             record["task_info"]["majority_rate"] = rate
-    table = configuration_sections(records)[0].tables[0][1]
+    table = configuration_sections(runs_frame(records))[0].tables[0][1]
     row = next((line for line in table.splitlines() if "majority class" in line), None)
     assert (row is None) == (shown is None)
     if shown:
         assert row.startswith("| *majority class* |") and f"| {shown} |" in row
-    assert ("always answering the evaluation set's most common class" in render_report(records, [])) == bool(shown)
-    (plot,) = [p for p in pareto_figures(records, tmp_path) if p.axis.slug == "energy"]
+    assert (
+        "always answering the evaluation set's most common class" in render_report(records, runs_frame(records), [])
+    ) == bool(shown)
+    (plot,) = [p for p in pareto_figures(runs_frame(records), tmp_path) if p.axis.slug == "energy"]
     svg = next(p for p in plot.paths if p.suffix == ".svg").read_text()
     assert ("majority-class rate" in svg) == (shown is not None)
 
@@ -649,13 +651,13 @@ def test_time_to_target_columns_appear_for_budgeted_runs():
             "time_to_target_s": time_s,
             "energy_to_target_j": time_s and time_s * 10,
         }
-    ((_, _, tables),) = [(s.task, s.backbone, dict(s.tables)) for s in configuration_sections(records)]
+    ((_, _, tables),) = [(s.task, s.backbone, dict(s.tables)) for s in configuration_sections(runs_frame(records))]
     header, _, *rows = tables[TARGET_CAPTION].splitlines()
     assert header.endswith("| reached target (seeds) | steps to target | time to target (s) | energy to target (J) |")
     read = next(r for r in rows if r.startswith("| read"))
     assert read.endswith(f"| 2/2 | 35 ± {12.706204736174707 * 5:,.0f} | 13.0 ± 12.7 | 130.0 ± 127.1 |")
     assert next(r for r in rows if r.startswith("| lora")).endswith("| 0/2 | - | - | - |")
-    assert TARGET_CAPTION not in dict(configuration_sections(seeds_of("bitfit", [(0.8, 100)]))[0].tables)
+    assert TARGET_CAPTION not in dict(configuration_sections(runs_frame(seeds_of("bitfit", [(0.8, 100)])))[0].tables)
 
 
 @pytest.mark.parametrize(
@@ -681,7 +683,8 @@ def test_error_bars_stay_inside_the_metric_range(y, half, metric, below, above):
 
 
 def test_settings_line_is_key_value_without_nulls():
-    report = render_report(sweep(), [])
+    records = sweep()
+    report = render_report(records, runs_frame(records), [])
     settings = next(line for line in report.splitlines() if line.startswith("- **Training settings:**"))
     assert "epochs=1; batch_size=32; lr=0.0005; max_length=64" in settings
     assert "max_steps" not in settings and "null" not in settings and "None" not in settings
@@ -709,7 +712,9 @@ def test_identical_measurement_warnings_are_listed_once(places, line):
     records = sweep()[:5]
     for index, phase_name in places:
         records[index][phase_name]["warnings"] = [WARNING]
-    section = render_report(records, []).split("## Measurement warnings\n\n", 1)[1].split("\n\n", 1)[0]
+    section = (
+        render_report(records, runs_frame(records), []).split("## Measurement warnings\n\n", 1)[1].split("\n\n", 1)[0]
+    )
     assert section.splitlines() == [line]
 
 

@@ -109,7 +109,7 @@ def sweep():
 
 
 def tables(records):
-    (section,) = configuration_sections(records)
+    (section,) = configuration_sections(runs_frame(records))
     return dict(section.tables)
 
 
@@ -161,7 +161,7 @@ def test_the_zero_shot_row_is_a_reference_row_on_no_frontier():
 
 
 def test_differences_compare_every_configuration_with_the_zero_shot_score():
-    ((_, _, table),) = difference_tables(sweep())
+    ((_, _, table),) = difference_tables(runs_frame(sweep()))
     header, *_ = table.splitlines()
     assert "Δ vs zero-shot (before tuning) (95% CI)" in header
     rows = {r.split(" | ")[0].lstrip("| "): r for r in rows_of(table)}
@@ -171,7 +171,7 @@ def test_differences_compare_every_configuration_with_the_zero_shot_score():
 
 
 def test_plots_show_the_primary_metric_and_the_zero_shot_line(tmp_path):
-    plots = pareto_figures(sweep(), tmp_path)
+    plots = pareto_figures(runs_frame(sweep()), tmp_path)
     assert [p.axis.slug for p in plots] == ["energy", "memory", "time", "params"]
     for plot in plots:
         assert plot.metric == METRIC and plot.path is not None and plot.zero_shot == pytest.approx(0.1)
@@ -183,7 +183,7 @@ def test_plots_show_the_primary_metric_and_the_zero_shot_line(tmp_path):
 
 
 def test_only_the_zero_shot_row_finished(tmp_path):
-    plots = pareto_figures([zero_shot_record()], tmp_path)
+    plots = pareto_figures(runs_frame([zero_shot_record()]), tmp_path)
     assert all(p.path is None and "only the zero-shot row" in p.skipped for p in plots)
     costs = rows_of(tables([zero_shot_record()])["Quality and costs"])
     assert len(costs) == 1 and costs[0].startswith(f"| {ZERO_SHOT_ROW} |")

@@ -170,7 +170,7 @@ def test_differences_table_says_which_are_larger_than_their_interval():
     for rec in records:
         if rec["method"] == "ia3":
             rec["backbone_info"] = {"random_init": True}
-    ((task, backbone, table),) = difference_tables(records)
+    ((task, backbone, table),) = difference_tables(runs_frame(records))
     assert (task, backbone) == ("tweets3", "minilm")
     header, _, *rows = table.splitlines()
     assert header == (

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import pytest
 
+from petlprof.report import frame
 from petlprof.report.frame import runs_frame
 from petlprof.report.intervals import ci_half_width
-from petlprof.report.markdown import render_report
+from petlprof.report.markdown import render_report, write_report
 from petlprof.report.target import ENERGY, TIME, TargetPlot, target_configs, target_tables
 from petlprof.report.target_plot import cost_to_target_figures, draw_cost_to_target, row_label
 
@@ -89,7 +90,7 @@ FIGURES = [
 
 @pytest.mark.parametrize("method, column, mean", FIGURES, ids=[f"{m}-{c}" for m, c, _ in FIGURES])
 def test_cost_to_target_figures(method, column, mean):
-    configs = target_configs(sweep()).set_index("method")
+    configs = target_configs(runs_frame(sweep())).set_index("method")
     assert configs.loc[method, column] == pytest.approx(mean if mean is not None else float("nan"), nan_ok=True)
 
 
@@ -99,7 +100,7 @@ def cells(line):
 
 def table_rows():
     """The target table's rows as {method: {header: cell}}, in the table's order."""
-    ((key, heading, table),) = target_tables(sweep())
+    ((key, heading, table),) = target_tables(runs_frame(sweep()))
     assert key == ("tweets3", "minilm", "accuracy", 0.6) and heading == "accuracy ≥ 0.6 — minilm on tweets3"
     header, _, *rows = table.splitlines()
     return {cells(row)[0]: dict(zip(cells(header), cells(row))) for row in rows}
@@ -159,7 +160,7 @@ def test_cost_to_target_table(method, expected):
     ],
 )
 def test_cost_to_target_plot(kind, clipped, caption):
-    configs = target_configs(sweep())
+    configs = target_configs(runs_frame(sweep()))
     plot = TargetPlot(title="t", cost=ENERGY, key=())
     fig = draw_cost_to_target(configs, runs_frame(sweep()), plot, kind)
     ax = fig.axes[0]
@@ -174,7 +175,7 @@ def test_cost_to_target_plot(kind, clipped, caption):
 def test_old_records_only_say_the_figures_without_checks_are_not_recorded():
     old = [r for r in sweep() if r["method"] == "lora"]
     plot = TargetPlot(title="t", cost=TIME, key=())
-    fig = draw_cost_to_target(target_configs(old), runs_frame(old), plot, "ci95")
+    fig = draw_cost_to_target(target_configs(runs_frame(old)), runs_frame(old), plot, "ci95")
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
     assert "without the checks' measured cost: not recorded (older records)" in legend
 
@@ -185,15 +186,28 @@ def test_row_label_says_how_many_seeds_reached_it():
 
 
 def test_report_shows_the_cost_to_target_plots_and_table(tmp_path):
-    plots = cost_to_target_figures(sweep(), tmp_path, "ci95")
+    plots = cost_to_target_figures(runs_frame(sweep()), tmp_path, "ci95")
     assert [p.path.name for p in plots] == ["cost_to_target_energy.png", "cost_to_target_time.png"]
     assert all(p.read_bytes().startswith(b"\x89PNG") for plot in plots for p in plot.paths if p.suffix == ".png")
     assert plots[0].title == "Train energy to reach accuracy ≥ 0.6 — backbone minilm, task tweets3"
-    report = render_report(sweep(), [], plots)
+    report = render_report(sweep(), runs_frame(sweep()), [], plots)
     section = report.split("## Cost to reach the target", 1)[1].split("\n## ", 1)[0]
     assert "### accuracy ≥ 0.6 — minilm on tweets3" in section
     assert (
         "![Train energy to reach accuracy ≥ 0.6 — backbone minilm, task tweets3](cost_to_target_energy.png)" in section
     )
     assert "Bars: 95% CI over 2/3 seeds (Student's t); 3 bar end(s) run past the axes" in section
-    assert cost_to_target_figures([r for r in sweep() if r["method"] == "bitfit"], tmp_path, "ci95") == []
+    assert cost_to_target_figures(runs_frame([r for r in sweep() if r["method"] == "bitfit"]), tmp_path, "ci95") == []
+
+
+def test_the_report_builds_its_runs_table_once(tmp_path, monkeypatch):
+    # every plot and table of results reads the one runs table write_report builds: each record becomes a
+    # row once, however many sections (configurations, differences, cost to target, Pareto plots) read it
+    rows = []
+    monkeypatch.setattr(frame, "_row", lambda record, row=frame._row: rows.append(record) or row(record))
+    records = sweep()
+    written = {p.name for p in write_report(records, tmp_path)}
+    assert {"cost_to_target_energy.png", "pareto_accuracy_vs_energy.png", "report.md"} <= written
+    report = (tmp_path / "report.md").read_text()
+    assert "## Cost to reach the target" in report and "## Which differences are larger" in report
+    assert len(rows) == len(records)

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from petlprof.pipeline import RUNTIME_LIBRARIES
+from petlprof.libraries import RUNTIME_LIBRARIES
 from petlprof.records import add_overhead, measured_phases_s
 from petlprof.runner import FRESH_PROCESS, WARM_PROCESS, RunSpec, execute_in_subprocess, worker_env
 from petlprof.warm import WarmWorker, _runs, resident_file_pages

@@ -12,6 +12,9 @@ projections and feed-forward output it names (BERT, T5, LLaMA, GPT-2's fused ``c
 
 from __future__ import annotations
 
+import functools
+import operator
+
 import torch
 from torch import nn
 
@@ -43,13 +46,24 @@ def _copy(target: nn.Linear, weight: torch.Tensor, bias: torch.Tensor | None) ->
             target.bias.copy_(bias.to(target.bias.dtype))
 
 
+def _norm_tensor(norm: nn.Module, name: str) -> torch.Tensor | None:
+    """A norm layer's ``weight`` or ``bias``; None where it has none."""
+    value = getattr(norm, name, None)
+    return value if isinstance(value, torch.Tensor) else None
+
+
 def _copy_norm(target: nn.Module, source: nn.Module | None, kept: torch.Tensor) -> None:
     if source is None:
         return
-    target.weight.copy_(source.weight.detach()[kept].to(target.weight.dtype))
-    source_bias = getattr(source, "bias", None)
-    if getattr(target, "bias", None) is not None and source_bias is not None:
-        target.bias.copy_(source_bias.detach()[kept].to(target.bias.dtype))
+    weight, source_weight = _norm_tensor(target, "weight"), _norm_tensor(source, "weight")
+    if weight is None or source_weight is None:
+        raise ValueError(
+            f"side norm {type(target).__name__} cannot start from {type(source).__name__}: one of them has no weight"
+        )
+    weight.copy_(source_weight.detach()[kept].to(weight.dtype))
+    bias, source_bias = _norm_tensor(target, "bias"), _norm_tensor(source, "bias")
+    if bias is not None and source_bias is not None:
+        bias.copy_(source_bias.detach()[kept].to(bias.dtype))
 
 
 def _norms(module: nn.Module, width: int) -> list[nn.Module]:
@@ -138,7 +152,7 @@ def _residual_dimensions(backbone, stack, shape) -> torch.Tensor:
         return _top(embedding.abs().sum(0), shape.side)
     attention = stack.blocks[0].attentions[0]
     names = [attention.fused_qkv] if attention.fused_qkv else [attention.query, attention.key, attention.value]
-    scores = sum(_weight(backbone.get_submodule(n))[0].abs().sum(0) for n in names if n)
+    scores = functools.reduce(operator.add, [_weight(backbone.get_submodule(n))[0].abs().sum(0) for n in names if n])
     return _top(scores, shape.side)
 
 

@@ -37,6 +37,12 @@ from petlprof.side_tuning import SideTunedModel, masked_mean
 _CELLS = {"rnn": nn.RNN, "gru": nn.GRU, "lstm": nn.LSTM}
 
 
+def _given_context(context: torch.Tensor | None) -> torch.Tensor:
+    if context is None:
+        raise ValueError("this READ side network reads a context vector, and none was passed")
+    return context
+
+
 class SideNetwork(nn.Module):
     """One recurrent network shared by all layers of one stack."""
 
@@ -59,8 +65,11 @@ class SideNetwork(nn.Module):
 
         The RNN runs on the real tokens of ``mask`` only; padding positions get δ = 0 (no pooling rule
         reads them)."""
-        rows = mask.nonzero(as_tuple=True)[0] if self.context is not None else None
-        delta = self.correct(stack[mask], None if rows is None else context[rows])
+        if self.context is None:
+            delta = self.correct(stack[mask])
+        else:
+            rows = mask.nonzero(as_tuple=True)[0]
+            delta = self.correct(stack[mask], _given_context(context)[rows])
         return delta.new_zeros(*mask.shape, delta.shape[-1]).masked_scatter(mask.unsqueeze(-1), delta)
 
     def correct(self, real: torch.Tensor, context: torch.Tensor | None = None) -> torch.Tensor:
@@ -70,12 +79,11 @@ class SideNetwork(nn.Module):
         real = real.to(param_dtype)
         x = self.joiner(self.norm(real[:, 1:]))
         if self.context is not None:
-            x = x + self.context(context.to(param_dtype))[:, None, :]
-        h0 = None
+            x = x + self.context(_given_context(context).to(param_dtype))[:, None, :]
+        h0: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None = None
         if self.init is not None:
-            h0 = torch.tanh(self.init(self.norm(real[:, 0]))).unsqueeze(0)
-            if self.cell == "lstm":
-                h0 = (h0, torch.zeros_like(h0))
+            hidden = torch.tanh(self.init(self.norm(real[:, 0]))).unsqueeze(0)
+            h0 = (hidden, torch.zeros_like(hidden)) if self.cell == "lstm" else hidden
         states, _ = self.rnn(x, h0)
         summary = states[:, -1] if self.aggregation == "last" else states.mean(dim=1)
         return self.out(summary)

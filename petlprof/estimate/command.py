@@ -6,67 +6,71 @@ import argparse
 import dataclasses
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from petlprof.errors import UsageError, printable, shown
+from petlprof.errors import UsageError, printable
 from petlprof.estimate import gpus
 from petlprof.estimate.attention import ATTENTIONS, DEFAULT_ATTENTION, check_attention
-from petlprof.estimate.lm import CLASSIFICATION, DEFAULT_TARGET_LENGTH, LM, OBJECTIVES
-from petlprof.options import OPTIONS, default_of, kind_of
-from petlprof.values import Choice, Flag, Integer, flag
+from petlprof.estimate.lm import CLASSIFICATION, DEFAULT_TARGET_LENGTH, LM
+from petlprof.options import OPTIONS, default_of, help_of, kind_of
+from petlprof.values import Flag, Integer, flag
+
+if TYPE_CHECKING:  # both import torch: not for --help
+    from petlprof.estimate.core import Settings
+    from petlprof.estimate.model import ResolvedBackbone
 
 GIB = 1024**3
 
 
-def add_estimate_parser(sub) -> argparse.ArgumentParser:
-    """Register ``estimate`` on the ``petlprof`` sub-command parsers."""
+def add_estimate_parser(sub: Any) -> argparse.ArgumentParser:
+    """Register ``estimate`` on the ``petlprof`` sub-command parsers.  The options it shares with ``petlprof run``
+    come from their one declaration (:mod:`petlprof.options`: the same default, kind and check); where one means
+    something else without a task, a dataset or a device, its help says how, and the comment why."""
     parser = sub.add_parser(
         "estimate",
         help="every method's parameters, memory and FLOPs at any model size from the config alone (no weights, no GPU)",
     )
-    parser.add_argument(
-        "--backbone",
-        default="minilm",
-        help="a bundled shape (t5-large, llama-3-8b, ...; `petlprof estimate --list-shapes`), a preset (minilm, "
-        "smollm2, tiny-*), a config.json, a model folder or a hub id; comma list for several (default minilm)",
+    # an estimate reads only the config: a bundled shape or config.json needs no --random-init, as the run help says
+    _add_run_option(
+        parser,
+        "backbone",
+        "a bundled shape (t5-large, llama-3-8b, ...; `petlprof estimate --list-shapes`), a preset (minilm, "
+        "smollm2, tiny-*), a config.json, a model folder or a hub id; comma list for several (default {default})",
     )
-    parser.add_argument("--methods", help="comma list of methods (default: every registered method)")
-    parser.add_argument(
-        "--method-config", action="append", default=[], metavar="METHOD.FIELD=VALUE", help="e.g. lora.r=16"
+    # a run needs its methods named; an estimate is cheap enough to price every one
+    _add_run_option(
+        parser,
+        "methods",
+        "comma list of methods (default: every registered method that trains on --objective and runs on each "
+        "--quantize value)",
     )
-    parser.add_argument("--grid", action="store_true", help="each method at every value of its default Pareto grid")
-    parser.add_argument("--batch-size", type=_INTEGER.read, default=8, help="training and inference batch (default 8)")
-    parser.add_argument(
-        "--max-length",
-        type=_INTEGER.read,
-        default=128,
-        help="tokens per example, every row full (default 128); with --objective lm the prompt's tokens",
-    )
-    parser.add_argument("--num-layers", type=int, help="keep only the first N layers of the backbone")
+    _add_run_option(parser, "method_config")
+    _add_run_option(parser, "grid")
+    _add_run_option(parser, "batch_size", "{run}; the training and the inference batch")
+    # a run truncates to --max-length; an estimate has no text and prices the longest batch that allows
+    _add_run_option(parser, "max_length", "{run}; an estimate prices every row full; with --objective lm the prompt's")
+    _add_run_option(parser, "num_layers")
     parser.add_argument(
         "--num-labels", type=_INTEGER.read, default=2, help="classes of the task head (default 2; classification)"
-    )
-    parser.add_argument(
-        "--objective",
-        default=CLASSIFICATION,
-        help="classification (default: a pooled state and a linear head) or lm (the backbone's own LM head: logits "
-        "over the vocabulary at the target's positions, a prompt of --max-length and a target of --target-length "
-        "tokens, and the KV cache per generated token)",
+    )  # a run reads it from its task
+    # an estimate has no task for auto to read: auto prices a labelled task's head, as for the default task
+    _add_run_option(
+        parser,
+        "objective",
+        "{run}. An estimate has no task: auto is classification (a pooled state and a linear head), lm the "
+        "backbone's own LM head: logits over the vocabulary at the target's positions, a prompt of --max-length and "
+        "a target of --target-length tokens, and the KV cache per generated token",
     )
     parser.add_argument(
         "--target-length",
         type=_INTEGER.read,
         help=f"with --objective lm: target tokens per example (default {DEFAULT_TARGET_LENGTH}); a decoder reads "
         "prompt + target, an encoder-decoder's decoder only the target",
-    )
-    parser.add_argument(
-        "--precision",
-        default=default_of("precision"),
-        help=OPTIONS["precision"].metadata["help"].replace("(default)", "(default; the run option's)")
-        + "; bf16/fp16 follow --device's autocast rules",
-    )
-    for name in QUANTIZE_OPTIONS:  # the run options, declared once (petlprof/options.py)
+    )  # a run reads its targets from its task
+    _add_run_option(parser, "precision", "{run}; bf16/fp16 follow --device's autocast rules")
+    for name in QUANTIZE_OPTIONS:
         _add_run_option(parser, name)
     parser.add_argument(
         "--attention",
@@ -76,11 +80,13 @@ def add_estimate_parser(sub) -> argparse.ArgumentParser:
         "(default, as a run builds the model: scaled_dot_product_attention, its kernel the --device's choice; "
         "eager where an architecture has no sdpa) or flash (the flash-attention kernel forced: fp16/bf16 on cuda)",
     )
-    parser.add_argument(
-        "--device",
-        default="cuda",
-        help="whose kernel choices (attention, recurrent layers, AdamW) and autocast rules the step follows: cuda "
-        "(an sm80+ GPU such as A100/H100/H200; default; auto means it too) or cpu (what `cpu-tensors` measures)",
+    # an estimate runs on no device: auto cannot pick the one present, so it prices a GPU's kernels, what runs use
+    _add_run_option(
+        parser,
+        "device",
+        "{run}. An estimate runs nowhere: the device whose kernel choices (attention, recurrent layers, AdamW) and "
+        "autocast rules the step follows: cuda (an sm80+ GPU such as A100/H100/H200; auto means it) or cpu (what "
+        "`cpu-tensors` measures)",
     )
     parser.add_argument(
         "--device-memory",
@@ -92,22 +98,31 @@ def add_estimate_parser(sub) -> argparse.ArgumentParser:
         default=gpus.DEFAULT_GPU,
         help=f"GPU for the step-time lower bound: {', '.join(gpus.GPUS)} (default {gpus.DEFAULT_GPU})",
     )
-    parser.add_argument("--output", help="output folder (default petlprof-out/estimate-<time>)")
+    # an estimate writes estimates.jsonl afresh (nothing to resume), to a folder of its own name
+    _add_run_option(parser, "output", "output folder (default petlprof-out/estimate-<time>)")
     parser.add_argument("--list-shapes", action="store_true", help="print the bundled shapes and exit")
     return parser
 
 
 _INTEGER = Integer()  # reads integer text as the number, keeps other text for the check to refuse in one line
 QUANTIZE_OPTIONS = ("quantize", "quantize_compute_dtype", "quantize_double")
+CHECKED_OPTIONS = ("batch_size", "max_length", "num_layers", "objective", "precision", "device")  # run options' checks
+AUTO = "auto"  # the run options' --objective and --device that a run resolves from its task and its machine
 
 
-def _add_run_option(parser: argparse.ArgumentParser, name: str) -> None:
-    """A run option on the estimate's parser, from its one declaration: its default, help, and how it is read."""
-    kind, help_text = kind_of(name), OPTIONS[name].metadata["help"].format(default=default_of(name))
+def _add_run_option(parser: argparse.ArgumentParser, name: str, help: str = "{run}") -> None:
+    """A run option on the estimate's parser from its one declaration: its default, how it is read, argparse's
+    extras (``--method-config``'s ``append``) and its help, or ``help`` where the estimate says more (``{run}``:
+    the declaration's help) or means it otherwise (the reason in a comment where it is added)."""
+    kind, default = kind_of(name), default_of(name)
+    help_text = help.format(run=help_of(name), default=",".join(default) if isinstance(default, list) else default)
+    cli = OPTIONS[name].metadata["cli"]
     if isinstance(kind, Flag):
         parser.add_argument(flag(name), action="store_true", help=help_text)
+    elif cli:  # an entry given repeatedly: none given is None, as on the run's parser
+        parser.add_argument(flag(name), help=help_text, **cli)
     else:
-        parser.add_argument(flag(name), type=kind.read, default=default_of(name), help=help_text)
+        parser.add_argument(flag(name), type=kind.read, default=default, help=help_text)
 
 
 def _quantizations(args: argparse.Namespace, methods: list[str]) -> list:
@@ -128,14 +143,6 @@ def _quantizations(args: argparse.Namespace, methods: list[str]) -> list:
     ]
 
 
-def _positive(value, option: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise UsageError(
-            f"{option} must be a positive integer, got {value if isinstance(value, int) else shown(value)}"
-        )
-    return value
-
-
 MAX_TOKENS = 2**27  # the traced batch is real (ids and mask, 16 bytes a token): 2 GiB at most
 
 
@@ -150,12 +157,13 @@ def _batch_tokens(batch_size: int, max_length: int, target_length: int | None = 
 
 
 def _objective(args: argparse.Namespace) -> tuple[str, int | None]:
-    """(objective, target length): ``--target-length`` belongs to ``--objective lm``, checked in one line."""
-    Choice(choices=OBJECTIVES, kind="objective").check("objective", args.objective)
-    if args.objective != LM:
+    """(objective, target length): ``auto`` is classification (no task to read), ``--target-length`` belongs to
+    ``--objective lm``, checked in one line."""
+    objective = CLASSIFICATION if args.objective == AUTO else args.objective
+    if objective != LM:
         if args.target_length is not None:
             raise UsageError("--target-length is the language-modelling objective's: add --objective lm")
-        return args.objective, None
+        return objective, None
     if args.target_length is None:
         return LM, DEFAULT_TARGET_LENGTH
     Integer(minimum=1, maximum=MAX_TOKENS, why="tokens an estimate builds").check("target_length", args.target_length)
@@ -224,18 +232,20 @@ def _settings(args: argparse.Namespace):
     from petlprof.estimate.core import Settings
     from petlprof.values import parse_bytes
 
-    kind_of("precision").check("precision", args.precision)  # the run options' checks: one line, exit 2
-    kind_of("device").check("device", args.device)
-    check_attention(args.attention, args.precision, args.device)
+    for name in CHECKED_OPTIONS:  # the run options' checks: one line, exit 2
+        kind_of(name).check(name, getattr(args, name))
+    Integer(minimum=1).check("num_labels", args.num_labels)
+    device = "cuda" if args.device == AUTO else args.device  # see --device: an estimate prices a GPU by default
+    check_attention(args.attention, args.precision, device)
     objective, target_length = _objective(args)
     settings = Settings(
-        batch_size=_positive(args.batch_size, "--batch-size"),
-        max_length=_positive(args.max_length, "--max-length"),
-        num_labels=_positive(args.num_labels, "--num-labels"),
+        batch_size=args.batch_size,
+        max_length=args.max_length,
+        num_labels=args.num_labels,
         device_memory_bytes=parse_bytes(args.device_memory, "--device-memory"),
         gpu=gpus.get_gpu(args.gpu).name,
         precision=args.precision,
-        device=args.device,
+        device=device,
         objective=objective,
         target_length=target_length,
         attention=args.attention,
@@ -256,14 +266,12 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         return 0
     settings = _settings(args)
     left_out: list[str] = []
-    if args.methods:
-        methods = [m for m in args.methods.split(",") if m]
-    else:
+    methods: list[str] = args.methods
+    if not methods:
         methods, left_out = _default_methods(settings.objective, list(args.quantize))
     quantizations = _quantizations(args, methods)
-    configurations = _configurations(methods, parse_method_overrides(args.method_config), args.grid)
-    backbones = [b for b in args.backbone.split(",") if b]
-    resolved = [resolve_backbone(spec, args.num_layers) for spec in backbones]
+    configurations = _configurations(methods, parse_method_overrides(args.method_config or []), args.grid)
+    resolved = [resolve_backbone(spec, args.num_layers) for spec in args.backbone]
     for backbone in resolved:
         _check_applies(backbone, configurations, settings.objective, settings.attention)
         _check_length(backbone, settings)
@@ -287,15 +295,15 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_length(backbone, settings) -> None:
-    """The positions a step reads fit the backbone's: a decoder's LM sequence is prompt + target."""
+def _check_length(backbone: ResolvedBackbone, settings: Settings) -> None:
+    """The positions a step reads fit the backbone's: ``--max-length`` as a run checks it, and a decoder's LM
+    sequence is prompt + target."""
+    from petlprof.backbones import check_shape
+
+    check_shape(backbone.name, backbone.config, max_length=settings.max_length)
     positions = getattr(backbone.config, "max_position_embeddings", None)
     if positions is None:
         return
-    if settings.max_length > positions:
-        raise UsageError(
-            f"--max-length {settings.max_length} exceeds the {positions} positions of backbone '{backbone.name}'"
-        )
     target = settings.target_length or 0
     encoder_decoder = getattr(backbone.config, "is_encoder_decoder", False)
     read = target if encoder_decoder else settings.max_length + target
@@ -412,7 +420,7 @@ def _attention_label(record: dict) -> str:
     return f"{attention['implementation']}/{kernels}" if kernels else attention["implementation"]
 
 
-def format_table(records: list[dict], settings, left_out: list[str] = ()) -> str:
+def format_table(records: list[dict], settings: Settings, left_out: Sequence[str] = ()) -> str:
     rows = table_rows(records, settings)
     columns = list(dict.fromkeys(key for row in rows for key in row if key != "note"))
     widths = {c: max(len(c), *(len(str(row.get(c, ""))) for row in rows)) for c in columns}

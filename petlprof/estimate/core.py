@@ -42,6 +42,7 @@ from petlprof.estimate.lm import CLASSIFICATION, LM, lm_figures
 from petlprof.estimate.model import ResolvedBackbone, build, weight_breakdown
 from petlprof.estimate.quantized import check_traceable
 from petlprof.estimate.trace import UntraceableError, example_batch, inference_batch, lm_batch, train_steps
+from petlprof.options import default_of
 from petlprof.quantization import DEFAULT_COMPUTE_DTYPE, NONE, Quantization, parameter_count, run_fields
 from petlprof.recipe import AUTOCAST_DTYPES, FP32
 
@@ -52,8 +53,8 @@ META_TRACE = "meta-device trace of the step (no weights allocated)"
 class Settings:
     """What every estimate of one command shares."""
 
-    batch_size: int = 8
-    max_length: int = 128
+    batch_size: int = default_of("batch_size")  # a run's defaults, so an estimate prices what a run measures
+    max_length: int = default_of("max_length")
     num_labels: int = 2
     device_memory_bytes: int | None = None
     gpu: str = gpus.DEFAULT_GPU
@@ -137,6 +138,8 @@ def trace_figures(resolved: ResolvedBackbone, method, config, settings: Settings
 
         loss_fn = functools.partial(lm_loss, family=family(resolved))  # the run's: mean over the target tokens
         encoder_decoder = bool(getattr(resolved.config, "is_encoder_decoder", False))
+        if settings.target_length is None:
+            raise ValueError("Settings(objective='lm') needs a target_length")
         lengths = (settings.max_length, settings.target_length)
         inputs, labels = lm_batch(settings.batch_size, *lengths, _token_id(resolved), encoder_decoder)
     else:
@@ -145,7 +148,11 @@ def trace_figures(resolved: ResolvedBackbone, method, config, settings: Settings
         raise ValueError(f"{method.name} trains no parameter of the {settings.objective} task model")
     state = static.get("quantization_state_bytes", 0)
     resident = static["frozen_weights_bytes"] + static["trainable_weights_bytes"] + static["buffers_bytes"] + state
-    rules = {"precision": settings.precision, "device": settings.device, "attention_kernel": _forced(settings)}
+    rules: dict[str, Any] = {
+        "precision": settings.precision,
+        "device": settings.device,
+        "attention_kernel": _forced(settings),
+    }
     train = train_steps(model, inputs, labels, loss_fn=loss_fn, **rules)
     infer = inference_batch(model, inputs, **rules)
     compute_dtype = dtype if settings.precision == FP32 else AUTOCAST_DTYPES[settings.precision]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 
+from petlprof.backbones import set_depth
 from petlprof.estimate.model import ResolvedBackbone
 
 DEPTH_RULE = "real tensors at 1 and 2 layers of full width, extrapolated linearly in depth"
@@ -30,11 +31,10 @@ def depth(resolved: ResolvedBackbone) -> int:
 
 
 def _at_depth(resolved: ResolvedBackbone, layers: int) -> ResolvedBackbone:
+    """A copy of ``resolved`` cut to ``layers`` by the run's depth cut (:func:`petlprof.backbones.set_depth`)."""
     cut = copy.copy(resolved)
     cut.config = copy.deepcopy(resolved.config)
-    cut.config.num_hidden_layers = layers
-    if getattr(cut.config, "is_encoder_decoder", False):
-        cut.config.num_decoder_layers = layers
+    set_depth(cut.config, layers)
     return cut
 
 

@@ -185,7 +185,9 @@ def _cpu_backend(query, key, value, mask, dropout_p, is_causal, scale, enable_gq
     """torch's own choice for CPU tensors like these (the choice reads shapes, strides and dtypes only)."""
     with _disable_current_modes():  # the stand-ins are not the step's memory
         choice = torch._fused_sdp_choice(
-            *(_stand_in(t) for t in (query, key, value)),
+            _stand_in(query),
+            _stand_in(key),
+            _stand_in(value),
             None if mask is None else _stand_in(mask),
             dropout_p,
             is_causal,

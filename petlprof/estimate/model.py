@@ -2,13 +2,12 @@
 
 A backbone for an estimate is a bundled shape (``petlprof/shapes/NAME.json``, the published config's
 numbers), a tiny preset or ``minilm``, a local ``config.json`` or model folder, or a hub id.  The
-model is built as :func:`petlprof.backbones.load_backbone` and the runner build it (the same
-transformers class from the config, the pooler dropped, the pad token set, the same
-:class:`~petlprof.modeling.SequenceClassifier` head, the method applied by the registry's
-``apply``), but under ``torch.device("meta")``, so every parameter is a shape without storage.
-With the LM objective the backbone is built with its own LM head (``AutoModelForCausalLM`` or
-``AutoModelForSeq2SeqLM``) and the task model is the run's language model
-(:func:`petlprof.modeling.make_task_model`).
+model is built by the functions a run builds it with, under ``torch.device("meta")``, so every parameter
+is a shape without storage: the depth cut (:func:`petlprof.backbones.check_shape`,
+:func:`petlprof.backbones.set_depth`), the transformers model of the config
+(:func:`petlprof.families.model_from_config`: with the LM objective its own LM head), the pooler dropped
+and the pad id set (:func:`petlprof.backbones.prepare_backbone_model`), and the objective's task model
+with the method applied (:func:`petlprof.modeling.trainable_model`).
 """
 
 from __future__ import annotations
@@ -18,9 +17,23 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from petlprof.errors import UsageError, unknown_choice
+from petlprof.backbones import (
+    BACKBONES,
+    Backbone,
+    backbone_config,
+    check_backbone,
+    check_shape,
+    family_of,
+    is_tiny_preset,
+    minilm_path,
+    prepare_backbone_model,
+    pretrained_config,
+    set_depth,
+)
+from petlprof.errors import unknown_choice
 from petlprof.estimate.attention import DEFAULT_ATTENTION, attn_implementation
 from petlprof.estimate.lm import CLASSIFICATION, LM
+from petlprof.families import model_from_config
 from petlprof.meters.memory import static_breakdown
 from petlprof.shapes import config_from_file, shape_config, shape_names
 from petlprof.values import check_file
@@ -39,8 +52,6 @@ class ResolvedBackbone:
 
 def resolve_backbone(spec: str, num_layers: int | None = None) -> ResolvedBackbone:
     """A bundled shape, preset, config.json, model folder or hub id -> its config (depth cut to ``num_layers``)."""
-    from petlprof.backbones import BACKBONES
-
     path = Path(spec)
     if spec not in BACKBONES:
         check_file(path, "--backbone", folder=True)
@@ -52,8 +63,6 @@ def resolve_backbone(spec: str, num_layers: int | None = None) -> ResolvedBackbo
     elif path.is_file():
         resolved = ResolvedBackbone(spec, config_from_file(path), None, f"config file {path}")
     elif path.is_dir() or "/" in spec:
-        from petlprof.backbones import check_backbone, pretrained_config
-
         check_backbone(spec)
         resolved = ResolvedBackbone(spec, pretrained_config(spec), None, f"config of {spec}")
     else:
@@ -70,8 +79,6 @@ def resolve_backbone(spec: str, num_layers: int | None = None) -> ResolvedBackbo
 
 def _preset(spec: str) -> ResolvedBackbone:
     from transformers import AutoTokenizer
-
-    from petlprof.backbones import backbone_config, is_tiny_preset, minilm_path
 
     config = backbone_config(spec)
     if spec != "minilm" and not is_tiny_preset(spec):  # smollm2: its config (the pad id) is all an estimate reads
@@ -91,8 +98,6 @@ def _stand_in(config) -> SimpleNamespace:
     """What a task model reads from a tokenizer: the pad id (the config's, else its EOS, else 0), the EOS id
     (a language model's) and a path for prompt tuning's text initialisation (all-MiniLM-L6-v2's tokenizer:
     its ids fit every bundled vocabulary)."""
-    from petlprof.backbones import minilm_path
-
     eos = getattr(config, "eos_token_id", None)
     eos = eos[0] if isinstance(eos, list) else eos
     pad = getattr(config, "pad_token_id", None)
@@ -102,24 +107,12 @@ def _stand_in(config) -> SimpleNamespace:
 
 
 def _cut_depth(resolved: ResolvedBackbone, num_layers: int) -> None:
-    from petlprof.backbones import is_tiny_preset
-
-    if num_layers < 1:
-        raise UsageError(f"--num-layers must be a positive integer, got {num_layers}")
-    config = resolved.config
-    if not is_tiny_preset(resolved.name):
-        if num_layers > config.num_hidden_layers:
-            raise UsageError(
-                f"--num-layers {num_layers} exceeds the {config.num_hidden_layers} layers of '{resolved.name}'"
-            )
-    config.num_hidden_layers = num_layers
-    if getattr(config, "is_encoder_decoder", False):
-        config.num_decoder_layers = num_layers
+    """The run's depth cut: within a pretrained shape's layers (a tiny preset is built with any number)."""
+    check_shape(resolved.name, resolved.config, num_layers=num_layers)
+    set_depth(resolved.config, num_layers)
 
 
 def family(resolved: ResolvedBackbone) -> str:
-    from petlprof.backbones import family_of
-
     return family_of(resolved.config)
 
 
@@ -148,8 +141,7 @@ def build(
     the backbone's own LM head), method applied; on ``device``."""
     import torch
 
-    from petlprof.backbones import Backbone
-    from petlprof.modeling import SequenceClassifier
+    from petlprof.modeling import trainable_model
 
     model = build_backbone_model(resolved, device, lm_head=objective == LM, attention=attention)
     info = None
@@ -161,13 +153,7 @@ def build(
         backbone = Backbone(
             resolved.name, model, resolved.tokenizer, family(resolved), resolved.source, quantization=info
         )
-        if objective == LM:
-            from petlprof.modeling import make_task_model
-
-            task_model = make_task_model(backbone, LM, num_labels)
-        else:
-            task_model = SequenceClassifier(backbone, num_labels)
-        return BuiltModel(method.build()(task_model, method_config), info)
+        return BuiltModel(trainable_model(backbone, objective, num_labels, method, method_config), info)
 
 
 def build_model(
@@ -185,25 +171,17 @@ def build_model(
 
 def build_backbone_model(
     resolved: ResolvedBackbone, device: str = "meta", lm_head: bool = False, attention: str = DEFAULT_ATTENTION
-):
-    """The backbone as load_backbone makes it from a config (the pooler dropped, the pad id set), on ``device``,
-    in float32 whatever dtype the config names (``--precision`` decides the step's, as for the bundled shapes),
-    with ``attention``'s implementation (:func:`petlprof.estimate.attention.attn_implementation`); ``lm_head``:
-    with its language-modelling head (a causal or a sequence-to-sequence LM)."""
+) -> Any:
+    """The backbone as a run builds it from a config (:func:`petlprof.families.model_from_config`, float32
+    whatever dtype the config names: ``--precision`` decides the step's; then
+    :func:`petlprof.backbones.prepare_backbone_model`: the pooler dropped, the pad id set), on ``device``, with
+    ``attention``'s implementation (:func:`petlprof.estimate.attention.attn_implementation`); ``lm_head``: with
+    its language-modelling head (a causal or a sequence-to-sequence LM)."""
     import torch
-    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
-    from petlprof.backbones import ENCODER_DECODER
-
-    auto = AutoModel
-    if lm_head:
-        auto = AutoModelForSeq2SeqLM if family(resolved) == ENCODER_DECODER else AutoModelForCausalLM
     with torch.device(device), _fast_meta(device):
-        model = auto.from_config(resolved.config, dtype=torch.float32, **attn_implementation(attention))
-    if getattr(model, "pooler", None) is not None:
-        model.pooler = None  # petlprof pools itself
-    if getattr(model.config, "pad_token_id", None) is None:
-        model.config.pad_token_id = resolved.tokenizer.pad_token_id
+        model = model_from_config(resolved.config, lm_head, resolved.name, **attn_implementation(attention))
+    prepare_backbone_model(model, resolved.tokenizer.pad_token_id)
     return model
 
 

@@ -32,7 +32,7 @@ def _grid(records: list[dict]) -> tuple[list[str], list[str], dict]:
     sizes: dict[str, int] = {}  # a backbone's size: its parameters under full fine-tuning, else its fewest
     for r in sorted(ok, key=lambda r: (r["method"] != "full", r["total_params"])):
         sizes.setdefault(r["backbone"], r["total_params"])
-    backbones = sorted(sizes, key=sizes.get)
+    backbones = sorted(sizes, key=lambda backbone: sizes[backbone])
     methods = sorted({r["method"] for r in records})
     return backbones, methods, {(r["backbone"], r["method"]): r for r in ok}
 

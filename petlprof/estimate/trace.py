@@ -81,7 +81,7 @@ def _index_on_meta(args: tuple) -> tuple:
 class MetaTrace(TorchDispatchMode):
     """Runs a step on meta weights and real inputs; ``peak_bytes``: peak of the bytes created under it."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__()
         self.live_bytes = 0
         self.peak_bytes = 0
@@ -104,7 +104,11 @@ class MetaTrace(TorchDispatchMode):
         if kind == "update" and isinstance(first, torch.Tensor) and first.is_meta:
             return first, {_storage_key(first)}  # an in-place update of a meta tensor changes only its values
         target = _device_type(kwargs.get("device"))
-        if func is aten._to_copy.default and target not in (None, first.device.type):
+        if (
+            func is aten._to_copy.default
+            and isinstance(first, torch.Tensor)
+            and target not in (None, first.device.type)
+        ):
             # a move between meta and a real device keeps the tensor where it is: a real input stays readable,
             # and a meta buffer moved to an input's device (RoBERTa's token types) stays a shape without data
             return func(*args, **{k: v for k, v in kwargs.items() if k != "device"}), {_storage_key(first)}
@@ -210,7 +214,7 @@ def _cache_key(func, spec, leaves: list) -> tuple | None:
 
 def _remember(key: tuple, out, inputs: set[int]) -> None:
     leaves, spec = tree_flatten(out)
-    meta = []
+    meta: list[tuple[Any, ...]] = []
     for leaf in leaves:
         if isinstance(leaf, torch.Tensor):
             if _storage_key(leaf) in inputs:  # e.g. _unsafe_view: no alias in its schema, but a view
@@ -314,7 +318,9 @@ def train_steps(
     default (the LM objective passes its own); ``attention_kernel``: the attention kernel every call runs
     (``--attention flash``), else the device's choice."""
     if loss_fn is None:
-        from petlprof.train import loss_fn
+        from petlprof.train import loss_fn as classifier_loss
+
+        loss_fn = classifier_loss
 
     if steps < 2:
         raise ValueError(f"train_steps needs steps >= 2 (one to count FLOPs, one to read the peak); got {steps}")

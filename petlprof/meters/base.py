@@ -12,8 +12,24 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from petlprof.figures import Figure
+
 MEASURED = "measured"
 ESTIMATED = "estimated"
+
+
+def kind_key(figure: Figure) -> str:
+    """The reading key of ``figure``'s measured/estimated flag, for a meter that writes it."""
+    if figure.kind is None:
+        raise ValueError(f"figure {figure.name} declares no kind key; a meter cannot write its provenance")
+    return figure.kind
+
+
+def source_key(figure: Figure) -> str:
+    """The reading key naming where ``figure`` came from, for a meter that writes it."""
+    if figure.source is None:
+        raise ValueError(f"figure {figure.name} declares no source key; a meter cannot write its provenance")
+    return figure.source
 
 
 def synchronize(device: str) -> None:
@@ -52,8 +68,20 @@ class Meter:
         self._t0 = time.perf_counter()  # after the start-up: window_s covers the work, not the meter
 
     def end(self) -> dict[str, Any]:
-        self.window_s = time.perf_counter() - self._t0
+        self.window_s = time.perf_counter() - self.started_at()
         return self._end()
+
+    def started_at(self) -> float:
+        """``perf_counter()`` when the window opened (after the meter's own start-up)."""
+        if self._t0 is None:
+            raise RuntimeError(f"meter {self.name!r} has no open window: begin() was not called")
+        return self._t0
+
+    def closed_window_s(self) -> float:
+        """Seconds of the window just closed (``end`` sets it before ``_end`` reads it)."""
+        if self.window_s is None:
+            raise RuntimeError(f"meter {self.name!r} has no closed window: end() was not called")
+        return self.window_s
 
     def _begin(self) -> None:
         """Read the starting counter values."""

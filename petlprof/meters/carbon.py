@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import logging
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from petlprof.figures import CO2, CODECARBON_CPU, CODECARBON_ENERGY_J, CODECARBON_GPU, CODECARBON_RAM
-from petlprof.meters.base import ESTIMATED, Meter
+from petlprof.meters.base import ESTIMATED, Meter, kind_key
+
+if TYPE_CHECKING:
+    from codecarbon import OfflineEmissionsTracker
 
 DEFAULT_COUNTRY = "USA"
 J_PER_KWH = 3.6e6
@@ -29,7 +32,7 @@ class CodecarbonMeter(Meter):
     def __init__(self, device: str = "cpu", country_code: str | None = None):
         super().__init__(device)
         self.country_code = (country_code or DEFAULT_COUNTRY).upper()
-        self._tracker = None
+        self._tracker: OfflineEmissionsTracker | None = None
 
     @classmethod
     def available(cls) -> tuple[bool, str]:
@@ -49,12 +52,18 @@ class CodecarbonMeter(Meter):
                 country_iso_code=self.country_code, save_to_file=False, log_level="error", allow_multiple_runs=True
             )
 
+    def _prepared(self) -> OfflineEmissionsTracker:
+        if self._tracker is None:
+            raise RuntimeError("the codecarbon meter was started without prepare()")
+        return self._tracker
+
     def _begin(self) -> None:
-        self._tracker.start()
+        self._prepared().start()
 
     def _end(self) -> dict[str, Any]:
-        emissions_kg = self._tracker.stop()
-        data = self._tracker.final_emissions_data
+        tracker = self._prepared()
+        emissions_kg = tracker.stop()
+        data = tracker.final_emissions_data
         return {
             CO2.name: None if emissions_kg is None else emissions_kg * 1000.0,
             "co2eq_country": self.country_code,
@@ -64,6 +73,6 @@ class CodecarbonMeter(Meter):
             CODECARBON_RAM.name: data.ram_energy * J_PER_KWH,
             "codecarbon_cpu_model": data.cpu_model,
             "codecarbon_tracking_mode": data.tracking_mode,
-            CO2.kind: ESTIMATED,
+            kind_key(CO2): ESTIMATED,
             "co2eq_source": f"codecarbon {data.codecarbon_version} offline, grid intensity of {self.country_code}",
         }

@@ -48,9 +48,10 @@ class EstimateEnergyMeter(Meter):
 
     def _end(self) -> dict[str, Any]:
         cpu_s = time.process_time() - self._cpu0
-        core_s = min(cpu_s, self.window_s * usable_cores(self.cpu["threads_per_core"]))  # hyper-threads share a core
+        window_s = self.closed_window_s()
+        core_s = min(cpu_s, window_s * usable_cores(self.cpu["threads_per_core"]))  # hyper-threads share a core
         mean_rss_gib = ((self._rss0 + (rss_bytes() or 0)) / 2) / 2**30
-        energy = core_s * self.cpu["watts_per_core"] + DRAM_WATTS_PER_GIB * mean_rss_gib * self.window_s
+        energy = core_s * self.cpu["watts_per_core"] + DRAM_WATTS_PER_GIB * mean_rss_gib * window_s
         warnings = [] if self.device == "cpu" else [f"device {self.device} not covered by the estimate"]
         if self.why_not_measured:
             warnings.append(f"energy is estimated because it could not be measured ({self.why_not_measured})")
@@ -78,9 +79,9 @@ def cpu_topology(cpuinfo: str = "/proc/cpuinfo") -> dict[str, Any]:
         match = re.search(rf"^{key}\s*:\s*(.+)$", text, re.M)
         return match.group(1).strip() if match else None
 
-    cores, siblings = field("cpu cores"), field("siblings")
-    cores = int(cores) if cores and cores.isdigit() else None
-    siblings = int(siblings) if siblings and siblings.isdigit() else None
+    cores_text, siblings_text = field("cpu cores"), field("siblings")
+    cores = int(cores_text) if cores_text and cores_text.isdigit() else None
+    siblings = int(siblings_text) if siblings_text and siblings_text.isdigit() else None
     threads = siblings // cores if cores and siblings and siblings >= cores else 1
     return {
         "name": field("model name"),

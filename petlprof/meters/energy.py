@@ -37,7 +37,7 @@ from petlprof.figures import (
     IDLE_POWER,
     MEAN_POWER,
 )
-from petlprof.meters.base import MEASURED, Meter
+from petlprof.meters.base import MEASURED, Meter, kind_key, source_key
 from petlprof.meters.devices import nvml as nvml_dev
 from petlprof.meters.devices import rapl
 
@@ -54,7 +54,7 @@ def provenance(
     """The provenance fields every energy reading carries.  ``sample_rate_hz``: how often the source
     updates or was sampled (a counter's update rate, the power timeline's achieved rate); None where
     the figure is a difference of two readings of a source whose rate is not known."""
-    window_s = meter.window_s
+    window_s = meter.closed_window_s()
     low = window_s < SHORT_WINDOW_S
     if low and kind == MEASURED:
         warnings = [
@@ -63,8 +63,8 @@ def provenance(
             "few counter updates, so this figure is low-confidence",
         ]
     return {
-        ENERGY.kind: kind,
-        ENERGY.source: source,
+        kind_key(ENERGY): kind,
+        source_key(ENERGY): source,
         "energy_meter": meter.name,
         "energy_samples": samples,
         "energy_sample_rate_hz": sample_rate_hz,
@@ -142,7 +142,6 @@ class NvmlEnergyMeter(Meter):
         if not self.has_counter and timeline is None:
             raise RuntimeError(f"GPU {self.uuid} has no energy counter and no power timeline was started")
         self._start: list[int] = []
-        self._t0 = 0.0
 
     @classmethod
     def available(cls) -> tuple[bool, str]:
@@ -152,7 +151,6 @@ class NvmlEnergyMeter(Meter):
         return nvml_dev.energy_mj(self._nvml, self.handles)
 
     def _begin(self) -> None:
-        self._t0 = time.perf_counter()
         self._start = self._read() if self.has_counter else []
 
     def _end(self) -> dict[str, Any]:
@@ -165,20 +163,20 @@ class NvmlEnergyMeter(Meter):
             counter_j = sum(e - s if e >= s else e for s, e in zip(self._start, end)) / 1000.0
             if any(e < s for s, e in zip(self._start, end)):
                 warnings.append("the energy counter went back (driver reloaded?): counted from zero")
-        timeline = self._timeline_window(self._t0, t1, warnings)
+        timeline = self._timeline_window(self.started_at(), t1, warnings)
         integrated_j = timeline.get("integrated_energy_j")
         period = timeline.get("update_period_s")
         if counter_j is not None:
             energy, source, samples = counter_j, "nvml-energy-counter", 2
             rate = 1.0 / period if period else None  # the counter's own update rate, when detected
         else:
+            if integrated_j is None:
+                raise RuntimeError("no energy counter and the power timeline does not cover the window")
             energy, source, samples = integrated_j, "nvml-power-integrated", timeline.get("samples", 0)
             rate = timeline.get("sample_rate_hz")
-            if energy is None:
-                raise RuntimeError("no energy counter and the power timeline does not cover the window")
         idle = self._above_idle(counter_j, integrated_j, warnings)
         field = timeline.get("power_field")
-        agreement = cross_check(counter_j, integrated_j, self.window_s, period, field, warnings)
+        agreement = cross_check(counter_j, integrated_j, self.closed_window_s(), period, field, warnings)
         if timeline.get("power_fallback_samples"):
             warnings.append(
                 f"{timeline['power_fallback_samples']} of the window's power samples come from the averaged field "
@@ -217,7 +215,7 @@ class NvmlEnergyMeter(Meter):
         if energy is None:
             warnings.append(f"no energy above idle: the idle power is from {self.idle_source}, not read in this window")
             return {}
-        return above_idle(energy, self.idle_w, self.window_s, self.idle_source, warnings)
+        return above_idle(energy, self.idle_w, self.closed_window_s(), self.idle_source, warnings)
 
     def _timeline_window(self, t0: float, t1: float, warnings: list[str]) -> dict[str, Any]:
         if self.timeline is None:
@@ -309,7 +307,7 @@ class RaplEnergyMeter(Meter):
                 f"({wrap_s:.0f} s at up to {RAPL_MAX_WATTS:g} W): whole wraps may be lost, so "
                 f"{energy:.0f} J is a lower bound and the reading is low-confidence"
             )
-        idle = above_idle(energy, self.idle_w, self.window_s, "rapl", warnings)
+        idle = above_idle(energy, self.idle_w, self.closed_window_s(), "rapl", warnings)
         reading = {
             ENERGY.name: energy,
             "energy_domains": rapl.names(self.domains),

@@ -12,8 +12,12 @@ Steps started with ``keep=False`` (warm-up) are not recorded.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from petlprof.meters.base import synchronize
+
+if TYPE_CHECKING:
+    import torch
 
 
 class StepTimer:
@@ -21,32 +25,37 @@ class StepTimer:
         self.device = device
         self.cuda = device.startswith("cuda")
         self.source = "cuda-events" if self.cuda else "perf-counter"
-        self._events: list[tuple] = []
+        self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self._times_s: list[float] = []
-        self._start = None
+        self._start_event: torch.cuda.Event | None = None  # on CUDA
+        self._start_s: float | None = None  # on CPU
 
     def start(self) -> None:
         if self.cuda:
             import torch
 
-            self._start = torch.cuda.Event(enable_timing=True)
-            self._start.record(torch.cuda.current_stream(self.device))
+            self._start_event = torch.cuda.Event(enable_timing=True)
+            self._start_event.record(torch.cuda.current_stream(self.device))
         else:
             synchronize(self.device)
-            self._start = time.perf_counter()
+            self._start_s = time.perf_counter()
 
     def stop(self, keep: bool = True) -> None:
         if self.cuda:
             import torch
 
+            if self._start_event is None:
+                raise RuntimeError("StepTimer.stop() called before start()")
             end = torch.cuda.Event(enable_timing=True)
             end.record(torch.cuda.current_stream(self.device))
             if keep:
-                self._events.append((self._start, end))
+                self._events.append((self._start_event, end))
         else:
+            if self._start_s is None:
+                raise RuntimeError("StepTimer.stop() called before start()")
             synchronize(self.device)
             if keep:
-                self._times_s.append(time.perf_counter() - self._start)
+                self._times_s.append(time.perf_counter() - self._start_s)
 
     def latencies_s(self) -> list[float]:
         """Every kept step's latency in seconds (synchronises the device once on CUDA)."""

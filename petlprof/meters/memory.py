@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from petlprof.figures import PEAK_MEMORY, PEAK_RESERVED
-from petlprof.meters.base import MEASURED, Meter
+from petlprof.meters.base import MEASURED, Meter, kind_key, source_key
 from petlprof.quantization import quantization_state
 
 _STATUS = "/proc/self/status"
@@ -95,8 +95,8 @@ class CpuMemoryMeter(Meter):
             PEAK_MEMORY.name: max(hwm - self.baseline_bytes, 0),
             "peak_rss_bytes": hwm,
             "rss_baseline_bytes": self.baseline_bytes,
-            PEAK_MEMORY.kind: MEASURED,
-            PEAK_MEMORY.source: "rss-hwm" if self._was_reset else "rss-hwm-unreset",
+            kind_key(PEAK_MEMORY): MEASURED,
+            source_key(PEAK_MEMORY): "rss-hwm" if self._was_reset else "rss-hwm-unreset",
         }
 
 
@@ -136,8 +136,8 @@ class CudaMemoryMeter(Meter):
         reading = {
             PEAK_MEMORY.name: int(torch.cuda.max_memory_allocated(self.device)),
             PEAK_RESERVED.name: int(torch.cuda.max_memory_reserved(self.device)),
-            PEAK_MEMORY.kind: MEASURED,
-            PEAK_MEMORY.source: "cuda-allocator",
+            kind_key(PEAK_MEMORY): MEASURED,
+            source_key(PEAK_MEMORY): "cuda-allocator",
         }
         if self.snapshot_path:
             Path(self.snapshot_path).parent.mkdir(parents=True, exist_ok=True)

@@ -24,12 +24,16 @@ import multiprocessing as mp
 import statistics
 import time
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from petlprof.figures import MEAN_POWER
 from petlprof.meters.devices import nvml as nvml_dev
+
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+    from multiprocessing.process import BaseProcess
 
 DETECT_S = 1.0
 MIN_PERIOD_S = 0.005
@@ -144,7 +148,7 @@ class Samples:
     """The sampler's record: power samples with their times, process lists, and the times of samples
     whose instantaneous read failed and fell back to the averaged field."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.times: list[float] = []
         self.powers: list[list[float]] = []
         self.procs: list[tuple] = []
@@ -213,7 +217,8 @@ def integrate_j(times: list[float], powers_w: list[list[float]], t0: float, t1: 
     t = np.asarray(times)
     p = np.asarray(powers_w, dtype=float).sum(axis=1)
     grid = np.concatenate([[t0], t[(t > t0) & (t < t1)], [t1]])
-    trapezoid = getattr(np, "trapezoid", None) or np.trapz  # numpy < 2 has only trapz
+    # numpy < 2 has only trapz; the checker reads numpy 2's stubs, where trapz is gone
+    trapezoid = getattr(np, "trapezoid", None) or np.trapz  # type: ignore[attr-defined]
     return float(trapezoid(np.interp(grid, t, p), grid))
 
 
@@ -241,29 +246,28 @@ def window_figures(info: dict[str, Any], data: dict[str, Any], t0: float, t1: fl
 class PowerTimeline:
     """Handle on the sampler process: ``start()``, ``window(t0, t1)``, ``stop()``."""
 
-    def __init__(self, source):
+    def __init__(self, source) -> None:
         self.source = source
         self.info: dict[str, Any] = {}
-        self._proc = None
-        self._conn = None
+        self._proc: BaseProcess | None = None
+        self._conn: Connection | None = None
 
     def start(self) -> PowerTimeline:
         ctx = mp.get_context("spawn")
-        self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(
-            target=_sampler_main, args=(self.source, child), daemon=True, name="petlprof-power-sampler"
-        )
-        self._proc.start()
+        conn, child = ctx.Pipe()
+        proc = ctx.Process(target=_sampler_main, args=(self.source, child), daemon=True, name="petlprof-power-sampler")
+        self._conn, self._proc = conn, proc
+        proc.start()
         child.close()
-        self._finalizer = weakref.finalize(self, _stop_process, self._proc, self._conn)
-        if not self._conn.poll(START_TIMEOUT_S):
+        self._finalizer = weakref.finalize(self, _stop_process, proc, conn)
+        if not conn.poll(START_TIMEOUT_S):
             self.stop()
             raise RuntimeError(f"the power sampler process did not start within {START_TIMEOUT_S:g} s")
         try:
-            self.info = self._conn.recv()
+            self.info = conn.recv()
         except EOFError:
-            self._proc.join(5)
-            code = self._proc.exitcode
+            proc.join(5)
+            code = proc.exitcode
             self.stop()
             raise RuntimeError(f"the power sampler process died at start (exit code {code})") from None
         return self
@@ -274,13 +278,14 @@ class PowerTimeline:
 
     def window(self, t0: float, t1: float) -> dict[str, Any]:
         """Integrated energy and provenance of [t0, t1] (perf_counter seconds)."""
-        if not self.alive:
+        conn = self._conn
+        if not self.alive or conn is None:
             raise RuntimeError("the power sampler process is not running")
-        self._conn.send(("window", t0, t1))
-        if not self._conn.poll(WINDOW_TIMEOUT_S):
+        conn.send(("window", t0, t1))
+        if not conn.poll(WINDOW_TIMEOUT_S):
             self.stop()  # a sampler that hangs now would hang every later window too
             raise RuntimeError(f"the power sampler process did not answer within {WINDOW_TIMEOUT_S:g} s")
-        return window_figures(self.info, self._conn.recv(), t0, t1)
+        return window_figures(self.info, conn.recv(), t0, t1)
 
     def stop(self) -> None:
         if self._proc is not None:

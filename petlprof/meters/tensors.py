@@ -58,7 +58,7 @@ def _mode_class():
     class LiveTensorBytes(TorchDispatchMode):
         """Live and peak bytes of the CPU storages created by operations under this mode."""
 
-        def __init__(self):
+        def __init__(self) -> None:
             super().__init__()
             self.live_bytes = 0
             self.peak_bytes = 0
@@ -116,7 +116,8 @@ class CpuTensorMeter(Meter):
     def __init__(self, device: str = "cpu", resident_bytes: int = 0):
         super().__init__(device)
         self.resident_bytes = resident_bytes
-        self._mode = None
+        # an instance of the class _mode_class() builds once torch is imported: no static type to name
+        self._mode: Any = None
 
     @classmethod
     def available(cls) -> tuple[bool, str]:

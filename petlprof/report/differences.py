@@ -15,15 +15,15 @@ fixed evaluation set, so one seed), and the interval of that difference is the c
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import pandas as pd
 
 from petlprof.metrics import HIGHER, direction
-from petlprof.report.frame import CONFIG, GROUP, runs_frame
+from petlprof.report.frame import CONFIG, GROUP
 from petlprof.report.intervals import ci_half_width, welch_difference
-from petlprof.report.records import MISSING, ZERO_SHOT, ZERO_SHOT_LABEL, is_random_init, method_name, text
+from petlprof.report.records import MISSING, ZERO_SHOT, ZERO_SHOT_LABEL, method_name, text
 from petlprof.report.table import render_markdown
 
 REFERENCE = "full"
@@ -95,11 +95,11 @@ def difference_table(runs: pd.DataFrame) -> str:
     return render_markdown(headers, rows, numeric)
 
 
-def difference_tables(records: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, str]]:
-    """(task, backbone, Markdown table) for every task and backbone with a finished run; runs on random
-    weights (``--random-init``, cost-only) are left out: their scores mean nothing."""
-    runs = runs_frame([r for r in records if not is_random_init(r)])
-    runs = runs[(runs["status"] == "ok") & runs["quality"].notna()]
+def difference_tables(runs: pd.DataFrame) -> list[tuple[str, str, str]]:
+    """(task, backbone, Markdown table) for every task and backbone with a finished run, from the runs
+    table (:func:`petlprof.report.frame.runs_frame`); runs on random weights (``--random-init``, cost-only)
+    are left out: their scores mean nothing."""
+    runs = runs[~runs["random_init"].astype(bool) & (runs["status"] == "ok") & runs["quality"].notna()]
     return [
         (text(task), text(backbone), difference_table(group))
         for (task, backbone), group in runs.groupby(GROUP, sort=True, dropna=False)

@@ -3,7 +3,9 @@
 :func:`runs_frame` flattens records into one row per run with the cost figures under the names of
 the metric-direction table (``energy_j``, ``peak_memory_bytes``, ``time_s``, ``trainable_params``
 for the train phase; ``eval_*`` for the eval phase), each quality metric under its own name, and the
-generation phases' figures under their record paths (``generation.batch_1.tokens_per_s``).
+generation phases' figures under their record paths (``generation.batch_1.tokens_per_s``), and what
+the report needs to know of each run besides (``random_init``, ``majority_rate``).  The report builds this
+table once and every table and plot of results reads it.
 :func:`summarise` merges a configuration's seeds into one row: the mean of every figure, the
 half-width of its 95% confidence interval (Student's t, ``n - 1`` degrees of freedom) and its
 standard error (NaN for one seed).  :func:`frontier` marks the configurations no other one
@@ -22,27 +24,54 @@ from typing import Any
 
 import pandas as pd
 
-from petlprof.figures import ENERGY, LATENCY, MEASURED_PHASES, PEAK_MEMORY, TIME, TOKENS_PER_S, frame_columns
+from petlprof.figures import (
+    ENERGY,
+    ENERGY_KIND,
+    ENERGY_PER_RESPONSE,
+    ENERGY_PER_TOKEN,
+    ENERGY_SOURCE,
+    LATENCY,
+    MEASURED_PHASES,
+    MEMORY_SOURCE,
+    PEAK_MEMORY,
+    PER_TOKEN_LATENCY,
+    SIDE_SHARE_OF_PER_TOKEN,
+    TIME,
+    TIME_TO_FIRST_TOKEN,
+    TOKENS_PER_S,
+    Figure,
+    frame_columns,
+)
 from petlprof.metrics import METRIC_DIRECTIONS, direction
 from petlprof.pareto import pareto_front
 from petlprof.report.intervals import ci_half_width, standard_error
-from petlprof.report.records import ZERO_SHOT, config_key, config_label, field, number
+from petlprof.report.records import (
+    ZERO_SHOT,
+    config_key,
+    config_label,
+    field,
+    is_random_init,
+    mapping,
+    number,
+    text,
+)
 
 GROUP = ["task", "backbone"]  # a frontier is drawn within one task and backbone
 CONFIG = GROUP + ["method", "config", "config_key"]  # what identifies a configuration across seeds
 PHASE_FIGURES = {phase: frame_columns(phase) for phase in MEASURED_PHASES}  # column -> keys inside the phase
-PHASE_TEXT = (ENERGY.kind, ENERGY.source, "energy_model", PEAK_MEMORY.source)
+PHASE_TEXT = (ENERGY_KIND, ENERGY_SOURCE, "energy_model", MEMORY_SOURCE)
 COSTS = (ENERGY.name, PEAK_MEMORY.name, TIME.name, "trainable_params")
 GENERATION_PHASES = ("generation", "generation_merged")  # the model as tuned, and merged (methods that merge)
-GENERATION_FIGURES = (  # per batch size of a generation phase, as the record's dotted path below it
-    TOKENS_PER_S.name,
-    "energy_per_token_j",
-    "energy_per_response_j",
-    "time_to_first_token_s",
-    "per_token_latency_s.p50",
-    PEAK_MEMORY.name,
-    "side_network.share_of_per_token",
+GENERATION_FIGURES = (  # per batch size of a generation phase, columns named by the record's dotted path below it
+    TOKENS_PER_S,
+    ENERGY_PER_TOKEN,
+    ENERGY_PER_RESPONSE,
+    TIME_TO_FIRST_TOKEN,
+    PER_TOKEN_LATENCY,
+    PEAK_MEMORY,
+    SIDE_SHARE_OF_PER_TOKEN,
 )
+RUN_FACTS = ("random_init", "majority_rate")  # what a run is, not a figure to average over seeds
 GENERATION_COLUMN = re.compile(r"^(generation(?:_merged)?)\.batch_(\d+)\.(.+)$")
 TARGET_FIGURES = (  # the budget's cost-to-target figures (None when not reached; the last three are newer)
     "time_to_target_s",
@@ -84,6 +113,8 @@ def _row(record: Mapping[str, Any]) -> dict[str, Any]:
         "pareto_knob": record.get("pareto_knob"),
         "knob_value": _knob(record),
         "primary_metric": record.get("primary_metric"),
+        "random_init": is_random_init(record),  # on random weights (--random-init): its score is meaningless
+        "majority_rate": number(record, "task_info", "majority_rate"),
         "trainable_params": number(record, "trainable_params"),
         "total_params": number(record, "total_params"),
         "checkpoint_bytes": number(record, "checkpoint_bytes"),
@@ -114,7 +145,7 @@ def _row(record: Mapping[str, Any]) -> dict[str, Any]:
         }
     )
     row.update(_generation_figures(record))
-    metrics = record.get("metrics") if isinstance(record.get("metrics"), Mapping) else {}
+    metrics = mapping(record.get("metrics"))
     for name in metrics:
         row[name] = number(record, "metrics", name)
     if row["primary_metric"] in metrics:
@@ -133,19 +164,25 @@ def _generation_figures(record: Mapping[str, Any]) -> dict[str, Any]:
     phase recorded, named by the record's own path; ``generation_energy_kind`` from its first batch."""
     row: dict[str, Any] = {}
     for phase in GENERATION_PHASES:
-        figures = record.get(phase) if isinstance(record.get(phase), Mapping) else {}
+        figures = mapping(record.get(phase))
         for key in (k for k in figures if re.fullmatch(r"batch_\d+", str(k))):
-            for name in GENERATION_FIGURES:
-                row[f"{phase}.{key}.{name}"] = number(figures, key, *name.split("."))
+            for figure in GENERATION_FIGURES:
+                row[generation_column(phase, key, figure)] = number(figures, key, *figure.path)
             if phase == "generation" and "generation_energy_kind" not in row:
-                row["generation_energy_kind"] = field(figures, key, ENERGY.kind)
+                row["generation_energy_kind"] = field(figures, key, ENERGY_KIND)
     return row
+
+
+def generation_column(phase: str, batch: str, figure: Figure) -> str:
+    """The column of one generation figure at one batch size (``batch``: ``batch_<n>``), as
+    ``generation.batch_1.per_token_latency_s.p50``."""
+    return ".".join((phase, batch, *figure.path))
 
 
 def generation_batches(frame: pd.DataFrame, phase: str = "generation") -> list[int]:
     """The batch sizes some row of ``frame`` has generation figures for, ascending."""
     sizes = {int(m[2]) for c in frame.columns if (m := GENERATION_COLUMN.match(c)) and m[1] == phase}
-    return sorted(s for s in sizes if frame[f"{phase}.batch_{s}.{TOKENS_PER_S.name}"].notna().any())
+    return sorted(s for s in sizes if frame[generation_column(phase, f"batch_{s}", TOKENS_PER_S)].notna().any())
 
 
 def runs_frame(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
@@ -162,6 +199,7 @@ def runs_frame(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
         "trainable_params",
         "total_params",
         "checkpoint_bytes",
+        "majority_rate",
         "steps_to_target",
         *TARGET_FIGURES,
         "target_value",
@@ -175,8 +213,21 @@ def runs_frame(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     return frame
 
 
+def of_task(runs: pd.DataFrame, task: Any, backbone: Any) -> pd.DataFrame:
+    """The rows of one task and backbone, told apart as the tables show them (:func:`text`)."""
+    return runs[(runs["task"].map(text) == text(task)) & (runs["backbone"].map(text) == text(backbone))]
+
+
+def majority_rate(runs: pd.DataFrame) -> float | None:
+    """The share of the eval set's most common class (the records' ``task_info.majority_rate``: the accuracy
+    of always answering that class) when the runs that record one agree on it; None when none does or they
+    differ."""
+    rates = runs["majority_rate"].dropna().unique()
+    return float(rates[0]) if len(rates) == 1 else None
+
+
 def _numeric_columns(frame: pd.DataFrame) -> list[str]:
-    skip = set(CONFIG) | {"seed", "knob_value", "target_reached", "target_value", "diverged_at_step"}
+    skip = set(CONFIG) | {"seed", "knob_value", "target_reached", "target_value", "diverged_at_step", *RUN_FACTS}
     return [c for c in frame.columns if c not in skip and pd.api.types.is_numeric_dtype(frame[c])]
 
 
@@ -211,7 +262,7 @@ def summarise(runs: pd.DataFrame, ok_only: bool = True) -> pd.DataFrame:
         for column in ("energy_kind", "eval_energy_kind", "generation_energy_kind"):
             kinds = set(group[column].dropna()) if column in group else set()
             row[column] = "estimated" if "estimated" in kinds else (kinds.pop() if len(kinds) == 1 else None)
-        for column in (ENERGY.source, "energy_model", PEAK_MEMORY.source):
+        for column in (ENERGY_SOURCE, "energy_model", MEMORY_SOURCE):
             if column in group:
                 row[column] = ", ".join(sorted({str(v) for v in group[column].dropna()})) or None
         rows.append(row)
@@ -261,7 +312,12 @@ def _front(points: list[dict[str, float | None]], names: list[str]) -> list[int]
     keys = [n if n in METRIC_DIRECTIONS else n.removeprefix("eval_") for n in names]
     if len(set(keys)) != len(keys):
         raise ValueError(f"a frontier needs two different figures, got {names}")
-    return pareto_front([{key: point[name] for key, name in zip(keys, names)} for point in points], keys)
+    return pareto_front([{key: _none_nan(point[name]) for key, name in zip(keys, names)} for point in points], keys)
+
+
+def _none_nan(value: float | None) -> float:
+    """A missing figure as NaN, which is on no front and removes no point (:mod:`petlprof.pareto`)."""
+    return math.nan if value is None else value
 
 
 def _nan_none(value: Any) -> float | None:

@@ -13,11 +13,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from petlprof.errors import shown
-from petlprof.figures import ENERGY, PEAK_MEMORY
+from petlprof.figures import ENERGY, ENERGY_KIND, ENERGY_SOURCE, MEMORY_SOURCE
 from petlprof.records import DIVERGED, overhead_line
 from petlprof.report.curves import CurvePlot, learning_curve_figures
 from petlprof.report.differences import difference_tables
+from petlprof.report.frame import runs_frame
 from petlprof.report.html import write_html
 from petlprof.report.intervals import DEFAULT_INTERVAL, INTERVALS, check_interval
 from petlprof.report.plots import PlotResult, pareto_figures
@@ -115,7 +118,7 @@ def _what_was_run(records: Sequence[Mapping[str, Any]]) -> list[str]:
             shown = " / ".join(_setting(v) for v in values)
             settings.append(f"{key}={shown}" + (" (varies)" if len(values) > 1 else ""))
     lines.append("- **Training settings:** " + ("; ".join(settings) or "-"))
-    if overhead := overhead_line(list(records)):  # type: ignore[arg-type]
+    if overhead := overhead_line(records):
         lines.append(f"- **Time outside the measurements:** {overhead.removeprefix('harness overhead: ')}.")
     return lines + [""]
 
@@ -173,8 +176,8 @@ def _sentence(caption: str) -> str:
     return (caption[0].upper() + caption[1:] + ".") if caption else ""
 
 
-def _differences(records: Sequence[Mapping[str, Any]]) -> list[str]:
-    tables = difference_tables(records)
+def _differences(records: Sequence[Mapping[str, Any]], runs: pd.DataFrame) -> list[str]:
+    tables = difference_tables(runs)
     if not tables:
         return []
     lines = [
@@ -203,8 +206,8 @@ def _differences(records: Sequence[Mapping[str, Any]]) -> list[str]:
     return lines
 
 
-def _cost_to_target(records: Sequence[Mapping[str, Any]], plots: Sequence[TargetPlot]) -> list[str]:
-    tables = target_tables(records)
+def _cost_to_target(runs: pd.DataFrame, plots: Sequence[TargetPlot]) -> list[str]:
+    tables = target_tables(runs)
     if not tables:
         return []
     lines = [
@@ -221,14 +224,16 @@ def _cost_to_target(records: Sequence[Mapping[str, Any]], plots: Sequence[Target
     ]
     for key, heading, table in tables:
         lines += [f"### {heading}", "", table, ""]
-        for plot in (p for p in plots if p.key == key and p.path is not None):
+        for plot in plots:
+            if plot.key != key or plot.path is None:
+                continue
             svg = next((p.name for p in plot.paths if p.suffix == ".svg"), None)
             lines += [f"![{plot.title}]({plot.path.name})", "", _sentence(plot.caption) + f" ([SVG]({svg}))", ""]
     return lines
 
 
-def _configurations(records: Sequence[Mapping[str, Any]]) -> list[str]:
-    sections = configuration_sections(records)
+def _configurations(records: Sequence[Mapping[str, Any]], runs: pd.DataFrame) -> list[str]:
+    sections = configuration_sections(runs)
     lines = ["## Results per configuration", ""]
     if not sections:
         return lines + ["No run finished, so there is nothing to compare.", ""]
@@ -290,7 +295,7 @@ def _provenance(records: Sequence[Mapping[str, Any]]) -> list[str]:
             lines += [f"No run recorded the {phase} phase.", ""]
             continue
         energy = Counter(
-            (field(r, phase, ENERGY.source), field(r, phase, ENERGY.kind), field(r, phase, "energy_model"))
+            (field(r, phase, ENERGY_SOURCE), field(r, phase, ENERGY_KIND), field(r, phase, "energy_model"))
             for r in runs
             if field(r, phase, ENERGY.name) is not None
         )
@@ -300,7 +305,7 @@ def _provenance(records: Sequence[Mapping[str, Any]]) -> list[str]:
         missing = sum(1 for r in runs if field(r, phase, ENERGY.name) is None)
         if missing:
             lines.append(f"- Energy (J): no figure for {missing} run(s) (no meter could give one)")
-        for source, n in Counter(field(r, phase, PEAK_MEMORY.source) for r in runs).items():
+        for source, n in Counter(field(r, phase, MEMORY_SOURCE) for r in runs).items():
             lines.append(f"- Peak memory (bytes, shown in MiB): source `{text(source)}`, {n} run(s)")
         lines.append(
             "- Latency (s per batch, shown in ms): percentiles p50/p90/p99 over the timed batches; "
@@ -323,7 +328,7 @@ def _generation_provenance(records: Sequence[Mapping[str, Any]]) -> list[str]:
     if not windows:
         return []
     lines = ["### Generation phase", ""]
-    energy = Counter((w.get(ENERGY.source), w.get(ENERGY.kind)) for w in windows if w.get(ENERGY.name) is not None)
+    energy = Counter((w.get(ENERGY_SOURCE), w.get(ENERGY_KIND)) for w in windows if ENERGY.of(w) is not None)
     for (source, kind), n in energy.items():
         lines.append(f"- Energy (J, per token and response): **{text(kind)}**, source `{text(source)}`, {n} windows")
     for source, n in Counter(w.get("latency_source") for w in windows).items():
@@ -433,21 +438,23 @@ def _curves(plots: Sequence[CurvePlot]) -> list[str]:
 
 def render_report(
     records: Sequence[Mapping[str, Any]],
+    runs: pd.DataFrame,
     figures: Sequence[PlotResult],
     target_plots: Sequence[TargetPlot] = (),
     interval: str = DEFAULT_INTERVAL,
     curve_plots: Sequence[CurvePlot] = (),
     rejected: Sequence[Rejected] = (),
 ) -> str:
-    """The text of report.md for ``records`` and the plots drawn from them (bars of kind ``interval``),
-    naming the ``rejected`` lines of the store."""
+    """The text of report.md for ``records``, their runs table (:func:`petlprof.report.frame.runs_frame`,
+    which every table of results reads) and the plots drawn from it (bars of kind ``interval``), naming the
+    ``rejected`` lines of the store."""
     if not records:
         return "# petlprof report\n\nNo result records were given, so there is nothing to report.\n"
     lines = [f"# petlprof report: {_names(records, 'backbone')} on {_names(records, 'task')}", ""]
     lines += _what_was_run(records)
-    lines += _configurations(records)
-    lines += _differences(records)
-    lines += _cost_to_target(records, target_plots)
+    lines += _configurations(records, runs)
+    lines += _differences(records, runs)
+    lines += _cost_to_target(runs, target_plots)
     lines += _curves(curve_plots)
     lines += _figures(figures, interval)
     lines += [
@@ -476,12 +483,14 @@ def write_report(records: Sequence[Mapping[str, Any]], out_dir: Path, interval: 
     check_interval(interval)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    figures = pareto_figures(records, out_dir, interval)
-    target_plots = cost_to_target_figures(records, out_dir, interval)
+    runs = runs_frame(records)  # the one table every plot and table of results reads
+    figures = pareto_figures(runs, out_dir, interval)
+    target_plots = cost_to_target_figures(runs, out_dir, interval)
     curve_plots = learning_curve_figures(records, out_dir)
     report = out_dir / REPORT_FILE
     rejected = getattr(records, "rejected", ())
-    text_md = render_report(records, figures, target_plots, interval, curve_plots, rejected)
+    text_md = render_report(records, runs, figures, target_plots, interval, curve_plots, rejected)
     report.write_text(text_md, encoding="utf-8")
-    written = [path for plot in [*figures, *target_plots, *curve_plots] for path in plot.paths]
+    plots: list[PlotResult | TargetPlot | CurvePlot] = [*figures, *target_plots, *curve_plots]
+    written = [path for plot in plots for path in plot.paths]
     return written + [report, write_html(text_md, out_dir)]

@@ -144,7 +144,9 @@ def place_labels(fig: Figure, ax, items: list[tuple[float, float, str, str]], ri
     """Annotate points so labels overlap neither each other nor any marker or frontier ring, trying
     offsets in turn (the least-overlapping one when none is free)."""
     fig.canvas.draw()  # lays the figure out, so display coordinates are final
-    renderer = fig.canvas.get_renderer()
+    # every canvas that draws has a renderer (Agg, which new_axes attaches, and the interactive canvases built
+    # on it); matplotlib's stubs declare get_renderer on none but FigureCanvasAgg's, and ``fig`` may be a user's
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
     taken = []
     for points, half in ((((x, y) for x, y, _, _ in items), 7), (rings, 13)):
         for x, y in points:
@@ -187,4 +189,5 @@ def place_labels(fig: Figure, ax, items: list[tuple[float, float, str, str]], ri
                 note.remove()
             if score == 0:
                 break
+        assert best is not None  # LABEL_OFFSETS is not empty
         taken.append((best[2].x0, best[2].y0, best[2].x1, best[2].y1))

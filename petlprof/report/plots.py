@@ -31,7 +31,7 @@ from matplotlib.lines import Line2D
 
 from petlprof import figures
 from petlprof.metrics import METRIC_RANGES, direction
-from petlprof.report.frame import frontier, knob_sort_value, runs_frame
+from petlprof.report.frame import frontier, knob_sort_value, majority_rate, of_task
 from petlprof.report.intervals import DEFAULT_INTERVAL, caption, check_interval
 from petlprof.report.plotkit import (
     COST,
@@ -49,15 +49,14 @@ from petlprof.report.records import (
     ZERO_SHOT,
     ZERO_SHOT_LABEL,
     distinct,
-    majority_rate,
     text,
 )
 
 MARKERS = "osD^vP*Xh<>p"
 LOG_SPREAD = 10.0  # a cost axis goes logarithmic when its largest value exceeds this times its smallest
 FORMATS = ("png", "svg")
-MAJORITY_LINE = {"color": "dimgrey", "linestyle": ":", "linewidth": 1.3, "zorder": 0.5}
-ZERO_SHOT_LINE = {"color": "firebrick", "linestyle": "-.", "linewidth": 1.3, "zorder": 0.5}
+MAJORITY_LINE: dict[str, Any] = {"color": "dimgrey", "linestyle": ":", "linewidth": 1.3, "zorder": 0.5}
+ZERO_SHOT_LINE: dict[str, Any] = {"color": "firebrick", "linestyle": "-.", "linewidth": 1.3, "zorder": 0.5}
 
 
 @dataclass(frozen=True)
@@ -360,32 +359,26 @@ def pareto_plot(
     return result
 
 
-def pareto_figures(
-    records: Sequence[Mapping[str, Any]], out_dir: Path, interval: str = DEFAULT_INTERVAL
-) -> list[PlotResult]:
-    """Draw every Pareto plot ``records`` allow into ``out_dir``: per task, backbone and metric, one per
-    cost, with bars of kind ``interval``.
+def pareto_figures(runs: pd.DataFrame, out_dir: Path, interval: str = DEFAULT_INTERVAL) -> list[PlotResult]:
+    """Draw every Pareto plot the runs table (:func:`petlprof.report.frame.runs_frame`) allows into
+    ``out_dir``: per task, backbone and metric, one per cost, with bars of kind ``interval``.
 
     File names are ``pareto_<metric>_vs_<cost>.{png,svg}``, with ``_<task>`` (and ``_<backbone>``)
-    added when the records span several tasks (backbones).
+    added when the runs span several tasks (backbones).
     """
-    runs = runs_frame(records)
-    runs = runs[
-        (runs["status"] == "ok") | runs["primary_metric"].notna()
-    ]  # a failed run without a metric has nothing to plot
-    if runs.empty:
+    plotted = runs[(runs["status"] == "ok") | runs["primary_metric"].notna()]  # a failed run without a metric
+    if plotted.empty:  # has nothing to plot
         return []
-    keys = runs[["task", "backbone", "primary_metric"]].map(text)
+    keys = plotted[["task", "backbone", "primary_metric"]].map(text)
     several_tasks, several_backbones = keys["task"].nunique() > 1, keys["backbone"].nunique() > 1
     results = []
     for (task, backbone, metric), index in sorted(keys.groupby(list(keys.columns)).groups.items()):
         suffix = (f"_{file_slug(task)}" if several_tasks else "") + (
             f"_{file_slug(backbone)}" if several_backbones else ""
         )
-        group = [r for r in records if (text(r.get("task")), text(r.get("backbone"))) == (task, backbone)]
-        majority = majority_rate(group) if metric == "accuracy" else None
+        majority = majority_rate(of_task(runs, task, backbone)) if metric == "accuracy" else None
         for axis in COST_AXES:
             stem = out_dir / f"pareto_{file_slug(metric)}_vs_{axis.slug}{suffix}"
             result = PlotResult(task, backbone, metric, axis)
-            results.append(pareto_plot(runs.loc[index], result, stem, interval, majority))
+            results.append(pareto_plot(plotted.loc[index], result, stem, interval, majority))
     return results

@@ -84,6 +84,11 @@ def field(record: Mapping[str, Any], *keys: str) -> Any:
     return value
 
 
+def mapping(value: Any) -> Mapping[str, Any]:
+    """``value`` when it is a mapping, else an empty one (a failed run's missing or null phase)."""
+    return value if isinstance(value, Mapping) else {}
+
+
 def number(record: Mapping[str, Any], *keys: str) -> float | None:
     """The finite number at ``keys`` as a float, or None when it is absent or not a finite number."""
     value = field(record, *keys)
@@ -222,19 +227,12 @@ def sort_key(record: Mapping[str, Any]) -> tuple:
     )
 
 
-def majority_rate(records: Sequence[Mapping[str, Any]]) -> float | None:
-    """The share of the eval set's most common class (``task_info.majority_rate``: the accuracy of always
-    answering that class) when the records agree on one; None when none records it or they differ."""
-    rates = distinct(number(r, "task_info", "majority_rate") for r in records)
-    return rates[0] if len(rates) == 1 else None
-
-
 def _phase_warnings(record: Mapping[str, Any]) -> list[tuple[str, str]]:
     """(phase, warning) for every measurement warning of one run, and a failed merge's error."""
     batched = (("inference", "inference"), ("generation", "generation"), ("generation_merged", "merged generation"))
     phases = [("train", record.get("train")), ("eval", record.get("eval")), ("merged eval", record.get("eval_merged"))]
     for key, name in batched:
-        windows = record.get(key) if isinstance(record.get(key), Mapping) else {}
+        windows = mapping(record.get(key))
         phases += [(f"{name} {k.replace('_', ' ')}", v) for k, v in windows.items() if str(k).startswith("batch_")]
     out = []
     for phase, figures in phases:
@@ -292,6 +290,11 @@ def grouped_run_warnings(records: Sequence[Mapping[str, Any]]) -> list[str]:
     return out
 
 
+def _listed(value: Any) -> list[Any]:
+    """``value`` when it is a list, else an empty one."""
+    return value if isinstance(value, list) else []
+
+
 def result_warnings(records: Sequence[Mapping[str, Any]]) -> list[str]:
     """Every warning a run recorded about its result (``warnings``: e.g. every prediction one class), as
     ``<run>, seed N: <warning>``), after one line per backbone run with random weights."""
@@ -301,5 +304,5 @@ def result_warnings(records: Sequence[Mapping[str, Any]]) -> list[str]:
     return cost_only + [
         f"{run_label(record)}, seed {text(record.get('seed'))}: {warning}"
         for record in sorted(records, key=sort_key)
-        for warning in (record.get("warnings") if isinstance(record.get("warnings"), list) else [])
+        for warning in _listed(record.get("warnings"))
     ]

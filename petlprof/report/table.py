@@ -9,27 +9,45 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from petlprof.errors import unknown_choice
-from petlprof.figures import CO2, ENERGY, ENERGY_ABOVE_IDLE, LATENCY, PEAK_MEMORY, TIME, TOKENS_PER_S, Figure
+from petlprof.figures import (
+    CO2,
+    ENERGY,
+    ENERGY_ABOVE_IDLE,
+    ENERGY_KIND,
+    ENERGY_PER_RESPONSE,
+    ENERGY_PER_TOKEN,
+    EVAL,
+    LATENCY,
+    PEAK_MEMORY,
+    PER_TOKEN_LATENCY,
+    SIDE_SHARE_OF_PER_TOKEN,
+    TIME,
+    TIME_TO_FIRST_TOKEN,
+    TOKENS_PER_S,
+    TRAIN,
+    Figure,
+)
 from petlprof.report.records import (
     MISSING,
     ZERO_SHOT,
     ZERO_SHOT_LABEL,
-    config_key,
     config_label,
     distinct,
     field,
     is_ok,
     is_random_init,
-    majority_rate,
     method_name,
     number,
     short_error,
     sort_key,
     text,
 )
+
+if TYPE_CHECKING:  # pandas comes with the per-configuration tables, not with the summary table
+    import pandas as pd
 
 FORMATS = ("text", "markdown")
 
@@ -104,7 +122,7 @@ def columns(records: Sequence[Mapping[str, Any]]) -> list[Column]:
         _phase_column("train", TIME),
         _phase_column("train", PEAK_MEMORY),
         _phase_column("train", ENERGY),
-        Column("energy kind", lambda r: text(field(r, "train", ENERGY.kind))),
+        Column("energy kind", lambda r: text(field(r, "train", ENERGY_KIND))),
         _phase_column("eval", LATENCY),
     ]
     if not all(is_ok(r) for r in records):
@@ -170,9 +188,9 @@ def _mean_ci(row: Mapping[str, Any], column: str, factor: float, decimals: int) 
     return shown if ci is None or ci != ci else f"{shown} ± {ci * factor:,.{decimals}f}"
 
 
-def _figure_ci(row: Mapping[str, Any], figure: Figure, prefix: str = "") -> str:
+def _figure_ci(row: Mapping[str, Any], figure: Figure, phase: str = TRAIN) -> str:
     """A figure's column of the per-configuration frame as ``mean ± ci`` in its declared unit and format."""
-    return _mean_ci(row, prefix + str(figure.column), figure.scale, figure.decimals)
+    return _mean_ci(row, figure.frame_column(phase), figure.scale, figure.decimals)
 
 
 def _signed(value: Any, fmt: str, suffix: str = "") -> str:
@@ -188,12 +206,12 @@ def _signed(value: Any, fmt: str, suffix: str = "") -> str:
 OPTIONAL_COLUMNS = (
     ("checkpoint_bytes", "checkpoint (MiB, safetensors)", 1 / 2**20, 3),
     (
-        ENERGY_ABOVE_IDLE.column,
+        ENERGY_ABOVE_IDLE.frame_column(),
         f"train {ENERGY_ABOVE_IDLE.header}",
         ENERGY_ABOVE_IDLE.scale,
         ENERGY_ABOVE_IDLE.decimals,
     ),
-    (CO2.column, f"train {CO2.label} ({CO2.unit}, CodeCarbon)", CO2.scale, CO2.decimals),
+    (CO2.frame_column(), f"train {CO2.label} ({CO2.unit}, CodeCarbon)", CO2.scale, CO2.decimals),
     ("infer_b1_latency_p50_s", "inference p50, batch 1 (ms)", 1000.0, 2),
     ("infer_latency_per_sample_p50_s", "inference p50 per sample, train batch (ms)", 1000.0, 2),
     ("merged_latency_p50_s", "merged eval p50 (ms/batch)", 1000.0, 1),
@@ -216,14 +234,13 @@ class ConfigTables:
     tables: list[tuple[str, str]]
 
 
-def configuration_sections(records: Sequence[Mapping[str, Any]]) -> list[ConfigTables]:
-    """The tables of every task and backbone, one row per configuration (seeds merged: mean ± 95% CI).
-    Only finished (``ok``) runs count."""
-    from petlprof.report.frame import frontier, relative_to, runs_frame
+def configuration_sections(runs: pd.DataFrame) -> list[ConfigTables]:
+    """The tables of every task and backbone of the runs table (:func:`petlprof.report.frame.runs_frame`),
+    one row per configuration (seeds merged: mean ± 95% CI).  Only finished (``ok``) runs count."""
+    from petlprof.report.frame import frontier, of_task, relative_to
     from petlprof.report.plots import COST_AXES
 
-    runs = runs_frame(records)
-    random_init = {config_key(r) for r in records if is_random_init(r)}  # configurations whose score is meaningless
+    random_init = set(runs.loc[runs["random_init"].astype(bool), "config_key"])  # their scores are meaningless
     ok = runs[runs["status"] == "ok"]
     if ok.empty:
         return []
@@ -235,21 +252,28 @@ def configuration_sections(records: Sequence[Mapping[str, Any]]) -> list[ConfigT
             configs.at[i, "fronts"].append(axis.slug)
     configs["random_init"] = configs["config_key"].isin(random_init)
     return [
-        ConfigTables(text(task), text(backbone), _tables(_ordered(group), _group_majority(records, task, backbone)))
+        ConfigTables(
+            text(task), text(backbone), _tables(_ordered(group), _accuracy_majority(of_task(runs, task, backbone)))
+        )
         for (task, backbone), group in configs.groupby(["task", "backbone"], sort=True, dropna=False)
     ]
 
 
 def configuration_tables(records: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, str]]:
-    """(task, backbone, Markdown table of quality and costs) per task and backbone: the first table of
-    :func:`configuration_sections`."""
-    return [(s.task, s.backbone, s.tables[0][1]) for s in configuration_sections(records)]
+    """(task, backbone, Markdown table of quality and costs) per task and backbone of ``records``: the first
+    table of :func:`configuration_sections`."""
+    from petlprof.report.frame import runs_frame
+
+    return [(s.task, s.backbone, s.tables[0][1]) for s in configuration_sections(runs_frame(records))]
 
 
-def _group_majority(records: Sequence[Mapping[str, Any]], task: Any, backbone: Any) -> float | None:
-    """The majority-class rate of one task and backbone's accuracy runs (None for another metric)."""
-    group = [r for r in records if text(r.get("task")) == text(task) and text(r.get("backbone")) == text(backbone)]
-    return majority_rate(group) if {r.get("primary_metric") for r in group} == {"accuracy"} else None
+def _accuracy_majority(runs: pd.DataFrame) -> float | None:
+    """The majority-class rate of one task and backbone's runs when every one of them scores accuracy
+    (None for another metric)."""
+    from petlprof.report.frame import majority_rate
+
+    metrics = runs["primary_metric"]
+    return majority_rate(runs) if metrics.notna().all() and set(metrics) == {"accuracy"} else None
 
 
 def _ordered(group):
@@ -338,7 +362,7 @@ def _more_table(group) -> str:
     headers = ["method", "config", f"eval {LATENCY.header}"] + [title for _, title, _, _ in optional]
     rows = [
         _names(row)
-        + [_figure_ci(row, LATENCY, prefix="eval_")]
+        + [_figure_ci(row, LATENCY, EVAL)]
         + [_mean_ci(row, column, factor, decimals) for column, _, factor, decimals in optional]
         for _, row in group.iterrows()
     ]
@@ -362,41 +386,46 @@ def _target_table(group) -> str:
     return render_markdown(headers, rows, [False, False] + [True] * 4)
 
 
-# (figure under generation.batch_<n>., header, unit factor, decimals)
-GENERATION_COLUMNS = (
-    (TOKENS_PER_S.name, TOKENS_PER_S.label, TOKENS_PER_S.scale, TOKENS_PER_S.decimals),
-    ("energy_per_token_j", "energy per token (J{kind})", 1.0, 4),
-    ("energy_per_response_j", "energy per response (J{kind})", 1.0, 3),
-    ("time_to_first_token_s", "time to first token (s, median)", 1.0, 3),
-    ("per_token_latency_s.p50", "per-token latency p50 (ms)", 1000.0, 1),
-    (PEAK_MEMORY.name, f"{PEAK_MEMORY.label} incl. KV cache ({PEAK_MEMORY.shown_unit})", PEAK_MEMORY.scale, 1),
+# the generation table's figures, each with its header ({kind}: the energy kind when every run agrees on one)
+GENERATION_COLUMNS: tuple[tuple[Figure, str], ...] = (
+    (TOKENS_PER_S, TOKENS_PER_S.label),
+    (ENERGY_PER_TOKEN, f"{ENERGY_PER_TOKEN.label} ({ENERGY_PER_TOKEN.shown_unit}{{kind}})"),
+    (ENERGY_PER_RESPONSE, f"{ENERGY_PER_RESPONSE.label} ({ENERGY_PER_RESPONSE.shown_unit}{{kind}})"),
+    (TIME_TO_FIRST_TOKEN, f"{TIME_TO_FIRST_TOKEN.label} ({TIME_TO_FIRST_TOKEN.shown_unit}, median)"),
+    (PER_TOKEN_LATENCY, PER_TOKEN_LATENCY.header),
+    (PEAK_MEMORY, f"{PEAK_MEMORY.label} incl. KV cache ({PEAK_MEMORY.shown_unit})"),
 )
 GENERATION_VARIANTS = (("generation", "as tuned"), ("generation_merged", "merged"))
-SIDE_SHARE = ("side_network.share_of_per_token", "side network's share of per-token time (%)", 100.0, 0)
+SIDE_SHARE = (SIDE_SHARE_OF_PER_TOKEN, SIDE_SHARE_OF_PER_TOKEN.header)
 
 
 def _generation_table(group) -> str:
     """One row per configuration, model (as tuned; merged for methods that merge) and batch size: tokens per
     second, energy per token and per response, time to first token, per-token latency and peak memory;
     the side network's share of the per-token time where a run timed one."""
-    from petlprof.report.frame import generation_batches
+    from petlprof.report.frame import generation_batches, generation_column
 
     kinds = [k for k in distinct(group.get("generation_energy_kind", [])) if isinstance(k, str)]
     kind = f", {kinds[0]}" if len(kinds) == 1 else ""
     variants = [(p, label) for p, label in GENERATION_VARIANTS if generation_batches(group, p)]
     shown = [*GENERATION_COLUMNS]
-    if any(group[f"generation.batch_{b}.{SIDE_SHARE[0]}"].notna().any() for b in generation_batches(group)):
+    side = SIDE_SHARE[0]
+    if any(group[generation_column("generation", f"batch_{b}", side)].notna().any() for b in generation_batches(group)):
         shown.append(SIDE_SHARE)
     headers = ["method", "config"] + (["model"] if len(variants) > 1 else []) + ["batch"]
-    headers += [title.format(kind=kind) for _, title, _, _ in shown]
+    headers += [title.format(kind=kind) for _, title in shown]
     rows = []
     for _, row in group.iterrows():
         for phase, label in variants:
             for size in generation_batches(group, phase):
-                prefix = f"{phase}.batch_{size}."
-                if row[prefix + TOKENS_PER_S.name] != row[prefix + TOKENS_PER_S.name]:
+                batch = f"batch_{size}"
+                tokens_per_s = row[generation_column(phase, batch, TOKENS_PER_S)]
+                if tokens_per_s != tokens_per_s:
                     continue  # NaN: this configuration has no figures at this batch size
-                cells = [_mean_ci(row, prefix + figure, factor, decimals) for figure, _, factor, decimals in shown]
+                cells = [
+                    _mean_ci(row, generation_column(phase, batch, figure), figure.scale, figure.decimals)
+                    for figure, _ in shown
+                ]
                 rows.append(_names(row) + ([label] if len(variants) > 1 else []) + [str(size)] + cells)
     numeric = [False, False] + [False] * (len(variants) > 1) + [True] * (1 + len(shown))
     return render_markdown(headers, rows, numeric)

@@ -14,7 +14,7 @@ renders them for report.md; :mod:`petlprof.report.target_plot` draws them.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from pathlib import Path
@@ -23,7 +23,7 @@ from typing import Any
 import pandas as pd
 
 from petlprof.metrics import HIGHER, direction
-from petlprof.report.frame import runs_frame, summarise
+from petlprof.report.frame import summarise
 from petlprof.report.records import MISSING, text
 from petlprof.report.table import render_markdown
 
@@ -74,12 +74,12 @@ def _with_shares(runs: pd.DataFrame) -> pd.DataFrame:
     return runs
 
 
-def target_configs(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
-    """One row per configuration of the finished runs that had a target: :func:`summarise`'s means
+def target_configs(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per configuration of the finished runs that had a target, from the runs table
+    (:func:`petlprof.report.frame.runs_frame`): :func:`summarise`'s means
     (costs to the target are means over the seeds that reached it), ``reached`` (how many seeds did),
     ``name`` (method and config), and ``<cost>_vs_full`` ratios of means to ``full``'s in the same
     task, backbone and target (NaN without a ``full`` that reached it)."""
-    runs = runs_frame(records)
     runs = runs[(runs["status"] == "ok") & runs["target_reached"].notna()]
     if runs.empty:
         return pd.DataFrame()
@@ -161,10 +161,10 @@ def target_table(group: pd.DataFrame) -> str:
     return render_markdown(headers, rows, numeric)
 
 
-def target_tables(records: Sequence[Mapping[str, Any]]) -> list[tuple[tuple, str, str]]:
+def target_tables(runs: pd.DataFrame) -> list[tuple[tuple, str, str]]:
     """(key: task, backbone, metric and target value; heading; Markdown table) per task, backbone and
-    target of the runs that had one."""
-    configs = target_configs(records)
+    target of the runs (the runs table) that had one."""
+    configs = target_configs(runs)
     if configs.empty:
         return []
     return [

@@ -11,16 +11,13 @@ seeds that reached it); one that never reached it is listed at the bottom withou
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from petlprof.figures import ENERGY
-from petlprof.report.frame import runs_frame
 from petlprof.report.intervals import caption, check_interval
 from petlprof.report.plotkit import COST, Bars, axis_limits, bar_legend, bounded_interval, clipped_caption, draw_bars
 from petlprof.report.plots import FORMATS, CostAxis, cost_label, file_slug, new_axes, wants_log_scale
@@ -104,10 +101,11 @@ def save(fig: Figure, plot: TargetPlot, stem: Path) -> None:
         fig.savefig(path, dpi=120)
 
 
-def cost_to_target_figures(records: Sequence[Mapping[str, Any]], out_dir: Path, interval: str) -> list[TargetPlot]:
-    """Draw ``cost_to_target_{energy,time}.{png,svg}`` per task, backbone and target into ``out_dir``
-    (a ``_<task>_<backbone>_<metric>-<value>`` suffix when there are several), bars of kind ``interval``."""
-    configs = target_configs(records)
+def cost_to_target_figures(runs: pd.DataFrame, out_dir: Path, interval: str) -> list[TargetPlot]:
+    """Draw ``cost_to_target_{energy,time}.{png,svg}`` of the runs table (:func:`petlprof.report.frame.runs_frame`)
+    per task, backbone and target into ``out_dir`` (a ``_<task>_<backbone>_<metric>-<value>`` suffix when
+    there are several), bars of kind ``interval``."""
+    configs = target_configs(runs)
     if configs.empty or not configs["reached"].any():
         return []
     groups = list(configs.groupby(TARGET_GROUP, sort=True, dropna=False))
@@ -116,10 +114,10 @@ def cost_to_target_figures(records: Sequence[Mapping[str, Any]], out_dir: Path, 
         task, backbone, metric, value = key
         suffix = f"_{file_slug(f'{task}_{backbone}_{metric}-{value:g}')}" if len(groups) > 1 else ""
         title = f"to reach {target_phrase(metric, value)} — backbone {text(backbone)}, task {text(task)}"
-        runs = runs_frame([r for r in records if r.get("task") == task and r.get("backbone") == backbone])
+        task_runs = runs[(runs["task"] == task) & (runs["backbone"] == backbone)]
         for cost in TARGET_COSTS:
             plot = TargetPlot(title=f"{cost.title} {title}", cost=cost, key=key)
-            fig = draw_cost_to_target(group, runs, plot, interval)
+            fig = draw_cost_to_target(group, task_runs, plot, interval)
             save(fig, plot, out_dir / f"cost_to_target_{cost.slug}{suffix}")
             plots.append(plot)
     return plots

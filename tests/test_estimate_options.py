@@ -1,0 +1,80 @@
+"""``petlprof estimate`` and ``petlprof run`` share their options' declarations and their model-building path
+(issue 24): the same default, kind and help for every option both take, and from one backbone config the same
+backbone model (its modules and shapes, no pooler, the pad id, the depth cut, the attention implementation)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from petlprof.backbones import load_backbone
+from petlprof.cli import build_parser, main
+from petlprof.estimate.command import add_estimate_parser
+from petlprof.estimate.model import build_backbone_model, resolve_backbone
+from petlprof.options import default_of, help_of
+
+# the run options `petlprof estimate` takes, and whether its help is the declaration's (else its own, with a reason)
+SHARED = {
+    "backbone": False,  # shapes and config files need no --random-init in an estimate
+    "methods": False,  # every method by default
+    "method_config": True,
+    "grid": True,
+    "batch_size": True,
+    "max_length": True,
+    "num_layers": True,
+    "objective": True,
+    "precision": True,
+    "quantize": True,
+    "quantize_compute_dtype": True,
+    "quantize_double": True,
+    "device": True,
+    "output": False,  # estimate-<time>, nothing to resume
+}
+
+
+def _estimate_parser() -> argparse.ArgumentParser:
+    return add_estimate_parser(argparse.ArgumentParser().add_subparsers())
+
+
+@pytest.mark.parametrize("name", sorted(SHARED))
+def test_a_shared_option_has_the_run_options_default_and_help(name):
+    action = next(a for a in _estimate_parser()._actions if a.dest == name)
+    default = None if name == "method_config" else default_of(name)  # an appended entry: none given is None
+    assert build_parser().parse_args(["estimate"]).__dict__[name] == default
+    assert (help_of(name) in action.help) == SHARED[name]
+
+
+def test_shared_options_are_read_as_a_run_reads_them():
+    args = build_parser().parse_args(
+        ["estimate", "--backbone", "tiny-bert,t5-small", "--methods", "lora,read", "--batch-size", "3"]
+        + ["--method-config", "lora.r=4", "--method-config", "read.cell=lstm", "--quantize", "none,nf4"]
+    )
+    assert args.backbone == ["tiny-bert", "t5-small"] and args.methods == ["lora", "read"]
+    assert args.batch_size == 3 and args.quantize == ["none", "nf4"]
+    assert args.method_config == ["lora.r=4", "read.cell=lstm"]
+
+
+def test_by_default_an_estimate_prices_the_batch_a_run_trains(tmp_path):
+    assert main(["estimate", "--backbone", "tiny-bert", "--methods", "bitfit", "--output", str(tmp_path)]) == 0
+    record = json.loads((tmp_path / "estimates.jsonl").read_text())
+    assert (record["batch_size"], record["max_length"]) == (default_of("batch_size"), default_of("max_length"))
+    assert record["objective"] == "classification"  # auto, with no task: a labelled task's head
+    assert record["kernels"] == "cuda"  # --device auto: a GPU's kernels
+
+
+def _shapes(model) -> dict[str, tuple[int, ...]]:
+    return {name: tuple(t.shape) for name, t in model.state_dict().items()}
+
+
+@pytest.mark.parametrize(("backbone", "lm_head"), [("tiny-bert", False), ("tiny-t5", True), ("tiny-llama", False)])
+def test_an_estimate_builds_the_backbone_model_a_run_loads(backbone, lm_head):
+    run = load_backbone(backbone, num_layers=1, lm_head=lm_head).model
+    estimated = build_backbone_model(resolve_backbone(backbone, num_layers=1), device="cpu", lm_head=lm_head)
+    assert type(run) is type(estimated) and _shapes(run) == _shapes(estimated)
+    assert getattr(run, "pooler", None) is None and getattr(estimated, "pooler", None) is None
+    assert run.config.pad_token_id == estimated.config.pad_token_id is not None
+    assert run.config.num_hidden_layers == estimated.config.num_hidden_layers == 1
+    assert getattr(run.config, "num_decoder_layers", 1) == getattr(estimated.config, "num_decoder_layers", 1) == 1
+    assert run.config._attn_implementation == estimated.config._attn_implementation

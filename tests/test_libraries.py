@@ -1,0 +1,65 @@
+"""A run's libraries are imported without torch's compiler (petlprof.libraries): bitsandbytes decorates its
+kernels with ``torch.compile`` at import, which imported the compiler in every run's process; the kernels
+are now compiled at their first call, to the same compiled function."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from petlprof.libraries import RUNTIME_LIBRARIES, compile_on_first_call
+
+
+def test_a_deferred_compile_compiles_at_the_first_call_with_its_options_and_then_reuses_it(monkeypatch):
+    calls = []
+
+    def compile_now(fn, **options):
+        calls.append(options)
+        return lambda *args: ("compiled", fn(*args))
+
+    monkeypatch.setattr(torch, "compile", compile_now)
+    with compile_on_first_call():
+        plain = torch.compile(lambda x: x + 1, dynamic=False)
+
+        @torch.compile(mode="reduce-overhead")
+        def decorated(x):
+            return x * 2
+
+    assert torch.compile is compile_now and calls == []  # restored; nothing compiled yet
+    assert plain(1) == ("compiled", 2) and plain(2) == ("compiled", 3)
+    assert decorated(3) == ("compiled", 6) and decorated.__name__ == "decorated"
+    assert calls == [{"dynamic": False}, {"mode": "reduce-overhead"}]  # once each, with its options
+
+
+def test_a_failing_block_restores_torch_compile():
+    before = torch.compile
+    with pytest.raises(RuntimeError), compile_on_first_call():
+        raise RuntimeError("import failed")
+    assert torch.compile is before
+
+
+@pytest.mark.slow  # a fresh interpreter
+@pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is None, reason="bitsandbytes not installed")
+def test_a_runs_imports_leave_the_compiler_out_and_bitsandbytes_kernels_still_run():
+    """In a fresh interpreter, as a run's worker imports them: every runtime library and bitsandbytes are
+    imported, the compiler is not; an nf4 round trip through bitsandbytes' CPU kernels still gives the weights
+    back within 4-bit error."""
+    script = f"""
+import sys
+from petlprof.libraries import import_runtime_libraries
+import_runtime_libraries()
+assert all(name in sys.modules for name in {RUNTIME_LIBRARIES!r}) and "bitsandbytes" in sys.modules
+assert "torch._inductor.compile_fx" not in sys.modules, "the compiler was imported"
+import torch, bitsandbytes.functional as F
+w = torch.randn(64, 64)
+packed, state = F.quantize_4bit(w, quant_type="nf4")
+error = (F.dequantize_4bit(packed, state) - w).abs().max().item()
+assert error < 0.5 * w.abs().max().item(), error
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
