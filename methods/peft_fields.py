@@ -97,17 +97,17 @@ def _is_enum(member: Any) -> bool:
 def _number(name: str, kind: type, default: Any, optional: bool) -> Number:
     """A number field's range, from its name and default (see the module's docstring)."""
     if DROPOUT.fullmatch(name):
-        return Number(0, 1, below=True, optional=optional)
+        return Number(minimum=0, maximum=1, inclusive=True, below=True, optional=optional)
     low = min(default, 0) if isinstance(default, (int, float)) and not isinstance(default, bool) else 0
     if kind is int:
         if RANK.fullmatch(name) and (default is None or default >= 1):
-            return Number(1, MAX_WIDTH, integer=True, optional=optional)
-        return Number(low, MAX_INTEGER, integer=True, optional=optional)
-    return Number(low, MAX_REAL, optional=optional)
+            return Number(minimum=1, maximum=MAX_WIDTH, inclusive=True, integer=True, optional=optional)
+        return Number(minimum=low, maximum=MAX_INTEGER, inclusive=True, integer=True, optional=optional)
+    return Number(minimum=low, maximum=MAX_REAL, inclusive=True, optional=optional)
 
 
 # any finite number, string or boolean: the values of an untyped table (``rank_pattern``: module -> rank)
-SCALAR = AnyOf((Number(-MAX_REAL, MAX_REAL), Text(), Choice((True, False))))
+SCALAR = AnyOf((Number(minimum=-MAX_REAL, maximum=MAX_REAL, inclusive=True), Text(), Choice((True, False))))
 
 
 def field_check_of(name: str, hint: Any, default: Any) -> Any:

@@ -69,7 +69,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import math
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -77,6 +76,7 @@ from typing import Any
 
 from petlprof.errors import UsageError, shown, unknown_choice
 from petlprof.quantization import NONE, QUANTIZE_CHOICES
+from petlprof.values import Number, is_number
 
 MAX_WIDTH = 2**14  # no transformer in use is wider (LLaMA-3 405B: 16384): ranks, side widths, RNN sizes
 MAX_COUNT = 2**12  # virtual tokens, heads, multipliers: beyond any backbone's positions or memory
@@ -89,54 +89,9 @@ class MethodSpecError(UsageError):
     """A malformed :class:`MethodSpec` (raised where it is made)."""
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 # --- field checks -----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Number:
-    """A finite number (or integer) in ``[minimum, maximum]``; ``above``/``below`` exclude that bound itself."""
-
-    minimum: float
-    maximum: float
-    above: bool = False
-    below: bool = False
-    integer: bool = False
-    optional: bool = False
-    depth: bool = False  # a count of backbone layers: at most the backbone's depth too (MethodConfig.check_depth)
-
-    def _words(self) -> tuple[str, str]:
-        """(what a value of the wrong kind or below the range is told, the whole range)."""
-        low, high = self.minimum, self.maximum
-        if self.integer:
-            lower = {1.0: "a positive integer", 0.0: "a non-negative integer"}.get(low, f"an integer >= {low:g}")
-        elif low == 0 and self.above:
-            lower = "a positive number"
-        else:  # both bounds at once: "a number in [0, 1)"
-            whole = f"a number in {'(' if self.above else '['}{low:g}, {high:g}{')' if self.below else ']'}"
-            return whole, whole
-        return lower, f"{lower} {'below' if self.below else 'of at most'} {high:g}"
-
-    def allowed(self) -> str:
-        depth = ", and at most the backbone's layers" if self.depth else ""
-        return self._words()[1] + depth + (", or unset" if self.optional else "")
-
-    def problem(self, value: Any) -> str | None:
-        if value is None and self.optional:
-            return None
-        lower, whole = self._words()
-        wrong_type = not _is_number(value) or (self.integer and not isinstance(value, int))
-        if wrong_type or (isinstance(value, float) and not math.isfinite(value)) or self._too_low(value):
-            return f"must be {lower}, got {shown(value)}"
-        if value >= self.maximum if self.below else value > self.maximum:
-            return f"must be {whole}, got {shown(value)}"
-        return None
-
-    def _too_low(self, value: float) -> bool:
-        return value <= self.minimum if self.above else value < self.minimum
+# A number field's check is :class:`petlprof.values.Number`, the number kind of the run options too (re-exported
+# here, the name plug-ins and petlprof.methods.peft_fields use); the checks below are the method fields' own.
 
 
 @dataclass(frozen=True)
@@ -268,7 +223,8 @@ def number(
 ) -> Any:
     """A finite real-valued field in ``[minimum, maximum]`` (both required: a range that makes sense);
     ``above=True`` excludes ``minimum`` itself, ``below=True`` ``maximum``."""
-    return _declare(default, help, Number(minimum, maximum, above, below, integer=False, optional=optional))
+    check = Number(minimum=minimum, maximum=maximum, inclusive=not above, below=below, optional=optional)
+    return _declare(default, help, check)
 
 
 def integer(
@@ -282,7 +238,8 @@ def integer(
 ) -> Any:
     """An integer field in ``[minimum, maximum]`` (bounded: a count or width no machine can hold is refused);
     ``depth=True`` marks a count of backbone layers, refused before a sweep when it exceeds the backbone's."""
-    return _declare(default, help, Number(minimum, maximum, integer=True, optional=optional, depth=depth))
+    check = Number(minimum=minimum, maximum=maximum, inclusive=True, integer=True, optional=optional, depth=depth)
+    return _declare(default, help, check)
 
 
 def choice(default: Any, help: str, choices: Iterable[Any]) -> Any:
@@ -500,7 +457,7 @@ def spec_problem(spec: MethodSpec) -> str | None:
         if problem:
             return problem
     lr = spec.default_lr
-    if not (_is_number(lr) and math.isfinite(lr) and lr >= 0):  # 0: a method that trains nothing (zero_shot)
+    if not (is_number(lr) and lr >= 0):  # 0: a method that trains nothing (zero_shot)
         return f"default_lr must be a positive finite number, got {shown(lr)}"
     if not (isinstance(spec.lr_source, str) and spec.lr_source.strip()):
         return f"lr_source must say where default_lr comes from, got {shown(spec.lr_source)}"

@@ -98,23 +98,26 @@ class Flag(Kind):
 
 @dataclass(frozen=True)
 class Integer(Kind):
-    """An integer in ``minimum..maximum``; ``why`` says where the maximum comes from."""
+    """An integer in ``minimum..maximum``; ``why`` says where the maximum comes from (read and checked by
+    its :attr:`number`, worded "must be an integer >= MINIMUM")."""
 
     minimum: int = 0
     maximum: int | None = None
     why: str = ""
 
+    @property
+    def number(self) -> Number:
+        """The :class:`Number` that reads and checks it."""
+        what = f"an integer >= {self.minimum}"
+        return Number(minimum=self.minimum, maximum=self.maximum, inclusive=True, integer=True, what=what, why=self.why)
+
     def read(self, value: Any) -> Any:
-        return int(value) if isinstance(value, str) and _INT.fullmatch(value) else value
+        return self.number.read(value)
 
     def check(self, name: str, value: Any) -> None:
         if value is None and self.optional:
             return
-        if isinstance(value, bool) or not isinstance(value, int) or value < self.minimum:
-            raise UsageError(f"{flag(name)} must be an integer >= {self.minimum}, got {shown(value)}")
-        if self.maximum is not None and value > self.maximum:
-            why = f" ({self.why})" if self.why else ""
-            raise UsageError(f"{flag(name)} must be at most {self.maximum}{why}, got {shown(value)}")
+        self.number.check(name, value)
 
 
 @dataclass(frozen=True)
@@ -140,29 +143,82 @@ class Examples(Integer):
 
 @dataclass(frozen=True)
 class Number(Kind):
-    """A finite number with ``above < value`` (or ``>=`` with ``inclusive``) and ``value <= maximum``;
-    ``what`` completes "must be ..." (``finite``: the message for a value that is not a finite number)."""
+    """A finite number (``integer``: an integer) with ``minimum < value`` (``<=`` with ``inclusive``) and
+    ``value <= maximum`` (``<`` with ``below``); either bound may be left out.  ``what`` completes
+    "must be ..." for a value below the range (``finite``: for one that is not a finite number), and then a
+    value above it is told "must be at most ..."; without ``what`` both are worded from the bounds ("a
+    positive integer of at most 4096", "a number in [0, 1)").  ``depth``: a method-config field counting
+    backbone layers, at most the backbone's depth too (:meth:`petlprof.method_api.MethodConfig.check_depth`).
 
-    above: float | None = None
-    inclusive: bool = False
+    The one number kind of both the run options (``check``: a one-line error naming the flag) and the method
+    config fields (``problem``: the phrase after the field's name; :func:`petlprof.method_api.number`)."""
+
+    minimum: float | None = None
     maximum: float | None = None
-    what: str = "a number"
+    inclusive: bool = False
+    below: bool = False
+    integer: bool = False
+    what: str = ""
     finite: str = ""
+    why: str = ""  # where the maximum comes from, told with "must be at most ..." (with ``what``)
+    depth: bool = False
 
     def read(self, value: Any) -> Any:
-        return float(value) if isinstance(value, str) and _FLOAT.fullmatch(value) else value
+        if not isinstance(value, str):
+            return value
+        if self.integer:
+            return int(value) if _INT.fullmatch(value) else value
+        return float(value) if _FLOAT.fullmatch(value) else value
+
+    def _words(self) -> tuple[str, str]:
+        """(what a value of the wrong kind or below the range is told, the whole range)."""
+        low, high = self.minimum, self.maximum
+        upper = "" if high is None else f" {'below' if self.below else 'of at most'} {high:g}"
+        if self.what:
+            return self.what, self.what + upper
+        if low is None:
+            lower = "an integer" if self.integer else "a number"
+        elif self.integer:
+            named: dict[float, str] = {1: "a positive integer", 0: "a non-negative integer"}
+            least = math.ceil(low) if self.inclusive else math.floor(low) + 1  # the least integer allowed
+            lower = named.get(least, f"an integer >= {least:g}")
+        elif low == 0 and not self.inclusive:
+            lower = "a positive number"
+        elif high is not None:  # both bounds at once: "a number in [0, 1)"
+            whole = f"a number in {'[' if self.inclusive else '('}{low:g}, {high:g}{')' if self.below else ']'}"
+            return whole, whole
+        else:
+            lower = f"a number {'>=' if self.inclusive else '>'} {low:g}"
+        return lower, lower + upper
+
+    def allowed(self) -> str:
+        """The whole range, in words (what ``petlprof list`` and a method-config error show)."""
+        depth = ", and at most the backbone's layers" if self.depth else ""
+        return self._words()[1] + depth + (", or unset" if self.optional else "")
+
+    def problem(self, value: Any) -> str | None:
+        """What is wrong with ``value``, as "must be ..., got VALUE" (None: nothing)."""
+        if value is None and self.optional:
+            return None
+        lower, whole = self._words()
+        if not is_number(value) or self.integer and not isinstance(value, int):
+            return f"must be {self.finite or lower}, got {shown(value)}"
+        low = self.minimum
+        if low is not None and (value < low if self.inclusive else value <= low):
+            return f"must be {lower}, got {shown(value)}"
+        high = self.maximum
+        if high is not None and (value >= high if self.below else value > high):
+            if self.what:
+                limit = high if isinstance(high, int) or not high.is_integer() else int(high)
+                why = f" ({self.why})" if self.why else ""
+                return f"must be {'below' if self.below else 'at most'} {limit}{why}, got {shown(value)}"
+            return f"must be {whole}, got {shown(value)}"
+        return None
 
     def check(self, name: str, value: Any) -> None:
-        if value is None and self.optional:
-            return
-        if not is_number(value):
-            raise UsageError(f"{flag(name)} must be {self.finite or self.what}, got {shown(value)}")
-        low = self.above is not None and (value < self.above if self.inclusive else value <= self.above)
-        if low:
-            raise UsageError(f"{flag(name)} must be {self.what}, got {shown(value)}")
-        if self.maximum is not None and value > self.maximum:
-            limit = int(self.maximum) if float(self.maximum).is_integer() else self.maximum
-            raise UsageError(f"{flag(name)} must be at most {limit}, got {shown(value)}")
+        problem = self.problem(value)
+        if problem:
+            raise UsageError(f"{flag(name)} {problem}")
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ def refused_numbers(check: Number) -> list:
     if check.integer:
         values += [2.5, 1e308, float(low), low - 1, high + 1, 10**30]
     else:
-        values += [1e308, -1e308, low if check.above else math.nextafter(low, -math.inf)]
+        values += [1e308, -1e308, math.nextafter(low, -math.inf) if check.inclusive else low]
         values += [high if check.below else math.nextafter(high, math.inf)]
     return values
 
@@ -55,7 +55,7 @@ def accepted_numbers(check: Number) -> list:
     if check.integer:
         return [low, high] + ([None] if check.optional else [])
     return [
-        math.nextafter(low, math.inf) if check.above else low,
+        low if check.inclusive else math.nextafter(low, math.inf),
         math.nextafter(high, -math.inf) if check.below else high,
     ]
 
