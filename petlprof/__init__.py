@@ -41,6 +41,7 @@ __all__ = [
 
 def __getattr__(name: str):
     if name == "SideTunedModel":  # imports torch: only when a side-tuning plug-in asks for it
+        # kept out of petlprof --help's imports
         from petlprof.side_tuning import SideTunedModel
 
         return SideTunedModel

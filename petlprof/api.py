@@ -55,6 +55,7 @@ def plot_frontier(
     """Draw ``y`` against cost ``x`` for one task and backbone (the only ones in ``frame`` unless
     named) as in the report: methods joined along their grid, mean ± 95% CI over seeds, the
     frontier ringed.  Draws into ``ax`` when given; returns the matplotlib Figure."""
+    # petlprof.report.plots (matplotlib): slow to import, loaded only when used
     from petlprof.report.plots import axis_for, cost_label, draw
 
     runs = frame

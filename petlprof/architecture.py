@@ -344,6 +344,7 @@ def ia3_targets(arch: Architecture) -> tuple[list[str], list[str]]:
 
 def peft_table(method: str, model_type: str) -> tuple[list[str] | None, list[str] | None]:
     """PEFT's own (target_modules, feedforward_modules) for ``model_type``, (None, None) where it has none."""
+    # peft: slow to import, loaded only when used
     from peft.utils import constants
 
     if method == "lora":

@@ -23,9 +23,11 @@ memory this machine has available, before anything is allocated.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import importlib.util
+import io
 import os
 import re
 from dataclasses import dataclass, field
@@ -38,6 +40,8 @@ from petlprof.families import DECODER as DECODER  # the families' names, re-expo
 from petlprof.families import ENCODER as ENCODER
 from petlprof.families import ENCODER_DECODER as ENCODER_DECODER
 from petlprof.families import family_of, model_class, model_from_config
+from petlprof.gguf_weights import provenance, smollm2_weights
+from petlprof.quantization import quantize_model
 from petlprof.shapes import check_sizes, config_label, is_config_file, is_shape, shape_names, weightless_config
 from petlprof.values import check_file
 
@@ -129,8 +133,6 @@ def pretrained_location(spec: str) -> tuple[str, dict[str, str]]:
     if spec == "minilm":
         return str(minilm_path()), {}
     if spec == "smollm2":
-        from petlprof.gguf_weights import smollm2_weights
-
         weights = smollm2_weights()
         return str(weights.folder), weights.from_pretrained_kwargs()
     return spec, {}
@@ -140,7 +142,6 @@ def weights_provenance(spec: str) -> dict[str, Any] | None:
     """What the record says of a pretrained preset's weight file (GGUF: package, file, sha256, dequantisation)."""
     if spec != "smollm2":
         return None
-    from petlprof.gguf_weights import provenance, smollm2_weights
 
     return provenance(smollm2_weights())
 
@@ -189,6 +190,7 @@ def check_weights(spec: str, random_init: bool) -> None:
 
 def pretrained_config(spec: str):
     """The transformers config of a pretrained preset, a local folder or a hub id; a UsageError if it cannot load."""
+    # transformers: slow to import, loaded only when used
     from transformers import AutoConfig, PretrainedConfig
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
@@ -212,6 +214,7 @@ def pretrained_config(spec: str):
 
 def _tiny_parts(spec: str):
     """(tokenizer, config) of a tiny random preset: all-MiniLM-L6-v2's tokenizer and a small config."""
+    # transformers: slow to import, loaded only when used
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(minilm_path())
@@ -255,10 +258,9 @@ def load_backbone(
     ``lm_head``: the model with its own language-modelling head (:func:`model_class`; an encoder is refused),
     for the LM objective's :class:`petlprof.lm_model.LanguageModel`; ``quantization``: its linear layers then
     quantised on ``device`` (:func:`petlprof.quantization.quantize_model`; the rest stays where it was built)."""
+    # torch, transformers: slow to import, loaded only when used
     import torch
     from transformers import AutoTokenizer
-
-    from petlprof.quantization import quantize_model
 
     check_backbone(spec)
     check_weights(spec, random_init)
@@ -307,6 +309,7 @@ def prepare_backbone_model(model: Any, pad_token_id: int | None) -> None:
 def _random_parts(spec: str, num_layers: int | None, seed: int):
     """(tokenizer, config, source) of a backbone built with random weights: a tiny preset, or with
     --random-init any backbone's config (depth cut to ``num_layers``, checked by :func:`check_random_init`)."""
+    # transformers: slow to import, loaded only when used
     from transformers import AutoTokenizer
 
     if is_tiny_preset(spec):
@@ -348,6 +351,7 @@ def check_random_init(spec: str, config, num_layers: int | None = None, memory: 
 @functools.cache
 def minilm_vocab_size() -> int:
     """Token ids of all-MiniLM-L6-v2's tokenizer (the one random-init backbones borrow)."""
+    # transformers: slow to import, loaded only when used
     from transformers import AutoTokenizer
 
     return len(AutoTokenizer.from_pretrained(minilm_path()))
@@ -355,6 +359,7 @@ def minilm_vocab_size() -> int:
 
 def weights_bytes(config) -> tuple[int, int]:
     """(parameters, bytes of parameters and buffers) of the model ``config`` builds, counted on the meta device."""
+    # torch: slow to import, loaded only when used
     import torch
 
     with torch.device("meta"):
@@ -376,9 +381,8 @@ def available_memory_bytes() -> int | None:
 def _from_pretrained_quiet(path: str, config, auto_class=None, **kwargs):
     """Load a slice of a checkpoint, or a GGUF file, without transformers' report of the layers deliberately
     left out and the progress bar of a GGUF file's dequantisation (drawn by tqdm on stderr, whatever the settings)."""
-    import contextlib
-    import io
 
+    # transformers: slow to import, loaded only when used
     from transformers import AutoModel
     from transformers.utils import logging as hf_logging
 
@@ -400,6 +404,7 @@ def set_depth(config, num_layers: int | None) -> None:
 
 
 def _tiny_config(name: str, vocab_size: int, tokenizer):
+    # transformers: slow to import, loaded only when used
     from transformers import BertConfig, GPT2Config, LlamaConfig, T5Config
 
     width, layers, heads, ffn, pad = _TINY_WIDTH, 2, 4, 128, tokenizer.pad_token_id

@@ -20,8 +20,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from petlprof.errors import UsageError
 from petlprof.figures import ENERGY, TIME
-from petlprof.metrics import HIGHER, direction
+from petlprof.meters.base import synchronize
+from petlprof.metrics import HIGHER, METRIC_RANGES, direction
+from petlprof.recipe import autocast
 
 TARGET = "target"
 MAX_TIME = "max_time"
@@ -82,8 +85,6 @@ class Budget:
     def _check(self) -> float:
         """Score the model on the held-out slice, adding the check's time (and energy) to the totals."""
         if self.check_meter is not None:
-            from petlprof.meters.base import synchronize
-
             synchronize(self.check_meter.device)  # the training step queued on a GPU is not the check's
             self.check_meter.prepare()
             self.check_meter.begin()
@@ -158,9 +159,9 @@ class SliceScorer:
             yield model.side_forward(states, inputs["input_ids"], inputs["attention_mask"]), labels
 
     def __call__(self, model) -> float:
+        # torch, petlprof.train (torch): slow to import, loaded only when used
         import torch
 
-        from petlprof.recipe import autocast
         from petlprof.train import predict
 
         model.eval()
@@ -178,8 +179,6 @@ class SliceScorer:
 
 def check_target(task, name: str, metric: str, value: float) -> None:
     """A target is a metric the task scores, within that metric's range."""
-    from petlprof.errors import UsageError
-    from petlprof.metrics import METRIC_RANGES
 
     if metric not in task.metric_names:
         raise UsageError(
@@ -205,6 +204,7 @@ def make_budget(spec, task, model, make_batches, check_meter=None) -> Budget | N
         if size is not None and size < len(held_out):
             held_out = held_out.head(size)
         size = len(held_out)
+        # petlprof.side_tuning (torch): slow to import, loaded only when used
         from petlprof.side_tuning import SideTunedModel
 
         reuse = bool(spec.cache_hidden_states) and isinstance(model, SideTunedModel)

@@ -145,6 +145,8 @@ def _run_sweep(options, executor, out_dir: Path, device: str | None) -> int:
     """The sweep, with ``out_dir`` locked: the device (``None``: check it against the Ray cluster's,
     as a driver may have no GPU of its own), the runs not yet recorded, each record as it finishes."""
     from petlprof.config import expand, resolve_device, unsupported_pairs  # not for --help: as in cmd_run
+
+    # kept out of petlprof --help's imports
     from petlprof.store import RESULTS_FILE, finished_keys
 
     if device is None:
@@ -211,6 +213,8 @@ def _sweep(todo, store, executor, done: int = 0, total: int | None = None) -> in
     ``total`` were recorded before (a resumed sweep), so progress counts the whole sweep.  On an
     interrupt the runs in flight are recorded ``cancelled`` and stopped."""
     from petlprof.runner import cancelled_record, release_signals  # not for --help: a run's whole machinery
+
+    # kept out of petlprof --help's imports
     from petlprof.store import append_record
 
     failed, finished, started, total = 0, 0, time.monotonic(), total if total is not None else len(todo)

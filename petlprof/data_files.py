@@ -58,6 +58,7 @@ def split_frames(
 
 def read_table(path: Path) -> pd.DataFrame:
     """One CSV/TSV/JSON Lines/Parquet file as a frame; only empty cells count as missing."""
+    # pandas: slow to import, loaded only when used
     import pandas as pd
 
     suffix = path.suffix.lower()
@@ -113,6 +114,7 @@ def require_columns(frame: pd.DataFrame, columns, where: str) -> None:
 
 def pool_split(frame: pd.DataFrame, seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Shuffle once with ``seed``; the last EVAL_FRACTION is the eval pool, the rest the train pool."""
+    # numpy: slow to import, loaded only when used
     import numpy as np
 
     order = np.random.default_rng(seed).permutation(len(frame))
@@ -123,6 +125,7 @@ def pool_split(frame: pd.DataFrame, seed: int) -> tuple[pd.DataFrame, pd.DataFra
 
 def subsample(frame: pd.DataFrame, size: int | None, seed: int) -> pd.DataFrame:
     """All rows in file order, or a seeded random ``size`` of them (larger sizes keep all)."""
+    # numpy: slow to import, loaded only when used
     import numpy as np
 
     if size is None or size >= len(frame):

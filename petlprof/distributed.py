@@ -49,6 +49,10 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.run import parse_args, run
+from torch.nn.parallel import DistributedDataParallel
 
 from petlprof import figures
 from petlprof.figures import (
@@ -118,7 +122,6 @@ def destroy() -> None:
 
 def wrap(model: torch.nn.Module, device: str) -> torch.nn.Module:
     """``model`` in DistributedDataParallel; only its trainable parameters are synchronised."""
-    from torch.nn.parallel import DistributedDataParallel
 
     device_ids = [torch.device(device).index] if device.startswith("cuda") else None
     return DistributedDataParallel(model, device_ids=device_ids)
@@ -357,9 +360,6 @@ def launch(nproc: int, spec_path: str, out_path: str) -> int:
     """Run ``python -m petlprof.worker SPEC OUT`` on ``nproc`` local ranks with torch's elastic launcher
     (``torchrun --standalone``) in this process; when a rank fails, torchrun stops the others and each
     failed rank's exit code and signal go to :func:`launch_failures_path`.  Returns the exit code."""
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import parse_args, run
 
     os.environ["PETLPROF_PARENT_PID"] = str(os.getpid())  # the ranks' parent: they die with this launcher
     args = parse_args(["--standalone", f"--nproc-per-node={nproc}", "-m", "petlprof.worker", spec_path, out_path])

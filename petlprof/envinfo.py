@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+import os
 import platform
 import socket
 import subprocess
@@ -48,8 +49,8 @@ def git_commit() -> str | None:
 
 
 def environment(device: str) -> dict[str, Any]:
-    import os
 
+    # torch: slow to import, loaded only when used
     import torch
 
     gpu = torch.cuda.get_device_name(device) if device.startswith("cuda") and torch.cuda.is_available() else None

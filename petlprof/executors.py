@@ -33,6 +33,9 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from petlprof.errors import UsageError, unknown_choice
+from petlprof.records import add_overhead
+from petlprof.runner import RunSpec, execute_in_subprocess, failed_record, release_signals, worker_env
+from petlprof.warm import WarmWorker, serves
 
 if TYPE_CHECKING:
     from petlprof.records import RunRecord
@@ -84,13 +87,10 @@ class LocalExecutor:
         """The sweep's warm worker, started at the first run it can serve; None for other runs.  One that
         could not start is kept (``broken``), so its imports are not paid again: runs then take fresh
         interpreters, as before."""
-        from petlprof.warm import WarmWorker, serves
 
         if not self.use_warm or not serves(spec):
             return None
         if self.warm_worker is None:  # one try per sweep: a broken one sends runs to fresh interpreters
-            from petlprof.runner import worker_env
-
             self.warm_worker = WarmWorker(worker_env())
         return self.warm_worker
 
@@ -99,13 +99,14 @@ class LocalExecutor:
         return None
 
     def prepare_idle(self, device: str, energy_meter: str) -> str:
+        # petlprof.meters.idle (numpy): slow to import, loaded only when used
         from petlprof.meters.idle import prepare_sweep_idle
 
         return prepare_sweep_idle(device, energy_meter)
 
     def results(self, specs: Iterable, on_start: OnStart | None = None) -> Iterator[tuple[Any, RunRecord]]:
-        from petlprof.records import add_overhead
-        from petlprof.runner import execute, execute_in_subprocess
+        # looked up at each sweep, not bound at import: tests and plug-ins replace petlprof.runner.execute
+        from petlprof.runner import execute
 
         for spec in specs:
             self.in_flight = [spec]
@@ -141,9 +142,8 @@ class LocalExecutor:
 def _ray_task(spec_dict: dict, timeout_s: float | None, max_memory_bytes: int | None, cpus: float) -> RunRecord:
     """Body of one Ray task: the run in a fresh worker process on this node, plus where it ran.  (No warm
     worker here yet: Ray's task cancellation has not been tried against one.)"""
+    # ray: optional (petlprof[ray])
     import ray
-
-    from petlprof.runner import RunSpec, execute_in_subprocess, release_signals
 
     context = ray.get_runtime_context()
     started = time.time()
@@ -176,6 +176,7 @@ def _prepare_node_idle(spec) -> None:
     """The idle baseline of a Ray task, measured where it runs: the GPUs Ray gave the task are its
     own, so their power just before the run is their idle power; a CPU package is shared with the
     node's other tasks, so no CPU idle power is taken (the run then reports gross energy only)."""
+    # petlprof.meters.idle (numpy): slow to import, loaded only when used
     from petlprof.meters.idle import IDLE_ENV, prepare_sweep_idle
 
     if spec.device.startswith("cuda"):
@@ -205,6 +206,7 @@ class RayExecutor:
         init_kwargs: dict | None = None,
     ):
         try:
+            # ray: optional (petlprof[ray])
             import ray
         except ImportError:
             raise UsageError(
@@ -353,7 +355,6 @@ class RayExecutor:
     def _overdue(self) -> Iterator[tuple[Any, RunRecord]]:
         """Tasks past (retries + 1) × (``--timeout`` + grace) since submission: the node did not end
         them (hung, or lost without Ray noticing): cancel and record them."""
-        from petlprof.runner import failed_record
 
         limit = self._limit_s()
         if limit is None:
@@ -378,7 +379,6 @@ class RayExecutor:
         """Tasks that no live node can take (their node was lost and none like it is left): after
         :data:`DRIVER_GRACE_S` (time for a node to come back), cancel and record them ``failed``
         instead of waiting forever."""
-        from petlprof.runner import failed_record
 
         nodes = self._live_nodes()
         now = time.monotonic()
@@ -402,7 +402,6 @@ class RayExecutor:
                 )
 
     def _record(self, ref, spec) -> RunRecord:
-        from petlprof.runner import failed_record
 
         try:
             with _signals_surface():

@@ -53,6 +53,7 @@ from petlprof.figures import (
 from petlprof.meters import Meter, Window
 from petlprof.meters.base import phase_warnings, synchronize
 from petlprof.meters.energy import SHORT_WINDOW_S
+from petlprof.modeling import greedy_generate
 from petlprof.recipe import FP32, autocast
 from petlprof.train import Progress, percentiles
 
@@ -266,8 +267,6 @@ def measure_generation(
     makes a fresh window's meters; ``min_window_s`` as for inference
     (:func:`petlprof.inference.target_window_s`); every call runs at the run's ``precision``."""
     if generate is None:
-        from petlprof.modeling import greedy_generate
-
         generate = greedy_generate
     progress = progress if progress is not None else Progress()
     model.eval()

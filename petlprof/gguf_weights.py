@@ -92,6 +92,7 @@ def _provenance(path: Path, distribution: str | None) -> tuple[tuple[str, Any], 
 
 
 def _tensor_types(path: Path) -> dict[str, int]:
+    # gguf: slow to import, loaded only when used
     from gguf import GGUFReader
 
     return dict(sorted(Counter(tensor.tensor_type.name for tensor in GGUFReader(path).tensors).items()))

@@ -30,6 +30,7 @@ def compile_on_first_call() -> Iterator[None]:
     """While the block runs, ``torch.compile(fn, **options)`` returns a function that calls
     ``torch.compile(fn, **options)`` on its first call and the compiled function from then on (and
     ``torch.compile(**options)`` a decorator that does the same)."""
+    # torch: slow to import, loaded only when used
     import torch
 
     compile_now = torch.compile

@@ -42,6 +42,7 @@ import torch
 
 from petlprof.backbones import DECODER, ENCODER_DECODER
 from petlprof.errors import UsageError
+from petlprof.lm_model import lm_loss
 from petlprof.train import batch_indices
 
 IGNORE_INDEX = -100  # Hugging Face's label of a position that is not a target
@@ -180,7 +181,6 @@ class LMBatches:
     def loss(self, logits, labels: torch.Tensor) -> torch.Tensor:
         """Mean cross-entropy over the target tokens (:func:`petlprof.lm_model.lm_loss`): ``logits`` is the
         model's output given the labels (:class:`petlprof.lm_model.TargetLogits`) or every position's logits."""
-        from petlprof.lm_model import lm_loss
 
         return lm_loss(logits, labels, self.family)
 

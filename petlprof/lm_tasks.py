@@ -160,6 +160,7 @@ def load_generative(
     if objective == CLASSIFICATION:
         raise UsageError(f"task '{name}' has prompts and answers, not labels: it runs with --objective lm (or auto)")
     try:
+        # reasoning_gym: slow to import, loaded only when used
         import reasoning_gym
     except ImportError:
         raise UsageError(

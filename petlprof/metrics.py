@@ -66,6 +66,7 @@ def direction(metric: str) -> str:
 
 
 def _accuracy(predictions, labels) -> float:
+    # sklearn: slow to import, loaded only when used
     from sklearn.metrics import accuracy_score
 
     return accuracy_score(labels, predictions)
@@ -73,6 +74,7 @@ def _accuracy(predictions, labels) -> float:
 
 def _f1(predictions, labels) -> float:
     """F1 of the positive class (id 1) of a binary task."""
+    # sklearn: slow to import, loaded only when used
     from sklearn.metrics import f1_score
 
     return f1_score(labels, predictions, pos_label=1, average="binary", zero_division=0)
@@ -80,12 +82,14 @@ def _f1(predictions, labels) -> float:
 
 def _f1_macro(predictions, labels) -> float:
     """Unweighted mean of the per-class F1 over the classes seen in labels or predictions."""
+    # sklearn: slow to import, loaded only when used
     from sklearn.metrics import f1_score
 
     return f1_score(labels, predictions, average="macro", zero_division=0)
 
 
 def _matthews(predictions, labels) -> float:
+    # sklearn: slow to import, loaded only when used
     from sklearn.metrics import matthews_corrcoef
 
     return matthews_corrcoef(labels, predictions)
@@ -99,12 +103,14 @@ def _correlation(function, predictions, labels) -> float:
 
 
 def _pearson(predictions, labels) -> float:
+    # scipy: slow to import, loaded only when used
     from scipy.stats import pearsonr
 
     return _correlation(pearsonr, predictions, labels)
 
 
 def _spearman(predictions, labels) -> float:
+    # scipy: slow to import, loaded only when used
     from scipy.stats import spearmanr
 
     return _correlation(spearmanr, predictions, labels)
@@ -123,6 +129,7 @@ METRIC_FUNCTIONS = {
 def compute(metric_names, predictions, labels) -> dict[str, float]:
     """Each named quality metric of ``predictions`` (class ids, or floats for regression) against
     ``labels``, as plain floats keyed by the names in :data:`METRIC_DIRECTIONS`."""
+    # numpy: slow to import, loaded only when used
     import numpy as np
 
     unknown = [name for name in metric_names if name not in METRIC_FUNCTIONS]
@@ -223,6 +230,7 @@ def exact_match(predictions: list[str], references: list[str], answer: str = "te
 
 def rouge_l(predictions: list[str], references: list[str]) -> float:
     """rouge-score's ROUGE-L F-measure (with stemming) of each prediction against its reference, averaged."""
+    # rouge_score: slow to import, loaded only when used
     from rouge_score import rouge_scorer
 
     scorer = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)

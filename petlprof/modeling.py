@@ -126,6 +126,7 @@ class SequenceClassifier(nn.Module):
     def decoder_states(self, encoder_hidden, input_ids, attention_mask, labels=None) -> tuple:
         """Every decoder layer's states of an encoder-decoder whose decoder reads ``encoder_hidden``
         (READ's ``encoder_output`` wiring: a corrected encoder output), with autograd."""
+        # transformers: slow to import, loaded only when used
         from transformers.modeling_outputs import BaseModelOutput
 
         out = self.backbone(

@@ -12,14 +12,29 @@ from the same :class:`~petlprof.recipe.TrainRecipe` the loop trained by.
 from __future__ import annotations
 
 import dataclasses
+import resource
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from petlprof.backbones import check_shape, load_backbone
+from petlprof.budget import make_budget
+from petlprof.errors import UsageError
 from petlprof.figures import ENERGY, TIME
 from petlprof.libraries import import_runtime_libraries
-from petlprof.quantization import parameter_count
-from petlprof.records import DIVERGED, OK
+from petlprof.meters import (
+    contention_meters,
+    energy_meter_for,
+    extra_meters_for,
+    memory_meter_for,
+    start_power_timeline,
+)
+from petlprof.meters.memory import release_free_memory, rss_bytes, static_breakdown, status_bytes
+from petlprof.method_api import check_objective, check_quantize
+from petlprof.quantization import Quantization, parameter_count
+from petlprof.recipe import TrainRecipe
+from petlprof.records import DIVERGED, OK, safetensors_bytes
+from petlprof.registry import get_method
 from petlprof.spec import RunSpec
 
 LM = "lm"  # the language-modelling objective (petlprof.tasks): the backbone's LM head, scored on generations
@@ -29,16 +44,15 @@ LM = "lm"  # the language-modelling objective (petlprof.tasks): the backbone's L
 
 def _cap_memory(device: str, max_memory_bytes: int) -> None:
     if device.startswith("cuda"):
+        # torch: kept off the sweep's driver, which imports this module
         import torch
 
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, max_memory_bytes / total), device)
         return
-    import resource
 
+    # torch: kept off the sweep's driver, which imports this module
     import torch
-
-    from petlprof.meters.memory import status_bytes
 
     # start the OpenMP thread pool first: thread stacks are address space, and a pool that cannot
     # start under the cap aborts the process instead of raising
@@ -61,7 +75,7 @@ class MeterFactory:
         self.breakdown, self.timeline = breakdown, timeline
 
     def __call__(self, phase: str) -> list:
-        from petlprof.meters import contention_meters, energy_meter_for, extra_meters_for, memory_meter_for
+        # petlprof.meters.idle (numpy): kept off the sweep's driver, which imports this module
         from petlprof.meters.idle import sweep_idle
 
         spec, breakdown = self.spec, self.breakdown
@@ -109,6 +123,7 @@ class RunContext:
 
     def io(self, phase: str, meters: list):
         """Where a phase reports: its device, meters, progress bar label and the run's progress."""
+        # petlprof.train (torch): kept off the sweep's driver, which imports this module
         from petlprof.train import PhaseIO
 
         return PhaseIO(self.spec.device, meters, f"{self.label} {phase}", self.progress)
@@ -119,10 +134,8 @@ def prepare(spec: RunSpec, ranks, progress, max_memory_bytes: int | None = None)
     up the meters, the hidden-state cache and the budget."""
     # library code is imported before the memory baseline: it is the runtime's memory, not the run's
     import_runtime_libraries()
+    # torch: kept off the sweep's driver, which imports this module
     import torch
-
-    from petlprof.budget import make_budget
-    from petlprof.meters.memory import release_free_memory, rss_bytes, static_breakdown
 
     spec = dataclasses.replace(spec, device=ranks.device(spec.device))  # each rank on its own device
     backend = ranks.join(spec.device)  # the process group is runtime, not the run
@@ -167,14 +180,13 @@ def _check_meter(spec: RunSpec, timeline):
     """The energy meter of the target checks alone: the same kind as the phases' (None without a target)."""
     if spec.target_value is None:
         return None
-    from petlprof.meters import energy_meter_for
+    # petlprof.meters.idle (numpy): kept off the sweep's driver, which imports this module
     from petlprof.meters.idle import sweep_idle
 
     return energy_meter_for(spec.device, spec.energy_meter, timeline, idle=sweep_idle())
 
 
 def _recipe(spec: RunSpec, method):
-    from petlprof.recipe import TrainRecipe
 
     return TrainRecipe(lr=spec.lr if spec.lr is not None else method.default_lr, precision=spec.precision)
 
@@ -183,13 +195,10 @@ def _load(spec: RunSpec) -> tuple:
     """(method, its config, task, backbone, model): the data and the backbone with the method applied.
     A language-modelling task (``task.objective == "lm"``) loads the backbone with its own LM head and
     applies the method to a :class:`~petlprof.modeling.LanguageModel`; any other, a classifier."""
+    # torch, petlprof.modeling, petlprof.tasks: kept off the sweep's driver, which imports this module
     import torch
 
-    from petlprof.backbones import check_shape, load_backbone
-    from petlprof.method_api import check_objective, check_quantize
     from petlprof.modeling import trainable_model
-    from petlprof.quantization import Quantization
-    from petlprof.registry import get_method
     from petlprof.tasks import load_task
 
     method = get_method(spec.method)
@@ -230,6 +239,7 @@ def _batches(spec: RunSpec, task, backbone) -> Callable:
 
     def make_batches(split):
         if task.objective == LM:
+            # petlprof.lm_data (torch): kept off the sweep's driver, which imports this module
             from petlprof.lm_data import LMBatches
 
             return LMBatches.from_split(
@@ -240,6 +250,7 @@ def _batches(spec: RunSpec, task, backbone) -> Callable:
                 backbone.family,
                 chat_template=spec.chat_template != "none",
             )
+        # petlprof.train (torch): kept off the sweep's driver, which imports this module
         from petlprof.train import Batches
 
         return Batches.from_split(split, backbone.tokenizer, spec.batch_size, spec.max_length, task.is_regression)
@@ -249,7 +260,6 @@ def _batches(spec: RunSpec, task, backbone) -> Callable:
 
 def _start_timeline(spec: RunSpec) -> tuple[Any, list[str]]:
     """The GPU power timeline, sampled in its own process (None off CUDA), and a warning if it did not start."""
-    from petlprof.meters import start_power_timeline
 
     try:
         return start_power_timeline(spec.device, spec.energy_meter), []
@@ -265,8 +275,8 @@ def _hidden_state_cache(spec: RunSpec, method, ranks):
     any run; this guards a direct caller of :func:`execute` with a spec that would train wrongly."""
     if not spec.cache_hidden_states:
         return None
+    # petlprof.cache (torch): kept off the sweep's driver, which imports this module
     from petlprof.cache import DEFAULT_BUDGET_BYTES, HiddenStateCache
-    from petlprof.errors import UsageError
 
     if not method.side_tuning:
         raise UsageError(f"cache_hidden_states needs a side-tuning method; '{spec.method}' is not one")
@@ -335,6 +345,7 @@ def run_phases(ctx: RunContext) -> Phases | None:
 
 
 def _inference(ctx: RunContext, eval_phase: dict[str, Any]) -> dict[str, Any]:
+    # petlprof.inference (torch): kept off the sweep's driver, which imports this module
     from petlprof.inference import measure_inference, target_window_s
 
     spec = ctx.spec
@@ -372,6 +383,7 @@ def _generation(ctx: RunContext, model, eval_phase: dict[str, Any], label: str =
     """The LM objective's ``generation`` phase: greedy decoding of evaluation prompts at batch 1 and at
     the evaluation batch size (:func:`petlprof.generation.measure_generation`), its window as long as
     the inference phase's would be."""
+    # petlprof.generation, .inference, .modeling (torch): kept off the sweep's driver, which imports this module
     from petlprof.generation import measure_generation
     from petlprof.inference import target_window_s
     from petlprof.modeling import greedy_generate
@@ -394,6 +406,7 @@ def _generation(ctx: RunContext, model, eval_phase: dict[str, Any], label: str =
 
 
 def _train_and_evaluate(ctx: RunContext, train_meters: list, eval_meters: list) -> Phases | None:
+    # petlprof.train (torch): kept off the sweep's driver, which imports this module
     from petlprof.train import Steps, evaluate, train
 
     spec, ranks, budget = ctx.spec, ctx.ranks, ctx.budget
@@ -440,6 +453,7 @@ def _train_and_evaluate(ctx: RunContext, train_meters: list, eval_meters: list) 
 
 def _evaluate_lm(ctx: RunContext, model, io) -> tuple:
     """(phase, generated texts, references) of a language-modelling run's evaluation (one process)."""
+    # petlprof.lm_eval, petlprof.modeling (torch): kept off the sweep's driver, which imports this module
     from petlprof.lm_eval import evaluate_lm
     from petlprof.modeling import greedy_generate
 
@@ -462,6 +476,7 @@ def _evaluate_merged(ctx: RunContext, preds) -> tuple[dict[str, Any], Any]:
     Also records the fraction of predictions equal to the unmerged ones.  A merge that fails is
     recorded as this phase's error; the unmerged results stand.
     """
+    # numpy, petlprof.train (torch): kept off the sweep's driver, which imports this module
     import numpy as np
 
     from petlprof.train import evaluate
@@ -498,6 +513,7 @@ def _evaluate_merged(ctx: RunContext, preds) -> tuple[dict[str, Any], Any]:
 def to_record(ctx: RunContext, phases: Phases | None) -> dict[str, Any]:
     """The record's fields from a run's context and phases, ``status`` included: ``ok``, or ``diverged``
     without scores (a rank other than rank 0: only its place)."""
+    # petlprof.meters.idle (numpy): kept off the sweep's driver, which imports this module
     from petlprof.meters.idle import sweep_idle
 
     if phases is None:
@@ -583,7 +599,6 @@ def checkpoint_bytes(model) -> int:
     """What the method must save: the size of its trainable tensors as one safetensors file
     (:func:`petlprof.records.safetensors_bytes`; a tensor shared by two names, as tied embeddings, once).
     0 when nothing trains."""
-    from petlprof.records import safetensors_bytes
 
     return safetensors_bytes({name: p for name, p in model.named_parameters() if p.requires_grad})
 
@@ -600,6 +615,7 @@ def _diverged_error(diverged: dict[str, Any]) -> str:
 def prediction_warnings(preds, task) -> list[str]:
     """A warning when a classifier's evaluation predictions are all one class: its scores are then those
     of always answering that class (the majority rate), not of a learned model."""
+    # numpy: kept off the sweep's driver, which imports this module
     import numpy as np
 
     if task.objective == LM:

@@ -60,6 +60,7 @@ class PetlprofBench:
         self.failures: list[str] = []
 
     def profile(self, method: str, backbone: str = "tiny-bert", **kwargs):
+        # petlprof.bench (torch): pytest loads this plugin in every session; only benchmarks need torch
         from petlprof.bench import Diverged, MethodStep
 
         try:
@@ -100,6 +101,7 @@ class PetlprofBench:
         **kwargs,
     ) -> float:
         """Time one training step of ``method`` and of ``reference`` in alternation; check the ratio."""
+        # petlprof.bench (torch): pytest loads this plugin in every session; only benchmarks need torch
         from petlprof.bench import Diverged, MethodStep, paired_ratio, time_rounds
 
         steps = {name: MethodStep(name, backbone, **kwargs) for name in (method, reference)}
@@ -126,6 +128,7 @@ class PetlprofBench:
 
 @pytest.fixture(scope="session")
 def _petlprof_baseline(request):
+    # petlprof.bench (torch): pytest loads this plugin in every session; only benchmarks need torch
     from petlprof.bench import Baseline
 
     option = request.config.getoption("--petlprof-baseline")

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import math
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -87,6 +88,7 @@ class Quantization:
 
     def bnb_config(self):
         """transformers' :class:`~transformers.BitsAndBytesConfig` of these settings."""
+        # transformers: slow to import, loaded only when used
         from transformers import BitsAndBytesConfig
 
         if not self.four_bit:
@@ -119,6 +121,7 @@ def check_available(method: str) -> None:
 def kept_in_float(model) -> list[str]:
     """The module names ``from_pretrained`` leaves unquantised: the output embeddings (LM head), weights tied
     to them, the model's last module, and the model class's ``_keep_in_fp32_modules`` (T5: ``wo``)."""
+    # transformers: slow to import, loaded only when used
     from transformers.quantizers.base import get_keys_to_not_convert
 
     return sorted({*get_keys_to_not_convert(model), *(getattr(model, "_keep_in_fp32_modules", None) or ())})
@@ -129,6 +132,7 @@ def quantize_model(model, settings: Quantization, device: str) -> dict[str, Any]
     ``settings.bnb_config()`` would (see the module's docstring); returns the record's
     ``training.quantization`` (:class:`petlprof.records.QuantizationInfo`)."""
     check_available(settings.method)
+    # bitsandbytes: optional (petlprof[quantize]); torch, transformers: slow to import, loaded only when used
     import bitsandbytes as bnb
     import torch
     from transformers.integrations.bitsandbytes import replace_with_bnb_linear
@@ -154,6 +158,7 @@ def quantize_model(model, settings: Quantization, device: str) -> dict[str, Any]
 def _load_quantized(bnb, layer, source, settings: Quantization, device: str) -> None:
     """Give a bitsandbytes layer (made on the meta device) the weights of the float layer it replaces,
     quantised on ``device`` as transformers' loader does; GPT-2's Conv1D stores its weight transposed."""
+    # torch, transformers: slow to import, loaded only when used
     import torch
     from transformers.pytorch_utils import Conv1D
 
@@ -175,6 +180,7 @@ def _load_quantized(bnb, layer, source, settings: Quantization, device: str) -> 
 
 
 def _describe(bnb, model, settings: Quantization, quantized: list[str], kept: list[str], device: str) -> dict[str, Any]:
+    # kept out of petlprof --help's imports
     from petlprof.architecture import name_patterns
 
     layers = [model.get_submodule(name) for name in quantized]
@@ -209,6 +215,7 @@ def quantization_state(model) -> list:
     ``CB`` is the weight itself).  Empty for a model without bitsandbytes layers."""
     if "bitsandbytes" not in sys.modules:  # no bitsandbytes layer can exist
         return []
+    # torch: slow to import, loaded only when used
     import torch
 
     bnb = sys.modules["bitsandbytes"]
@@ -244,6 +251,7 @@ def float_weight(module) -> Any:
     For code that reads a frozen backbone's weights, such as LST's pruned initialisation."""
     weight = module.weight
     if type(weight).__name__ in ("Params4bit", "Int8Params"):
+        # transformers: slow to import, loaded only when used
         from transformers.integrations.bitsandbytes import dequantize_bnb_weight
 
         return dequantize_bnb_weight(weight, getattr(module, "state", None)).detach().float()
@@ -254,7 +262,6 @@ def parameter_count(model) -> int:
     """Parameters of ``model`` as weights, not as stored: a 4-bit layer's packed weight holds two a byte
     (its quantisation state knows the weight's shape), as PEFT's ``get_nb_trainable_parameters`` counts them.
     The run's and the estimate's ``total_params``."""
-    import math
 
     total = 0
     for param in model.parameters():

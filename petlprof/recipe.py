@@ -43,6 +43,7 @@ class PrecisionError(RuntimeError):
 def autocast(precision: str, device: str) -> Iterator[None]:
     """The context a forward pass runs in at ``precision``: autocast to its dtype (nothing for fp32).
     An operation without a kernel for that dtype on ``device`` raises a one-line :class:`PrecisionError`."""
+    # torch: slow to import, loaded only when used
     import torch
 
     with kernels_checked(precision, device):
@@ -94,18 +95,21 @@ class TrainRecipe:
 
     def optimizer(self, model):
         """(optimiser, the parameters it updates) for ``model``'s trainable parameters."""
+        # torch: slow to import, loaded only when used
         import torch
 
         groups = self.param_groups(model)
         return torch.optim.AdamW(groups, lr=self.lr), [p for group in groups for p in group["params"]]
 
     def schedule(self, optimizer, total_steps: int):
+        # transformers: slow to import, loaded only when used
         from transformers import get_linear_schedule_with_warmup
 
         return get_linear_schedule_with_warmup(optimizer, int(self.warmup_fraction * total_steps), total_steps)
 
     def clip(self, params) -> float:
         """Clip the gradients of ``params`` to ``max_grad_norm``; returns their total norm before clipping."""
+        # torch: slow to import, loaded only when used
         import torch
 
         return float(torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm))
@@ -121,6 +125,7 @@ class TrainRecipe:
     def scaler(self, device: str):
         """fp16's dynamic loss scaler for ``device`` (``torch.amp.GradScaler``); for the other precisions
         a disabled one, which passes the loss, gradients and optimiser step through unchanged."""
+        # torch: slow to import, loaded only when used
         import torch
 
         return torch.amp.GradScaler(torch_device_type(device), enabled=self.precision == FP16)

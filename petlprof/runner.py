@@ -29,6 +29,10 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from petlprof.envinfo import environment
+from petlprof.errors import UsageError
+from petlprof.meters.memory import status_bytes
+from petlprof.pipeline import prepare, run_phases, to_record
 from petlprof.records import (
     CANCELLED,
     FAILED,
@@ -40,7 +44,10 @@ from petlprof.records import (
     RunRecord,
     add_overhead,
 )
+from petlprof.registry import get_method
 from petlprof.spec import BUDGET_FIELDS, RunSpec, spec_identity  # noqa: F401  (re-exported)
+from petlprof.warm import serves
+from petlprof.worker_process import command
 
 if TYPE_CHECKING:
     from petlprof.train import Progress
@@ -54,8 +61,6 @@ def _now() -> str:
 def _base_record(spec: RunSpec) -> RunRecord:
     """What every record holds, a failed one too: the run, its method's knob and the fields changed
     from the method's defaults (so a failed configuration reads like its finished seeds)."""
-    from petlprof.errors import UsageError
-    from petlprof.registry import get_method
 
     try:
         method = get_method(spec.method)
@@ -105,8 +110,7 @@ def execute(spec: RunSpec, max_memory_bytes: int | None = None) -> RunRecord:
     A run of ``spec.nproc`` > 1 ranks executes here only as one rank started by torchrun (see
     :mod:`petlprof.distributed`), else this raises a UsageError; rank 0's record is the run's.
     """
-    from petlprof.envinfo import environment
-    from petlprof.pipeline import prepare, run_phases, to_record
+    # petlprof.ranks, petlprof.train (torch): the sweep's driver imports this module; only a run's process needs torch
     from petlprof.ranks import rank_context
     from petlprof.train import Progress
 
@@ -152,10 +156,10 @@ def _is_oom(exc: BaseException) -> bool:
 
 def _memory_now(device: str) -> FailedAt:
     """Memory figures at the moment of a failure (bytes)."""
-    from petlprof.meters.memory import status_bytes
 
     figures: FailedAt = {"rss_bytes": status_bytes("VmRSS"), "peak_rss_bytes": status_bytes("VmHWM")}
     if device.startswith("cuda"):
+        # torch: the sweep's driver imports this module; only a run's process needs torch
         import torch
 
         figures["cuda_allocated_bytes"] = int(torch.cuda.memory_allocated(device))
@@ -250,8 +254,6 @@ def _start(
     spec: RunSpec, spec_path: Path, out_path: Path, warm: WarmWorker | None
 ) -> tuple[subprocess.Popen[bytes] | WarmChild, str]:
     """The run's process (``Popen`` or :class:`petlprof.warm.WarmChild`) and how it was made."""
-    from petlprof.warm import serves
-    from petlprof.worker_process import command
 
     if warm is not None and warm.broken is None and serves(spec):
         try:
@@ -278,6 +280,7 @@ def _lost_record(
     """The record of a run whose process wrote none: a failed rank's, or the exit code and last lines."""
     text = tail.decode(errors="replace").strip().splitlines()
     if spec.nproc > 1:  # a failed rank left its record, or torchrun its exit code
+        # petlprof.distributed (torch): the sweep's driver imports this module; only a run's process needs torch
         from petlprof.distributed import read_failure
 
         if (fields := read_failure(out_path, spec.nproc)) is not None:

@@ -67,6 +67,7 @@ def config_from_file(path: Path | str):
 def config_from_dict(values: Any, label: str):
     """A transformers config from a ``config.json``'s values (``_source``, where a shape was copied
     from, becomes the config's ``source_url``)."""
+    # transformers: slow to import, loaded only when used
     from transformers import AutoConfig
 
     if not isinstance(values, dict) or "model_type" not in values:

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -168,7 +169,6 @@ class StoreLock:
         self._fh: IO[str] | None = None
 
     def __enter__(self) -> StoreLock:
-        import fcntl
 
         fh = open(self.path, "a+", encoding="utf-8")
         try:

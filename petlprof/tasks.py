@@ -206,6 +206,7 @@ def _load_labelled(
 
 
 def _load_tweets(name: str, train_size: int | None, eval_size: int | None, split_seed: int) -> TaskData:
+    # pandas: slow to import, loaded only when used
     import pandas as pd
 
     labels, metric_names = _TWEET_TASKS[name]
@@ -285,6 +286,7 @@ def _load_glue(
 
 def _glue_from_hub(name: str, task: _Glue):
     """Train and eval frames of a GLUE task from the hub, and the ClassLabel names if any."""
+    # datasets: slow to import, loaded only when used
     import datasets
 
     try:
@@ -304,6 +306,7 @@ def _glue_from_hub(name: str, task: _Glue):
 
 def _glue_labels(series: pd.Series, label_names: list[str] | None, where: str) -> list:
     """GLUE labels as class ids (ints, or strings among ``label_names``) or floats for STS-B."""
+    # pandas: slow to import, loaded only when used
     from pandas.api.types import is_numeric_dtype
 
     if label_names is None:
@@ -425,6 +428,7 @@ def _gives_labels_away(texts: list[str], labels: list[str]) -> bool:
 
 def _infer_labels(train: pd.Series, evaluation: pd.Series, column: str):
     """Class ids of both splits and the sorted label set, or floats and None for regression."""
+    # pandas: slow to import, loaded only when used
     import pandas as pd
     from pandas.api.types import is_bool_dtype, is_float_dtype, is_numeric_dtype
 

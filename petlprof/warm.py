@@ -34,7 +34,9 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
+import traceback
 from pathlib import Path
 from typing import BinaryIO
 
@@ -241,7 +243,6 @@ def serve(fd: int, run_job, preload) -> int:
     sock = socket.socket(fileno=fd)
     lines = _Lines(sock)
     preload()  # and out of the garbage collector's scans (gc.freeze): each child's collections skip them
-    import threading
 
     threads = _threads()
     if threading.active_count() != 1 or threads < 1:
@@ -282,8 +283,6 @@ def _child(sock: socket.socket, stderr_fd: int, run_job, request: dict, resident
     except KeyboardInterrupt:
         code = 130
     except BaseException:  # noqa: B036 - a child must never return into the warm worker's loop
-        import traceback
-
         traceback.print_exc()
     finally:
         sys.stdout.flush()

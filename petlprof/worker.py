@@ -18,6 +18,7 @@ after that would otherwise ignore the sweep's ``terminate()`` and run on.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -27,15 +28,15 @@ import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
+from petlprof.libraries import import_runtime_libraries
 from petlprof.records import FINAL_STATUSES
 from petlprof.runner import RunSpec, execute
+from petlprof.warm import serve
 from petlprof.worker_process import LAUNCH, command, die_with_parent, expected_parent  # noqa: F401  (re-exported)
 
 
 def main(argv: list[str]) -> int:
     if argv[0] == "--serve":
-        from petlprof.warm import serve
-
         die_with_parent(expected_parent())
         return serve(int(argv[1]), run_job, preload)
     if argv[0] != "--nproc":  # a run (or a rank of one) imports as a warm worker does; torchrun's launcher need not
@@ -43,6 +44,7 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)  # the imports are done: Ctrl-C cancels the run
     die_with_parent(expected_parent())
     if argv[0] == "--nproc":
+        # petlprof.distributed (torch): torchrun's launcher only; a run's libraries load in preload(), in order
         from petlprof.distributed import launch
 
         return launch(int(argv[1]), argv[2], argv[3])
@@ -56,9 +58,6 @@ def preload() -> None:
     garbage collector's scans (``gc.freeze``): a run collects garbage before each phase
     (:func:`petlprof.meters.memory.release_free_memory`), and each collection walked them all (about 0.25 s
     of CPU after these imports, five times per run)."""
-    import gc
-
-    from petlprof.libraries import import_runtime_libraries
 
     import_runtime_libraries()
     gc.collect()  # the imports' garbage first: what is frozen is never freed
@@ -75,6 +74,7 @@ def run_job(spec_path: Path, out_path: Path) -> int:
     except KeyboardInterrupt:  # Ctrl-C reaches the whole process group; the sweep records the cancel
         return 130
     if record["spec"]["nproc"] > 1:
+        # petlprof.distributed (torch): after preload(), which imports the run's libraries in their order
         from petlprof.distributed import rank_record_path
 
         rank = int(os.environ["RANK"])

@@ -24,6 +24,7 @@ imports nothing heavy (the command line reads it for ``--help``).
 from __future__ import annotations
 
 from petlprof.errors import UsageError
+from petlprof.values import Choice
 
 EAGER, SDPA, FLASH = "eager", "sdpa", "flash"
 ATTENTIONS = (EAGER, SDPA, FLASH)
@@ -41,6 +42,7 @@ def attn_implementation(attention: str) -> dict[str, str | None]:
 def implementation_of(model) -> str:
     """The attention implementation transformers built ``model`` (or the first transformers model inside it: a
     task model's backbone, wrapped by a method or not) with: ``eager``, ``sdpa``, ..."""
+    # transformers: slow to import, loaded only when used
     from transformers import PreTrainedModel
 
     built = next(m for m in model.modules() if isinstance(m, PreTrainedModel))
@@ -49,8 +51,8 @@ def implementation_of(model) -> str:
 
 def check_attention(attention: str, precision: str, device: str) -> None:
     """``--attention``'s value, and flash's need of a half-precision step on a GPU, in one line (exit 2)."""
+    # kept out of petlprof --help's imports
     from petlprof.estimate.autocast import policy_device
-    from petlprof.values import Choice
 
     Choice(choices=ATTENTIONS, kind="attention").check("attention", attention)
     if attention == FLASH and policy_device(device) == "cuda" and precision == "fp32":

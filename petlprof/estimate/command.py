@@ -8,14 +8,17 @@ import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from petlprof.errors import UsageError, printable
 from petlprof.estimate import gpus
-from petlprof.estimate.attention import ATTENTIONS, DEFAULT_ATTENTION, check_attention
-from petlprof.estimate.lm import CLASSIFICATION, DEFAULT_TARGET_LENGTH, LM
+from petlprof.estimate.attention import ATTENTIONS, DEFAULT_ATTENTION, FLASH, check_attention, check_flash_support
+from petlprof.estimate.lm import CLASSIFICATION, DEFAULT_TARGET_LENGTH, LM, check_family
+from petlprof.method_api import check_objective
 from petlprof.options import OPTIONS, default_of, help_of, kind_of
-from petlprof.values import Flag, Integer, flag
+from petlprof.quantization import NONE, Quantization
+from petlprof.values import Flag, Integer, flag, parse_bytes
 
 if TYPE_CHECKING:  # both import torch: not for --help
     from petlprof.estimate.core import Settings
@@ -129,10 +132,9 @@ def _quantizations(args: argparse.Namespace, methods: list[str]) -> list:
     """One :class:`~petlprof.quantization.Quantization` (None for ``none``) per ``--quantize`` value, checked as
     ``petlprof run`` checks them (:func:`petlprof.config.validate_quantize`): every method must declare
     that it runs on such a backbone."""
-    from types import SimpleNamespace
 
+    # kept out of petlprof --help's imports
     from petlprof.config import validate_quantize
-    from petlprof.quantization import NONE, Quantization
 
     for name in QUANTIZE_OPTIONS:
         kind_of(name).check(name, getattr(args, name))
@@ -173,6 +175,7 @@ def _objective(args: argparse.Namespace) -> tuple[str, int | None]:
 def _configurations(methods: list[str], overrides: dict[str, dict], grid: bool) -> list[tuple[str, dict]]:
     """(method as --methods names it, its option overrides) for every configuration to estimate; as for
     ``petlprof run``, --method-config addresses a plug-in given as ``module:ATTR`` by its spec's name."""
+    # kept out of petlprof --help's imports
     from petlprof.registry import get_method, methods_by_name
 
     named = methods_by_name(methods)
@@ -194,11 +197,9 @@ def _check_applies(
     objective: str = CLASSIFICATION,
     attention: str = DEFAULT_ATTENTION,
 ) -> None:
+    # kept out of petlprof --help's imports
     from petlprof.architecture import describe, unsupported_reason
-    from petlprof.estimate.attention import FLASH, check_flash_support
-    from petlprof.estimate.lm import check_family
     from petlprof.estimate.model import build_backbone_model, family
-    from petlprof.method_api import check_objective
     from petlprof.registry import get_method
 
     if objective == LM:
@@ -219,6 +220,7 @@ def _default_methods(objective: str, quantize: list[str]) -> tuple[list[str], li
     """(every built-in method that trains on ``objective`` and runs on each ``--quantize`` value, those left out
     because a quantised backbone stores the weights they train packed): the zero-shot row trains nothing, so
     it has no step to price."""
+    # kept out of petlprof --help's imports
     from petlprof.config import ZERO_SHOT
     from petlprof.registry import get_method, method_names
 
@@ -229,8 +231,8 @@ def _default_methods(objective: str, quantize: list[str]) -> tuple[list[str], li
 
 def _settings(args: argparse.Namespace):
     """The settings every estimate of the command shares, its options checked (one line, exit 2)."""
+    # kept out of petlprof --help's imports
     from petlprof.estimate.core import Settings
-    from petlprof.values import parse_bytes
 
     for name in CHECKED_OPTIONS:  # the run options' checks: one line, exit 2
         kind_of(name).check(name, getattr(args, name))
@@ -255,6 +257,7 @@ def _settings(args: argparse.Namespace):
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
+    # kept out of petlprof --help's imports
     from petlprof.config import parse_method_overrides
     from petlprof.estimate.core import estimate
     from petlprof.estimate.model import resolve_backbone
@@ -298,6 +301,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 def _check_length(backbone: ResolvedBackbone, settings: Settings) -> None:
     """The positions a step reads fit the backbone's: ``--max-length`` as a run checks it, and a decoder's LM
     sequence is prompt + target."""
+    # kept out of petlprof --help's imports
     from petlprof.backbones import check_shape
 
     check_shape(backbone.name, backbone.config, max_length=settings.max_length)
@@ -346,6 +350,7 @@ def _config_label(record: dict) -> str:
 
 def table_rows(records: list[dict], settings) -> list[dict[str, Any]]:
     """One row of strings per record, every number with its unit."""
+    # kept out of petlprof --help's imports
     from petlprof.estimate.core import META_TRACE
 
     rows = []
@@ -473,9 +478,11 @@ def _precision(settings) -> str:
 
 def plot_memory_vs_size(records: list[dict], path: Path) -> Path:
     """Peak training memory (GiB) against total parameters, one line per method configuration."""
+    # matplotlib: slow to import, loaded only when used
     import matplotlib
 
     matplotlib.use("Agg")
+    # matplotlib: slow to import, loaded only when used
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 5))

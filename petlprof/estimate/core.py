@@ -33,18 +33,22 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from petlprof.errors import UsageError
 from petlprof.estimate import gpus
 from petlprof.estimate.attention import DEFAULT_ATTENTION, FLASH, implementation_of
 from petlprof.estimate.autocast import policy_device
 from petlprof.estimate.fallback import extrapolated_figures
 from petlprof.estimate.lm import CLASSIFICATION, LM, lm_figures
-from petlprof.estimate.model import ResolvedBackbone, build, weight_breakdown
+from petlprof.estimate.model import ResolvedBackbone, build, family, weight_breakdown
 from petlprof.estimate.quantized import check_traceable
 from petlprof.estimate.trace import UntraceableError, example_batch, inference_batch, lm_batch, train_steps
+from petlprof.modeling import lm_loss
 from petlprof.options import default_of
 from petlprof.quantization import DEFAULT_COMPUTE_DTYPE, NONE, Quantization, parameter_count, run_fields
 from petlprof.recipe import AUTOCAST_DTYPES, FP32
+from petlprof.registry import get_method
 
 META_TRACE = "meta-device trace of the step (no weights allocated)"
 
@@ -74,7 +78,6 @@ class Settings:
 def estimate(resolved: ResolvedBackbone, method_name: str, overrides: dict, settings: Settings) -> dict[str, Any]:
     """The ``estimates.jsonl`` record of one method configuration (status ``failed`` with its error
     when the model cannot be built or traced; a bad option is a UsageError before that)."""
-    from petlprof.registry import get_method
 
     method = get_method(method_name)
     config = method.make_config(overrides)
@@ -114,7 +117,6 @@ def estimate(resolved: ResolvedBackbone, method_name: str, overrides: dict, sett
 
 def trace_figures(resolved: ResolvedBackbone, method, config, settings: Settings, device: str = "meta") -> dict:
     """Parameters, bytes and FLOPs of ``method`` on ``resolved`` from one traced step on ``device``."""
-    import torch
 
     if device == "meta":
         check_traceable(settings.quantization)
@@ -133,9 +135,6 @@ def trace_figures(resolved: ResolvedBackbone, method, config, settings: Settings
     dtype = str(next(p for p in model.parameters() if p.is_floating_point()).dtype).removeprefix("torch.")
     loss_fn = None
     if settings.objective == LM:
-        from petlprof.estimate.model import family
-        from petlprof.modeling import lm_loss
-
         loss_fn = functools.partial(lm_loss, family=family(resolved))  # the run's: mean over the target tokens
         encoder_decoder = bool(getattr(resolved.config, "is_encoder_decoder", False))
         if settings.target_length is None:

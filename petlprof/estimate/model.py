@@ -12,6 +12,7 @@ with the method applied (:func:`petlprof.modeling.trainable_model`).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -78,6 +79,7 @@ def resolve_backbone(spec: str, num_layers: int | None = None) -> ResolvedBackbo
 
 
 def _preset(spec: str) -> ResolvedBackbone:
+    # transformers: slow to import, loaded only when used
     from transformers import AutoTokenizer
 
     config = backbone_config(spec)
@@ -139,6 +141,7 @@ def build(
     ``quantization``, a :class:`petlprof.quantization.Quantization`, says, by
     :func:`petlprof.estimate.quantized.quantize_backbone`), the objective's task model (a classifier head, or
     the backbone's own LM head), method applied; on ``device``."""
+    # torch, petlprof.modeling (torch): slow to import, loaded only when used
     import torch
 
     from petlprof.modeling import trainable_model
@@ -146,6 +149,7 @@ def build(
     model = build_backbone_model(resolved, device, lm_head=objective == LM, attention=attention)
     info = None
     if quantization is not None:
+        # petlprof.estimate.quantized (torch): slow to import, loaded only when used
         from petlprof.estimate.quantized import quantize_backbone
 
         info = quantize_backbone(model, quantization, device)
@@ -177,6 +181,7 @@ def build_backbone_model(
     :func:`petlprof.backbones.prepare_backbone_model`: the pooler dropped, the pad id set), on ``device``, with
     ``attention``'s implementation (:func:`petlprof.estimate.attention.attn_implementation`); ``lm_head``: with
     its language-modelling head (a causal or a sequence-to-sequence LM)."""
+    # torch: slow to import, loaded only when used
     import torch
 
     with torch.device(device), _fast_meta(device):
@@ -187,8 +192,8 @@ def build_backbone_model(
 
 def _fast_meta(device: str):
     """On meta, the weight initialisation runs under the tracer's shortcuts (in-place fills are no-ops there)."""
-    import contextlib
 
+    # petlprof.estimate.trace (torch): slow to import, loaded only when used
     from petlprof.estimate.trace import MetaTrace
 
     return MetaTrace() if device == "meta" else contextlib.nullcontext()

@@ -31,18 +31,19 @@ from __future__ import annotations
 from typing import Any
 
 from petlprof.estimate.kernels import UntraceableError
+from petlprof.estimate.trace import MetaTrace
+from petlprof.quantization import quantization_state, quantize_model
 
 
 def quantize_backbone(model, quantization, device: str) -> dict[str, Any]:
     """Quantise ``model``'s linear layers in place as a run does (``quantization``: a
     :class:`petlprof.quantization.Quantization`), on ``device`` (``meta``: with the weights quantised here, see
     the module docstring); returns the record's ``quantization`` (the run record's ``training.quantization``)."""
-    from petlprof.estimate.trace import MetaTrace
-    from petlprof.quantization import quantize_model
 
     if device != "meta":
         return quantize_model(model, quantization, device)
     check_traceable(quantization)
+    # bitsandbytes: optional (petlprof[quantize])
     import bitsandbytes as bnb
 
     # under the tracer a real tensor moved to meta stays real: bitsandbytes' shared code book (``name2qmap``),
@@ -82,7 +83,6 @@ def packed_bytes(layers: list) -> int:
 def state_bytes(model, layers: list) -> int:
     """Bytes of the quantisation state beside the weights (:func:`petlprof.quantization.quantization_state`),
     each storage once; an int8 layer's ``CB`` is its weight and not counted again."""
-    from petlprof.quantization import quantization_state
 
     seen = {layer.weight.untyped_storage()._cdata for layer in layers}
     total = 0

@@ -45,6 +45,7 @@ from petlprof.estimate.autocast import MetaAutocast, policy_device
 from petlprof.estimate.kernels import DeviceKernels, UntraceableError, flop_counter
 from petlprof.meters.tensors import run_composite, runs_composite
 from petlprof.recipe import AUTOCAST_DTYPES, FP16, FP32, TrainRecipe
+from petlprof.train import loss_fn as classifier_loss
 
 aten = torch.ops.aten
 _INDEX_OPS = {aten.index.Tensor, aten.index_put.default, aten.index_put_.default, aten._index_put_impl_.default}
@@ -318,8 +319,6 @@ def train_steps(
     default (the LM objective passes its own); ``attention_kernel``: the attention kernel every call runs
     (``--attention flash``), else the device's choice."""
     if loss_fn is None:
-        from petlprof.train import loss_fn as classifier_loss
-
         loss_fn = classifier_loss
 
     if steps < 2:

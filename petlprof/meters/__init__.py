@@ -85,6 +85,7 @@ def start_power_timeline(device: str, energy_meter: str = "auto"):
     another energy meter was asked for."""
     if energy_meter not in ("auto", "nvml") or not device.startswith("cuda") or not NvmlEnergyMeter.available()[0]:
         return None
+    # petlprof.meters.power (numpy): slow to import, loaded only when used
     from petlprof.meters.power import NvmlPowerSource, PowerTimeline
 
     return PowerTimeline(NvmlPowerSource([nvml_dev.cuda_uuid(device)], os.getpid())).start()

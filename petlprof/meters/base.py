@@ -35,6 +35,7 @@ def source_key(figure: Figure) -> str:
 def synchronize(device: str) -> None:
     """Wait for queued work on ``device`` so a timestamp or counter read covers it."""
     if device.startswith("cuda"):
+        # torch: slow to import, loaded only when used
         import torch
 
         torch.cuda.synchronize(device)

@@ -37,12 +37,14 @@ class CodecarbonMeter(Meter):
     @classmethod
     def available(cls) -> tuple[bool, str]:
         try:
+            # codecarbon: slow to import, loaded only when used
             import codecarbon
         except ImportError as exc:
             return False, f"codecarbon is not installed: {exc}"
         return True, f"codecarbon {codecarbon.__version__} offline tracker (extra meter: --meters codecarbon)"
 
     def prepare(self) -> None:
+        # codecarbon: slow to import, loaded only when used
         from codecarbon import OfflineEmissionsTracker
 
         logging.getLogger("codecarbon").setLevel(logging.ERROR)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -24,8 +25,15 @@ import numpy as np
 from petlprof.figures import CODECARBON_ENERGY_J, ENERGY, PEAK_MEMORY
 from petlprof.meters import meter_status
 from petlprof.meters.base import Window
+from petlprof.meters.carbon import CodecarbonMeter
 from petlprof.meters.check_gpu import cuda_allocator_checks, nvml_checks
+from petlprof.meters.contention import CONTENDED_SHARE, ContentionMeter
+from petlprof.meters.cpu_power_model import EstimateEnergyMeter, cpu_power_per_core, estimate_model
 from petlprof.meters.devices import rapl
+from petlprof.meters.energy import RaplEnergyMeter
+from petlprof.meters.idle import rapl_power_w
+from petlprof.meters.memory import CpuMemoryMeter
+from petlprof.meters.tensors import CpuTensorMeter
 from petlprof.meters.verdicts import FAIL, KNOWN_BYTES, PASS, REPEATS, WARN, Check, MeterReport, graded
 
 SHORT_WINDOW_S = 0.25  # the repeated-window spread check
@@ -104,8 +112,6 @@ def spread_check(meter_factory: Callable[[], Any], what: str) -> Check:
 
 
 def rapl_checks(root=rapl.POWERCAP) -> list[Check]:
-    from petlprof.meters.energy import RaplEnergyMeter
-    from petlprof.meters.idle import rapl_power_w
 
     domains = rapl.domains(root)
     period, changes = update_period_s(lambda: rapl.read_uj(domains))
@@ -134,7 +140,6 @@ def rapl_checks(root=rapl.POWERCAP) -> list[Check]:
 
 
 def estimate_checks(why_not_measured: list[str]) -> list[Check]:
-    from petlprof.meters.cpu_power_model import EstimateEnergyMeter, cpu_power_per_core, estimate_model
 
     model = estimate_model(cpu_power_per_core())
     resolution = time.get_clock_info("process_time").resolution
@@ -160,7 +165,6 @@ def estimate_checks(why_not_measured: list[str]) -> list[Check]:
 
 
 def cpu_rss_checks() -> list[Check]:
-    from petlprof.meters.memory import CpuMemoryMeter
 
     with Window([CpuMemoryMeter("cpu")]) as window:
         block = np.ones(KNOWN_BYTES // 8)
@@ -181,9 +185,8 @@ def cpu_rss_checks() -> list[Check]:
 
 
 def cpu_tensor_checks() -> list[Check]:
+    # torch: slow to import, loaded only when used
     import torch
-
-    from petlprof.meters.tensors import CpuTensorMeter
 
     size = 10_000_000
     with Window([CpuTensorMeter("cpu")]) as window:
@@ -206,7 +209,6 @@ def cpu_tensor_checks() -> list[Check]:
 
 
 def codecarbon_checks() -> list[Check]:
-    from petlprof.meters.carbon import CodecarbonMeter
 
     with Window([CodecarbonMeter("cpu")]) as window:
         busy_cpu(1.0)
@@ -224,9 +226,6 @@ def codecarbon_checks() -> list[Check]:
 
 
 def contention_checks() -> list[Check]:
-    import subprocess
-
-    from petlprof.meters.contention import CONTENDED_SHARE, ContentionMeter
 
     with Window([ContentionMeter()]) as quiet:
         time.sleep(0.5)

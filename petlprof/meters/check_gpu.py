@@ -12,6 +12,8 @@ import time
 from petlprof.figures import ENERGY, ENERGY_COUNTER, ENERGY_INTEGRATED, ENERGY_WINDOW, PEAK_MEMORY
 from petlprof.meters.base import Window
 from petlprof.meters.devices import nvml as nvml_dev
+from petlprof.meters.energy import NvmlEnergyMeter
+from petlprof.meters.memory import CudaMemoryMeter
 from petlprof.meters.verdicts import FAIL, KNOWN_BYTES, PASS, REPEATS, WARN, Check, graded
 
 DEVICE = "cuda"
@@ -23,6 +25,7 @@ AGREE_BURSTY = (0.10, 0.30)
 def gpu_work(seconds: float, duty: float = 1.0, period_s: float = 0.1) -> None:
     """Matrix products on the GPU for ``seconds``: all the time (``duty`` 1) or busy for ``duty`` of
     every ``period_s`` and idle for the rest (bursts locked to the sensor's update period)."""
+    # torch: slow to import, loaded only when used
     import torch
 
     x = torch.randn(4096, 4096, device=DEVICE)
@@ -39,7 +42,6 @@ def gpu_work(seconds: float, duty: float = 1.0, period_s: float = 0.1) -> None:
 
 def _metered(timeline, seconds: float, duty: float = 1.0, period_s: float = 0.1) -> dict:
     """The NVML meter's reading of ``gpu_work`` over one window."""
-    from petlprof.meters.energy import NvmlEnergyMeter
 
     meter = NvmlEnergyMeter(DEVICE, timeline=timeline)
     try:
@@ -67,7 +69,10 @@ def _agreement(name: str, reading: dict, limits: tuple[float, float], load: str)
 
 
 def nvml_checks() -> list[Check]:
+    # looked up at each call, not bound at import: tests replace petlprof.meters.start_power_timeline
     from petlprof.meters import start_power_timeline
+
+    # petlprof.meters.idle (numpy): slow to import, loaded only when used
     from petlprof.meters.idle import measure_idle
 
     idle = measure_idle(DEVICE, seconds=2.0)
@@ -130,6 +135,7 @@ def nvml_checks() -> list[Check]:
 
 
 def _spread(timeline) -> Check:
+    # numpy: slow to import, loaded only when used
     import numpy as np
 
     energies = [_metered(timeline, 0.5)[ENERGY.name] for _ in range(REPEATS)]
@@ -145,9 +151,8 @@ def _spread(timeline) -> Check:
 
 
 def cuda_allocator_checks() -> list[Check]:
+    # torch: slow to import, loaded only when used
     import torch
-
-    from petlprof.meters.memory import CudaMemoryMeter
 
     with Window([CudaMemoryMeter(DEVICE)], DEVICE) as window:
         block = torch.empty(KNOWN_BYTES, dtype=torch.uint8, device=DEVICE)

@@ -32,6 +32,7 @@ class StepTimer:
 
     def start(self) -> None:
         if self.cuda:
+            # torch: slow to import, loaded only when used
             import torch
 
             self._start_event = torch.cuda.Event(enable_timing=True)
@@ -42,6 +43,7 @@ class StepTimer:
 
     def stop(self, keep: bool = True) -> None:
         if self.cuda:
+            # torch: slow to import, loaded only when used
             import torch
 
             if self._start_event is None:

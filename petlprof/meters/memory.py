@@ -115,6 +115,7 @@ class CudaMemoryMeter(Meter):
     @classmethod
     def available(cls) -> tuple[bool, str]:
         try:
+            # torch: slow to import, loaded only when used
             import torch
         except ImportError:
             return False, "torch is not installed"
@@ -123,6 +124,7 @@ class CudaMemoryMeter(Meter):
         return True, "torch.cuda.max_memory_allocated / max_memory_reserved"
 
     def prepare(self) -> None:
+        # torch: slow to import, loaded only when used
         import torch
 
         gc.collect()  # the allocator cache is kept: emptying it would undo the warm-up steps
@@ -131,6 +133,7 @@ class CudaMemoryMeter(Meter):
             torch.cuda.memory._record_memory_history(max_entries=self.SNAPSHOT_ENTRIES)
 
     def _end(self) -> dict[str, Any]:
+        # torch: slow to import, loaded only when used
         import torch
 
         reading = {

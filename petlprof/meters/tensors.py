@@ -32,6 +32,7 @@ def runs_composite(func) -> bool:
     ``cpu-tensors`` meter and the estimate's trace both do so."""
     known = _COMPOSITES.get(func)
     if known is None:
+        # torch: slow to import, loaded only when used
         import torch
 
         name = func._schema.name if isinstance(func, torch._ops.OpOverload) else ""
@@ -45,12 +46,14 @@ def runs_composite(func) -> bool:
 def run_composite(func, args, kwargs):
     """Run ``func`` by its composite kernel; called inside a dispatch mode's ``__torch_dispatch__`` with the
     mode re-entered, so the kernel's inner operations come back to the mode one by one."""
+    # torch: slow to import, loaded only when used
     import torch
 
     return func.redispatch(torch._C.DispatchKeySet(torch._C.DispatchKey.CompositeExplicitAutograd), *args, **kwargs)
 
 
 def _mode_class():
+    # torch: slow to import, loaded only when used
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_leaves

@@ -99,6 +99,7 @@ def target_lines(frame: pd.DataFrame) -> list[float]:
 
 def draw_curves(frame: pd.DataFrame, title: str):
     """The figure of one task and backbone's curves."""
+    # matplotlib: slow to import, loaded only when used
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(8, 5), dpi=110)

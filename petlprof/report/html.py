@@ -47,6 +47,7 @@ def _data_uri(folder: Path, name: str) -> str | None:
 
 def render_html(markdown_text: str, folder: Path, title: str) -> str:
     """The page for ``markdown_text`` whose images and plot links point at files in ``folder``."""
+    # markdown: slow to import, loaded only when used
     import markdown
 
     body = markdown.markdown(markdown_text, extensions=["tables", "fenced_code"], output_format="html")

@@ -54,6 +54,7 @@ def standard_error(values: Sequence[float]) -> float:
 @functools.cache
 def t_quantile(p: float, dof: float) -> float:
     """The ``p`` quantile of Student's t with ``dof`` degrees of freedom."""
+    # scipy: slow to import, loaded only when used
     from scipy import stats
 
     return float(stats.t.ppf(p, dof))

@@ -237,6 +237,7 @@ class ConfigTables:
 def configuration_sections(runs: pd.DataFrame) -> list[ConfigTables]:
     """The tables of every task and backbone of the runs table (:func:`petlprof.report.frame.runs_frame`),
     one row per configuration (seeds merged: mean ± 95% CI).  Only finished (``ok``) runs count."""
+    # via petlprof (pandas, matplotlib): slow to import, loaded only when used
     from petlprof.report.frame import frontier, of_task, relative_to
     from petlprof.report.plots import COST_AXES
 
@@ -262,6 +263,7 @@ def configuration_sections(runs: pd.DataFrame) -> list[ConfigTables]:
 def configuration_tables(records: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, str]]:
     """(task, backbone, Markdown table of quality and costs) per task and backbone of ``records``: the first
     table of :func:`configuration_sections`."""
+    # petlprof.report.frame (pandas): slow to import, loaded only when used
     from petlprof.report.frame import runs_frame
 
     return [(s.task, s.backbone, s.tables[0][1]) for s in configuration_sections(runs_frame(records))]
@@ -270,6 +272,7 @@ def configuration_tables(records: Sequence[Mapping[str, Any]]) -> list[tuple[str
 def _accuracy_majority(runs: pd.DataFrame) -> float | None:
     """The majority-class rate of one task and backbone's runs when every one of them scores accuracy
     (None for another metric)."""
+    # petlprof.report.frame (pandas): slow to import, loaded only when used
     from petlprof.report.frame import majority_rate
 
     metrics = runs["primary_metric"]
@@ -278,6 +281,7 @@ def _accuracy_majority(runs: pd.DataFrame) -> float | None:
 
 def _ordered(group):
     """A task and backbone's configurations by method, then knob value, then config."""
+    # petlprof.report.frame (pandas): slow to import, loaded only when used
     from petlprof.report.frame import knob_sort_value
 
     order = sorted(
@@ -290,6 +294,7 @@ def _ordered(group):
 def _tables(group, majority: float | None) -> list[tuple[str, str]]:
     """The zero-shot row (the model before tuning) is a reference row under the costs table, left out of
     the comparison with ``full`` and of time to target, and a row like any other for latency and generation."""
+    # petlprof.report.frame (pandas): slow to import, loaded only when used
     from petlprof.report.frame import generation_batches
 
     tuned = group[group["method"] != ZERO_SHOT]
@@ -403,6 +408,7 @@ def _generation_table(group) -> str:
     """One row per configuration, model (as tuned; merged for methods that merge) and batch size: tokens per
     second, energy per token and per response, time to first token, per-token latency and peak memory;
     the side network's share of the per-token time where a run timed one."""
+    # petlprof.report.frame (pandas): slow to import, loaded only when used
     from petlprof.report.frame import generation_batches, generation_column
 
     kinds = [k for k in distinct(group.get("generation_energy_kind", [])) if isinstance(k, str)]

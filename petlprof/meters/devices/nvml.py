@@ -21,6 +21,7 @@ from contextlib import contextmanager
 
 def start():
     """Initialise NVML and return the ``pynvml`` module; pair with :func:`stop`."""
+    # pynvml: slow to import, loaded only when used
     import pynvml
 
     pynvml.nvmlInit()
@@ -52,6 +53,7 @@ def nvml_uuid(text: str) -> str:
 
 def cuda_uuid(device: str) -> str:
     """UUID of the CUDA device torch calls ``device``."""
+    # torch: slow to import, loaded only when used
     import torch
 
     index = torch.device(device).index
