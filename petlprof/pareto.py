@@ -1,6 +1,6 @@
 """Pareto fronts over any number of objectives, oriented by the metric-direction table.
 
-A point is a mapping from objective name to value (``{"accuracy": 0.86, "energy_j": 1224.0}``).
+A point is a mapping from objective name to value (an accuracy and a training energy, say).
 Whether an objective is better higher or lower comes from :func:`petlprof.metrics.direction`,
 never from its name.  A point is on the front when no other point is at least as good in every
 objective and strictly better in one; equal points therefore do not remove each other.  A point

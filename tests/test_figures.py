@@ -25,17 +25,39 @@ ROOT = Path(__file__).resolve().parents[1]
 # counts (samples, steps, tokens) are plain words elsewhere too (power samples, tokenizer tokens); every
 # figure with a unit in its name is a record key and nothing else
 KEYS = {f.name for f in figures.FIGURES if f.unit != "count"}
-SPELLERS = {"petlprof/figures.py"}  # the only module that may spell a figure key (the issue allows two)
+# the declarations, and the notebook API's docstring, whose example names the DataFrame columns a user types
+# (the issue allows two modules)
+SPELLERS = {"petlprof/figures.py", "petlprof/api.py"}
+QUOTED = re.compile(r"""["']([a-z0-9_]+)["']""")
+
+
+def _spelled_keys(source: str) -> set[str]:
+    """The figure keys ``source`` spells as a string: a string constant, or a quoted word in any text (a
+    docstring's example or a comment counts too)."""
+    constants = {n.value for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Constant) and n.value in KEYS}
+    return constants | {word for word in QUOTED.findall(source) if word in KEYS}
 
 
 def _spelling_modules() -> dict[str, set[str]]:
     found: dict[str, set[str]] = {}
     for path in sorted([*(ROOT / "petlprof").rglob("*.py"), *(ROOT / "methods").rglob("*.py")]):
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        keys = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and n.value in KEYS}
-        if keys:
+        if keys := _spelled_keys(path.read_text(encoding="utf-8")):
             found[path.relative_to(ROOT).as_posix()] = keys
     return found
+
+
+@pytest.mark.parametrize(
+    "source, spelled",
+    [
+        ('x = "energy_j"\n', {"energy_j"}),
+        ('"""A point ({"accuracy": 0.8, "peak_memory_bytes": 3})."""\n', {"peak_memory_bytes"}),
+        ("x = ENERGY.name  # the energy figure\n", set()),
+        ('x = "energy"\n', set()),
+    ],
+    ids=["constant", "docstring example", "declaration", "another word"],
+)
+def test_the_spelling_check_sees_constants_and_quoted_words_in_text(source, spelled):
+    assert _spelled_keys(source) == spelled
 
 
 def test_only_the_declarations_spell_a_figure_key():
