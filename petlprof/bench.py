@@ -122,14 +122,14 @@ class MethodStep:
         objective: str = "classification",
         target_len: int = 16,
     ):
-        spec = get_method(method)
+        method_spec = get_method(method)
         torch.manual_seed(0)
         lm = objective == "lm"
         self.backbone = load_backbone(backbone, num_layers=num_layers, lm_head=lm)
         task_model = make_task_model(self.backbone, objective, num_labels=2)
-        self.model = spec.build()(task_model, spec.make_config(method_config or {})).to(device)
-        # a plug-in named as ``module:SPEC`` is called by its spec's name, in messages and baseline keys
-        self.method, self.backbone_name, self.device = spec.name, backbone, device
+        self.model = method_spec.build()(task_model, method_spec.make_config(method_config or {})).to(device)
+        # a plug-in named as ``module:SPEC`` is called by its MethodSpec's name, in messages and baseline keys
+        self.method, self.backbone_name, self.device = method_spec.name, backbone, device
         if lm:
             self.backbone_name = f"{backbone}-lm"  # baseline keys tell the objective apart
             inputs, _ = _lm_batch(self.backbone, batch_size, seq_len, target_len)

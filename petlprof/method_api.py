@@ -29,7 +29,7 @@ it the same way.  A method is a :class:`MethodSpec`:
 * ``side_tuning=True`` for a method whose ``apply`` returns a
   :class:`petlprof.side_tuning.SideTunedModel` (never back-propagates through the frozen
   backbone): it then gets the hidden-state cache (``--cache-hidden-states``).  The flag and the
-  model class must agree: checked when the spec is made (where ``apply`` is a class) and on every
+  model class must agree: checked when the MethodSpec is made (where ``apply`` is a class) and on every
   ``apply``.
 
 What a method may assume about **either** task model (``objective`` ``"classification"`` or ``"lm"``):
@@ -60,8 +60,8 @@ A config may define ``validate()`` for rules across fields, and the backbone-sha
 (:func:`check_backbone`) with each backbone's hidden size and number of layers; a field declared
 ``integer(..., depth=True)`` (a count of layers) is refused past the backbone's depth without one.
 
-Every process of a run (the fresh worker, each torchrun rank, a Ray task) finds the spec by the name
-in the run's spec, through :mod:`petlprof.registry`: a built-in name, an entry point of group
+Every process of a run (the fresh worker, each torchrun rank, a Ray task) finds the MethodSpec by the method
+name in the run's spec, through :mod:`petlprof.registry`: a built-in name, an entry point of group
 ``petlprof.methods``, or ``package.module:ATTR``.
 """
 
@@ -76,7 +76,7 @@ from typing import Any
 
 from petlprof.errors import UsageError, shown, unknown_choice
 from petlprof.quantization import NONE, QUANTIZE_CHOICES
-from petlprof.values import Number, is_number
+from petlprof.values import Choice, Number, Text, is_number
 
 MAX_WIDTH = 2**14  # no transformer in use is wider (LLaMA-3 405B: 16384): ranks, side widths, RNN sizes
 MAX_COUNT = 2**12  # virtual tokens, heads, multipliers: beyond any backbone's positions or memory
@@ -90,39 +90,9 @@ class MethodSpecError(UsageError):
 
 
 # --- field checks -----------------------------------------------------------------------------------
-# A number field's check is :class:`petlprof.values.Number`, the number kind of the run options too (re-exported
-# here, the name plug-ins and petlprof.methods.peft_fields use); the checks below are the method fields' own.
-
-
-@dataclass(frozen=True)
-class Choice:
-    """One of a fixed set of values."""
-
-    choices: tuple
-
-    def allowed(self) -> str:
-        return f"one of {', '.join(str(c) for c in self.choices)}"
-
-    def problem(self, value: Any) -> str | None:
-        if any(value == c and isinstance(value, bool) == isinstance(c, bool) for c in self.choices):  # 1 is no True
-            return None
-        return f"{shown(value)} is not {self.allowed()}"
-
-
-@dataclass(frozen=True)
-class Text:
-    """A string (``non_empty``: with something besides white space; ``optional``: or unset)."""
-
-    non_empty: bool = False
-    optional: bool = False
-
-    def allowed(self) -> str:
-        return ("a non-empty string" if self.non_empty else "a string") + (", or unset" if self.optional else "")
-
-    def problem(self, value: Any) -> str | None:
-        if (isinstance(value, str) and (value.strip() or not self.non_empty)) or (value is None and self.optional):
-            return None
-        return f"must be {self.allowed()}, got {shown(value)}"
+# A number, choice or text field's check is :class:`petlprof.values.Number`, :class:`~petlprof.values.Choice` or
+# :class:`~petlprof.values.Text`, the kinds of the run options too (re-exported here, the names plug-ins and
+# petlprof.methods.peft_fields use); the checks below are the method fields' own.
 
 
 @dataclass(frozen=True)
@@ -249,7 +219,7 @@ def choice(default: Any, help: str, choices: Iterable[Any]) -> Any:
 
 def text(default: str, help: str, *, non_empty: bool = False) -> Any:
     """A string field."""
-    return _declare(default, help, Text(non_empty))
+    return _declare(default, help, Text(non_empty=non_empty))
 
 
 def module_names(default: list[str] | None, help: str) -> Any:
@@ -303,7 +273,7 @@ class MethodConfig:
                 )
 
 
-def check_backbone(spec: MethodSpec, config: MethodConfig, width: int, depth: int, backbone: str) -> None:
+def check_backbone(method_spec: MethodSpec, config: MethodConfig, width: int, depth: int, backbone: str) -> None:
     """A configuration's backbone-shape checks, before a sweep starts: ``check_width`` (its messages name
     the method themselves) and ``check_depth`` (its message is prefixed with the method's name, as
     :meth:`MethodSpec.make_config` prefixes a field's)."""
@@ -311,10 +281,10 @@ def check_backbone(spec: MethodSpec, config: MethodConfig, width: int, depth: in
     try:
         config.check_depth(depth, backbone)
     except UsageError as exc:
-        raise UsageError(f"{spec.name} {exc}") from None
+        raise UsageError(f"{method_spec.name} {exc}") from None
 
 
-# --- the spec -----------------------------------------------------------------------------------------
+# --- the MethodSpec -----------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -376,29 +346,29 @@ class MethodSpec:
         return [{self.pareto_knob: value} for value in self.default_grid] or [{}]
 
 
-def check_objective(spec: MethodSpec, objective: str) -> None:
+def check_objective(method_spec: MethodSpec, objective: str) -> None:
     """Refuse, in one line, a method for an objective it does not declare (before any run, and on ``apply``)."""
     if objective not in OBJECTIVES:
         raise unknown_choice("objective", objective, OBJECTIVES)
-    if objective not in spec.objectives:
-        supported = " and ".join(f"'{o}'" for o in spec.objectives)
+    if objective not in method_spec.objectives:
+        supported = " and ".join(f"'{o}'" for o in method_spec.objectives)
         raise UsageError(
-            f"method '{spec.name}' does not support the '{objective}' objective (it declares {supported}); "
+            f"method '{method_spec.name}' does not support the '{objective}' objective (it declares {supported}); "
             f"choose another method, or declare objectives=(..., '{objective}') in its MethodSpec once its apply "
             "handles that task model"
         )
 
 
-def check_quantize(spec: MethodSpec, quantize: str) -> None:
+def check_quantize(method_spec: MethodSpec, quantize: str) -> None:
     """Refuse, in one line, a method on a backbone quantised in a way it does not declare (before any run)."""
-    if quantize in spec.quantize:
+    if quantize in method_spec.quantize:
         return
     raise UsageError(
-        f"method '{spec.name}' ({spec.description}) cannot run on a --quantize {quantize} backbone: bitsandbytes "
-        "stores the backbone's linear weights as packed integers, which a method can neither train nor read as "
-        f"float weights, and it does not declare that it runs on them (its MethodSpec has quantize="
-        f"{tuple(spec.quantize)}); run it with --quantize none, or choose a method that keeps the backbone frozen "
-        "(e.g. lora, which on an nf4 backbone is QLoRA)"
+        f"method '{method_spec.name}' ({method_spec.description}) cannot run on a --quantize {quantize} backbone: "
+        "bitsandbytes stores the backbone's linear weights as packed integers, which a method can neither train nor "
+        "read as float weights, and it does not declare that it runs on them (its MethodSpec has quantize="
+        f"{tuple(method_spec.quantize)}); run it with --quantize none, or choose a method that keeps the backbone "
+        "frozen (e.g. lora, which on an nf4 backbone is QLoRA)"
     )
 
 
@@ -413,24 +383,26 @@ def resolve_target(target: str | Callable) -> Any:
     return obj
 
 
-def check_model(spec: MethodSpec, model: Any) -> Any:
-    """The model ``apply`` returned, if it agrees with the spec's ``side_tuning`` flag."""
-    from petlprof.side_tuning import SideTunedModel  # torch: a method spec is made, and listed, without it
+def check_model(method_spec: MethodSpec, model: Any) -> Any:
+    """The model ``apply`` returned, if it agrees with the MethodSpec's ``side_tuning`` flag."""
+    from petlprof.side_tuning import SideTunedModel  # torch: a MethodSpec is made, and listed, without it
 
     side = isinstance(model, SideTunedModel)
-    if side != spec.side_tuning:
-        raise UsageError(_side_mismatch(spec, type(model)))
+    if side != method_spec.side_tuning:
+        raise UsageError(_side_mismatch(method_spec, type(model)))
     return model
 
 
-def _side_mismatch(spec: MethodSpec, cls: type) -> str:
-    if spec.side_tuning:
+def _side_mismatch(method_spec: MethodSpec, cls: type) -> str:
+    if method_spec.side_tuning:
         return (
-            f"method '{spec.name}' declares side_tuning=True, but its apply gives a {cls.__name__}, which does "
+            f"method '{method_spec.name}' declares side_tuning=True, but its apply gives a {cls.__name__}, which does "
             "not subclass petlprof.SideTunedModel (the hidden-state cache needs backbone_states, state_masks "
             "and side_forward)"
         )
-    return f"method '{spec.name}' gives a side-tuning model ({cls.__name__}) but does not declare side_tuning=True"
+    return (
+        f"method '{method_spec.name}' gives a side-tuning model ({cls.__name__}) but does not declare side_tuning=True"
+    )
 
 
 def _target_problem(label: str, target: Any, optional: bool = False) -> str | None:
@@ -443,57 +415,61 @@ def _target_problem(label: str, target: Any, optional: bool = False) -> str | No
     return f"{label} must be a callable or 'module:function', got {shown(target)}"
 
 
-def spec_problem(spec: MethodSpec) -> str | None:
-    """What is wrong with a spec, in one phrase (None: nothing)."""
-    if not (isinstance(spec.name, str) and NAME_PATTERN.fullmatch(spec.name)):
-        return f"name must be letters, digits, '_' or '-' starting with a letter, got {shown(spec.name)}"
-    if not (isinstance(spec.description, str) and spec.description.strip() and "\n" not in spec.description):
-        return f"description must be one non-empty line, got {shown(spec.description)}"
-    cls = spec.config_cls
+def spec_problem(method_spec: MethodSpec) -> str | None:
+    """What is wrong with a MethodSpec, in one phrase (None: nothing)."""
+    if not (isinstance(method_spec.name, str) and NAME_PATTERN.fullmatch(method_spec.name)):
+        return f"name must be letters, digits, '_' or '-' starting with a letter, got {shown(method_spec.name)}"
+    if not (
+        isinstance(method_spec.description, str)
+        and method_spec.description.strip()
+        and "\n" not in method_spec.description
+    ):
+        return f"description must be one non-empty line, got {shown(method_spec.description)}"
+    cls = method_spec.config_cls
     if not (isinstance(cls, type) and dataclasses.is_dataclass(cls) and issubclass(cls, MethodConfig)):
         return f"config_cls must be a dataclass subclassing petlprof.MethodConfig, got {shown(cls)}"
-    for label, target, optional in (("apply", spec.apply, False), ("merge", spec.merge, True)):
+    for label, target, optional in (("apply", method_spec.apply, False), ("merge", method_spec.merge, True)):
         problem = _target_problem(label, target, optional)
         if problem:
             return problem
-    lr = spec.default_lr
+    lr = method_spec.default_lr
     if not (is_number(lr) and lr >= 0):  # 0: a method that trains nothing (zero_shot)
         return f"default_lr must be a positive finite number, got {shown(lr)}"
-    if not (isinstance(spec.lr_source, str) and spec.lr_source.strip()):
-        return f"lr_source must say where default_lr comes from, got {shown(spec.lr_source)}"
-    objectives = spec.objectives
+    if not (isinstance(method_spec.lr_source, str) and method_spec.lr_source.strip()):
+        return f"lr_source must say where default_lr comes from, got {shown(method_spec.lr_source)}"
+    objectives = method_spec.objectives
     if not (isinstance(objectives, (tuple, list)) and objectives and all(o in OBJECTIVES for o in objectives)):
         allowed = ", ".join(repr(o) for o in OBJECTIVES)
         return f"objectives must be a non-empty tuple of {allowed}, got {shown(objectives)}"
-    quantize = spec.quantize
+    quantize = method_spec.quantize
     if not (isinstance(quantize, (tuple, list)) and quantize and all(q in QUANTIZE_CHOICES for q in quantize)):
         allowed = ", ".join(repr(q) for q in QUANTIZE_CHOICES)
         return f"quantize must be a non-empty tuple of {allowed}, got {shown(quantize)}"
-    if not isinstance(spec.side_tuning, bool):
-        return f"side_tuning must be true or false, got {shown(spec.side_tuning)}"
-    if isinstance(spec.apply, type):  # a model class: its kind is known now
-        from petlprof.side_tuning import SideTunedModel  # torch: only for a spec whose apply is a model class
+    if not isinstance(method_spec.side_tuning, bool):
+        return f"side_tuning must be true or false, got {shown(method_spec.side_tuning)}"
+    if isinstance(method_spec.apply, type):  # a model class: its kind is known now
+        from petlprof.side_tuning import SideTunedModel  # torch: only for a MethodSpec whose apply is a model class
 
-        if issubclass(spec.apply, SideTunedModel) != spec.side_tuning:
-            return _side_mismatch(spec, spec.apply)
-    return _config_problem(spec)
+        if issubclass(method_spec.apply, SideTunedModel) != method_spec.side_tuning:
+            return _side_mismatch(method_spec, method_spec.apply)
+    return _config_problem(method_spec)
 
 
-def _config_problem(spec: MethodSpec) -> str | None:
+def _config_problem(method_spec: MethodSpec) -> str | None:
     """The config's defaults and the default grid must pass the config's own checks."""
-    names = [f.name for f in dataclasses.fields(spec.config_cls)]
-    if spec.pareto_knob is not None and spec.pareto_knob not in names:
-        return f"pareto_knob {shown(spec.pareto_knob)} is not a field of {spec.config_cls.__name__}"
-    if not isinstance(spec.default_grid, (tuple, list)):
-        return f"default_grid must be a tuple of values, got {shown(spec.default_grid)}"
-    if spec.default_grid and spec.pareto_knob is None:
+    names = [f.name for f in dataclasses.fields(method_spec.config_cls)]
+    if method_spec.pareto_knob is not None and method_spec.pareto_knob not in names:
+        return f"pareto_knob {shown(method_spec.pareto_knob)} is not a field of {method_spec.config_cls.__name__}"
+    if not isinstance(method_spec.default_grid, (tuple, list)):
+        return f"default_grid must be a tuple of values, got {shown(method_spec.default_grid)}"
+    if method_spec.default_grid and method_spec.pareto_knob is None:
         return "it has a default grid but no Pareto knob"
     points: list[dict[str, Any]] = [{}]
-    if spec.pareto_knob is not None:
-        points += [{spec.pareto_knob: value} for value in spec.default_grid]
+    if method_spec.pareto_knob is not None:
+        points += [{method_spec.pareto_knob: value} for value in method_spec.default_grid]
     for point in points:
         try:
-            spec.config_cls(**point)
+            method_spec.config_cls(**point)
         except (UsageError, TypeError, ValueError) as exc:
             where = f"default grid value {point}" if point else "config defaults"
             return f"its {where} fail its own checks: {exc}"

