@@ -94,7 +94,7 @@ class Budget:
         value = float(self.score(self.model))
         self.check_time_s += time.perf_counter() - t0
         if self.check_meter is not None:  # check_energy_j started at 0 with the meter
-            self.check_energy_j = (self.check_energy_j or 0.0) + float(self.check_meter.end()[ENERGY.name])
+            self.check_energy_j = (self.check_energy_j or 0.0) + float(ENERGY.of(self.check_meter.end()))
         return value
 
     def summary(self, train_phase: dict[str, Any]) -> dict[str, Any]:

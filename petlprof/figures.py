@@ -2,14 +2,15 @@
 ranks of a data-parallel run and the seeds of a configuration combine it, its label and number format in
 tables and plots, and the phases that carry it.
 
-A meter keys its reading through these declarations (``{ENERGY.name: joules}``); the rank aggregation
-(:mod:`petlprof.distributed`), the report's columns, the DataFrame API, the ``petlprof_bench`` fixture's
-baseline checks and the metric-direction table read them instead of spelling the keys.  Records stay
-plain JSON dicts with the keys of schema 1, so every existing store loads and resumes unchanged.
+A meter keys its reading through these declarations (``Reading({ENERGY: joules})``,
+:mod:`petlprof.meters.base`); the rank aggregation (:mod:`petlprof.distributed`), the report's columns, the
+DataFrame API, the ``petlprof_bench`` fixture's baseline checks and the metric-direction table read them
+instead of spelling the keys.  Records stay plain JSON dicts with the keys of schema 1, so every existing
+store loads and resumes unchanged.
 
-Adding a figure: declare it here (and in :data:`FIGURES`), and have the meter that measures it put it in
-its reading under ``FIGURE.name``; aggregation across ranks, the DataFrame's columns and the direction
-table follow from the declaration.
+Adding a figure: declare it here (and in :data:`FIGURES`), and have the meter that measures it declare it
+(its ``FIGURES`` or ``MORE_FIGURES``) and put it in its reading under the declaration; aggregation across
+ranks, the DataFrame's columns and the direction table follow from the declaration.
 """
 
 from __future__ import annotations
@@ -199,7 +200,12 @@ SIDE_SHARE_OF_PER_TOKEN = Figure(
     "%", 100.0, 0, under=SIDE,
 )  # fmt: skip
 
-# one training step profiled by the petlprof_bench fixture (petlprof.bench.StepProfile's fields, by name)
+# one training step profiled by the petlprof_bench fixture (petlprof.bench.StepProfile's fields, by name):
+# its static memory (every weight, the gradients of the trainable ones, AdamW's state), not checked against a
+# baseline on their own (training_tensor_bytes sums them with the saved activations)
+WEIGHTS = Figure("weight_bytes", "B", LOWER, ONE_RANK, "weights", (STEP,), "MiB", 1 / MIB, 3)
+GRADIENTS = Figure("grad_bytes", "B", LOWER, ONE_RANK, "gradients", (STEP,), "MiB", 1 / MIB, 3)
+OPTIMIZER_STATE = Figure("optimizer_state_bytes", "B", LOWER, ONE_RANK, "optimizer state", (STEP,), "MiB", 1 / MIB, 3)
 TRAINABLE_PARAMS = Figure(
     "trainable_params", "count", LOWER, SAME, "trainable params", (STEP,), decimals=0, baseline=EXACT
 )
@@ -215,6 +221,24 @@ TRAINING_TENSORS = Figure(
 STEP_TIME_RATIO = Figure(
     "step_time_ratio", "ratio", LOWER, ONE_RANK, "step time ratio", (STEP,), decimals=2, baseline=GROWTH
 )
+
+# The static memory breakdown of a method's model (petlprof.meters.memory.static_breakdown, a run record's
+# memory_breakdown, the estimate's weights): bytes it holds whatever the batch.  Its optimiser state is the
+# step figure's key; quantization_state_bytes is there only for a quantised backbone.
+BREAKDOWN_FROZEN_WEIGHTS = "frozen_weights_bytes"
+BREAKDOWN_TRAINABLE_WEIGHTS = "trainable_weights_bytes"
+BREAKDOWN_BUFFERS = "buffers_bytes"
+BREAKDOWN_GRADIENTS = "gradients_bytes"
+BREAKDOWN_OPTIMIZER_STATE = OPTIMIZER_STATE.name
+BREAKDOWN_QUANTIZATION_STATE = "quantization_state_bytes"
+BREAKDOWN_TOTAL = "total_bytes"  # the sum of the others
+STATIC_BREAKDOWN = (
+    BREAKDOWN_FROZEN_WEIGHTS,
+    BREAKDOWN_TRAINABLE_WEIGHTS,
+    BREAKDOWN_BUFFERS,
+    BREAKDOWN_GRADIENTS,
+    BREAKDOWN_OPTIMIZER_STATE,
+)  # every model's, in this order; then the quantisation state where there is one, then the total
 
 # Declaration order is the order of the keys petlprof.distributed writes and of the DataFrame's phase
 # columns (petlprof.report.frame), so a new figure goes where it should appear in both.
@@ -253,6 +277,9 @@ FIGURES: tuple[Figure, ...] = (
     SIDE_CALL_TIME,
     SIDE_SHARE_OF_CALL,
     SIDE_SHARE_OF_PER_TOKEN,
+    WEIGHTS,
+    GRADIENTS,
+    OPTIMIZER_STATE,
     TRAINABLE_PARAMS,
     SAVED_ACTIVATIONS,
     TRAINING_TENSORS,

@@ -197,7 +197,7 @@ def _prompt_tokens(inputs: dict[str, torch.Tensor]) -> int:
     return int(inputs["attention_mask"].sum())
 
 
-def _figures(calls: list[tuple[list, list]], batches, window: Window, reading: dict, size: int) -> dict[str, Any]:
+def _figures(calls: list[tuple[list, list]], batches, window: Window, size: int) -> dict[str, Any]:
     """The per-batch-size figures from each measured call's rows and timeline."""
     tokens = responses = response_tokens = steps = prompt_tokens = 0
     first_token_s: list[float] = []
@@ -212,7 +212,7 @@ def _figures(calls: list[tuple[list, list]], batches, window: Window, reading: d
         if token_times:
             first_token_s.append(token_times[0])
             gaps += [b - a for a, b in zip(token_times, token_times[1:])]
-    time_s, energy = window.time_s, ENERGY.of(reading)
+    time_s, energy = window.time_s, window.reading.value(ENERGY)
     return {
         "batch_size": size,
         "batches": len(calls),
@@ -310,10 +310,10 @@ def _measure(decoding: Decoding, batches, meters: list[Meter], limit: int, min_w
     finally:
         for meter in meters:
             meter.close()
-    reading = dict(window.reading)
-    warnings = phase_warnings(reading)
+    warnings = phase_warnings(window.reading)
     resolved = [(out, timeline.resolve()) for out, timeline in calls]
-    figures = _figures(resolved, batches, window, reading, int(batches[0]["input_ids"].shape[0]))
+    figures = _figures(resolved, batches, window, int(batches[0]["input_ids"].shape[0]))
     if not figures[GENERATED_TOKENS.name]:
         warnings.append("no token was generated: the figures per token are missing")
-    return {**figures, "latency_source": timing_source(decoding.device), **reading, "warnings": warnings}
+    source = timing_source(decoding.device)
+    return {**figures, "latency_source": source, **window.reading.record(), "warnings": warnings}

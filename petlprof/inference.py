@@ -78,9 +78,8 @@ def measure_inference(
             for meter in meters:
                 meter.close()
         latencies = timer.latencies_s()
-        reading = dict(window.reading)
-        warnings = phase_warnings(reading)
-        energy = reading.get(ENERGY.name)
+        warnings = phase_warnings(window.reading)
+        energy = window.reading.value(ENERGY)
         phase[f"batch_{size}"] = {
             "batch_size": size,
             "repeats": repeats,
@@ -90,7 +89,7 @@ def measure_inference(
             "latency_source": timer.source,
             SAMPLES_PER_S.name: repeats * size / window.time_s if window.time_s else None,
             "energy_per_sample_j": energy / (repeats * size) if energy is not None else None,
-            **reading,
+            **window.reading.record(),
             "warnings": warnings,
         }
     return phase

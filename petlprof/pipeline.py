@@ -20,7 +20,7 @@ from typing import Any
 from petlprof.backbones import check_shape, load_backbone
 from petlprof.budget import make_budget
 from petlprof.errors import UsageError
-from petlprof.figures import ENERGY, TIME
+from petlprof.figures import BREAKDOWN_GRADIENTS, BREAKDOWN_OPTIMIZER_STATE, BREAKDOWN_TOTAL, ENERGY, TIME
 from petlprof.libraries import import_runtime_libraries
 from petlprof.meters import (
     contention_meters,
@@ -79,8 +79,8 @@ class MeterFactory:
         from petlprof.meters.idle import sweep_idle
 
         spec, breakdown = self.spec, self.breakdown
-        resident = breakdown["total_bytes"] - breakdown["gradients_bytes"]  # tensors alive as a window opens
-        resident -= breakdown["optimizer_state_bytes"] if phase != "train" else 0
+        resident = breakdown[BREAKDOWN_TOTAL] - breakdown[BREAKDOWN_GRADIENTS]  # tensors alive as a window opens
+        resident -= breakdown[BREAKDOWN_OPTIMIZER_STATE] if phase != "train" else 0
         snapshot = f"{spec.memory_snapshot_dir}/{self.key}-{phase}.pickle" if spec.memory_snapshot_dir else None
         return [
             *extra_meters_for(spec.extra_meters, spec.device, country_code=spec.country_code, resident_bytes=resident),

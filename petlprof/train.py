@@ -111,7 +111,7 @@ def phase_summary(window: Window, timer: StepTimer, steps, samples, warmup, requ
         SAMPLES_PER_S.name: rate(samples, window.time_s),
         LATENCY.name: percentiles(timer.latencies_s()),
         "latency_source": timer.source,
-        **window.reading,
+        **window.reading.record(),
         "warnings": warnings,
     }
 

@@ -19,8 +19,9 @@ import time
 import pytest
 
 from petlprof.errors import UsageError
+from petlprof.figures import ENERGY, PEAK_MEMORY
 from petlprof.meters import Window
-from petlprof.meters.base import Meter
+from petlprof.meters.base import MEASURED, Meter, Provenance, Reading
 from petlprof.runner import RunSpec, execute, execute_in_subprocess
 from petlprof.store import LOCK_FILE, StoreLock, append_record, check_writable, finished_keys
 
@@ -213,7 +214,7 @@ def test_an_unwritable_output_folder_fails_before_any_run(tmp_path, capsys):
 
 class BrokenMeter(Meter):
     name = "broken"
-    FIGURES = ("energy_j", "energy_kind", "energy_source")
+    FIGURES = (ENERGY,)
 
     def _end(self):
         raise FileNotFoundError("/sys/class/powercap/intel-rapl:0/energy_uj vanished")
@@ -221,16 +222,17 @@ class BrokenMeter(Meter):
 
 class GoodMeter(Meter):
     name = "good"
+    FIGURES = (PEAK_MEMORY,)
 
     def _end(self):
-        return {"peak_memory_bytes": 123, "memory_source": "fake"}
+        return Reading({PEAK_MEMORY: 123}, provenance={PEAK_MEMORY: Provenance(MEASURED, "fake")})
 
 
 def test_a_meter_failing_mid_run_loses_only_its_own_figures():
     with Window([BrokenMeter(), GoodMeter()]) as window:
         pass
     assert window.reading["energy_j"] is None and window.reading["peak_memory_bytes"] == 123
-    assert "broken failed: FileNotFoundError" in window.reading["meter_errors"][0]
+    assert "broken failed: FileNotFoundError" in window.reading.errors[0]
     assert window.time_s is not None
 
 

@@ -17,8 +17,10 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from petlprof import figures
+from petlprof.figures import ENERGY
 from petlprof.generation import MIN_BATCHES, chosen_tokens, measure_generation
 from petlprof.meters import MEASURED, Meter, memory_meter_for
+from petlprof.meters.base import Provenance, Reading
 
 PAD, EOS, VOCAB = 0, 2, 96
 BATCH_FIGURES = (
@@ -45,7 +47,7 @@ class FakeCounter(Meter):
     """An energy counter that advances ``power_w * update_s`` at each update, like NVML's or RAPL's."""
 
     name = "fake-counter"
-    FIGURES = ("energy_j", "energy_kind", "energy_source")
+    FIGURES = (ENERGY,)
 
     def __init__(self, power_w: float = 20.0, update_s: float = 0.005):
         super().__init__("cpu")
@@ -57,8 +59,8 @@ class FakeCounter(Meter):
     def _begin(self) -> None:
         self._start = self._count()
 
-    def _end(self) -> dict:
-        return {"energy_j": self._count() - self._start, "energy_kind": MEASURED, "energy_source": "fake counter"}
+    def _end(self) -> Reading:
+        return Reading({ENERGY: self._count() - self._start}, provenance={ENERGY: Provenance(MEASURED, "fake counter")})
 
 
 def meters(size: int) -> list[Meter]:

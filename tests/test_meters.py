@@ -110,7 +110,7 @@ def test_rapl_window_longer_than_a_counter_wrap(tmp_path, clock, read_every_s, e
     reading = meter.end()
     assert reading["energy_j"] / 1e3 == pytest.approx(energy_kj)
     assert reading["energy_kind"] == "measured" and reading["energy_low_confidence"] is low_confidence
-    assert any("wraps may be lost" in w for w in reading["energy_warnings"]) is low_confidence
+    assert any("wraps may be lost" in w for w in reading.warnings) is low_confidence
 
 
 def test_rapl_polling_thread_reads_while_the_window_is_open(tmp_path):
@@ -177,7 +177,7 @@ def test_nvml_counter_measures_only_the_runs_gpu(fake_nvml, device, expected_j):
     assert reading["energy_j"] == pytest.approx(expected_j)
     assert reading["energy_kind"] == "measured" and reading["energy_source"] == "nvml-energy-counter"
     assert reading["energy_low_confidence"] is True  # a short window, said in the record and in words
-    assert any("low-confidence" in w for w in reading["energy_warnings"])
+    assert any("low-confidence" in w for w in reading.warnings)
     assert reading["energy_integrated_j"] is None and reading["energy_meter"] == "nvml"
 
 
@@ -216,7 +216,7 @@ def test_nvml_counter_reset_mid_window_counts_from_zero(fake_nvml):
     energy.update(h0=1_500)
     reading = meter.end()
     assert reading["energy_j"] == pytest.approx(1.5)
-    assert any("went back" in w for w in reading["energy_warnings"])
+    assert any("went back" in w for w in reading.warnings)
 
 
 def test_nvml_energy_above_idle_uses_the_gpus_own_baseline(fake_nvml):
@@ -337,19 +337,23 @@ def test_cpu_memory_meter_sees_an_allocation_and_not_the_past():
 def test_window_time_excludes_the_meters_own_start_and_stop(clock):
     """Meters start in order and stop in reverse, so the first (an extra meter such as CodeCarbon, whose
     start and stop take seconds) brackets the others; the window's time_s is the work alone."""
-    from petlprof.meters.base import Meter
+    from petlprof.meters.base import Meter, Reading
 
     class SlowEdges(Meter):
         def _begin(self):
             clock[0] += 3.0
 
+        EXTRAS = ("slow_window_s",)
+
         def _end(self):
             clock[0] += 2.0
-            return {"slow_window_s": self.window_s}
+            return Reading(extras={"slow_window_s": self.window_s})
 
     class Plain(Meter):
+        EXTRAS = ("plain_window_s",)
+
         def _end(self):
-            return {"plain_window_s": self.window_s}
+            return Reading(extras={"plain_window_s": self.window_s})
 
     with Window([SlowEdges(), Plain()]) as window:
         clock[0] += 10.0
@@ -402,7 +406,7 @@ def test_rapl_unreadable_at_read_time_says_why(tmp_path):
         with Window([meter]) as window:
             pass
     assert window.reading["energy_j"] is None
-    error = window.reading["meter_errors"][0]
+    error = window.reading.errors[0]
     assert "energy_uj is not readable" in error and "root-only" in error
 
 
@@ -754,3 +758,73 @@ def test_meters_check_of_rapl_reads_a_counter_that_moves(tmp_path):
     assert checks["counter update period"].verdict == "pass" and checks["counter update period"].value < 0.1
     assert checks["idle power"].value == pytest.approx(50.0, rel=0.1) and checks["idle power"].verdict == "pass"
     assert checks["short-window spread"].verdict in ("pass", "warn")  # a loaded 2-core machine may jitter
+
+
+def _meter_writing(reading, figures=(), extras=()):
+    from petlprof.meters.base import Meter
+
+    class Writer(Meter):
+        name = "writer"
+        FIGURES = figures
+        EXTRAS = extras
+
+        def _end(self):
+            return reading()
+
+    return Writer()
+
+
+def test_a_meter_writing_an_undeclared_key_fails_loudly():
+    """A misspelled or undeclared key is a bug in the meter: the window lets the error through instead of
+    recording the meter as failed, whatever the key (a misspelled figure, a declared figure the meter does
+    not declare, a figure's key spelled as a plain string, a plain dict)."""
+    from petlprof.figures import ENERGY, ENERGY_COUNTER, PEAK_MEMORY
+    from petlprof.meters.base import Provenance, Reading, UndeclaredKey
+
+    cases = [
+        (lambda: Reading(extras={"energy_jj": 1.0}), "energy_jj"),  # misspelled: not among its EXTRAS
+        (lambda: Reading({PEAK_MEMORY: 1}), "peak_memory_bytes"),  # a figure it does not declare
+        (lambda: Reading(extras={"energy_j": 1.0}), "declared key 'energy_j'"),  # a figure's key as a string
+        (lambda: {"energy_j": 1.0}, "not a Reading"),
+    ]
+    for reading, named in cases:
+        with pytest.raises(UndeclaredKey, match=named):
+            with Window([_meter_writing(reading, figures=(ENERGY,), extras=("energy_domains",))]):
+                pass
+    with pytest.raises(UndeclaredKey, match="energy_kind"):  # declaring a figure's key as its own
+        _meter_writing(Reading, extras=("energy_kind",))
+    with pytest.raises(ValueError, match="declares no kind key"):  # provenance a figure does not declare
+        Reading(provenance={ENERGY_COUNTER: Provenance("measured")})
+
+
+def test_a_window_merges_typed_readings_and_keeps_each_meters_warnings_in_order():
+    from petlprof.figures import ENERGY, PEAK_MEMORY
+    from petlprof.meters.base import MEASURED, Meter, Provenance, Reading, phase_warnings
+
+    class Energy(Meter):
+        name = "e"
+        FIGURES = (ENERGY,)
+
+        def _end(self):
+            return Reading({ENERGY: 2.0}, provenance={ENERGY: Provenance(MEASURED, "fake")}, warnings=["e said"])
+
+    class Broken(Meter):
+        name = "broken"
+        FIGURES = (PEAK_MEMORY,)
+
+        def _begin(self):
+            raise OSError("no")
+
+    with Window([Energy(), Broken()]) as window:
+        pass
+    assert window.reading.record() == {
+        "energy_j": 2.0,
+        "energy_kind": "measured",
+        "energy_source": "fake",
+        "peak_memory_bytes": None,
+        "memory_kind": None,
+        "memory_source": None,
+    }
+    assert window.reading.value(ENERGY) == 2.0 and window.reading.provenance[ENERGY].source == "fake"
+    assert phase_warnings(window.reading) == ["broken failed: OSError: no; its figures are missing", "e said"]
+    assert window.reading.warnings == []  # taken once, for the phase

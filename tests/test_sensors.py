@@ -4,14 +4,21 @@ and flags are checked against the true energy of a scripted load, on a simulated
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 from sensors import Clock, FakeGpu, FakeNvml, SampledTimeline, bursts, steady, step
 
 import petlprof.meters.devices.nvml as nvml_dev
-from petlprof.meters.energy import NvmlEnergyMeter
+from petlprof.meters import ENERGY_METERS, EXTRA_METERS, MEMORY_METERS
+from petlprof.meters.carbon import CodecarbonMeter
+from petlprof.meters.contention import ContentionMeter
+from petlprof.meters.cpu_power_model import EstimateEnergyMeter
+from petlprof.meters.energy import NvmlEnergyMeter, RaplEnergyMeter
 from petlprof.meters.idle import measure_idle
+from petlprof.meters.memory import CpuMemoryMeter, CudaMemoryMeter
 from petlprof.meters.power import NvmlPowerSource
+from petlprof.meters.tensors import CpuTensorMeter
 
 
 @pytest.fixture
@@ -64,7 +71,7 @@ def test_energy_above_idle_names_its_source_and_flags_a_negative_figure(world, i
     assert reading["idle_power_source"] == f"nvml-{'energy-counter' if source == 'counter' else 'power-integrated'}"
     assert reading["energy_above_idle_j"] == pytest.approx(above_j, abs=6.0)
     assert reading["energy_above_idle_low_confidence"] is flagged
-    assert any("energy above idle is negative" in w for w in reading["energy_warnings"]) is flagged
+    assert any("energy above idle is negative" in w for w in reading.warnings) is flagged
 
 
 @pytest.mark.parametrize(
@@ -88,7 +95,7 @@ def test_abbreviated_gpu_uuids_are_resolved_and_mig_is_refused_with_a_reason(wor
     if meter == "nvml":
         assert reading["energy_j"] == pytest.approx(2000.0, abs=200.0 * gpus[1].update_s)
     else:  # the estimate says why the GPU was not measured
-        assert any(words in w for w in reading["energy_warnings"]) and reading["energy_kind"] == "estimated"
+        assert any(words in w for w in reading.warnings) and reading["energy_kind"] == "estimated"
 
 
 WINDOW_S = 10.0
@@ -140,9 +147,9 @@ def test_every_energy_path_against_the_true_energy(
     assert reading["energy_source"] == f"nvml-{'energy-counter' if source == 'counter' else 'power-integrated'}"
     assert abs(reading["energy_j"] - true_j) <= max_error * true_j, (reading["energy_j"], true_j)
     assert reading["energy_sources_disagree"] is disagree
-    assert any("misses part of the load" in w for w in reading["energy_warnings"]) is bool(disagree)
+    assert any("misses part of the load" in w for w in reading.warnings) is bool(disagree)
     assert reading["power_field_averaged"] is averaged
-    assert any("moving average" in w for w in reading["energy_warnings"]) is (averaged and source == "integrated")
+    assert any("moving average" in w for w in reading.warnings) is (averaged and source == "integrated")
     assert reading["energy_low_confidence"] is low_confidence
     if disagree:  # the part-time field's view is recorded beside the counter's, never instead of it
         assert reading["energy_integrated_j"] == pytest.approx(400.0 * window_s, rel=0.02)
@@ -171,7 +178,7 @@ def test_failed_instant_reads_are_counted_and_the_field_says_it_was_mixed(world)
     assert reading["power_field"] == "instant+average" and reading["power_field_averaged"] is True
     expected = reading["power_samples"] / 7  # one update in seven, all its samples
     assert reading["power_fallback_samples"] == pytest.approx(expected, rel=0.2)
-    assert any("come from the averaged field" in w for w in reading["energy_warnings"])
+    assert any("come from the averaged field" in w for w in reading.warnings)
 
 
 def test_meters_check_on_a_gpu_reads_the_sensors_it_is_given(world, monkeypatch):
@@ -204,3 +211,85 @@ def test_meters_check_on_a_gpu_reads_the_sensors_it_is_given(world, monkeypatch)
     assert checks["idle power"].value == pytest.approx(200.0, rel=0.01) and checks["idle power"].verdict == "pass"
     assert checks["sampling rate"].verdict == "pass"
     assert all(c.verdict in ("pass", "warn", "fail") and c.detail for c in checks.values())
+
+
+# Every meter class reads exactly what it declares: one configuration each in which it writes every key it
+# may (the idle baseline, the power timeline, the memory snapshot), on fakes of its hardware.
+
+
+def _nvml(request, tmp_path, monkeypatch):
+    clock, [gpu] = request.getfixturevalue("world")({"load": steady(60.0)})
+    idle = measure_idle("cuda:0", seconds=2.0)
+    timeline = SampledTimeline(NvmlPowerSource([gpu.uuid], 1), clock)
+    return metered(clock, NvmlEnergyMeter("cuda:0", timeline=timeline, idle=idle), 10.0)
+
+
+def _rapl(request, tmp_path, monkeypatch):
+    root = tmp_path / "intel-rapl:0"
+    root.mkdir()
+    (root / "name").write_text("package-0\n")
+    (root / "energy_uj").write_text("0")
+    (root / "max_energy_range_uj").write_text(str(2**32))
+    meter = RaplEnergyMeter(root=tmp_path, idle={"rapl_w": 2.0}, poll_s=0)
+    meter.begin()
+    (root / "energy_uj").write_text("3000000")
+    return meter.end()
+
+
+def _cuda_allocator(request, tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device: None)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: 100)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device: 200)
+    monkeypatch.setattr(torch.cuda.memory, "_record_memory_history", lambda **kwargs: None)
+    monkeypatch.setattr(torch.cuda.memory, "_dump_snapshot", lambda path: Path(path).write_bytes(b""))
+    meter = CudaMemoryMeter("cuda:0", snapshot_path=str(tmp_path / "snapshot.pickle"))
+    meter.prepare()
+    meter.begin()
+    return meter.end()
+
+
+def _contention(request, tmp_path, monkeypatch):
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  100 0 100 1000 0 0 0 0 0 0\ncpu0 100 0 100 1000 0 0 0 0 0 0\n")
+    meter = ContentionMeter(stat=stat, own=lambda: 0.0, loadavg=lambda: (0.5, 0.5, 0.5))
+    meter.begin()
+    return meter.end()
+
+
+def _run(meter):
+    meter.prepare()
+    meter.begin()
+    return meter.end()
+
+
+READINGS = {  # meter class -> its reading in a configuration that writes every key it declares
+    NvmlEnergyMeter: _nvml,
+    RaplEnergyMeter: _rapl,
+    EstimateEnergyMeter: lambda *_: _run(EstimateEnergyMeter("cpu")),
+    CpuMemoryMeter: lambda *_: _run(CpuMemoryMeter("cpu")),
+    CudaMemoryMeter: _cuda_allocator,
+    CodecarbonMeter: lambda *_: _run(CodecarbonMeter("cpu")),
+    CpuTensorMeter: lambda *_: _run(CpuTensorMeter("cpu", resident_bytes=1)),
+    ContentionMeter: _contention,
+}
+
+
+def test_the_table_covers_every_meter_a_run_can_use():
+    assert set(READINGS) == {*ENERGY_METERS.values(), *MEMORY_METERS.values(), *EXTRA_METERS.values(), ContentionMeter}
+
+
+@pytest.mark.parametrize("cls", list(READINGS), ids=[cls.name for cls in READINGS])
+def test_every_meter_reads_exactly_the_keys_it_declares(cls, request, tmp_path, monkeypatch):
+    if cls is CodecarbonMeter and not cls.available()[0]:
+        pytest.skip(cls.available()[1])
+    reading = READINGS[cls](request, tmp_path, monkeypatch)
+    declared = {key for figure in cls.FIGURES for key in figure.reading_keys} | set(cls.OWN)
+    assert declared <= set(reading.record())  # its figures, their provenance and its own figures, always
+    assert set(reading.record()) == cls.declared_keys()  # and here every key it may write
+    assert dict(reading) == reading.record()
+    failed = cls.invalid_reading(cls.__new__(cls), RuntimeError("gone"))
+    assert failed.record() == dict.fromkeys(declared) and failed.errors == [
+        f"{cls.name} failed: RuntimeError: gone; its figures are missing"
+    ]

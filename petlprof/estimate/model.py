@@ -35,6 +35,7 @@ from petlprof.errors import unknown_choice
 from petlprof.estimate.attention import DEFAULT_ATTENTION, attn_implementation
 from petlprof.estimate.lm import CLASSIFICATION, LM
 from petlprof.families import model_from_config
+from petlprof.figures import BREAKDOWN_OPTIMIZER_STATE, BREAKDOWN_TOTAL
 from petlprof.meters.memory import static_breakdown
 from petlprof.shapes import config_from_file, shape_config, shape_names
 from petlprof.values import check_file
@@ -203,6 +204,6 @@ def weight_breakdown(model) -> dict[str, int]:
     """Weights, buffers, gradients and AdamW state in bytes: :func:`petlprof.meters.memory.static_breakdown`,
     the rule the runs' records use, with the optimiser's figure under this module's name."""
     figures = static_breakdown(model)
-    figures["optimizer_bytes"] = figures.pop("optimizer_state_bytes")
-    figures.pop("total_bytes")
+    figures["optimizer_bytes"] = figures.pop(BREAKDOWN_OPTIMIZER_STATE)
+    figures.pop(BREAKDOWN_TOTAL)
     return figures

@@ -1,21 +1,31 @@
-"""What every meter shares: a measurement window and a reading that carries units and provenance.
+"""What every meter shares: a measurement window and a typed reading that carries units and provenance.
 
 A :class:`Window` synchronises the device at both edges (so queued GPU work lands inside the
 window it belongs to) and runs every meter's expensive preparation before any of them starts.
-Readings are plain dicts whose keys carry units (``energy_j``,
-``peak_memory_bytes``, ``time_s``) and say where the figure came from (``*_source``) and whether
-it was ``measured`` or ``estimated``.
+A meter's reading is a :class:`Reading`: its figures keyed by their declarations
+(:mod:`petlprof.figures`, units in the names: ``energy_j``, ``peak_memory_bytes``), each figure's
+provenance (``measured`` or ``estimated``, and by what), the meter's own keys (declared on its
+class) and its warnings.  :meth:`Reading.record` turns it into the plain dict of a record's phase.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, NamedTuple
 
-from petlprof.figures import Figure
+from petlprof.figures import FIGURES, Figure, provenance_keys
 
 MEASURED = "measured"
 ESTIMATED = "estimated"
+METER_ERRORS = "meter_errors"  # the warnings group of the meters that failed (each line names its meter)
+_OWN_WARNINGS = ""  # a meter's warnings before its window files them under the meter's name
+DECLARED_KEYS = frozenset({*(f.name for f in FIGURES), *provenance_keys()})
+
+
+class UndeclaredKey(Exception):
+    """A meter wrote a key it does not declare, or spelled a declared figure's key as a plain string: a
+    bug in the meter, never a failed measurement, so a :class:`Window` lets it through."""
 
 
 def kind_key(figure: Figure) -> str:
@@ -32,6 +42,129 @@ def source_key(figure: Figure) -> str:
     return figure.source
 
 
+class Provenance(NamedTuple):
+    """How a figure was obtained: ``kind`` (:data:`MEASURED` or :data:`ESTIMATED`) and ``source`` (what gave
+    it), written under the keys its declaration names (None for both when its meter failed)."""
+
+    kind: str | None
+    source: str | None = None
+
+
+class Reading(Mapping[str, Any]):
+    """One meter's reading, or a window's merge of its meters'.
+
+    ``figures``: declared figure -> value; ``provenance``: declared figure -> :class:`Provenance` (the
+    figure must declare the keys it fills); ``extras``: the meter's own keys (settings, details, figures
+    of its own), which may not spell a declared figure's key; ``warnings``/``errors``: lines for the
+    phase's ``warnings``.  Read by key (``reading[ENERGY.name]``) it is the record's dict
+    (:meth:`record`), warnings left out."""
+
+    def __init__(
+        self,
+        figures: Mapping[Figure, Any] | None = None,
+        *,
+        provenance: Mapping[Figure, Provenance] | None = None,
+        extras: Mapping[str, Any] | None = None,
+        warnings: Iterable[str] = (),
+        errors: Iterable[str] = (),
+    ):
+        self.figures: dict[Figure, Any] = {}
+        self.provenance: dict[Figure, Provenance] = {}
+        self.extras: dict[str, Any] = {}
+        # warnings by what gave them (a meter's name, METER_ERRORS), in the order they first came
+        self._warnings: dict[str, list[str]] = {}
+        for figure, value in (figures or {}).items():
+            if not isinstance(figure, Figure):
+                raise UndeclaredKey(f"a reading's figure {figure!r} is not a declared Figure (petlprof.figures)")
+            self.figures[figure] = value
+        for figure, given in (provenance or {}).items():
+            if not isinstance(figure, Figure):
+                raise UndeclaredKey(f"a reading's provenance names {figure!r}, not a declared Figure")
+            if given.kind is not None:
+                kind_key(figure)
+            if given.source is not None:
+                source_key(figure)
+            self.provenance[figure] = Provenance(*given)
+        for key, value in (extras or {}).items():
+            if key in DECLARED_KEYS:
+                raise UndeclaredKey(
+                    f"a reading spells the declared key {key!r} as a plain string: put the value under its "
+                    "Figure (figures=) or its provenance (provenance=)"
+                )
+            self.extras[key] = value
+        if lines := list(warnings):
+            self._warnings[_OWN_WARNINGS] = lines
+        if lines := list(errors):
+            self._warnings[METER_ERRORS] = lines
+        self._record: dict[str, Any] | None = None
+
+    def value(self, figure: Figure) -> Any:
+        """The value of ``figure`` (None where this reading does not have it)."""
+        return self.figures.get(figure)
+
+    @property
+    def warnings(self) -> list[str]:
+        """Every warning and meter error, in the order their groups first came."""
+        return [line for lines in self._warnings.values() for line in lines]
+
+    @property
+    def errors(self) -> list[str]:
+        """The lines of the meters that failed."""
+        return list(self._warnings.get(METER_ERRORS, []))
+
+    def take_warnings(self) -> list[str]:
+        """:attr:`warnings`, removed from the reading (a phase's ``warnings`` takes them once)."""
+        lines = self.warnings
+        self._warnings.clear()
+        return lines
+
+    def merge(self, other: Reading, *, said_by: str | None = None, keep: bool = False) -> Reading:
+        """Add ``other``'s figures, provenance and keys to this reading (``keep``: where this one has a key
+        already, keep its value) and its warnings, its own filed under ``said_by``; returns this reading."""
+        for figure, value in other.figures.items():
+            if not keep or figure not in self.figures:
+                self.figures[figure] = value
+        for figure, given in other.provenance.items():
+            if not keep or figure not in self.provenance:
+                self.provenance[figure] = given
+        for key, value in other.extras.items():
+            if not keep or key not in self.extras:
+                self.extras[key] = value
+        for group, lines in other._warnings.items():
+            self._warnings.setdefault(said_by if group == _OWN_WARNINGS and said_by else group, []).extend(lines)
+        self._record = None
+        return self
+
+    def record(self) -> dict[str, Any]:
+        """The plain dict a record's phase carries: figures by name, provenance under the keys the figures
+        declare, the meters' own keys; warnings are the phase's (:meth:`take_warnings`)."""
+        record: dict[str, Any] = {figure.name: value for figure, value in self.figures.items()}
+        for figure, given in self.provenance.items():
+            if figure.kind is not None:
+                record[figure.kind] = given.kind
+            if figure.source is not None:
+                record[figure.source] = given.source
+        record.update(self.extras)
+        return record
+
+    def _cached(self) -> dict[str, Any]:
+        if self._record is None:
+            self._record = self.record()
+        return self._record
+
+    def __getitem__(self, key: str) -> Any:
+        return self._cached()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._cached())
+
+    def __len__(self) -> int:
+        return len(self._cached())
+
+    def __repr__(self) -> str:
+        return f"Reading({self._cached()!r}, warnings={self.warnings!r})"
+
+
 def synchronize(device: str) -> None:
     """Wait for queued work on ``device`` so a timestamp or counter read covers it."""
     if device.startswith("cuda"):
@@ -46,15 +179,59 @@ class Meter:
 
     ``prepare`` does whatever must happen *before* any meter of a window starts (collect garbage,
     reset peaks), so that work is never inside another meter's time or energy figure.
+
+    A meter declares every key its reading may hold: ``FIGURES`` (declared figures it always
+    reads, None with their provenance when it fails), ``MORE_FIGURES`` (declared figures it reads beside
+    them where it can), ``OWN`` (figures of its own, not declared in :mod:`petlprof.figures`: no rank
+    rule, no column; None when it fails) and ``EXTRAS`` (the other keys it may write: settings, sources,
+    details).  A reading with anything else is refused (:class:`UndeclaredKey`).
     """
 
     name = "meter"
-    FIGURES: tuple[str, ...] = ()  # the reading keys this meter provides
+    FIGURES: tuple[Figure, ...] = ()
+    MORE_FIGURES: tuple[Figure, ...] = ()
+    OWN: tuple[str, ...] = ()
+    EXTRAS: tuple[str, ...] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for figure in (*cls.FIGURES, *cls.MORE_FIGURES):
+            if not isinstance(figure, Figure):
+                raise UndeclaredKey(f"meter {cls.name!r} declares {figure!r}, not a Figure, among its figures")
+        if spelled := sorted(DECLARED_KEYS.intersection((*cls.OWN, *cls.EXTRAS))):
+            raise UndeclaredKey(f"meter {cls.name!r} declares the figure keys {spelled} as its own: use the Figures")
 
     def __init__(self, device: str = "cpu"):
         self.device = device
         self._t0: float | None = None
         self.window_s: float | None = None
+
+    @classmethod
+    def figures(cls) -> tuple[Figure, ...]:
+        """Every declared figure its reading may hold."""
+        return (*cls.FIGURES, *cls.MORE_FIGURES)
+
+    @classmethod
+    def declared_keys(cls) -> set[str]:
+        """Every key of the record its reading may produce."""
+        figures = cls.figures()
+        keys = {key for figure in figures for key in figure.reading_keys}
+        return keys | set(cls.OWN) | set(cls.EXTRAS)
+
+    @classmethod
+    def check(cls, reading: Reading) -> Reading:
+        """``reading``, if it holds only what this meter declares; else :class:`UndeclaredKey`."""
+        if not isinstance(reading, Reading):
+            raise UndeclaredKey(f"meter {cls.name!r} returned a {type(reading).__name__}, not a Reading")
+        figures = set(cls.figures())
+        stray = [f.name for f in (*reading.figures, *reading.provenance) if f not in figures]
+        stray += [key for key in reading.extras if key not in cls.OWN and key not in cls.EXTRAS]
+        if stray:
+            raise UndeclaredKey(
+                f"meter {cls.name!r} wrote {sorted(set(stray))}, which its class does not declare "
+                "(FIGURES, MORE_FIGURES, OWN, EXTRAS): a misspelled key, or one to declare"
+            )
+        return reading
 
     @classmethod
     def available(cls) -> tuple[bool, str]:
@@ -68,9 +245,9 @@ class Meter:
         self._begin()
         self._t0 = time.perf_counter()  # after the start-up: window_s covers the work, not the meter
 
-    def end(self) -> dict[str, Any]:
+    def end(self) -> Reading:
         self.window_s = time.perf_counter() - self.started_at()
-        return self._end()
+        return self.check(self._end())
 
     def started_at(self) -> float:
         """``perf_counter()`` when the window opened (after the meter's own start-up)."""
@@ -87,26 +264,28 @@ class Meter:
     def _begin(self) -> None:
         """Read the starting counter values."""
 
-    def _end(self) -> dict[str, Any]:
+    def _end(self) -> Reading:
         """Read the final values and return the reading."""
-        return {}
+        return Reading()
 
     def close(self) -> None:
         """Release what the meter holds (NVML handles, ...)."""
 
-    def invalid_reading(self, error: Exception) -> dict[str, Any]:
-        """What the window records when this meter failed: no figures, and why."""
-        return {
-            **{key: None for key in self.FIGURES},
-            "meter_errors": [f"{self.name} failed: {type(error).__name__}: {error}; its figures are missing"],
-        }
+    def invalid_reading(self, error: Exception) -> Reading:
+        """What the window records when this meter failed: its figures (and their provenance, its own
+        figures) None, and why."""
+        return Reading(
+            dict.fromkeys(self.FIGURES),
+            provenance={f: Provenance(None) for f in self.FIGURES if f.kind is not None or f.source is not None},
+            extras=dict.fromkeys(self.OWN),
+            errors=[f"{self.name} failed: {type(error).__name__}: {error}; its figures are missing"],
+        )
 
 
-def phase_warnings(reading: dict[str, Any]) -> list[str]:
-    """Pop every meter's warnings (``*_warnings`` lists and ``meter_errors``) out of a window's
-    reading, as one list for the phase's ``warnings``."""
-    keys = [key for key in reading if key.endswith("_warnings") or key == "meter_errors"]
-    return [text for key in keys for text in (reading.pop(key) or [])]
+def phase_warnings(reading: Reading) -> list[str]:
+    """Take every meter's warnings and errors out of a window's reading, as one list for the phase's
+    ``warnings``."""
+    return reading.take_warnings()
 
 
 class Window:
@@ -122,7 +301,7 @@ class Window:
     def __init__(self, meters: list[Meter], device: str = "cpu"):
         self.meters = meters
         self.device = device
-        self.reading: dict[str, Any] = {}
+        self.reading = Reading()
         self.time_s: float | None = None
         self._t0 = 0.0
         self._running: list[Meter] = []
@@ -142,16 +321,15 @@ class Window:
         return self
 
     def _record_failure(self, meter: Meter, error: Exception) -> None:
-        bad = meter.invalid_reading(error)
-        self.reading.setdefault("meter_errors", []).extend(bad.pop("meter_errors"))
-        for key, value in bad.items():
-            self.reading.setdefault(key, value)
+        self.reading.merge(meter.invalid_reading(error), keep=True)
 
     def __exit__(self, *exc) -> None:
         synchronize(self.device)
         self.time_s = time.perf_counter() - self._t0
         for meter in reversed(self._running):
             try:
-                self.reading.update(meter.end())
+                self.reading.merge(meter.end(), said_by=meter.name)
+            except UndeclaredKey:  # a bug in the meter, not a failed measurement
+                raise
             except Exception as error:  # a meter failing mid-run invalidates its figures, not the run
                 self._record_failure(meter, error)

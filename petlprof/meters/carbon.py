@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import logging
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from petlprof.figures import CO2, CODECARBON_CPU, CODECARBON_ENERGY_J, CODECARBON_GPU, CODECARBON_RAM
-from petlprof.meters.base import ESTIMATED, Meter, kind_key
+from petlprof.meters.base import ESTIMATED, Meter, Provenance, Reading
 
 if TYPE_CHECKING:
     from codecarbon import OfflineEmissionsTracker
@@ -27,7 +27,9 @@ J_PER_KWH = 3.6e6
 
 class CodecarbonMeter(Meter):
     name = "codecarbon"
-    FIGURES = (CO2.name, CODECARBON_ENERGY_J.name)
+    FIGURES = (CO2, CODECARBON_ENERGY_J)
+    MORE_FIGURES = (CODECARBON_CPU, CODECARBON_GPU, CODECARBON_RAM)
+    EXTRAS = ("co2eq_country", "codecarbon_cpu_model", "codecarbon_tracking_mode", "co2eq_source")
 
     def __init__(self, device: str = "cpu", country_code: str | None = None):
         super().__init__(device)
@@ -62,19 +64,23 @@ class CodecarbonMeter(Meter):
     def _begin(self) -> None:
         self._prepared().start()
 
-    def _end(self) -> dict[str, Any]:
+    def _end(self) -> Reading:
         tracker = self._prepared()
         emissions_kg = tracker.stop()
         data = tracker.final_emissions_data
-        return {
-            CO2.name: None if emissions_kg is None else emissions_kg * 1000.0,
-            "co2eq_country": self.country_code,
-            CODECARBON_ENERGY_J.name: data.energy_consumed * J_PER_KWH,
-            CODECARBON_CPU.name: data.cpu_energy * J_PER_KWH,
-            CODECARBON_GPU.name: data.gpu_energy * J_PER_KWH,
-            CODECARBON_RAM.name: data.ram_energy * J_PER_KWH,
-            "codecarbon_cpu_model": data.cpu_model,
-            "codecarbon_tracking_mode": data.tracking_mode,
-            kind_key(CO2): ESTIMATED,
-            "co2eq_source": f"codecarbon {data.codecarbon_version} offline, grid intensity of {self.country_code}",
-        }
+        return Reading(
+            {
+                CO2: None if emissions_kg is None else emissions_kg * 1000.0,
+                CODECARBON_ENERGY_J: data.energy_consumed * J_PER_KWH,
+                CODECARBON_CPU: data.cpu_energy * J_PER_KWH,
+                CODECARBON_GPU: data.gpu_energy * J_PER_KWH,
+                CODECARBON_RAM: data.ram_energy * J_PER_KWH,
+            },
+            provenance={CO2: Provenance(ESTIMATED)},
+            extras={
+                "co2eq_country": self.country_code,
+                "codecarbon_cpu_model": data.cpu_model,
+                "codecarbon_tracking_mode": data.tracking_mode,
+                "co2eq_source": f"codecarbon {data.codecarbon_version} offline, grid intensity of {self.country_code}",
+            },
+        )

@@ -95,7 +95,7 @@ def spread_check(meter_factory: Callable[[], Any], what: str) -> Check:
         with Window([meter]) as window:
             busy_cpu(SHORT_WINDOW_S)
         meter.close()
-        energies.append(window.reading.get(ENERGY.name))
+        energies.append(window.reading.value(ENERGY))
     measured = [e for e in energies if e is not None]
     if len(measured) < len(energies) or not np.mean(measured):
         return Check("short-window spread", None, "cv", FAIL, f"a {what} window gave no energy: {energies}")
@@ -170,7 +170,7 @@ def cpu_rss_checks() -> list[Check]:
         block = np.ones(KNOWN_BYTES // 8)
         block[::512] = 2.0  # every page touched
         del block
-    peak = window.reading[PEAK_MEMORY.name]
+    peak = window.reading.value(PEAK_MEMORY)
     ratio = peak / KNOWN_BYTES
     return [
         Check(
@@ -179,7 +179,7 @@ def cpu_rss_checks() -> list[Check]:
             "x",
             PASS if 0.95 <= ratio <= 1.3 else WARN if 0.8 <= ratio <= 2 else FAIL,
             f"peak {peak / 2**20:.1f} MiB for a {KNOWN_BYTES // 2**20} MiB numpy array allocated and freed "
-            f"in the window ({window.reading['memory_source']}; pass 0.95-1.3x)",
+            f"in the window ({window.reading.provenance[PEAK_MEMORY].source}; pass 0.95-1.3x)",
         )
     ]
 
@@ -212,7 +212,7 @@ def codecarbon_checks() -> list[Check]:
 
     with Window([CodecarbonMeter("cpu")]) as window:
         busy_cpu(1.0)
-    energy = window.reading.get(CODECARBON_ENERGY_J.name)
+    energy = window.reading.value(CODECARBON_ENERGY_J)
     return [
         Check(
             "runs",

@@ -10,7 +10,7 @@ import os
 import time
 
 from petlprof.figures import ENERGY, ENERGY_COUNTER, ENERGY_INTEGRATED, ENERGY_WINDOW, PEAK_MEMORY
-from petlprof.meters.base import Window
+from petlprof.meters.base import Reading, Window
 from petlprof.meters.devices import nvml as nvml_dev
 from petlprof.meters.energy import NvmlEnergyMeter
 from petlprof.meters.memory import CudaMemoryMeter
@@ -40,7 +40,7 @@ def gpu_work(seconds: float, duty: float = 1.0, period_s: float = 0.1) -> None:
             time.sleep(rest)
 
 
-def _metered(timeline, seconds: float, duty: float = 1.0, period_s: float = 0.1) -> dict:
+def _metered(timeline, seconds: float, duty: float = 1.0, period_s: float = 0.1) -> Reading:
     """The NVML meter's reading of ``gpu_work`` over one window."""
 
     meter = NvmlEnergyMeter(DEVICE, timeline=timeline)
@@ -52,8 +52,8 @@ def _metered(timeline, seconds: float, duty: float = 1.0, period_s: float = 0.1)
     return window.reading
 
 
-def _agreement(name: str, reading: dict, limits: tuple[float, float], load: str) -> Check:
-    counter, integrated = reading.get(ENERGY_COUNTER.name), reading.get(ENERGY_INTEGRATED.name)
+def _agreement(name: str, reading: Reading, limits: tuple[float, float], load: str) -> Check:
+    counter, integrated = reading.value(ENERGY_COUNTER), reading.value(ENERGY_INTEGRATED)
     if not counter or integrated is None:
         return Check(name, None, "ratio", WARN, f"no counter ({counter}) or no integrated figure ({integrated})")
     gap = abs(integrated - counter) / counter
@@ -62,7 +62,7 @@ def _agreement(name: str, reading: dict, limits: tuple[float, float], load: str)
         round(integrated / counter, 4),
         "ratio",
         graded(gap, *limits),
-        f"integrated {integrated:.1f} J / counter {counter:.1f} J over {reading[ENERGY_WINDOW.name]:.1f} s of "
+        f"integrated {integrated:.1f} J / counter {counter:.1f} J over {reading.value(ENERGY_WINDOW):.1f} s of "
         f"{load}, {reading.get('power_field')} power field at {reading.get('power_sample_rate_hz') or 0:.0f} Hz "
         f"(pass within {limits[0]:.0%}, warn within {limits[1]:.0%})",
     )
@@ -157,7 +157,7 @@ def cuda_allocator_checks() -> list[Check]:
     with Window([CudaMemoryMeter(DEVICE)], DEVICE) as window:
         block = torch.empty(KNOWN_BYTES, dtype=torch.uint8, device=DEVICE)
         del block
-    peak = window.reading[PEAK_MEMORY.name]
+    peak = window.reading.value(PEAK_MEMORY)
     checks = [
         Check(
             "known allocation",

@@ -18,9 +18,8 @@ from __future__ import annotations
 import os
 import resource
 from pathlib import Path
-from typing import Any
 
-from petlprof.meters.base import MEASURED, Meter
+from petlprof.meters.base import MEASURED, Meter, Reading
 
 CONTENDED_SHARE = 0.1  # of the machine's CPUs, used by other processes on average over the window
 _STAT = Path("/proc/stat")
@@ -48,7 +47,7 @@ class ContentionMeter(Meter):
     """Other processes' CPU use and the load average over the window; flags a contended window."""
 
     name = "contention"
-    FIGURES = ("others_cpu_cores", "load_avg_1m", "contended", "contention_source")
+    OWN = ("others_cpu_cores", "load_avg_1m", "contended", "contention_source")
 
     def __init__(self, device: str = "cpu", stat: Path = _STAT, own=own_cpu_s, loadavg=os.getloadavg):
         super().__init__(device)
@@ -66,7 +65,7 @@ class ContentionMeter(Meter):
     def _begin(self) -> None:
         self._start = (system_busy_s(self.stat)[0], self.own())
 
-    def _end(self) -> dict[str, Any]:
+    def _end(self) -> Reading:
         busy, cpus = system_busy_s(self.stat)
         own = self.own()
         window_s = self.window_s or 0.0
@@ -74,16 +73,12 @@ class ContentionMeter(Meter):
         cores = others_s / window_s if window_s > 0 else None
         load = self.loadavg()[0]
         contended = cores is not None and cores > CONTENDED_SHARE * cpus
-        reading: dict[str, Any] = {
-            "others_cpu_cores": cores,
-            "load_avg_1m": load,
-            "contended": contended,
-            "contention_source": f"{MEASURED}: {self.stat} busy time minus this process's, over {cpus} CPUs",
-        }
-        if contended:  # one text for every window, so a report lists it once with the windows it covers
-            reading["contention_warnings"] = [
-                f"contended: other processes used more than {CONTENDED_SHARE:g} of the CPUs during the window "
-                "(others_cpu_cores and load_avg_1m in the record say how much): its time, latency and energy "
-                "figures are inflated by them"
-            ]
-        return reading
+        source = f"{MEASURED}: {self.stat} busy time minus this process's, over {cpus} CPUs"
+        # one text for every window, so a report lists it once with the windows it covers
+        warning = (
+            f"contended: other processes used more than {CONTENDED_SHARE:g} of the CPUs during the window "
+            "(others_cpu_cores and load_avg_1m in the record say how much): its time, latency and energy "
+            "figures are inflated by them"
+        )
+        figures = dict(zip(self.OWN, (cores, load, contended, source)))
+        return Reading(extras=figures, warnings=[warning] if contended else [])

@@ -17,9 +17,9 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
-from petlprof.figures import CPU_CORES, CPU_TIME, ENERGY
-from petlprof.meters.base import ESTIMATED, Meter
-from petlprof.meters.energy import provenance
+from petlprof.figures import CPU_CORES, CPU_TIME, ENERGY, ENERGY_WINDOW
+from petlprof.meters.base import ESTIMATED, Meter, Reading
+from petlprof.meters.energy import PROVENANCE_KEYS, provenance
 from petlprof.meters.memory import rss_bytes
 
 CPU_WATTS_PER_CORE = 10.0  # a busy server core: ~4-7 W (EPYC/Xeon TDP / cores), desktop cores more
@@ -31,7 +31,9 @@ class EstimateEnergyMeter(Meter):
     """Estimated energy: CPU time × per-core power + resident memory × DRAM power × wall time."""
 
     name = "estimate"
-    FIGURES = ENERGY.reading_keys
+    FIGURES = (ENERGY,)
+    MORE_FIGURES = (ENERGY_WINDOW, CPU_TIME, CPU_CORES)
+    EXTRAS = ("energy_model", "cpu_model", "cpu_watts_per_core", *PROVENANCE_KEYS)
 
     def __init__(self, device: str = "cpu", why_not_measured: str | None = None, cpuinfo: str = "/proc/cpuinfo"):
         """``why_not_measured``: why the measured meter for the device could not be used (``auto``)."""
@@ -46,7 +48,7 @@ class EstimateEnergyMeter(Meter):
         self._cpu0 = time.process_time()
         self._rss0 = rss_bytes() or 0
 
-    def _end(self) -> dict[str, Any]:
+    def _end(self) -> Reading:
         cpu_s = time.process_time() - self._cpu0
         window_s = self.closed_window_s()
         core_s = min(cpu_s, window_s * usable_cores(self.cpu["threads_per_core"]))  # hyper-threads share a core
@@ -55,15 +57,15 @@ class EstimateEnergyMeter(Meter):
         warnings = [] if self.device == "cpu" else [f"device {self.device} not covered by the estimate"]
         if self.why_not_measured:
             warnings.append(f"energy is estimated because it could not be measured ({self.why_not_measured})")
-        return {
-            ENERGY.name: energy,
-            "energy_model": self.model,
-            "cpu_model": self.cpu["cpu_model"],
-            "cpu_watts_per_core": self.cpu["watts_per_core"],
-            CPU_TIME.name: cpu_s,
-            CPU_CORES.name: core_s,
-            **provenance(self, "estimate", ESTIMATED, 2, warnings),
-        }
+        reading = Reading(
+            {ENERGY: energy, CPU_TIME: cpu_s, CPU_CORES: core_s},
+            extras={
+                "energy_model": self.model,
+                "cpu_model": self.cpu["cpu_model"],
+                "cpu_watts_per_core": self.cpu["watts_per_core"],
+            },
+        )
+        return reading.merge(provenance(self, "estimate", ESTIMATED, 2, warnings))
 
 
 def cpu_topology(cpuinfo: str = "/proc/cpuinfo") -> dict[str, Any]:

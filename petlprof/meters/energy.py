@@ -15,10 +15,9 @@
   thread) is flagged low-confidence, its figure a lower bound.
 
 Hardware is read only through :mod:`petlprof.meters.devices`.  Every reading carries its
-provenance: ``energy_meter``, ``energy_source``, ``energy_kind`` (measured or estimated),
-``energy_samples``, ``energy_sample_rate_hz``, ``energy_window_s``, ``energy_low_confidence`` and
-``energy_warnings``; given the sweep's idle baseline (:mod:`petlprof.meters.idle`, passed to the
-meter by its caller) also ``energy_above_idle_j``.
+provenance (:data:`PROVENANCE_KEYS`, the energy figure's kind and source, the window's length and its
+warnings); given the sweep's idle baseline (:mod:`petlprof.meters.idle`, passed to the meter by its
+caller) also the energy above idle (:data:`IDLE_KEYS`).
 """
 
 from __future__ import annotations
@@ -37,7 +36,7 @@ from petlprof.figures import (
     IDLE_POWER,
     MEAN_POWER,
 )
-from petlprof.meters.base import MEASURED, Meter, kind_key, source_key
+from petlprof.meters.base import MEASURED, Meter, Provenance, Reading
 from petlprof.meters.devices import nvml as nvml_dev
 from petlprof.meters.devices import rapl
 
@@ -46,11 +45,15 @@ AGREEMENT_TOLERANCE = 0.10  # counter vs integrated power, beyond the counter's 
 RAPL_MAX_WATTS = 400.0  # the most one RAPL domain draws: sets how often its counter must be read
 RAPL_MIN_POLL_S = 1.0
 RAPL_MAX_POLL_S = 60.0
+# the keys beside the figures that every energy reading carries (provenance), and those of energy above idle
+PROVENANCE_KEYS = ("energy_meter", "energy_samples", "energy_sample_rate_hz", "energy_low_confidence")
+IDLE_KEYS = ("idle_power_source", "energy_above_idle_low_confidence")
+AGREEMENT_KEYS = ("energy_integrated_vs_counter", "energy_sources_disagree")
 
 
 def provenance(
     meter: Meter, source: str, kind: str, samples: int, warnings: list[str], sample_rate_hz: float | None = None
-) -> dict[str, Any]:
+) -> Reading:
     """The provenance fields every energy reading carries.  ``sample_rate_hz``: how often the source
     updates or was sampled (a counter's update rate, the power timeline's achieved rate); None where
     the figure is a difference of two readings of a source whose rate is not known."""
@@ -62,25 +65,21 @@ def provenance(
             f"window {window_s:.2f} s < {SHORT_WINDOW_S:g} s: the {source} reading covers too "
             "few counter updates, so this figure is low-confidence",
         ]
-    return {
-        kind_key(ENERGY): kind,
-        source_key(ENERGY): source,
-        "energy_meter": meter.name,
-        "energy_samples": samples,
-        "energy_sample_rate_hz": sample_rate_hz,
-        ENERGY_WINDOW.name: window_s,
-        "energy_low_confidence": low,
-        "energy_warnings": warnings,
-    }
+    return Reading(
+        {ENERGY_WINDOW: window_s},
+        provenance={ENERGY: Provenance(kind, source)},
+        extras=dict(zip(PROVENANCE_KEYS, (meter.name, samples, sample_rate_hz, low))),
+        warnings=warnings,
+    )
 
 
 def above_idle(
     energy_j: float | None, idle_w: float | None, window_s: float, source: str, warnings: list[str]
-) -> dict[str, Any]:
+) -> Reading:
     """``energy_above_idle_j`` from a window's energy and an idle power read from the same ``source``;
     a negative result (the window drew less than idle) is flagged and explained in ``warnings``."""
     if energy_j is None or idle_w is None:
-        return {}
+        return Reading()
     above = energy_j - idle_w * window_s
     if above < 0:
         warnings.append(
@@ -88,12 +87,7 @@ def above_idle(
             f"the idle power {idle_w:.1f} W): the idle baseline does not hold for this window (load during the "
             "baseline, a power-state change, or sensor error)"
         )
-    return {
-        ENERGY_ABOVE_IDLE.name: above,
-        IDLE_POWER.name: idle_w,
-        "idle_power_source": source,
-        "energy_above_idle_low_confidence": above < 0,
-    }
+    return Reading({ENERGY_ABOVE_IDLE: above, IDLE_POWER: idle_w}, extras=dict(zip(IDLE_KEYS, (source, above < 0))))
 
 
 def cross_check(
@@ -109,7 +103,7 @@ def cross_check(
     Power fields that cover only part of each update period, or average over a second, are off by
     tens of percent under a load in step with the sensor; the counter sees all of it."""
     if counter_j is None or integrated_j is None or counter_j <= 0:
-        return {"energy_integrated_vs_counter": None, "energy_sources_disagree": None}
+        return dict.fromkeys(AGREEMENT_KEYS)
     ratio = integrated_j / counter_j
     allowed = AGREEMENT_TOLERANCE + 2 * (update_s or 0.1) / max(window_s, 1e-9)
     disagree = abs(ratio - 1) > allowed
@@ -119,7 +113,7 @@ def cross_check(
             f"({ratio - 1:+.0%}, more than the {allowed:.0%} allowed): the power field misses part of the load "
             "(part-time or averaged sampling); energy_j is the counter's"
         )
-    return {"energy_integrated_vs_counter": ratio, "energy_sources_disagree": disagree}
+    return dict(zip(AGREEMENT_KEYS, (ratio, disagree)))
 
 
 class NvmlEnergyMeter(Meter):
@@ -128,7 +122,24 @@ class NvmlEnergyMeter(Meter):
     ``idle``: the sweep's idle baseline (:func:`petlprof.meters.idle.measure_idle`), or None."""
 
     name = "nvml"
-    FIGURES = ENERGY.reading_keys
+    FIGURES = (ENERGY,)
+    MORE_FIGURES = (ENERGY_COUNTER, ENERGY_INTEGRATED, MEAN_POWER, ENERGY_WINDOW, ENERGY_ABOVE_IDLE, IDLE_POWER)
+    TIMELINE_KEYS = (  # the power timeline's provenance, by reading key -> the key of PowerTimeline.window
+        ("power_field", "power_field"),
+        ("power_samples", "samples"),
+        ("power_sample_rate_hz", "sample_rate_hz"),
+        ("counter_update_period_s", "update_period_s"),
+        ("power_update_period_s", "power_update_period_s"),
+        ("power_fallback_samples", "power_fallback_samples"),
+        ("nvml_peak_process_memory_bytes", "own_peak_bytes"),
+    )
+    EXTRAS = (
+        *(key for key, _ in TIMELINE_KEYS),
+        "power_field_averaged",
+        *AGREEMENT_KEYS,
+        *PROVENANCE_KEYS,
+        *IDLE_KEYS,
+    )
 
     def __init__(self, device: str = "cuda", timeline=None, idle: dict[str, Any] | None = None):
         super().__init__(device)
@@ -153,7 +164,7 @@ class NvmlEnergyMeter(Meter):
     def _begin(self) -> None:
         self._start = self._read() if self.has_counter else []
 
-    def _end(self) -> dict[str, Any]:
+    def _end(self) -> Reading:
         t1 = time.perf_counter()
         warnings: list[str] = []
         counter_j = None
@@ -187,34 +198,29 @@ class NvmlEnergyMeter(Meter):
                 "energy integrated from the averaged power field (a ~1 s moving average): it lags the load, "
                 "so a window's edges are smeared by about half a second"
             )
-        return {
-            ENERGY.name: energy,
-            ENERGY_COUNTER.name: counter_j,
-            ENERGY_INTEGRATED.name: integrated_j,
-            "power_field": timeline.get("power_field"),
-            "power_samples": timeline.get("samples"),
-            "power_sample_rate_hz": timeline.get("sample_rate_hz"),
-            MEAN_POWER.name: timeline.get(MEAN_POWER.name),
-            "counter_update_period_s": timeline.get("update_period_s"),
-            "power_update_period_s": timeline.get("power_update_period_s"),
-            "power_fallback_samples": timeline.get("power_fallback_samples"),
-            "nvml_peak_process_memory_bytes": timeline.get("own_peak_bytes"),
-            "power_field_averaged": None
-            if timeline.get("power_field") is None
-            else timeline["power_field"] != "instant",
-            **agreement,
-            **provenance(self, source, MEASURED, samples, warnings, rate),
-            **idle,
-        }
+        reading = Reading(
+            {
+                ENERGY: energy,
+                ENERGY_COUNTER: counter_j,
+                ENERGY_INTEGRATED: integrated_j,
+                MEAN_POWER: timeline.get(MEAN_POWER.name),
+            },
+            extras={
+                **{key: timeline.get(key_there) for key, key_there in self.TIMELINE_KEYS},
+                "power_field_averaged": None if field is None else field != "instant",
+                **agreement,
+            },
+        )
+        return reading.merge(provenance(self, source, MEASURED, samples, warnings, rate)).merge(idle)
 
-    def _above_idle(self, counter_j: float | None, integrated_j: float | None, warnings: list[str]) -> dict[str, Any]:
+    def _above_idle(self, counter_j: float | None, integrated_j: float | None, warnings: list[str]) -> Reading:
         """Energy above idle from the window's figure of the source the idle power came from."""
         if self.idle_w is None:
-            return {}
+            return Reading()
         energy = counter_j if self.idle_source == "nvml-energy-counter" else integrated_j
         if energy is None:
             warnings.append(f"no energy above idle: the idle power is from {self.idle_source}, not read in this window")
-            return {}
+            return Reading()
         return above_idle(energy, self.idle_w, self.closed_window_s(), self.idle_source, warnings)
 
     def _timeline_window(self, t0: float, t1: float, warnings: list[str]) -> dict[str, Any]:
@@ -250,7 +256,9 @@ class RaplEnergyMeter(Meter):
     [:data:`RAPL_MIN_POLL_S`, :data:`RAPL_MAX_POLL_S`]); 0 reads only at the window's edges."""
 
     name = "rapl"
-    FIGURES = ENERGY.reading_keys
+    FIGURES = (ENERGY,)
+    MORE_FIGURES = (ENERGY_WINDOW, ENERGY_ABOVE_IDLE, IDLE_POWER)
+    EXTRAS = ("energy_domains", *PROVENANCE_KEYS, *IDLE_KEYS)
 
     def __init__(
         self,
@@ -291,7 +299,7 @@ class RaplEnergyMeter(Meter):
             self._thread = threading.Thread(target=self._poll_loop, name="petlprof-rapl-poll", daemon=True)
             self._thread.start()
 
-    def _end(self) -> dict[str, Any]:
+    def _end(self) -> Reading:
         if self._thread is not None:
             self._stop.set()
             self._thread.join()
@@ -308,11 +316,7 @@ class RaplEnergyMeter(Meter):
                 f"{energy:.0f} J is a lower bound and the reading is low-confidence"
             )
         idle = above_idle(energy, self.idle_w, self.closed_window_s(), "rapl", warnings)
-        reading = {
-            ENERGY.name: energy,
-            "energy_domains": rapl.names(self.domains),
-            **provenance(self, "rapl", MEASURED, self.tracker.readings, warnings),
-            **idle,
-        }
-        reading["energy_low_confidence"] = reading["energy_low_confidence"] or missed
+        reading = Reading({ENERGY: energy}, extras={"energy_domains": rapl.names(self.domains)})
+        reading.merge(provenance(self, "rapl", MEASURED, self.tracker.readings, warnings)).merge(idle)
+        reading.extras["energy_low_confidence"] = reading.extras["energy_low_confidence"] or missed
         return reading

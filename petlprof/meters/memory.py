@@ -17,10 +17,20 @@ import ctypes
 import gc
 import re
 from pathlib import Path
-from typing import Any
 
-from petlprof.figures import PEAK_MEMORY, PEAK_RESERVED
-from petlprof.meters.base import MEASURED, Meter, kind_key, source_key
+from petlprof.figures import (
+    BREAKDOWN_BUFFERS,
+    BREAKDOWN_FROZEN_WEIGHTS,
+    BREAKDOWN_GRADIENTS,
+    BREAKDOWN_OPTIMIZER_STATE,
+    BREAKDOWN_QUANTIZATION_STATE,
+    BREAKDOWN_TOTAL,
+    BREAKDOWN_TRAINABLE_WEIGHTS,
+    PEAK_MEMORY,
+    PEAK_RESERVED,
+    STATIC_BREAKDOWN,
+)
+from petlprof.meters.base import MEASURED, Meter, Provenance, Reading
 from petlprof.quantization import quantization_state
 
 _STATUS = "/proc/self/status"
@@ -68,7 +78,8 @@ class CpuMemoryMeter(Meter):
     """Peak resident memory of this process during the window, above a runtime baseline."""
 
     name = "cpu-rss"
-    FIGURES = PEAK_MEMORY.reading_keys
+    FIGURES = (PEAK_MEMORY,)
+    EXTRAS = ("peak_rss_bytes", "rss_baseline_bytes")
 
     def __init__(self, device: str = "cpu", baseline_bytes: int | None = None):
         """``baseline_bytes``: RSS to subtract (the runtime's); by default the RSS when the window opens."""
@@ -89,15 +100,13 @@ class CpuMemoryMeter(Meter):
             self.baseline_bytes = rss_bytes() or 0
         self._was_reset = reset_rss_peak()
 
-    def _end(self) -> dict[str, Any]:
+    def _end(self) -> Reading:
         hwm = (_status_kib("VmHWM") or 0) * 1024
-        return {
-            PEAK_MEMORY.name: max(hwm - self.baseline_bytes, 0),
-            "peak_rss_bytes": hwm,
-            "rss_baseline_bytes": self.baseline_bytes,
-            kind_key(PEAK_MEMORY): MEASURED,
-            source_key(PEAK_MEMORY): "rss-hwm" if self._was_reset else "rss-hwm-unreset",
-        }
+        return Reading(
+            {PEAK_MEMORY: max(hwm - self.baseline_bytes, 0)},
+            provenance={PEAK_MEMORY: Provenance(MEASURED, "rss-hwm" if self._was_reset else "rss-hwm-unreset")},
+            extras={"peak_rss_bytes": hwm, "rss_baseline_bytes": self.baseline_bytes},
+        )
 
 
 class CudaMemoryMeter(Meter):
@@ -105,7 +114,9 @@ class CudaMemoryMeter(Meter):
     snapshot of the window (``snapshot_path``, a pickle that https://pytorch.org/memory_viz opens)."""
 
     name = "cuda-allocator"
-    FIGURES = PEAK_MEMORY.reading_keys
+    FIGURES = (PEAK_MEMORY,)
+    MORE_FIGURES = (PEAK_RESERVED,)
+    EXTRAS = ("memory_snapshot_file",)
     SNAPSHOT_ENTRIES = 100_000
 
     def __init__(self, device: str = "cuda", snapshot_path: str | None = None):
@@ -132,26 +143,29 @@ class CudaMemoryMeter(Meter):
         if self.snapshot_path:
             torch.cuda.memory._record_memory_history(max_entries=self.SNAPSHOT_ENTRIES)
 
-    def _end(self) -> dict[str, Any]:
+    def _end(self) -> Reading:
         # torch: slow to import, loaded only when used
         import torch
 
-        reading = {
-            PEAK_MEMORY.name: int(torch.cuda.max_memory_allocated(self.device)),
-            PEAK_RESERVED.name: int(torch.cuda.max_memory_reserved(self.device)),
-            kind_key(PEAK_MEMORY): MEASURED,
-            source_key(PEAK_MEMORY): "cuda-allocator",
+        figures = {
+            PEAK_MEMORY: int(torch.cuda.max_memory_allocated(self.device)),
+            PEAK_RESERVED: int(torch.cuda.max_memory_reserved(self.device)),
         }
-        if self.snapshot_path:
-            Path(self.snapshot_path).parent.mkdir(parents=True, exist_ok=True)
-            torch.cuda.memory._dump_snapshot(str(self.snapshot_path))
-            torch.cuda.memory._record_memory_history(enabled=None)
-            reading["memory_snapshot_file"] = str(self.snapshot_path)
-            reading["memory_warnings"] = [
+        provenance = {PEAK_MEMORY: Provenance(MEASURED, "cuda-allocator")}
+        if not self.snapshot_path:
+            return Reading(figures, provenance=provenance)
+        Path(self.snapshot_path).parent.mkdir(parents=True, exist_ok=True)
+        torch.cuda.memory._dump_snapshot(str(self.snapshot_path))
+        torch.cuda.memory._record_memory_history(enabled=None)
+        return Reading(
+            figures,
+            provenance=provenance,
+            extras={"memory_snapshot_file": str(self.snapshot_path)},
+            warnings=[
                 "--memory-snapshot was on: recording allocation stacks slows every "
                 "allocation, so this phase's time, latency and energy include it"
-            ]
-        return reading
+            ],
+        )
 
 
 def static_breakdown(model) -> dict[str, int]:
@@ -163,36 +177,28 @@ def static_breakdown(model) -> dict[str, int]:
     (``--quantize``) weights count as stored (packed), and ``quantization_state_bytes``, present only
     then, counts what dequantises them (:func:`petlprof.quantization.quantization_state`)."""
     seen: set[int] = set()
-    figures = dict.fromkeys(
-        (
-            "frozen_weights_bytes",
-            "trainable_weights_bytes",
-            "buffers_bytes",
-            "gradients_bytes",
-            "optimizer_state_bytes",
-        ),
-        0,
-    )
+    figures = dict.fromkeys(STATIC_BREAKDOWN, 0)
     for param in model.parameters():
         if _storage(param) in seen:
             continue
         seen.add(_storage(param))
         size = param.numel() * param.element_size()
         if param.requires_grad:
-            figures["trainable_weights_bytes"] += size
-            figures["gradients_bytes"] += size
-            figures["optimizer_state_bytes"] += 2 * size + 4
+            figures[BREAKDOWN_TRAINABLE_WEIGHTS] += size
+            figures[BREAKDOWN_GRADIENTS] += size
+            figures[BREAKDOWN_OPTIMIZER_STATE] += 2 * size + 4
         else:
-            figures["frozen_weights_bytes"] += size
+            figures[BREAKDOWN_FROZEN_WEIGHTS] += size
     for buffer in model.buffers():
         if _storage(buffer) not in seen:
             seen.add(_storage(buffer))
-            figures["buffers_bytes"] += buffer.numel() * buffer.element_size()
+            figures[BREAKDOWN_BUFFERS] += buffer.numel() * buffer.element_size()
     for tensor in quantization_state(model):
         if _storage(tensor) not in seen:
             seen.add(_storage(tensor))
-            figures["quantization_state_bytes"] = figures.get("quantization_state_bytes", 0) + tensor.nbytes
-    figures["total_bytes"] = sum(figures.values())
+            state = figures.get(BREAKDOWN_QUANTIZATION_STATE, 0)
+            figures[BREAKDOWN_QUANTIZATION_STATE] = state + tensor.nbytes
+    figures[BREAKDOWN_TOTAL] = sum(figures.values())
     return figures
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-from petlprof.meters.base import MEASURED, Meter
+from petlprof.meters.base import MEASURED, Meter, Reading
 
 _COMPOSITES: dict = {}  # operation -> whether a dispatch mode runs its composite kernel (see runs_composite)
 
@@ -114,7 +114,8 @@ class CpuTensorMeter(Meter):
     """Peak bytes of live CPU tensors during the window (see the module docstring)."""
 
     name = "cpu-tensors"
-    FIGURES = ("peak_tensor_bytes",)
+    OWN = ("peak_tensor_bytes",)
+    EXTRAS = ("tensor_resident_bytes", "tensor_peak_new_bytes", "tensor_kind", "tensor_source")
 
     def __init__(self, device: str = "cpu", resident_bytes: int = 0):
         super().__init__(device)
@@ -134,20 +135,22 @@ class CpuTensorMeter(Meter):
         self._mode = _mode_class()()
         self._mode.__enter__()
 
-    def _end(self) -> dict[str, Any]:
+    def _end(self) -> Reading:
         self._mode.__exit__(None, None, None)
         if self.device != "cpu":
-            return {
-                "peak_tensor_bytes": None,
-                "tensor_warnings": [f"cpu-tensors counts CPU tensors only; the run is on {self.device}"],
-            }
-        return {
-            "peak_tensor_bytes": self.resident_bytes + self._mode.peak_bytes,
-            "tensor_resident_bytes": self.resident_bytes,
-            "tensor_peak_new_bytes": self._mode.peak_bytes,
-            "tensor_kind": MEASURED,
-            "tensor_source": "torch-dispatch-mode live CPU tensor storages",
-            "tensor_warnings": [
+            return Reading(
+                extras={"peak_tensor_bytes": None},
+                warnings=[f"cpu-tensors counts CPU tensors only; the run is on {self.device}"],
+            )
+        return Reading(
+            extras={
+                "peak_tensor_bytes": self.resident_bytes + self._mode.peak_bytes,
+                "tensor_resident_bytes": self.resident_bytes,
+                "tensor_peak_new_bytes": self._mode.peak_bytes,
+                "tensor_kind": MEASURED,
+                "tensor_source": "torch-dispatch-mode live CPU tensor storages",
+            },
+            warnings=[
                 "cpu-tensors was on: this phase's time, latency and energy include its per-operation bookkeeping"
             ],
-        }
+        )
