@@ -31,13 +31,13 @@ def read_adapter_config(path: str) -> tuple[str, dict[str, Any], list[str]]:
     names = {t: n for n, t in peft_types().items() if n.removeprefix(PEFT_PREFIX) not in ALIASES}
     if not isinstance(peft_type, str) or peft_type not in names:
         raise UsageError(f"{where}: {unknown_choice('peft_type', str(peft_type), names, f'(PEFT {peft_version()})')}")
-    spec = tuner_spec(names[peft_type])
-    fields, notes = _file_fields(spec, data, where)
+    method_spec = tuner_spec(names[peft_type])
+    fields, notes = _file_fields(method_spec, data, where)
     try:
-        spec.make_config(fields)
+        method_spec.make_config(fields)
     except UsageError as exc:
         raise UsageError(f"{where}: {exc}") from None
-    return spec.name, fields, notes
+    return method_spec.name, fields, notes
 
 
 def _load_json(path: str) -> tuple[dict[str, Any], str]:
@@ -57,13 +57,13 @@ def _load_json(path: str) -> tuple[dict[str, Any], str]:
     return data, str(file)
 
 
-def _file_fields(spec: TunerSpec, data: dict[str, Any], where: str) -> tuple[dict[str, Any], list[str]]:
+def _file_fields(method_spec: TunerSpec, data: dict[str, Any], where: str) -> tuple[dict[str, Any], list[str]]:
     """The method config a file's fields give, and a note per field petlprof decides itself; a field set to
     what a run cannot honour (a nested initialisation scheme) is refused, naming it and why."""
-    peft_cls = Tuner(spec.name, spec.peft_type).peft_cls
+    peft_cls = Tuner(method_spec.name, method_spec.peft_type).peft_cls
     excluded = excluded_fields(peft_cls)
     defaults = {f.name: peft_default(f) for f in dataclasses.fields(peft_cls)}
-    names = [f.name for f in dataclasses.fields(spec.config_cls)]
+    names = [f.name for f in dataclasses.fields(method_spec.config_cls)]
     fields, notes = {}, []
     for key, value in data.items():
         if key in excluded:

@@ -21,19 +21,19 @@ FILE_SUFFIXES = (".csv", ".tsv", ".jsonl", ".parquet")
 USER_EVAL_STEMS = ("validation", "dev", "test")
 
 
-def read_sources(spec: str) -> dict[str, pd.DataFrame]:
+def read_sources(data_path: str) -> dict[str, pd.DataFrame]:
     """The user's data as frames by where they come from: the one file, or a folder's train and eval files
     (in that order)."""
-    path = Path(spec)
+    path = Path(data_path)
     if path.is_dir():
         train_path = find_split_file(path, ("train",), "train")
         eval_path = find_split_file(path, USER_EVAL_STEMS, "eval")
         return {str(train_path): read_table(train_path), str(eval_path): read_table(eval_path)}
-    return {spec: read_table(path)}
+    return {data_path: read_table(path)}
 
 
 def split_frames(
-    spec: str, sources: dict[str, pd.DataFrame], train_size: int | None, eval_size: int | None, split_seed: int
+    data_path: str, sources: dict[str, pd.DataFrame], train_size: int | None, eval_size: int | None, split_seed: int
 ) -> tuple[pd.DataFrame, pd.DataFrame, str]:
     """(train frame, eval frame, how they were split) of the user's data: a folder's files each subsampled,
     or one file split EVAL_FRACTION with ``split_seed``."""
@@ -48,7 +48,7 @@ def split_frames(
     first = next(iter(sources.values()))
     if len(first) < 2:
         raise UsageError(
-            f"{spec} has {len(first)} row; a single data file needs at least 2 "
+            f"{data_path} has {len(first)} row; a single data file needs at least 2 "
             f"(it is split {1 - EVAL_FRACTION:.0%}/{EVAL_FRACTION:.0%} into train and eval)"
         )
     train_pool, eval_pool = pool_split(first, split_seed)

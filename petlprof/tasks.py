@@ -115,30 +115,30 @@ TASKS: dict[str, str] = {
 }
 
 
-def check_task(spec: str) -> None:
-    """Cheap validation: ``spec`` is a registered task name or an existing file or folder."""
-    if spec and spec not in TASKS:
-        check_file(spec, "--task", folder=True)  # a FIFO would be read forever
-    if spec in TASKS or (spec and Path(spec).exists()):
+def check_task(task: str) -> None:
+    """Cheap validation: ``task`` is a registered task name or an existing file or folder."""
+    if task and task not in TASKS:
+        check_file(task, "--task", folder=True)  # a FIFO would be read forever
+    if task in TASKS or (task and Path(task).exists()):
         return
-    if Path(spec).suffix.lower() in FILE_SUFFIXES or "/" in spec or "\\" in spec:
+    if Path(task).suffix.lower() in FILE_SUFFIXES or "/" in task or "\\" in task:
         raise UsageError(
-            f"task data '{spec}' does not exist; give an existing "
+            f"task data '{task}' does not exist; give an existing "
             f"{'/'.join(FILE_SUFFIXES)} file or a folder of train/validation files"
         )
     raise unknown_choice(
-        "task", spec, TASKS, extra="Or give a CSV/TSV/JSONL/Parquet file or a folder of train/validation files."
+        "task", task, TASKS, extra="Or give a CSV/TSV/JSONL/Parquet file or a folder of train/validation files."
     )
 
 
-def generative_possible(spec: str, prompt_column: str | None = None) -> bool:
-    """Whether ``spec`` may be an LM task under ``--objective auto``, without reading any data: a generative
+def generative_possible(task: str, prompt_column: str | None = None) -> bool:
+    """Whether ``task`` may be an LM task under ``--objective auto``, without reading any data: a generative
     task, or the user's data (whose columns decide; :func:`load_task` tells), never a labelled built-in."""
-    return spec in GENERATIVE_TASKS or prompt_column is not None or spec not in TASKS
+    return task in GENERATIVE_TASKS or prompt_column is not None or task not in TASKS
 
 
 def load_task(
-    spec: str,
+    task: str,
     *,
     train_size: int | None = None,
     eval_size: int | None = None,
@@ -152,54 +152,54 @@ def load_task(
     target_column: str | None = None,
     chat_template: str = "auto",
 ) -> TaskData:
-    """Load a registered task or the user's data at path ``spec``; see the module docstring.  ``objective``
+    """Load a registered task or the user's data at path ``task``; see the module docstring.  ``objective``
     (auto, classification, lm) picks the task model; ``prompt_column``/``target_column`` name the prompt and
     target of the user's data; ``chat_template`` (auto, none) is checked here and applied by
     :class:`petlprof.lm_data.LMBatches` (it acts only on LM tasks)."""
     for option, size in (("train_size", train_size), ("eval_size", eval_size)):
         if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
             raise UsageError(f"{option} must be a positive whole number (or unset for all rows); got {size!r}")
-    check_task(spec)
+    check_task(task)
     lm_tasks.check_lm_options(
         objective, prompt_column, target_column, chat_template, label_column, text_column, text_pair_column
     )
     columns = {"text_column": text_column, "text_pair_column": text_pair_column, "label_column": label_column}
     lm_columns = {"prompt_column": prompt_column, "target_column": target_column}
-    if spec in TASKS:
+    if task in TASKS:
         given = [
             "--" + option.replace("_", "-") for option, value in {**columns, **lm_columns}.items() if value is not None
         ]  # named as the user typed them
         if given:
             raise UsageError(
-                f"{', '.join(given)} applies only to your own data files, not to the registered task '{spec}'"
+                f"{', '.join(given)} applies only to your own data files, not to the registered task '{task}'"
             )
-        if spec in GENERATIVE_TASKS:
+        if task in GENERATIVE_TASKS:
             if data_dir is not None:
-                raise UsageError(f"data_dir '{data_dir}' applies only to GLUE tasks, not to '{spec}'")
-            return lm_tasks.load_generative(spec, objective, train_size, eval_size, split_seed)
-        task = _load_labelled(spec, data_dir, train_size, eval_size, split_seed)
-        return lm_tasks.with_objective(task, objective, chat_template)
+                raise UsageError(f"data_dir '{data_dir}' applies only to GLUE tasks, not to '{task}'")
+            return lm_tasks.load_generative(task, objective, train_size, eval_size, split_seed)
+        data = _load_labelled(task, data_dir, train_size, eval_size, split_seed)
+        return lm_tasks.with_objective(data, objective, chat_template)
     if data_dir is not None:
         raise UsageError(
-            f"data_dir '{data_dir}' applies only to GLUE tasks; the task '{spec}' is already a path to your data"
+            f"data_dir '{data_dir}' applies only to GLUE tasks; the task '{task}' is already a path to your data"
         )
-    sources = read_sources(spec)
+    sources = read_sources(task)
     labelled = any(value is not None for value in columns.values())
     if lm_tasks.is_prompt_data(next(iter(sources.values())), objective, prompt_column, label_column, labelled):
-        return lm_tasks.load_user_lm(spec, sources, train_size, eval_size, split_seed, prompt_column, target_column)
-    task = _load_user(spec, sources, train_size, eval_size, split_seed, **columns)
-    return lm_tasks.with_objective(task, objective, chat_template)
+        return lm_tasks.load_user_lm(task, sources, train_size, eval_size, split_seed, prompt_column, target_column)
+    data = _load_user(task, sources, train_size, eval_size, split_seed, **columns)
+    return lm_tasks.with_objective(data, objective, chat_template)
 
 
 def _load_labelled(
-    spec: str, data_dir: str | None, train_size: int | None, eval_size: int | None, split_seed: int
+    name: str, data_dir: str | None, train_size: int | None, eval_size: int | None, split_seed: int
 ) -> TaskData:
     """A registered labelled task: the tweets or a GLUE task."""
-    if spec in _TWEET_TASKS:
+    if name in _TWEET_TASKS:
         if data_dir is not None:
-            raise UsageError(f"data_dir '{data_dir}' applies only to GLUE tasks ({', '.join(_GLUE)}), not to '{spec}'")
-        return _load_tweets(spec, train_size, eval_size, split_seed)
-    return _load_glue(spec, data_dir, train_size, eval_size, split_seed)
+            raise UsageError(f"data_dir '{data_dir}' applies only to GLUE tasks ({', '.join(_GLUE)}), not to '{name}'")
+        return _load_tweets(name, train_size, eval_size, split_seed)
+    return _load_glue(name, data_dir, train_size, eval_size, split_seed)
 
 
 # --- the offline default -------------------------------------------------------------------------
@@ -339,7 +339,7 @@ def _glue_labels(series: pd.Series, label_names: list[str] | None, where: str) -
 
 
 def _load_user(
-    spec: str,
+    data_path: str,
     sources: dict[str, pd.DataFrame],
     train_size: int | None,
     eval_size: int | None,
@@ -363,7 +363,7 @@ def _load_user(
     for where, frame in sources.items():
         require_columns(frame, (text_column, text_pair_column, label_column), where)
 
-    train_frame, eval_frame, how = split_frames(spec, sources, train_size, eval_size, split_seed)
+    train_frame, eval_frame, how = split_frames(data_path, sources, train_size, eval_size, split_seed)
     train_labels, eval_labels, label_names = _infer_labels(
         train_frame[label_column], eval_frame[label_column], label_column
     )
@@ -375,13 +375,13 @@ def _load_user(
         metric_names = ("accuracy", "f1") if len(label_names) == 2 else ("accuracy", "f1_macro")
         kind = f"{len(label_names)} labels"
     return TaskData(
-        spec,
+        data_path,
         train,
         evaluation,
         len(label_names) if label_names else 1,
         label_names,
         metric_names,
-        f"your data {spec}: {kind}, {how} (train {len(train)}, eval {len(evaluation)}, split seed {split_seed})",
+        f"your data {data_path}: {kind}, {how} (train {len(train)}, eval {len(evaluation)}, split seed {split_seed})",
         leak_warnings(train, label_names),
     )
 

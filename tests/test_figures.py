@@ -31,18 +31,6 @@ SPELLERS = {"petlprof/figures.py", "petlprof/api.py"}
 QUOTED = re.compile(r"""["']([a-z0-9_]+)["']""")
 # the static memory breakdown's keys (declared as a group in petlprof.figures; its optimiser state is a step figure)
 BREAKDOWN_KEYS = {*figures.STATIC_BREAKDOWN, figures.BREAKDOWN_QUANTIZATION_STATE, figures.BREAKDOWN_TOTAL}
-# the estimate names its own memory figures after four of the breakdown's keys and reads the breakdown by them:
-# not moved to the declarations yet (the only spellers allowed besides figures.py, and only of these keys)
-BREAKDOWN_SPELLERS_NOT_YET = {
-    "petlprof/estimate/command.py": {"gradients_bytes", "quantization_state_bytes"},
-    "petlprof/estimate/core.py": {
-        "buffers_bytes",
-        "frozen_weights_bytes",
-        "gradients_bytes",
-        "quantization_state_bytes",
-        "trainable_weights_bytes",
-    },
-}
 
 
 def _spelled_keys(source: str, keys: set[str] = KEYS) -> set[str]:
@@ -84,7 +72,7 @@ def test_only_the_declarations_spell_a_figure_key():
 def test_only_the_declarations_spell_a_memory_breakdown_key():
     found = _spelling_modules(BREAKDOWN_KEYS)
     assert found.pop("petlprof/figures.py") == BREAKDOWN_KEYS
-    assert found == BREAKDOWN_SPELLERS_NOT_YET
+    assert found == {}  # the estimate too reads the breakdown and names its memory figures by the declarations
     assert _spelled_keys('x = static["total_bytes"]\n', BREAKDOWN_KEYS) == {"total_bytes"}
 
 

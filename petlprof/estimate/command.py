@@ -15,6 +15,7 @@ from petlprof.errors import UsageError, printable
 from petlprof.estimate import gpus
 from petlprof.estimate.attention import ATTENTIONS, DEFAULT_ATTENTION, FLASH, check_attention, check_flash_support
 from petlprof.estimate.lm import CLASSIFICATION, DEFAULT_TARGET_LENGTH, LM, check_family
+from petlprof.figures import BREAKDOWN_GRADIENTS, BREAKDOWN_QUANTIZATION_STATE
 from petlprof.method_api import check_objective
 from petlprof.options import OPTIONS, default_of, help_of, kind_of
 from petlprof.quantization import NONE, Quantization
@@ -371,7 +372,7 @@ def table_rows(records: list[dict], settings) -> list[dict[str, Any]]:
                 "total_params": f"{record['total_params']:,}",
                 "weights": size(memory["weights_bytes"]),
                 **({"quant_state": _state_label(memory)} if quantized else {}),
-                "gradients": size(memory["gradients_bytes"]),
+                "gradients": size(memory[BREAKDOWN_GRADIENTS]),
                 "adamw_state": size(memory["optimizer_bytes"]),
                 "peak_train": size(memory["peak_train_bytes"]),
                 "peak_inference": size(memory["peak_inference_bytes"]),
@@ -399,7 +400,7 @@ def table_rows(records: list[dict], settings) -> list[dict[str, Any]]:
 
 def _state_label(memory: dict) -> str:
     """The quantisation state's bytes, ``-`` for an unquantised row."""
-    state = memory.get("quantization_state_bytes")
+    state = memory.get(BREAKDOWN_QUANTIZATION_STATE)
     return "-" if state is None else size(state)
 
 

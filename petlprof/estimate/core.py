@@ -44,6 +44,13 @@ from petlprof.estimate.lm import CLASSIFICATION, LM, lm_figures
 from petlprof.estimate.model import ResolvedBackbone, build, family, weight_breakdown
 from petlprof.estimate.quantized import check_traceable
 from petlprof.estimate.trace import UntraceableError, example_batch, inference_batch, lm_batch, train_steps
+from petlprof.figures import (
+    BREAKDOWN_BUFFERS,
+    BREAKDOWN_FROZEN_WEIGHTS,
+    BREAKDOWN_GRADIENTS,
+    BREAKDOWN_QUANTIZATION_STATE,
+    BREAKDOWN_TRAINABLE_WEIGHTS,
+)
 from petlprof.modeling import lm_loss
 from petlprof.options import default_of
 from petlprof.quantization import DEFAULT_COMPUTE_DTYPE, NONE, Quantization, parameter_count, run_fields
@@ -145,8 +152,9 @@ def trace_figures(resolved: ResolvedBackbone, method, config, settings: Settings
         inputs, labels = example_batch(settings.batch_size, settings.max_length, _token_id(resolved))
     if not any(p.requires_grad for p in model.parameters()):
         raise ValueError(f"{method.name} trains no parameter of the {settings.objective} task model")
-    state = static.get("quantization_state_bytes", 0)
-    resident = static["frozen_weights_bytes"] + static["trainable_weights_bytes"] + static["buffers_bytes"] + state
+    state = static.get(BREAKDOWN_QUANTIZATION_STATE, 0)
+    weights = static[BREAKDOWN_FROZEN_WEIGHTS] + static[BREAKDOWN_TRAINABLE_WEIGHTS]
+    resident = weights + static[BREAKDOWN_BUFFERS] + state
     rules: dict[str, Any] = {
         "precision": settings.precision,
         "device": settings.device,
@@ -172,11 +180,11 @@ def trace_figures(resolved: ResolvedBackbone, method, config, settings: Settings
         },
         **({"quantization": built.quantization} if settings.quantization else {}),
         "memory": {
-            "weights_bytes": static["frozen_weights_bytes"] + static["trainable_weights_bytes"],
-            "trainable_weights_bytes": static["trainable_weights_bytes"],
-            "buffers_bytes": static["buffers_bytes"],
-            **({"quantization_state_bytes": state} if settings.quantization else {}),
-            "gradients_bytes": static["gradients_bytes"],
+            "weights_bytes": weights,
+            BREAKDOWN_TRAINABLE_WEIGHTS: static[BREAKDOWN_TRAINABLE_WEIGHTS],
+            BREAKDOWN_BUFFERS: static[BREAKDOWN_BUFFERS],
+            **({BREAKDOWN_QUANTIZATION_STATE: state} if settings.quantization else {}),
+            BREAKDOWN_GRADIENTS: static[BREAKDOWN_GRADIENTS],
             "optimizer_bytes": static["optimizer_bytes"],
             "peak_train_bytes": resident + train.peak_new_bytes,
             "peak_inference_bytes": resident + infer.peak_new_bytes,

@@ -52,24 +52,29 @@ class ResolvedBackbone:
     config_dtype: str | None = None  # the dtype the config asks for (``torch_dtype``/``dtype``); never applied
 
 
-def resolve_backbone(spec: str, num_layers: int | None = None) -> ResolvedBackbone:
+def resolve_backbone(backbone: str, num_layers: int | None = None) -> ResolvedBackbone:
     """A bundled shape, preset, config.json, model folder or hub id -> its config (depth cut to ``num_layers``)."""
-    path = Path(spec)
-    if spec not in BACKBONES:
+    path = Path(backbone)
+    if backbone not in BACKBONES:
         check_file(path, "--backbone", folder=True)
-    if spec in shape_names():
-        config = shape_config(spec)
-        resolved = ResolvedBackbone(spec, config, _stand_in(config), f"bundled shape {spec} ({config.source_url})")
-    elif spec in BACKBONES:
-        resolved = _preset(spec)
+    if backbone in shape_names():
+        config = shape_config(backbone)
+        resolved = ResolvedBackbone(
+            backbone, config, _stand_in(config), f"bundled shape {backbone} ({config.source_url})"
+        )
+    elif backbone in BACKBONES:
+        resolved = _preset(backbone)
     elif path.is_file():
-        resolved = ResolvedBackbone(spec, config_from_file(path), None, f"config file {path}")
-    elif path.is_dir() or "/" in spec:
-        check_backbone(spec)
-        resolved = ResolvedBackbone(spec, pretrained_config(spec), None, f"config of {spec}")
+        resolved = ResolvedBackbone(backbone, config_from_file(path), None, f"config file {path}")
+    elif path.is_dir() or "/" in backbone:
+        check_backbone(backbone)
+        resolved = ResolvedBackbone(backbone, pretrained_config(backbone), None, f"config of {backbone}")
     else:
         raise unknown_choice(
-            "backbone", spec, [*shape_names(), *BACKBONES], extra="Or give a config.json, a model folder or a hub id."
+            "backbone",
+            backbone,
+            [*shape_names(), *BACKBONES],
+            extra="Or give a config.json, a model folder or a hub id.",
         )
     if resolved.tokenizer is None:
         resolved.tokenizer = _stand_in(resolved.config)
@@ -79,16 +84,16 @@ def resolve_backbone(spec: str, num_layers: int | None = None) -> ResolvedBackbo
     return resolved
 
 
-def _preset(spec: str) -> ResolvedBackbone:
+def _preset(name: str) -> ResolvedBackbone:
     # transformers: slow to import, loaded only when used
     from transformers import AutoTokenizer
 
-    config = backbone_config(spec)
-    if spec != "minilm" and not is_tiny_preset(spec):  # smollm2: its config (the pad id) is all an estimate reads
-        return ResolvedBackbone(spec, config, _stand_in(config), f"pretrained {spec} config")
+    config = backbone_config(name)
+    if name != "minilm" and not is_tiny_preset(name):  # smollm2: its config (the pad id) is all an estimate reads
+        return ResolvedBackbone(name, config, _stand_in(config), f"pretrained {name} config")
     tokenizer = AutoTokenizer.from_pretrained(minilm_path())
-    source = "pretrained all-MiniLM-L6-v2 config" if spec == "minilm" else f"{spec} preset config"
-    return ResolvedBackbone(spec, config, tokenizer, source)
+    source = "pretrained all-MiniLM-L6-v2 config" if name == "minilm" else f"{name} preset config"
+    return ResolvedBackbone(name, config, tokenizer, source)
 
 
 def _asked_dtype(config) -> str | None:
