@@ -42,7 +42,7 @@ step.train_step()  # warm-up, outside the window as in a run
 with Window([memory_meter_for("cpu", baseline)], "cpu") as window:
     for _ in range(3):
         step.train_step()
-print(json.dumps(window.reading))
+print(json.dumps(window.reading.record()))
 """
 
 
