@@ -219,8 +219,10 @@ def _sweep(todo, store, executor, done: int = 0, total: int | None = None) -> in
 
     failed, finished, started, total = 0, 0, time.monotonic(), total if total is not None else len(todo)
     position = iter(range(done + 1, total + 1))
+    span = _Span()
 
     def on_start(spec) -> None:
+        span.start()
         _say(_progress(spec, next(position), total, started, finished))
 
     try:
@@ -237,6 +239,7 @@ def _sweep(todo, store, executor, done: int = 0, total: int | None = None) -> in
             finally:
                 release_signals()  # a signal held while the finished run was stored is delivered now
             finished += 1
+            span.end(record)
             if record["status"] != "ok":
                 failed += 1
                 _say(f"  {spec.method} seed {spec.seed} {record['status']}: {record['error']}")
@@ -250,7 +253,42 @@ def _sweep(todo, store, executor, done: int = 0, total: int | None = None) -> in
             except OSError as error:
                 _say(f"petlprof: could not record the cancelled run in {store}: {error}")
         raise
+    # local runs go one after another, so the span less their phases is the harness's (Ray's overlap)
+    if getattr(executor, "name", "") == "local" and (line := span.line()):
+        _say(line)
     return failed
+
+
+class _Span:
+    """The sweep's own figure of what the harness costs: from the first run's start to the last run's record
+    stored (monotonic clock, this invocation's runs), less every run's measured phases."""
+
+    def __init__(self) -> None:
+        self.first: float | None = None
+        self.last: float | None = None
+        self.phases_s, self.runs = 0.0, 0
+
+    def start(self) -> None:
+        if self.first is None:
+            self.first = time.monotonic()
+
+    def end(self, record) -> None:
+        from petlprof.records import measured_phases_s  # not for --help: the records bring the statistics module
+
+        self.last = time.monotonic()
+        self.phases_s += measured_phases_s(record)
+        self.runs += 1
+
+    def line(self) -> str | None:
+        if self.first is None or self.last is None or not self.runs:
+            return None
+        span = self.last - self.first
+        outside = max(span - self.phases_s, 0.0)
+        return (
+            f"petlprof: {self.runs} run(s) in {span:,.1f} s from the first start to the last record stored "
+            f"(monotonic clock); {outside:,.1f} s of it, {outside / self.runs:,.1f} s a run, outside their measured "
+            "phases: process starts, imports, loading, warm-ups, writing and the gaps between runs"
+        )
 
 
 def _finish(store: Path, out_dir: Path) -> None:

@@ -3,7 +3,8 @@
 Every quantity petlprof compares has one direction here: quality metrics are better when higher,
 cost figures when lower.  Pareto fronts, "best" markers and relative columns read this table
 instead of guessing from names.  :func:`compute` scores predictions with the quality metrics
-(scikit-learn and scipy, imported only when called) and returns plain floats.
+(scikit-learn and scipy, imported only when called; a run's process has imported scikit-learn's
+metrics with its libraries, :data:`petlprof.libraries.RUNTIME_LIBRARIES`) and returns plain floats.
 
 Generated text is scored by :func:`score_generations`: ``exact_match`` (the share of answers equal to
 their reference after :func:`normalise`, on the part of each text an extraction rule of :data:`ANSWERS`

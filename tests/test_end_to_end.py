@@ -7,12 +7,14 @@ user gets: the result records (schema), the plots, the report, resuming, and `pe
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
 import pytest
 
 from petlprof.cli import main
+from petlprof.records import measured_phases_s
 
 pytestmark = pytest.mark.slow  # starts processes or whole sweeps: the full suite, not the inner loop
 
@@ -65,6 +67,14 @@ def test_sweep_succeeds_and_prints_the_summary(sweep):
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     kinds = {r["train"]["energy_kind"] for r in records}
     assert all(kind in result.stdout for kind in kinds)
+    # the sweep's own overhead figure: its span covers every run's process, less the measured phases
+    figure = r"4 run\(s\) in ([\d.,]+) s from the first start.*?; ([\d.,]+) s of it, ([\d.,]+) s a run"
+    span = re.search(figure, result.stderr)
+    assert span, result.stderr[-3000:]
+    seconds, outside, per_run = (float(g.replace(",", "")) for g in span.groups())
+    assert seconds >= sum(r["process_wall_time_s"] for r in records) - 0.2
+    assert outside == pytest.approx(seconds - sum(measured_phases_s(r) for r in records), abs=0.15)
+    assert per_run == pytest.approx(outside / 4, abs=0.06)
     if "estimated" in kinds:  # the model behind an estimate is printed with it
         assert "is a model, not a measurement" in result.stdout
 
