@@ -44,7 +44,13 @@ EXECUTORS = ("local", "ray")
 DRIVER_GRACE_S = 120.0  # past --timeout, the driver cancels a task its node failed to stop
 CHECK_S = 5.0  # while no task finishes, the driver looks for tasks no live node can take this often
 POLL_S = 0.25  # Ray's wait raises a signal (SIGTERM, Ctrl-C) only when it returns: it returns this often
-RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0"}  # no usage report to a server these machines cannot reach
+RAY_ENV = {
+    "RAY_USAGE_STATS_ENABLED": "0",  # no usage report to a server these machines cannot reach
+    # Ray starts its workers at nice 15 (its worker_niceness), and a run's process inherits it: beside any other
+    # work on the node the run then gets a sliver of a core (a tiny-bert run took minutes instead of 6 s beside
+    # two busy processes), and its time and energy figures are the scheduler's, not the method's
+    "RAY_worker_niceness": "0",
+}
 
 OnStart = Callable[[Any], None]
 
@@ -154,8 +160,12 @@ def _ray_task(spec_dict: dict, timeout_s: float | None, max_memory_bytes: int | 
     try:
         _prepare_node_idle(spec)
         record = execute_in_subprocess(spec, timeout_s=timeout_s, max_memory_bytes=max_memory_bytes)
+        niceness = os.nice(0)
+        if niceness > 0:
+            record.setdefault("warnings", []).append(niceness_warning(niceness))
         record["node"] = node_fields(
             "ray",
+            niceness=niceness,
             node_id=context.get_node_id(),
             node_ip=ray.util.get_node_ip_address(),
             gpu_ids=[str(g) for g in ray.get_gpu_ids()],
@@ -170,6 +180,15 @@ def _ray_task(spec_dict: dict, timeout_s: float | None, max_memory_bytes: int | 
         else:
             os.environ["OMP_NUM_THREADS"] = threads
     return record
+
+
+def niceness_warning(niceness: int) -> str:
+    """What a run's record says when its process ran below normal priority (a Ray worker's niceness)."""
+    return (
+        f"the run's process ran at nice {niceness} (the Ray cluster's worker_niceness): any other work on the node "
+        "took precedence, so its time and energy figures may be stretched; start the cluster with "
+        "RAY_worker_niceness=0 (petlprof does so for the Ray instance it starts)"
+    )
 
 
 def _prepare_node_idle(spec) -> None:

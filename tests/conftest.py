@@ -65,6 +65,37 @@ def pytest_collection_finish(session):
     gc.freeze()
 
 
+# slow modules whose tests share no module- or class-scoped fixture: under ``--dist loadscope`` their tests are
+# handed out one by one, not as one module to one worker (the three Ray driver kills alone took 2-3 minutes on
+# one worker while the others had finished)
+EACH_TEST_APART = frozenset(
+    f"tests/{name}.py"
+    for name in (
+        "test_contention",
+        "test_estimate_speed",
+        "test_faults",
+        "test_libraries",
+        "test_notebook",
+        "test_random_init",
+        "test_ray_driver",
+        "test_sweep",
+    )
+)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """pytest-xdist's ``loadscope`` scheduling, with each test of :data:`EACH_TEST_APART` a scope of its own."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SlowTestsApart(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            if nodeid.split("::", 1)[0] in EACH_TEST_APART:
+                return nodeid
+            return super()._split_scope(nodeid)
+
+    return SlowTestsApart(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     import torch
 

@@ -130,7 +130,10 @@ def _cmd(entry: Path) -> bytes:
 def local_ray():
     """One Ray instance for the tests below (the driver tests above start their own): 2 CPUs, no
     GPU, as on the CI machine."""
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    from petlprof.executors import RAY_ENV
+
+    for key, value in RAY_ENV.items():  # as petlprof starts its own: workers at normal priority, no usage report
+        os.environ.setdefault(key, value)
     ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
@@ -182,6 +185,7 @@ def test_ray_records_are_the_local_records_apart_from_timings_and_node(local_ray
         node = remote[key]["node"]
         assert node["executor"] == "ray" and node["node_id"] == ray.get_runtime_context().get_node_id()
         assert node["cpus"] == 1 and node["gpu_ids"] == [] and node["omp_num_threads_per_rank"] == "1"
+        assert node["niceness"] == 0  # RAY_ENV: the run at normal priority, not at Ray's default nice 15
         assert remote[key]["train"]["energy_j"] > 0 and remote[key]["train"]["peak_memory_bytes"] > 0
 
 
@@ -376,3 +380,12 @@ def test_local_executor_is_what_petlprof_run_uses_by_default(tmp_path):
     assert main([*args, "--inference-window-s", "0.05"]) == 0  # the inference phase is not what is tested here
     [record] = stored(out)
     assert record["status"] == "ok" and record["node"]["executor"] == "local"
+
+
+def test_a_run_below_normal_priority_says_so():
+    """A cluster started without RAY_worker_niceness=0 runs tasks at nice 15: the record says what that does."""
+    from petlprof.executors import RAY_ENV, niceness_warning
+
+    assert RAY_ENV["RAY_worker_niceness"] == "0"
+    text = niceness_warning(15)
+    assert "nice 15" in text and "RAY_worker_niceness=0" in text and "time and energy" in text

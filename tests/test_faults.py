@@ -124,7 +124,9 @@ def test_signals_stop_the_run_in_flight_and_keep_the_store_valid(tmp_path, sig, 
     assert proc.returncode == code, err[-2000:]
     assert "Resume with the same command" in err and "Traceback" not in err
     statuses = [r["status"] for r in records(out)]
-    assert statuses[0] == "ok" and statuses[-1] == "cancelled" and len(statuses) == 2
+    # the run in flight when the signal came is cancelled; the second may have finished within the 1.5 s (a forked
+    # tiny run takes about that), and then the third was the one in flight
+    assert statuses in (["ok", "cancelled"], ["ok", "ok", "cancelled"]), statuses
     assert (out / LOCK_FILE).read_text() == ""  # released
 
 

@@ -7,6 +7,7 @@ tests run from does not notice.
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -56,3 +57,18 @@ def test_every_data_file_is_declared(package, path):
     relative = path.relative_to(folder)
     patterns = SETUPTOOLS.get("package-data", {}).get(package, [])
     assert any(relative.match(p) for p in patterns), f"{relative} of {package} is not in package-data"
+
+
+def test_the_tests_handed_out_one_by_one_share_no_wider_fixture():
+    """tests/conftest.py hands out the tests of EACH_TEST_APART one by one under pytest -n: a module- or
+    class-scoped fixture there would be set up again on every worker that gets one of its tests."""
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("tests_conftest", root / "tests" / "conftest.py")
+    assert spec is not None and spec.loader is not None
+    conftest = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(conftest)  # by its path: under tests/, "conftest" may be tests/benchmarks' own
+    apart = conftest.EACH_TEST_APART
+    assert apart and all((root / path).is_file() for path in apart)
+    for path in sorted(apart):
+        text = (root / path).read_text()
+        assert not any(f'scope="{scope}"' in text for scope in ("module", "class", "package")), path

@@ -111,9 +111,12 @@ def plugin_ray(tmp_path_factory):
     """A local Ray instance whose workers have the example package installed, as a cluster's nodes would
     (they start with the environment ray.init sees; the driver does not resolve methods)."""
     ray = pytest.importorskip("ray", reason="the ray executor's tests need Ray: pip install 'petlprof[ray]'")
+    from petlprof.executors import RAY_ENV
+
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PYTHONPATH", os.pathsep.join(example_pythonpath(tmp_path_factory.mktemp("site"))))
-        mp.setenv("RAY_USAGE_STATS_ENABLED", "0")
+        for key, value in RAY_ENV.items():  # as petlprof starts its own: workers at normal priority
+            mp.setenv(key, value)
         ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()

@@ -107,3 +107,6 @@ def test_a_killed_ray_driver_resumes_without_losing_or_repeating_a_run(tmp_path,
     ok = [r["run_key"] for r in stored(out) if r["status"] == "ok"]
     assert len(ok) == len(set(ok)) == 2 and set(done) <= set(ok)  # none lost, none repeated
     assert all(r["node"]["executor"] == "ray" for r in stored(out) if r["status"] == "ok")
+    # the Ray instance petlprof starts runs its workers, and so the runs, at normal priority (Ray's default is 15)
+    ok = [r for r in stored(out) if r["status"] == "ok"]
+    assert all(r["node"]["niceness"] == 0 and not any("nice" in w for w in r["warnings"]) for r in ok)
