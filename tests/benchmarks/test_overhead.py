@@ -17,13 +17,16 @@ reason, when something else already keeps the machine busy before the sweep star
 
 from __future__ import annotations
 
+import os
 import statistics
+import time
 
 import pytest
 
 from petlprof.executors import LocalExecutor
+from petlprof.figures import TIME
 from petlprof.meters import Window
-from petlprof.meters.contention import ContentionMeter
+from petlprof.meters.contention import CONTENDED_SHARE, ContentionMeter
 from petlprof.records import measured_phases_s
 from petlprof.runner import FRESH_PROCESS, WARM_PROCESS, RunSpec
 
@@ -46,8 +49,6 @@ def windows(record: dict) -> list[dict]:
 
 def test_the_harness_overhead_of_a_small_sweep(petlprof_bench, record_property):
     with Window([ContentionMeter()]) as quiet:
-        import time
-
         time.sleep(1.0)
     busy_before = quiet.reading["contended"]
     fresh, warm = sweep(warm=False), sweep(warm=True)
@@ -68,7 +69,17 @@ def test_the_harness_overhead_of_a_small_sweep(petlprof_bench, record_property):
     record_property("warm sweep overhead share", share)
     petlprof_bench.check_value("sweep/overhead_share", share, rtol=0.25)  # a share: it cannot pass 1
     petlprof_bench.check_value("sweep/warm_over_fresh_overhead", median["warm"] / median["fresh"], rtol=0.5)
-    if busy_before:
-        pytest.skip("the machine was busy before the sweep: the uncontended case cannot be shown here")
-    flagged = [(r["method"], w.get("others_cpu_cores")) for r in warm for w in windows(r) if w.get("contended")]
-    assert not flagged, f"windows flagged contended on a quiet machine: {flagged}"
+    with Window([ContentionMeter()]) as after:
+        time.sleep(1.0)
+    if busy_before or after.reading["contended"]:  # another process, or the hypervisor's other guests (steal)
+        pytest.skip("the machine was busy around the sweep: the uncontended case cannot be shown here")
+    # each CPU's tick counter may be a tick off over a window: a short window (eval's one batch, 0.1 s) can read
+    # 0.2 core of others from rounding alone, so a flag counts here only past that bound
+    tick_s, cpus = 1 / os.sysconf("SC_CLK_TCK"), os.cpu_count() or 1
+    flagged = [
+        (r["method"], w.get("others_cpu_cores"), w.get(TIME.name))
+        for r in warm
+        for w in windows(r)
+        if w.get("contended") and w["others_cpu_cores"] - cpus * tick_s / w[TIME.name] > CONTENDED_SHARE * cpus
+    ]
+    assert not flagged, f"windows flagged contended on a quiet machine (method, others' cores, window s): {flagged}"
