@@ -286,8 +286,8 @@ class _Span:
         outside = max(span - self.phases_s, 0.0)
         return (
             f"petlprof: {self.runs} run(s) in {span:,.1f} s from the first start to the last record stored "
-            f"(monotonic clock); {outside:,.1f} s of it, {outside / self.runs:,.1f} s a run, outside their measured "
-            "phases: process starts, imports, loading, warm-ups, writing and the gaps between runs"
+            f"(measured, monotonic clock); {outside:,.1f} s of it, {outside / self.runs:,.1f} s a run, outside "
+            "their measured phases: process starts, imports, loading, warm-ups, writing and the gaps between runs"
         )
 
 

@@ -160,9 +160,7 @@ def _ray_task(spec_dict: dict, timeout_s: float | None, max_memory_bytes: int | 
     try:
         _prepare_node_idle(spec)
         record = execute_in_subprocess(spec, timeout_s=timeout_s, max_memory_bytes=max_memory_bytes)
-        niceness = os.nice(0)
-        if niceness > 0:
-            record.setdefault("warnings", []).append(niceness_warning(niceness))
+        niceness = note_niceness(record, os.nice(0))
         record["node"] = node_fields(
             "ray",
             niceness=niceness,
@@ -180,6 +178,13 @@ def _ray_task(spec_dict: dict, timeout_s: float | None, max_memory_bytes: int | 
         else:
             os.environ["OMP_NUM_THREADS"] = threads
     return record
+
+
+def note_niceness(record: RunRecord, niceness: int) -> int:
+    """Add to ``record`` the warning of a run that ran below normal priority (niceness above 0); returns it."""
+    if niceness > 0:
+        record.setdefault("warnings", []).append(niceness_warning(niceness))
+    return niceness
 
 
 def niceness_warning(niceness: int) -> str:

@@ -383,9 +383,15 @@ def test_local_executor_is_what_petlprof_run_uses_by_default(tmp_path):
 
 
 def test_a_run_below_normal_priority_says_so():
-    """A cluster started without RAY_worker_niceness=0 runs tasks at nice 15: the record says what that does."""
-    from petlprof.executors import RAY_ENV, niceness_warning
+    """A cluster started without RAY_worker_niceness=0 runs tasks at nice 15: the Ray task's record says what that
+    does to its figures; a run at normal priority gets no such warning."""
+    from petlprof.executors import RAY_ENV, note_niceness
 
     assert RAY_ENV["RAY_worker_niceness"] == "0"
-    text = niceness_warning(15)
-    assert "nice 15" in text and "RAY_worker_niceness=0" in text and "time and energy" in text
+    low: dict = {"warnings": ["earlier"]}
+    assert note_niceness(low, 15) == 15
+    assert low["warnings"][0] == "earlier" and len(low["warnings"]) == 2
+    assert "nice 15" in low["warnings"][1] and "RAY_worker_niceness=0" in low["warnings"][1]
+    assert "time and energy" in low["warnings"][1]
+    normal: dict = {"warnings": []}
+    assert note_niceness(normal, 0) == 0 and normal["warnings"] == []
