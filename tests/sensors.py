@@ -25,6 +25,7 @@ path against :meth:`FakeGpu.true_energy_j`.
 from __future__ import annotations
 
 import math
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -214,3 +215,26 @@ class SampledTimeline:
             samples.take(self.source)
         self.clock.now = now
         return window_figures(self.info, samples.select(t0, t1), t0, t1)
+
+
+class SteadyPowerSource:
+    """Stands in for NVML in the power sampler's process: a constant power that changes every 20 ms.  Defined
+    here, not in the test that uses it: the sampler process (``spawn``) imports the module that defines its
+    source, and this one imports no torch (a test module's import cost 1.3 s of CPU at each start)."""
+
+    power_field = "instant"
+
+    def open(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def read_power_w(self) -> list[float]:
+        return [100.0 + (int((time.perf_counter() - self.t0) / 0.02) % 2)]
+
+    def read_energy_mj(self) -> None:
+        return None
+
+    def read_processes(self) -> tuple[int, list[int]]:
+        return 0, []
+
+    def close(self) -> None:
+        pass

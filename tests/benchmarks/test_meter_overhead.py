@@ -38,6 +38,7 @@ import time
 from functools import partial
 
 import torch
+from sensors import SteadyPowerSource
 
 from petlprof.bench import MethodStep, time_rounds
 from petlprof.meters import Window, energy_meter_for, extra_meters_for, memory_meter_for
@@ -53,27 +54,6 @@ SAMPLER_CORE_LIMIT = 0.10  # a ~100 Hz sampler that needs a tenth of a core is d
 OPEN_CLOSE_REPEATS = 10
 IDLE_WINDOW_S = 1.0
 REAL = {"backbone": "minilm", "num_layers": 2, "batch_size": 16, "seq_len": 64}
-
-
-class SteadyPowerSource:
-    """Stands in for NVML in the sampler process: a constant power that changes every 20 ms."""
-
-    power_field = "instant"
-
-    def open(self) -> None:
-        self.t0 = time.perf_counter()
-
-    def read_power_w(self) -> list[float]:
-        return [100.0 + (int((time.perf_counter() - self.t0) / 0.02) % 2)]
-
-    def read_energy_mj(self) -> None:
-        return None
-
-    def read_processes(self) -> tuple[int, list[int]]:
-        return 0, []
-
-    def close(self) -> None:
-        pass
 
 
 def _cpu_s(pid: int) -> float:

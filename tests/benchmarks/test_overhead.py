@@ -3,13 +3,15 @@
 A run's ``overhead_s`` is its process's wall time minus its measured phases (training, evaluation,
 inference, merged evaluation): process start, imports, loading the model and data, warm-up steps and
 writing the record.  The same small sweep runs twice on the local executor, each run in a process of its
-own: from a fresh interpreter (the executor without its warm worker) and forked from the warm worker
-(the default).  Checked against the stored baseline, as ratios measured side by side in this one test:
+own: forked from the warm worker (the default), and BitFit's run again from a fresh interpreter (the executor
+without its warm worker; one run, as a fresh run's overhead is its imports, the same for every method: a
+fresh sweep of all three made this check, which runs alone on the machine, 34 s long instead of 21 s).
+Checked against the stored baseline, as ratios measured side by side in this one test:
 
 - ``sweep/overhead_share``: the warm sweep's overhead over its runs' wall time, the warm worker's own
   start (carried by the first run) included (may not grow);
-- ``sweep/warm_over_fresh_overhead``: the median run's overhead, warm over fresh (may not grow: a change
-  that made each forked run import its libraries again would take it from about 0.27 to about 1).
+- ``sweep/warm_over_fresh_overhead``: BitFit's overhead, warm over fresh (may not grow: a change that made
+  each forked run import its libraries again would take it from about 0.2 to about 1).
 
 The same warm sweep, run alone on the machine, has no window flagged as contended (skipped, with the
 reason, when something else already keeps the machine busy before the sweep starts).
@@ -32,12 +34,13 @@ from petlprof.runner import FRESH_PROCESS, WARM_PROCESS, RunSpec
 
 SWEEP = dict(backbone="minilm", num_layers=2, train_size=64, eval_size=64, max_steps=4, inference_window_s=0.2)
 METHODS = ("read", "lora", "bitfit")
+FRESH = "bitfit"  # not the warm sweep's first run, which carries the warm worker's start
 
 
-def sweep(warm: bool) -> list[dict]:
+def sweep(warm: bool, methods: tuple[str, ...] = METHODS) -> list[dict]:
     executor = LocalExecutor(warm=warm, timeout_s=600)
     try:
-        return [record for _, record in executor.results([RunSpec(method=m, **SWEEP) for m in METHODS])]
+        return [record for _, record in executor.results([RunSpec(method=m, **SWEEP) for m in methods])]
     finally:
         executor.close()
 
@@ -51,13 +54,12 @@ def test_the_harness_overhead_of_a_small_sweep(petlprof_bench, record_property):
     with Window([ContentionMeter()]) as quiet:
         time.sleep(1.0)
     busy_before = quiet.reading["contended"]
-    fresh, warm = sweep(warm=False), sweep(warm=True)
+    fresh, warm = sweep(warm=False, methods=(FRESH,)), sweep(warm=True)
     assert all(r["status"] == "ok" for r in fresh + warm), [r.get("error") for r in fresh + warm]
     assert {r["process"] for r in fresh} == {FRESH_PROCESS} and {r["process"] for r in warm} == {WARM_PROCESS}
-    assert [r["metrics"] for r in warm] == [r["metrics"] for r in fresh]  # the same results, for less
+    same = next(r for r in warm if r["method"] == FRESH)
+    assert same["metrics"] == fresh[0]["metrics"]  # the same results, for less
     share = sum(r["overhead_s"] for r in warm) / sum(r["process_wall_time_s"] for r in warm)
-    median = {"fresh": statistics.median(r["overhead_s"] for r in fresh)}
-    median["warm"] = statistics.median(r["overhead_s"] for r in warm)
     print(f"\n{'method':<8}{'process':>8}{'wall s':>9}{'phases s':>10}{'overhead s':>12}")
     for record in fresh + warm:
         kind = "warm" if record["process"] == WARM_PROCESS else "fresh"
@@ -65,10 +67,14 @@ def test_the_harness_overhead_of_a_small_sweep(petlprof_bench, record_property):
             f"{record['method']:<8}{kind:>8}{record['process_wall_time_s']:>9.2f}"
             f"{measured_phases_s(record):>10.2f}{record['overhead_s']:>12.2f}"
         )
-    print(f"median overhead per run: fresh {median['fresh']:.2f} s, warm {median['warm']:.2f} s; share {share:.1%}")
+    warm_median = statistics.median(r["overhead_s"] for r in warm)
+    print(
+        f"overhead: warm median {warm_median:.2f} s a run, share {share:.1%}; {FRESH} fresh "
+        f"{fresh[0]['overhead_s']:.2f} s, warm {same['overhead_s']:.2f} s"
+    )
     record_property("warm sweep overhead share", share)
     petlprof_bench.check_value("sweep/overhead_share", share, rtol=0.25)  # a share: it cannot pass 1
-    petlprof_bench.check_value("sweep/warm_over_fresh_overhead", median["warm"] / median["fresh"], rtol=0.5)
+    petlprof_bench.check_value("sweep/warm_over_fresh_overhead", same["overhead_s"] / fresh[0]["overhead_s"], rtol=0.75)
     with Window([ContentionMeter()]) as after:
         time.sleep(1.0)
     if busy_before or after.reading["contended"]:  # another process, or the hypervisor's other guests (steal)
