@@ -218,17 +218,24 @@ class SampledTimeline:
 
 
 class SteadyPowerSource:
-    """Stands in for NVML in the power sampler's process: a constant power that changes every 20 ms.  Defined
-    here, not in the test that uses it: the sampler process (``spawn``) imports the module that defines its
-    source, and this one imports no torch (a test module's import cost 1.3 s of CPU at each start)."""
+    """Stands in for NVML in the power sampler's process: a constant power that changes every 20 ms; with
+    ``hang_after_s``, its reads hang from then on (a stuck driver).  Defined here, not in the tests that use
+    it: the sampler process (``spawn``) imports the module that defines its source, and this one imports no
+    torch (a test module's import cost 1.3 s of CPU at each start)."""
 
     power_field = "instant"
+
+    def __init__(self, hang_after_s: float | None = None):
+        self.hang_after_s = hang_after_s
 
     def open(self) -> None:
         self.t0 = time.perf_counter()
 
     def read_power_w(self) -> list[float]:
-        return [100.0 + (int((time.perf_counter() - self.t0) / 0.02) % 2)]
+        elapsed = time.perf_counter() - self.t0
+        if self.hang_after_s is not None and elapsed > self.hang_after_s:
+            time.sleep(3600)
+        return [100.0 + (int(elapsed / 0.02) % 2)]
 
     def read_energy_mj(self) -> None:
         return None

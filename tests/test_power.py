@@ -15,36 +15,11 @@ import time
 from unittest import mock
 
 import pytest
+from sensors import SteadyPowerSource
 
 from petlprof.meters.power import PowerTimeline, integrate_j, sampling_period
 
 UPDATE_S = 0.02
-
-
-class HangingPowerSource:
-    """A source whose NVML calls hang after ``hang_after_s`` (a stuck driver)."""
-
-    power_field = "instant"
-
-    def __init__(self, hang_after_s: float):
-        self.hang_after_s = hang_after_s
-
-    def open(self) -> None:
-        self.t0 = time.perf_counter()
-
-    def read_power_w(self) -> list[float]:
-        if time.perf_counter() - self.t0 > self.hang_after_s:
-            time.sleep(3600)
-        return [100.0 + (time.perf_counter() - self.t0) % 0.02]
-
-    def read_energy_mj(self) -> None:
-        return None
-
-    def read_processes(self) -> tuple[int, list[int]]:
-        return 0, []
-
-    def close(self) -> None:
-        pass
 
 
 class FakePowerSource:
@@ -214,7 +189,7 @@ def test_a_hanging_sampler_times_out_and_the_counter_reading_stands(nvml_one_gpu
 
     monkeypatch.setattr(power, "WINDOW_TIMEOUT_S", 1.0)
     _, energy_mj = nvml_one_gpu
-    timeline = timeline_of(HangingPowerSource(hang_after_s=1.0))  # started: its detection is over
+    timeline = timeline_of(SteadyPowerSource(hang_after_s=1.0))  # started: its detection is over
     meter = NvmlEnergyMeter("cuda:0", timeline=timeline)
     meter.begin()
     time.sleep(1.5)  # the sampler is now stuck in a read

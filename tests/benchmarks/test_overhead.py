@@ -69,8 +69,9 @@ def test_the_harness_overhead_of_a_small_sweep(petlprof_bench, record_property):
         )
     warm_median = statistics.median(r["overhead_s"] for r in warm)
     print(
-        f"overhead: warm median {warm_median:.2f} s a run, share {share:.1%}; {FRESH} fresh "
-        f"{fresh[0]['overhead_s']:.2f} s, warm {same['overhead_s']:.2f} s"
+        f"overhead (measured: wall time outside the measured phases): warm median {warm_median:.2f} s a run, "
+        f"{share:.1%} of the warm runs' wall time; {FRESH} fresh {fresh[0]['overhead_s']:.2f} s, warm "
+        f"{same['overhead_s']:.2f} s"
     )
     record_property("warm sweep overhead share", share)
     petlprof_bench.check_value("sweep/overhead_share", share, rtol=0.25)  # a share: it cannot pass 1

@@ -22,7 +22,7 @@ from test_side_tuning import METHODS, SHAPE
 from petlprof.bench import MethodStep
 
 _PEAK_SCRIPT = """
-import json, os, sys
+import json, os, sys, traceback
 from petlprof.libraries import import_runtime_libraries
 import_runtime_libraries()  # the runtime, as in a run, before the baseline
 from petlprof.bench import MethodStep
@@ -34,17 +34,24 @@ shape = json.loads(sys.argv[1])
 for method in sys.argv[2:]:  # one child at a time, forked as a run is from the warm worker
     sys.stdout.flush()
     pid = os.fork()
-    if pid == 0:
-        populate(resident)
-        release_free_memory()
-        baseline = rss_bytes()
-        step = MethodStep(method, **shape)
-        step.train_step()  # warm-up, outside the window as in a run
-        with Window([memory_meter_for("cpu", baseline)], "cpu") as window:
-            for _ in range(3):
-                step.train_step()
-        print(json.dumps({"method": method, **window.reading.record()}), flush=True)
-        os._exit(0)
+    if pid == 0:  # the child never returns into this loop: any failure is its exit code
+        code = 1
+        try:
+            populate(resident)
+            release_free_memory()
+            baseline = rss_bytes()
+            step = MethodStep(method, **shape)
+            step.train_step()  # warm-up, outside the window as in a run
+            with Window([memory_meter_for("cpu", baseline)], "cpu") as window:
+                for _ in range(3):
+                    step.train_step()
+            print(json.dumps({"method": method, **window.reading.record()}), flush=True)
+            code = 0
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            sys.stderr.flush()
+            os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0, (method, status)
 """
@@ -73,6 +80,8 @@ def test_read_and_lst_peak_training_memory_against_full(record_property):
     tensor_bytes = {method: MethodStep(method, **SHAPE, lr=1e-3).profile().training_tensor_bytes for method in METHODS}
     full_peak, full_tensor = peak_bytes["full"], tensor_bytes["full"]
     print(f"\nminilm (6 layers, width 384), batch {SHAPE['batch_size']}, {SHAPE['seq_len']} tokens")
+    print("peak: RSS high-water mark over 3 steps above the baseline, measured; tensor: weights + gradients + AdamW")
+    print("state + saved activations, counted from the tensors")
     print(f"{'method':<14}{'peak MiB':>10}{'/full':>7}{'tensor MiB':>12}{'/full':>7}")
     for method in METHODS:
         print(
