@@ -160,10 +160,9 @@ def _ray_task(spec_dict: dict, timeout_s: float | None, max_memory_bytes: int | 
     try:
         _prepare_node_idle(spec)
         record = execute_in_subprocess(spec, timeout_s=timeout_s, max_memory_bytes=max_memory_bytes)
-        niceness = note_niceness(record, os.nice(0))
-        record["node"] = node_fields(
-            "ray",
-            niceness=niceness,
+        record["node"] = ray_node_fields(
+            record,
+            os.nice(0),
             node_id=context.get_node_id(),
             node_ip=ray.util.get_node_ip_address(),
             gpu_ids=[str(g) for g in ray.get_gpu_ids()],
@@ -180,11 +179,12 @@ def _ray_task(spec_dict: dict, timeout_s: float | None, max_memory_bytes: int | 
     return record
 
 
-def note_niceness(record: RunRecord, niceness: int) -> int:
-    """Add to ``record`` the warning of a run that ran below normal priority (niceness above 0); returns it."""
+def ray_node_fields(record: RunRecord, niceness: int, **extra: Any) -> dict[str, Any]:
+    """Where a Ray task's run executed, its process's ``niceness`` included; a run that ran below normal
+    priority (niceness above 0) also gets the warning of what that does to its figures."""
     if niceness > 0:
         record.setdefault("warnings", []).append(niceness_warning(niceness))
-    return niceness
+    return node_fields("ray", niceness=niceness, **extra)
 
 
 def niceness_warning(niceness: int) -> str:

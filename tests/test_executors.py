@@ -384,14 +384,16 @@ def test_local_executor_is_what_petlprof_run_uses_by_default(tmp_path):
 
 def test_a_run_below_normal_priority_says_so():
     """A cluster started without RAY_worker_niceness=0 runs tasks at nice 15: the Ray task's record says what that
-    does to its figures; a run at normal priority gets no such warning."""
-    from petlprof.executors import RAY_ENV, note_niceness
+    does to its figures; a run at normal priority gets no such warning.  (The Ray task builds its node fields with
+    this function: the Ray records above carry ``niceness`` only through it.)"""
+    from petlprof.executors import RAY_ENV, ray_node_fields
 
     assert RAY_ENV["RAY_worker_niceness"] == "0"
     low: dict = {"warnings": ["earlier"]}
-    assert note_niceness(low, 15) == 15
+    node = ray_node_fields(low, 15, cpus=1)
+    assert node["executor"] == "ray" and node["niceness"] == 15 and node["cpus"] == 1
     assert low["warnings"][0] == "earlier" and len(low["warnings"]) == 2
     assert "nice 15" in low["warnings"][1] and "RAY_worker_niceness=0" in low["warnings"][1]
     assert "time and energy" in low["warnings"][1]
     normal: dict = {"warnings": []}
-    assert note_niceness(normal, 0) == 0 and normal["warnings"] == []
+    assert ray_node_fields(normal, 0)["niceness"] == 0 and normal["warnings"] == []
