@@ -48,6 +48,18 @@ def git_commit() -> str | None:
     return head.stdout.strip() or None if head.returncode == 0 else None
 
 
+# the C allocator's settings: glibc's heap keeps freed chunks and adapts its mmap threshold to the sizes
+# freed, so these decide how much of a CPU phase's peak resident memory is allocator slack
+_ALLOCATOR_VARIABLES = ("GLIBC_TUNABLES", "LD_PRELOAD")
+
+
+def allocator_settings(env: dict[str, str] | None = None) -> str:
+    """The allocator settings in ``env`` (this process's environment by default), "defaults" if none."""
+    env = dict(os.environ) if env is None else env
+    names = sorted(k for k in env if k.startswith("MALLOC_") or k in _ALLOCATOR_VARIABLES)
+    return ", ".join(f"{name}={env[name]}" for name in names) or "defaults"
+
+
 def environment(device: str) -> dict[str, Any]:
 
     # torch: slow to import, loaded only when used
@@ -62,6 +74,7 @@ def environment(device: str) -> dict[str, Any]:
         "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
+        "allocator": allocator_settings(),
         "gpu": gpu,
         "cuda": torch.version.cuda,
         "git_commit": git_commit(),

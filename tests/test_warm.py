@@ -27,19 +27,26 @@ pytestmark = pytest.mark.slow  # starts processes or whole sweeps: the full suit
 # the inference phase's 10 repeats alone (its default 0.5 s per batch size is not what is tested here)
 TINY = dict(backbone="tiny-bert", train_size=32, eval_size=16, batch_size=16, max_steps=3, warmup_steps=1)
 TINY["inference_window_s"] = 0.05
+# glibc's heap keeps freed chunks and raises its mmap threshold to the sizes freed, so identical runs'
+# CPU peaks differ by up to 15% (measured on the offline default); a fixed threshold hands every tensor
+# back when it is freed, and then identical runs agree within about 1% (tiny-bert) and the fork's own
+# effect on a peak can be seen.  Both the warm worker and the fresh interpreters start with it.
+EXACT_HEAP = {"MALLOC_MMAP_THRESHOLD_": "131072"}
 
 
 @pytest.fixture(scope="module")
 def warm():
-    worker = WarmWorker(worker_env())
+    worker = WarmWorker({**worker_env(), **EXACT_HEAP})
     assert worker.broken is None, worker.broken
     yield worker
     worker.close()
 
 
 @pytest.mark.parametrize("method", ["bitfit", "read"])
-def test_a_forked_run_measures_what_a_fresh_interpreter_measures(warm, method):
+def test_a_forked_run_measures_what_a_fresh_interpreter_measures(warm, method, monkeypatch):
     spec = RunSpec(method=method, seed=3, **TINY)
+    for name, value in EXACT_HEAP.items():
+        monkeypatch.setenv(name, value)
     fresh = execute_in_subprocess(spec, timeout_s=600)
     forked = execute_in_subprocess(spec, timeout_s=600, warm=warm)
     assert (fresh["process"], forked["process"]) == (FRESH_PROCESS, WARM_PROCESS)
@@ -51,6 +58,11 @@ def test_a_forked_run_measures_what_a_fresh_interpreter_measures(warm, method):
     # is about 35% lower, and those pages then count in the run's peak as they page in again
     baselines = [r["train"]["rss_baseline_bytes"] for r in (fresh, forked)]
     assert abs(baselines[1] - baselines[0]) < 0.05 * baselines[0], baselines
+    for phase in ("train", "eval"):  # each phase's peak above that baseline: the issue's 2%
+        peaks = [r[phase]["peak_memory_bytes"] for r in (fresh, forked)]
+        assert abs(peaks[1] - peaks[0]) <= 0.02 * peaks[0], (phase, peaks)
+    assert fresh["env"]["allocator"] == forked["env"]["allocator"]  # the records name the setting
+    assert "MALLOC_MMAP_THRESHOLD_=131072" in forked["env"]["allocator"]
 
 
 def test_the_warm_worker_forks_again_after_a_run_it_had_to_kill(warm):
