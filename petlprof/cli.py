@@ -111,22 +111,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     out_dir = Path(options.output) if options.output else default_output_dir()
     max_memory = parse_bytes(options.max_memory)
 
-    # every check of the input and the output folder before an executor starts: a bad data path or
-    # a folder another sweep holds is one error line, not a Ray start-up followed by one
-    local = options.executor == "local"
-    for note in preflight(options, meters_here=local):
-        _say(f"petlprof: note: {note}")
-    # a local device is checked here, so a bad --device leaves no output folder; a cluster's needs Ray
-    device = (
-        resolve_device(options.device, options.nproc_per_run, memory_snapshot=options.memory_snapshot)
-        if local
-        else None
-    )
-    check_writable(out_dir)
-    with StoreLock(out_dir) as lock:
-        if lock.taken_over is not None:
-            _say(f"petlprof: took over the lock of a petlprof run that is gone ({lock.taken_over})")
-        executor = make_executor(
+    def executor():
+        return make_executor(
             options.executor,
             address=options.address,
             in_process=options.in_process,
@@ -135,10 +121,39 @@ def cmd_run(args: argparse.Namespace) -> int:
             retries=options.retries,
             cpus_per_run=options.cpus_per_run,
         )
-        try:
-            return _run_sweep(options, executor, out_dir, device)
-        finally:
-            executor.close()
+
+    # every check of the input and the output folder before an executor starts: a bad data path or
+    # a folder another sweep holds is one error line, not a Ray start-up followed by one.  A local sweep's
+    # warm worker is the exception: it only imports, so it starts first and its imports overlap the checks
+    # (and it is killed at once if they fail)
+    local = options.executor == "local"
+    cpu_runs = local and options.nproc_per_run == 1 and options.device in ("auto", "cpu")
+    early = executor() if cpu_runs else None
+    try:
+        if early is not None:
+            early.prestart()
+        for note in preflight(options, meters_here=local):
+            _say(f"petlprof: note: {note}")
+        # a local device is checked here, so a bad --device leaves no output folder; a cluster's needs Ray
+        device = (
+            resolve_device(options.device, options.nproc_per_run, memory_snapshot=options.memory_snapshot)
+            if local
+            else None
+        )
+        if early is not None and device is not None and device != "cpu":
+            early.close()  # GPU runs never fork from it
+        check_writable(out_dir)
+        with StoreLock(out_dir) as lock:
+            if lock.taken_over is not None:
+                _say(f"petlprof: took over the lock of a petlprof run that is gone ({lock.taken_over})")
+            sweep_executor = early if early is not None else executor()
+            try:
+                return _run_sweep(options, sweep_executor, out_dir, device)
+            finally:
+                sweep_executor.close()
+    finally:
+        if early is not None:
+            early.close()
 
 
 def _run_sweep(options, executor, out_dir: Path, device: str | None) -> int:

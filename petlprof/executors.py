@@ -80,7 +80,9 @@ class LocalExecutor:
     ):
         self.in_process, self.timeout_s, self.max_memory_bytes = in_process, timeout_s, max_memory_bytes
         self.in_flight: list = []
-        self.use_warm, self.warm_worker = warm and not in_process, None
+        self.use_warm = warm and not in_process
+        self.warm_worker: WarmWorker | None = None
+        self._start_charged = False  # whether a run's record carries the wait for the warm worker's imports
 
     def describe(self) -> str:
         if self.in_process:
@@ -98,7 +100,13 @@ class LocalExecutor:
             return None
         if self.warm_worker is None:  # one try per sweep: a broken one sends runs to fresh interpreters
             self.warm_worker = WarmWorker(worker_env())
+        self.warm_worker.wait_ready()
         return self.warm_worker
+
+    def prestart(self) -> None:
+        """Start the warm worker's imports now, beside the driver's own checks, for CPU runs to come."""
+        if self.use_warm and self.warm_worker is None:
+            self.warm_worker = WarmWorker(worker_env(), wait=False)
 
     def cluster_gpus(self) -> None:
         """None: devices are checked against what torch sees on this machine."""
@@ -108,6 +116,8 @@ class LocalExecutor:
         # petlprof.meters.idle (numpy): slow to import, loaded only when used
         from petlprof.meters.idle import prepare_sweep_idle
 
+        if self.warm_worker is not None:  # idle power is read with no imports running beside it
+            self.warm_worker.wait_ready()
         return prepare_sweep_idle(device, energy_meter)
 
     def results(self, specs: Iterable, on_start: OnStart | None = None) -> Iterator[tuple[Any, RunRecord]]:
@@ -123,14 +133,14 @@ class LocalExecutor:
                 record = add_overhead(execute(spec, max_memory_bytes=None), time.perf_counter() - t0)
                 record["process"] = "the sweep's own process (--in-process)"
             else:
-                started = self.warm_worker is None
                 warm = self._warm(spec)
                 record = execute_in_subprocess(
                     spec, timeout_s=self.timeout_s, max_memory_bytes=self.max_memory_bytes, warm=warm
                 )
-                if started and warm is not None:  # this run waited for the warm worker's imports: its overhead
+                if warm is not None and not self._start_charged:  # the first forked run: the wait is its overhead
+                    self._start_charged = True
                     record["warm_worker_start_s"] = warm.start_s
-                    add_overhead(record, record["process_wall_time_s"] + warm.start_s)
+                    add_overhead(record, record["process_wall_time_s"] + (warm.start_s or 0.0))
             record["node"] = node_fields("local")
             self.in_flight = []
             yield spec, record

@@ -132,16 +132,27 @@ class WarmChild:
 
 
 class WarmWorker:
-    """The sweep's warm worker process; :meth:`start` forks a run from it."""
+    """The sweep's warm worker process; :meth:`start` forks a run from it.
 
-    def __init__(self, env: dict[str, str]):
-        t0 = time.perf_counter()
+    ``wait=False`` starts its imports and returns at once, so they overlap what the driver does before
+    its first run (checking the options and data); :meth:`wait_ready` then waits for what is left."""
+
+    def __init__(self, env: dict[str, str], wait: bool = True):
         ours, theirs = socket.socketpair()
         cmd = [sys.executable, "-m", "petlprof.worker", "--serve", str(theirs.fileno())]
         self.proc = subprocess.Popen(cmd, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=env)
         theirs.close()
         self.sock, self.lines = ours, _Lines(ours)
         self.broken: str | None = None
+        self.start_s: float | None = None  # how long the driver waited for the imports: its first run's overhead
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
+        """Wait, once, until the worker has imported the runtime (``broken`` says why it could not)."""
+        if self.start_s is not None:
+            return
+        t0 = time.perf_counter()
         try:
             ready = self.lines.read(READY_TIMEOUT_S)
         except TimeoutError:
@@ -149,7 +160,7 @@ class WarmWorker:
         if not ready or not ready.get("ready"):
             self.broken = (ready or {}).get("why") or "it ended while importing"
             self.close()
-        self.start_s = time.perf_counter() - t0  # what the first run waited for: part of its overhead
+        self.start_s = time.perf_counter() - t0
 
     def start(self, spec_path: Path, out_path: Path, env: dict[str, str]) -> WarmChild:
         """Fork a child that runs ``spec_path`` into ``out_path`` with environment ``env`` (as a fresh
@@ -168,6 +179,8 @@ class WarmWorker:
         return WarmChild(self, int(message["pid"]), stderr)
 
     def close(self) -> None:
+        if self.start_s is None:  # never waited for: still importing, perhaps for seconds, and never used
+            self.proc.kill()
         self.sock.close()  # end of stream: the warm worker exits
         try:
             self.proc.wait(timeout=10)

@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
+from petlprof.cli import main
+from petlprof.executors import LocalExecutor
 from petlprof.libraries import RUNTIME_LIBRARIES
 from petlprof.records import add_overhead, measured_phases_s
 from petlprof.runner import FRESH_PROCESS, WARM_PROCESS, RunSpec, execute_in_subprocess, worker_env
@@ -73,6 +77,57 @@ def test_the_warm_worker_forks_again_after_a_run_it_had_to_kill(warm):
     assert killed["overhead_s"] == killed["process_wall_time_s"] > 0.5  # nothing measured: all of it overhead
     again = execute_in_subprocess(RunSpec(method="bitfit", seed=0, **TINY), timeout_s=600, warm=warm)
     assert again["status"] == "ok" and again["process"] == WARM_PROCESS and warm.broken is None
+
+
+def test_a_prestarted_worker_serves_the_runs_and_only_the_first_is_charged_its_wait():
+    """``petlprof run`` starts the warm worker before checking its input, so the imports overlap the
+    checks; the first run's overhead then holds what was left to wait for (before the idle baseline, read
+    once the imports are done), and no later run's does."""
+    executor = LocalExecutor(timeout_s=600)
+    executor.prestart()
+    worker = executor.warm_worker
+    assert worker is not None and worker.start_s is None  # importing, and nobody has waited for it yet
+    try:
+        executor.prepare_idle("cpu", "auto")  # idle power is not read beside the imports: they are done
+        assert worker.start_s is not None and worker.broken is None
+        specs = [RunSpec(method="bitfit", seed=seed, **TINY) for seed in (0, 1)]
+        (_, first), (_, second) = executor.results(specs)
+    finally:
+        executor.close()
+    assert first["process"] == second["process"] == WARM_PROCESS and worker.broken is None
+    assert first["warm_worker_start_s"] == worker.start_s >= 0 and "warm_worker_start_s" not in second
+    # the wait is part of the first run's process time, and so of its overhead
+    assert first["overhead_s"] == pytest.approx(first["process_wall_time_s"] - measured_phases_s(first))
+    assert first["overhead_s"] >= worker.start_s
+    assert worker.proc.returncode == 0  # used: it ended at the end of its stream
+
+
+def test_a_prestarted_worker_nobody_waited_for_is_killed_not_awaited(tmp_path):
+    executor = LocalExecutor()
+    executor.prestart()
+    worker = executor.warm_worker
+    executor.close()  # a sweep whose checks failed: no seconds spent waiting for imports nobody will use
+    assert worker is not None and worker.proc.returncode == -signal.SIGKILL and executor.warm_worker is None
+    # and through the command: an input error after the worker started leaves no worker behind
+    data = tmp_path / "one.csv"
+    data.write_text("text,label\nhello,1\n")
+    args = ["run", "--methods", "bitfit", "--task", str(data), "--text-column", "nosuch", "--output", str(tmp_path)]
+    before = _our_workers()  # the module's own warm worker may be one
+    assert main(args) == 2
+    assert _our_workers() == before
+
+
+def _our_workers() -> set[str]:
+    """The pids of this process's children that run petlprof.worker."""
+    found = set()
+    for proc in Path("/proc").iterdir():
+        try:
+            status, cmdline = (proc / "status").read_text(), (proc / "cmdline").read_bytes()
+        except (OSError, NotADirectoryError):  # not a process, or it ended meanwhile
+            continue
+        if f"\nPPid:\t{os.getpid()}\n" in status and b"petlprof.worker" in cmdline:
+            found.add(proc.name)
+    return found
 
 
 def test_a_worker_imports_what_a_run_imports_and_freezes_it_out_of_the_collectors_scans():
