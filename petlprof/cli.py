@@ -321,6 +321,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     # not for --help: the meters probe NVML and RAPL, the tasks bring numpy, the registry reads entry points
     from petlprof.backbones import BACKBONES
     from petlprof.meters import meter_status
+    from petlprof.method_api import PEFT_PREFIX
     from petlprof.registry import config_field_help, get_method, method_names
     from petlprof.shapes import shape_names
     from petlprof.tasks import TASKS
@@ -336,6 +337,12 @@ def cmd_list(args: argparse.Namespace) -> int:
         print(f"  {name:<13} {method.description}; {knob}; lr {method.default_lr:g}; {objectives}{side}")
         for field_name, default, text in config_field_help(method.config_cls):
             print(f"  {'':<15}{name}.{field_name}={default}  {text}")
+    # not the names themselves: they come from PEFT's registry, seconds of imports for one line
+    print(
+        f"  {PEFT_PREFIX + 'TYPE':<13} any tuner PEFT registers, by its PeftType in lower case ({PEFT_PREFIX}vera, "
+        f"{PEFT_PREFIX}loha, {PEFT_PREFIX}dora, ...); options under the PEFT config's own field names "
+        f"(--method-config {PEFT_PREFIX}vera.r=256); an unknown {PEFT_PREFIX}TYPE is refused with the list of all"
+    )
     print("\nTasks:")
     for name, text in TASKS.items():
         print(f"  {name:<10} {text}")

@@ -195,6 +195,7 @@ def test_list_shows_methods_tasks_backbones_meters(capsys):
     for word in ("read", "lora", "bitfit", "full", "tweets", "sst2", "minilm", "tiny-t5", "estimate", "nvml", "rapl"):
         assert word in out
     assert "knob hidden_size" in out and "knob r" in out
+    assert "peft:TYPE" in out.split("Tasks:")[0]  # PEFT's tuners, among the methods
     from petlprof.shapes import shape_names
 
     shapes = out.split("Model shapes")[1].split("Meters on this machine")[0]
