@@ -54,10 +54,23 @@ _ALLOCATOR_VARIABLES = ("GLIBC_TUNABLES", "LD_PRELOAD")
 
 
 def allocator_settings(env: dict[str, str] | None = None) -> str:
-    """The allocator settings in ``env`` (this process's environment by default), "defaults" if none."""
-    env = dict(os.environ) if env is None else env
+    """The allocator settings in ``env``, "defaults" if none.  By default, those this process started with:
+    the C library reads them only then, so a run forked from the warm worker has the worker's, whatever
+    its ``os.environ`` says now."""
+    env = startup_environment() if env is None else env
     names = sorted(k for k in env if k.startswith("MALLOC_") or k in _ALLOCATOR_VARIABLES)
     return ", ".join(f"{name}={env[name]}" for name in names) or "defaults"
+
+
+def startup_environment() -> dict[str, str]:
+    """The environment this process's program was started with (Linux: ``/proc/self/environ``, which
+    a fork inherits and ``os.environ`` changes leave alone); ``os.environ`` where that cannot be read."""
+    try:
+        raw = Path("/proc/self/environ").read_bytes()
+    except OSError:
+        return dict(os.environ)
+    pairs = (item.decode(errors="replace").partition("=") for item in raw.split(b"\0") if item)
+    return {name: value for name, _, value in pairs}
 
 
 def environment(device: str) -> dict[str, Any]:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 
-from petlprof.envinfo import allocator_settings, environment
+from petlprof.envinfo import allocator_settings, environment, startup_environment
+from petlprof.report.markdown import _environment
 
 
 @pytest.mark.parametrize(
@@ -26,8 +29,38 @@ def test_allocator_settings_names_each_variable_that_moves_cpu_peaks(env, expect
     assert allocator_settings(env) == expected
 
 
-def test_a_records_environment_carries_this_processs_allocator_settings(monkeypatch):
-    for name in [n for n in os.environ if n.startswith("MALLOC_")]:
-        monkeypatch.delenv(name)
-    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "131072")
-    assert "MALLOC_MMAP_THRESHOLD_=131072" in environment("cpu")["allocator"]
+def test_a_records_environment_carries_the_allocator_settings_this_process_started_with(monkeypatch):
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "3")  # too late for this process's allocator: not reported
+    assert environment("cpu")["allocator"] == allocator_settings(startup_environment())
+    assert "MALLOC_ARENA_MAX=3" not in environment("cpu")["allocator"]
+
+
+@pytest.mark.parametrize(
+    "start, now, expected",
+    [
+        ({}, {"MALLOC_ARENA_MAX": "2"}, "defaults"),  # set after start-up: the C library never saw it
+        ({"MALLOC_ARENA_MAX": "4"}, {"MALLOC_ARENA_MAX": "2"}, "MALLOC_ARENA_MAX=4"),
+    ],
+)
+def test_allocator_settings_are_those_the_process_started_with(start, now, expected):
+    """A run forked from the warm worker gets the driver's environment in ``os.environ``, but its allocator
+    was set up when the warm worker started."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")} | start
+    code = f"import os; os.environ.update({now!r}); from petlprof.envinfo import allocator_settings as a; print(a())"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == expected
+
+
+@pytest.mark.parametrize(
+    "envs, differing",
+    [
+        ([{"torch": "2.13", "allocator": "defaults"}, {"torch": "2.13", "allocator": "defaults"}], None),
+        ([{"torch": "2.13", "allocator": "MALLOC_ARENA_MAX=2"}, {"torch": "2.13"}], "allocator"),
+        ([{"torch": "2.13"}, {"torch": "2.13", "allocator": "defaults"}], "allocator"),  # older record first
+        ([{"torch": "2.13"}, {"torch": "2.14"}, None], "torch"),
+    ],
+)
+def test_the_report_names_environment_keys_in_which_records_differ(envs, differing):
+    lines = _environment([{"env": env} for env in envs])
+    said = [line for line in lines if line.startswith("Other records differ in")]
+    assert said == ([f"Other records differ in: {differing}."] if differing else [])

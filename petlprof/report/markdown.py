@@ -401,7 +401,10 @@ def _environment(records: Sequence[Mapping[str, Any]]) -> list[str]:
     if not isinstance(env, Mapping) or not env:
         return lines + ["Not recorded.", ""]
     lines += ["From the first record:", ""] + [f"- **{key}:** {text(value)}" for key, value in env.items()]
-    differing = distinct(k for r in records[1:] for k, v in (r.get("env") or {}).items() if env.get(k) != v)
+    # a key missing from some records (written before it was recorded) differs too
+    envs: list[Mapping[str, Any]] = [e if isinstance(e := r.get("env"), Mapping) else {} for r in records]
+    keys = distinct(k for e in envs for k in e)
+    differing = [k for k in keys if len({json.dumps(e.get(k), sort_keys=True, default=str) for e in envs}) > 1]
     if differing:
         lines += ["", f"Other records differ in: {', '.join(map(str, differing))}."]
     return lines + [""] + _where_run(records)
