@@ -91,16 +91,16 @@ class LocalExecutor:
             return "this machine, a process per run (CPU runs: forked from a warm worker that imports once)"
         return "this machine, a fresh process per run"
 
-    def _warm(self, spec):
+    def _warm(self, spec) -> WarmWorker | None:
         """The sweep's warm worker, started at the first run it can serve; None for other runs.  One that
         could not start is kept (``broken``), so its imports are not paid again: runs then take fresh
         interpreters, as before."""
 
         if not self.use_warm or not serves(spec):
             return None
-        if self.warm_worker is None:  # one try per sweep: a broken one sends runs to fresh interpreters
-            self.warm_worker = WarmWorker(worker_env())
-        self.warm_worker.wait_ready()
+        self.prestart()  # one try per sweep: a broken one sends runs to fresh interpreters
+        assert self.warm_worker is not None
+        self.warm_worker.wait_ready()  # held by the executor first, so an interrupt here still closes it
         return self.warm_worker
 
     def prestart(self) -> None:
@@ -137,10 +137,10 @@ class LocalExecutor:
                 record = execute_in_subprocess(
                     spec, timeout_s=self.timeout_s, max_memory_bytes=self.max_memory_bytes, warm=warm
                 )
-                if warm is not None and not self._start_charged:  # the first forked run: the wait is its overhead
+                if warm is not None and not self._start_charged:  # the first CPU run waited: its overhead
                     self._start_charged = True
-                    record["warm_worker_start_s"] = warm.start_s
-                    add_overhead(record, record["process_wall_time_s"] + (warm.start_s or 0.0))
+                    waited = record["warm_worker_start_s"] = warm.start_s or 0.0  # set by _warm's wait
+                    add_overhead(record, record["process_wall_time_s"] + waited)
             record["node"] = node_fields("local")
             self.in_flight = []
             yield spec, record

@@ -40,7 +40,7 @@ import traceback
 from pathlib import Path
 from typing import BinaryIO
 
-from petlprof.worker_process import die_with_parent
+from petlprof.worker_process import command, die_with_parent
 
 READY_TIMEOUT_S = 300.0  # the imports of a cold disk cache; past it the sweep uses fresh processes
 _MAX_MESSAGE = 65536
@@ -139,7 +139,7 @@ class WarmWorker:
 
     def __init__(self, env: dict[str, str], wait: bool = True):
         ours, theirs = socket.socketpair()
-        cmd = [sys.executable, "-m", "petlprof.worker", "--serve", str(theirs.fileno())]
+        cmd = command("--serve", str(theirs.fileno()))  # Ctrl-C ignored from its first import on
         self.proc = subprocess.Popen(cmd, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=env)
         theirs.close()
         self.sock, self.lines = ours, _Lines(ours)
@@ -164,14 +164,22 @@ class WarmWorker:
 
     def start(self, spec_path: Path, out_path: Path, env: dict[str, str]) -> WarmChild:
         """Fork a child that runs ``spec_path`` into ``out_path`` with environment ``env`` (as a fresh
-        process started now would have it); its stderr comes back as a pipe."""
+        process started now would have it); its stderr comes back as a pipe.  ``OSError`` when it cannot,
+        and then it never will: the caller may run the spec elsewhere without running it twice."""
+        self.wait_ready()  # else its "ready" would be read as the fork's answer
+        if self.broken is not None:
+            raise OSError(f"warm worker: {self.broken}")
         read_end, write_end = os.pipe()
         try:
             _send(self.sock, {"spec": str(spec_path), "out": str(out_path), "env": env}, (write_end,))
         finally:
             os.close(write_end)
         stderr = os.fdopen(read_end, "rb")
-        message = self.lines.read(60.0)
+        try:
+            message = self.lines.read(60.0)
+        except TimeoutError:
+            self.proc.kill()  # it may still fork this run: killed, it cannot run it beside the caller's
+            message = {"why": "no answer to a fork request within 60 s"}
         if not message or "pid" not in message:
             stderr.close()
             self.broken = (message or {}).get("why") or "the warm worker ended before forking"
