@@ -127,8 +127,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     # warm worker is the exception: it only imports, so it starts first and its imports overlap the checks
     # (and it is killed at once if they fail)
     local = options.executor == "local"
-    cpu_runs = local and options.nproc_per_run == 1 and options.device in ("auto", "cpu")
-    early = executor() if cpu_runs else None
+    early = executor() if local and _cpu_sweep_likely(options, out_dir) else None
     try:
         if early is not None:
             early.prestart()
@@ -156,6 +155,23 @@ def cmd_run(args: argparse.Namespace) -> int:
             early.close()
 
 
+NVIDIA_DRIVER = Path("/proc/driver/nvidia/version")  # present where NVIDIA's kernel driver is loaded
+
+
+def _cpu_sweep_likely(options, out_dir: Path) -> bool:
+    """Whether a local sweep will fork CPU runs from a warm worker, told without importing torch: one process
+    per run, ``--device cpu`` (or ``auto`` on a machine without NVIDIA's driver), and no other sweep holding
+    ``out_dir``.  Its worker then starts before the checks; where this guesses wrong, the worker is killed
+    unused (seconds of imports beside whatever else runs)."""
+    from petlprof.store import lock_held  # not for --help: as in cmd_run
+
+    if options.nproc_per_run != 1 or options.device not in ("auto", "cpu"):
+        return False
+    if options.device == "auto" and NVIDIA_DRIVER.exists():
+        return False
+    return not lock_held(out_dir)
+
+
 def _run_sweep(options, executor, out_dir: Path, device: str | None) -> int:
     """The sweep, with ``out_dir`` locked: the device (``None``: check it against the Ray cluster's,
     as a driver may have no GPU of its own), the runs not yet recorded, each record as it finishes."""
@@ -179,11 +195,11 @@ def _run_sweep(options, executor, out_dir: Path, device: str | None) -> int:
         f"petlprof: {len(specs)} run(s) on {device}; {len(specs) - len(todo)} already in {store}; "
         f"writing to {out_dir}; runs execute on {executor.describe()}"
     )
-    if todo:  # idle power before the first run, for each run's energy above idle
-        _say(f"petlprof: {executor.prepare_idle(device, options.energy_meter)}")
     in_main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main else None
     try:
+        if todo:  # idle power before the first run (after the warm worker's imports), for energy above idle
+            _say(f"petlprof: {executor.prepare_idle(device, options.energy_meter)}")
         failed = _sweep(todo, store, executor, done=len(specs) - len(todo), total=len(specs))
     except StoreWriteError:
         return 1
@@ -339,9 +355,10 @@ def cmd_list(args: argparse.Namespace) -> int:
             print(f"  {'':<15}{name}.{field_name}={default}  {text}")
     # not the names themselves: they come from PEFT's registry, seconds of imports for one line
     print(
-        f"  {PEFT_PREFIX + 'TYPE':<13} any tuner PEFT registers, by its PeftType in lower case ({PEFT_PREFIX}vera, "
-        f"{PEFT_PREFIX}loha, {PEFT_PREFIX}dora, ...); options under the PEFT config's own field names "
-        f"(--method-config {PEFT_PREFIX}vera.r=256); an unknown {PEFT_PREFIX}TYPE is refused with the list of all"
+        f"  {PEFT_PREFIX + 'TYPE':<13} PEFT's tuners by their PeftType in lower case ({PEFT_PREFIX}vera, "
+        f"{PEFT_PREFIX}loha, ...; {PEFT_PREFIX}dora is LoRA with use_dora); options under the PEFT config's own "
+        f"field names (--method-config {PEFT_PREFIX}vera.r=256); an unknown {PEFT_PREFIX}TYPE is refused with "
+        "the list of all, and one that cannot adapt the backbone with the reason"
     )
     print("\nTasks:")
     for name, text in TASKS.items():

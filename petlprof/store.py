@@ -156,6 +156,21 @@ def check_writable(out_dir: Path) -> None:
         )
 
 
+def lock_held(out_dir: Path) -> bool:
+    """Whether another process holds ``out_dir``'s :class:`StoreLock` now (a probe: nothing is taken or written)."""
+    try:
+        fh = open(Path(out_dir) / LOCK_FILE, encoding="utf-8")
+    except OSError:  # no lock file (or no folder): nobody holds it
+        return False
+    with fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(fh, fcntl.LOCK_UN)
+        return False
+
+
 class StoreLock:
     """An exclusive ``flock`` on a lock file in the output folder, held for the whole sweep.
 

@@ -1,0 +1,49 @@
+"""Whether a sweep starts its warm worker before its checks: only where its runs will fork on this CPU and
+no other sweep holds the output folder (a probe of the store's lock that takes nothing)."""
+
+from __future__ import annotations
+
+import pytest
+
+from petlprof import cli
+from petlprof.config import build_options
+from petlprof.store import LOCK_FILE, StoreLock, lock_held
+
+
+def test_the_lock_probe_sees_a_holder_and_takes_nothing(tmp_path):
+    assert not lock_held(tmp_path / "no-such-folder")
+    assert not lock_held(tmp_path)  # no lock file yet
+    with StoreLock(tmp_path):
+        assert lock_held(tmp_path)
+    assert (tmp_path / LOCK_FILE).exists() and not lock_held(tmp_path)  # released: the file stays, unheld
+    with StoreLock(tmp_path):  # the probe left nothing held
+        pass
+
+
+@pytest.mark.parametrize(
+    "values, nvidia, held, expected",
+    [
+        ({"device": "cpu"}, False, False, True),
+        ({"device": "auto"}, False, False, True),
+        ({"device": "auto"}, True, False, False),  # auto on a machine with NVIDIA's driver: likely CUDA
+        ({"device": "cpu"}, True, False, True),
+        ({"device": "cuda"}, False, False, False),
+        ({"device": "cpu", "nproc_per_run": 2}, False, False, False),  # ranks start under torchrun
+        ({"device": "cpu"}, False, True, False),  # another sweep holds the folder: it will be refused
+    ],
+)
+def test_a_sweep_prestarts_its_worker_only_for_cpu_runs_it_will_fork(
+    tmp_path, monkeypatch, values, nvidia, held, expected
+):
+    driver = tmp_path / "version"
+    if nvidia:
+        driver.write_text("NVRM version")
+    monkeypatch.setattr(cli, "NVIDIA_DRIVER", driver)
+    options = build_options({}, {"methods": "bitfit", **values})
+    out = tmp_path / "out"
+    out.mkdir()
+    if held:
+        with StoreLock(out):
+            assert cli._cpu_sweep_likely(options, out) is expected
+    else:
+        assert cli._cpu_sweep_likely(options, out) is expected
