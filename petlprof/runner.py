@@ -47,7 +47,7 @@ from petlprof.records import (
 from petlprof.registry import get_method
 from petlprof.spec import BUDGET_FIELDS, RunSpec, spec_identity  # noqa: F401  (re-exported)
 from petlprof.warm import serves
-from petlprof.worker_process import command
+from petlprof.worker_process import alive, command
 
 if TYPE_CHECKING:
     from petlprof.train import Progress
@@ -176,20 +176,10 @@ def remove_stale_run_dirs(root: str | Path | None = None) -> list[Path]:
     removed = []
     for path in Path(root or tempfile.gettempdir()).glob(f"{RUN_DIR_PREFIX}*-*"):
         pid = path.name[len(RUN_DIR_PREFIX) :].split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not alive(int(pid)):
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError):  # another user's process, or not a pid: leave it alone
-        return True
-    return True
 
 
 def execute_in_subprocess(

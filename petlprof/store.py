@@ -25,6 +25,7 @@ from typing import IO, Any
 
 from petlprof.errors import UsageError
 from petlprof.records import FINAL_STATUSES, RESULTS_FILE, SCHEMA_VERSION, RunRecord
+from petlprof.worker_process import alive
 
 LOCK_FILE = ".petlprof.lock"
 MIN_FREE_BYTES = 50 * 2**20
@@ -157,18 +158,17 @@ def check_writable(out_dir: Path) -> None:
 
 
 def lock_held(out_dir: Path) -> bool:
-    """Whether another process holds ``out_dir``'s :class:`StoreLock` now (a probe: nothing is taken or written)."""
+    """Whether a sweep holds ``out_dir``'s :class:`StoreLock` now, as its lock file says: a live process on
+    this host, or any on another (it cannot be checked from here).  Only read, never locked, so the probe
+    cannot make a sweep starting at the same moment fail to take the lock."""
     try:
-        fh = open(Path(out_dir) / LOCK_FILE, encoding="utf-8")
-    except OSError:  # no lock file (or no folder): nobody holds it
+        holder = _parse((Path(out_dir) / LOCK_FILE).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError):  # no lock file (or folder), or not one petlprof wrote: nobody holds it
         return False
-    with fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(fh, fcntl.LOCK_UN)
+    pid = holder.get("pid") if holder else None
+    if holder is None or not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
         return False
+    return holder.get("host") != socket.gethostname() or alive(pid)
 
 
 class StoreLock:

@@ -41,3 +41,15 @@ def die_with_parent(expected_parent: int | None) -> None:
         pass
     if expected_parent and os.getppid() != expected_parent:
         sys.exit(1)
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this machine (another user's, or a number no pid can be, counts:
+    what it names is left alone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
