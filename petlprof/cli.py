@@ -111,7 +111,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     out_dir = Path(options.output) if options.output else default_output_dir()
     max_memory = parse_bytes(options.max_memory)
 
-    def executor():
+    def make():
         return make_executor(
             options.executor,
             address=options.address,
@@ -127,10 +127,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     # warm worker is the exception: it only imports, so it starts first and its imports overlap the checks
     # (and it is killed at once if they fail)
     local = options.executor == "local"
-    early = executor() if local and _cpu_sweep_likely(options, out_dir) else None
+    executor = make() if local and _cpu_sweep_likely(options, out_dir) else None
     try:
-        if early is not None:
-            early.prestart()
+        if executor is not None:
+            executor.prestart()
         for note in preflight(options, meters_here=local):
             _say(f"petlprof: note: {note}")
         # a local device is checked here, so a bad --device leaves no output folder; a cluster's needs Ray
@@ -139,20 +139,18 @@ def cmd_run(args: argparse.Namespace) -> int:
             if local
             else None
         )
-        if early is not None and device is not None and device != "cpu":
-            early.close()  # GPU runs never fork from it
+        if executor is not None and device != "cpu":
+            executor.close()  # GPU runs never fork from its warm worker
         check_writable(out_dir)
         with StoreLock(out_dir) as lock:
             if lock.taken_over is not None:
                 _say(f"petlprof: took over the lock of a petlprof run that is gone ({lock.taken_over})")
-            sweep_executor = early if early is not None else executor()
-            try:
-                return _run_sweep(options, sweep_executor, out_dir, device)
-            finally:
-                sweep_executor.close()
+            if executor is None:
+                executor = make()
+            return _run_sweep(options, executor, out_dir, device)
     finally:
-        if early is not None:
-            early.close()
+        if executor is not None:
+            executor.close()
 
 
 NVIDIA_DRIVER = Path("/proc/driver/nvidia/version")  # present where NVIDIA's kernel driver is loaded
