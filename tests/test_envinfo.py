@@ -64,3 +64,13 @@ def test_the_report_names_environment_keys_in_which_records_differ(envs, differi
     lines = _environment([{"env": env} for env in envs])
     said = [line for line in lines if line.startswith("Other records differ in")]
     assert said == ([f"Other records differ in: {differing}."] if differing else [])
+
+
+def test_an_environment_value_cannot_break_the_reports_layout():
+    hostile = "/opt/lib\n## Injected heading\x1b[31m" + "x" * 5000
+    lines = _environment([{"env": {"allocator": f"LD_PRELOAD={hostile}"}}, {"env": {"allocator": "defaults"}}])
+    entry = next(line for line in lines if line.startswith("- **allocator:**"))
+    assert "\n" not in entry and "\x1b" not in entry and "\\n## Injected" in entry and "\\x1b" in entry
+    assert len(entry) < 400 and "characters)" in entry  # cut, with its full length said
+    assert not any(line.startswith("## Injected") for line in lines)
+    assert "Other records differ in: allocator." in lines

@@ -400,13 +400,16 @@ def _environment(records: Sequence[Mapping[str, Any]]) -> list[str]:
     env = records[0].get("env") if records else None
     if not isinstance(env, Mapping) or not env:
         return lines + ["Not recorded.", ""]
-    lines += ["From the first record:", ""] + [f"- **{key}:** {text(value)}" for key, value in env.items()]
+    # values come from the machine's environment (allocator settings, paths): control characters escaped,
+    # long ones cut, so one cannot break the report's layout
+    lines += ["From the first record:", ""]
+    lines += [f"- **{shown(key, quote=False)}:** {shown(text(value), quote=False)}" for key, value in env.items()]
     # a key missing from some records (written before it was recorded) differs too
     envs: list[Mapping[str, Any]] = [e if isinstance(e := r.get("env"), Mapping) else {} for r in records]
     keys = distinct(k for e in envs for k in e)
     differing = [k for k in keys if len({json.dumps(e.get(k), sort_keys=True, default=str) for e in envs}) > 1]
     if differing:
-        lines += ["", f"Other records differ in: {', '.join(map(str, differing))}."]
+        lines += ["", f"Other records differ in: {', '.join(shown(k, quote=False) for k in differing)}."]
     return lines + [""] + _where_run(records)
 
 
