@@ -21,13 +21,13 @@ def printable(text: str) -> str:
     return _CONTROL.sub(lambda match: ascii(match.group())[1:-1], text)
 
 
-def shown(value: object, quote: bool = True) -> str:
+def shown(value: object, quote: bool = True, limit: int = ECHO_CHARS) -> str:
     """``value`` as an error message echoes it (its repr, or ``str`` without ``quote``, control
-    characters escaped), cut to :data:`ECHO_CHARS` with its full length said."""
+    characters escaped), cut to ``limit`` characters with its full length said."""
     text = repr(value) if quote else printable(str(value))
-    if len(text) <= ECHO_CHARS:
+    if len(text) <= limit:
         return text
-    return f"{text[: ECHO_CHARS - 10]}...{text[-6:]} ({len(text)} characters)"
+    return f"{text[: limit - 10]}...{text[-6:]} ({len(text)} characters)"
 
 
 def unknown_choice(kind: str, value: str, choices: Iterable[str], extra: str = "") -> UsageError:

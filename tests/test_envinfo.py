@@ -72,5 +72,7 @@ def test_an_environment_value_cannot_break_the_reports_layout():
     entry = next(line for line in lines if line.startswith("- **allocator:**"))
     assert "\n" not in entry and "\x1b" not in entry and "\\n## Injected" in entry and "\\x1b" in entry
     assert len(entry) < 400 and "characters)" in entry  # cut, with its full length said
+    several = "GLIBC_TUNABLES=glibc.malloc.trim_threshold=0, MALLOC_ARENA_MAX=2, MALLOC_MMAP_THRESHOLD_=131072"
+    assert f"- **allocator:** {several}" in _environment([{"env": {"allocator": several}}])  # a few settings, whole
     assert not any(line.startswith("## Injected") for line in lines)
     assert "Other records differ in: allocator." in lines

@@ -395,15 +395,21 @@ def _rejected(rejected: Sequence[Rejected]) -> list[str]:
     return lines + [render_markdown(["file", "line", "run key", "why"], rows, [False, True, False, False]), ""]
 
 
+ENV_CHARS = 300  # an environment value longer than this is cut in the report (the record keeps it whole)
+
+
 def _environment(records: Sequence[Mapping[str, Any]]) -> list[str]:
     lines = ["## Environment", ""]
     env = records[0].get("env") if records else None
     if not isinstance(env, Mapping) or not env:
         return lines + ["Not recorded.", ""]
     # values come from the machine's environment (allocator settings, paths): control characters escaped,
-    # long ones cut, so one cannot break the report's layout
+    # and cut past a few settings' length, so one cannot break the report's layout
     lines += ["From the first record:", ""]
-    lines += [f"- **{shown(key, quote=False)}:** {shown(text(value), quote=False)}" for key, value in env.items()]
+    lines += [
+        f"- **{shown(key, quote=False)}:** {shown(text(value), quote=False, limit=ENV_CHARS)}"
+        for key, value in env.items()
+    ]
     # a key missing from some records (written before it was recorded) differs too
     envs: list[Mapping[str, Any]] = [e if isinstance(e := r.get("env"), Mapping) else {} for r in records]
     keys = distinct(k for e in envs for k in e)
