@@ -14,7 +14,8 @@ import warnings
 from dataclasses import dataclass
 
 from petlprof.method_api import MethodConfig, MethodSpec
-from petlprof.quantization import QUANTIZE_CHOICES
+from petlprof.models.quantization import QUANTIZE_CHOICES
+from petlprof.vocabulary import OBJECTIVES
 
 
 @dataclass
@@ -52,6 +53,6 @@ SPEC = MethodSpec(
     apply="petlprof.methods.bitfit:apply",
     default_lr=1e-3,
     lr_source="BitFit paper grid 1e-4..1e-3 (Ben Zaken et al. 2022)",
-    objectives=("classification", "lm"),
+    objectives=OBJECTIVES,
     quantize=QUANTIZE_CHOICES,
 )

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from petlprof.method_api import MethodConfig, MethodSpec
+from petlprof.vocabulary import OBJECTIVES
 
 
 @dataclass
@@ -28,5 +29,5 @@ SPEC = MethodSpec(
     apply="petlprof.methods.full:apply",
     default_lr=5e-5,
     lr_source="BERT fine-tuning range 2e-5..5e-5 (Devlin et al. 2019); upper end for short budgets",
-    objectives=("classification", "lm"),
+    objectives=OBJECTIVES,
 )

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 from petlprof.errors import UsageError
 from petlprof.method_api import MethodConfig, MethodSpec, module_names
-from petlprof.quantization import QUANTIZE_CHOICES
+from petlprof.models.quantization import QUANTIZE_CHOICES
+from petlprof.vocabulary import OBJECTIVES
 
 
 @dataclass
@@ -58,6 +59,6 @@ SPEC = MethodSpec(
     default_lr=3e-3,
     lr_source="T-Few recipe (Liu et al. 2022): 3e-3; PEFT's IA3 seq2seq example uses 8e-3",
     merge="petlprof.methods.peft_common:merge",
-    objectives=("classification", "lm"),
+    objectives=OBJECTIVES,
     quantize=QUANTIZE_CHOICES,
 )

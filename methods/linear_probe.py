@@ -17,7 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from petlprof.method_api import MethodConfig, MethodSpec
-from petlprof.quantization import QUANTIZE_CHOICES
+from petlprof.models.quantization import QUANTIZE_CHOICES
+from petlprof.vocabulary import OBJECTIVES
 
 
 @dataclass
@@ -39,6 +40,6 @@ SPEC = MethodSpec(
     default_lr=1e-2,
     lr_source="a head trained from scratch on frozen features takes a larger step than any backbone update; "
     "checked on the offline default: 85.3% after one 2000-example epoch (300 eval examples)",
-    objectives=("classification", "lm"),
+    objectives=OBJECTIVES,
     quantize=QUANTIZE_CHOICES,
 )

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 from petlprof.errors import UsageError
 from petlprof.method_api import MAX_WIDTH, MethodConfig, MethodSpec, integer, module_names, number
-from petlprof.quantization import QUANTIZE_CHOICES
+from petlprof.models.quantization import QUANTIZE_CHOICES
+from petlprof.vocabulary import OBJECTIVES
 
 
 @dataclass
@@ -62,6 +63,6 @@ SPEC = MethodSpec(
     pareto_knob="r",
     default_grid=(2, 8, 32),
     merge="petlprof.methods.peft_common:merge",
-    objectives=("classification", "lm"),
+    objectives=OBJECTIVES,
     quantize=QUANTIZE_CHOICES,
 )

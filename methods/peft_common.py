@@ -6,12 +6,12 @@ headless backbones petlprof classifies with are served by PEFT's feature-extract
 
 LoRA and IA3 take PEFT's per-architecture table of target modules where it has an entry for the
 model type, and otherwise the projections of the architecture description
-(:mod:`petlprof.architecture`); where PEFT's IA3 entry would also rescale attention output
+(:mod:`petlprof.models.architecture`); where PEFT's IA3 entry would also rescale attention output
 projections (its ``output.dense`` suffix in BERT-like encoders), the description's keys, values
 and feed-forward output layers are used, as the paper places them.  Which source was used, and the
 modules PEFT adapted (layer indices as ``*``), go in the record's ``backbone_info.placement``.
 
-Under the LM objective (:class:`petlprof.lm_model.LanguageModel`) the head is the backbone's own LM
+Under the LM objective (:class:`petlprof.models.language_model.LanguageModel`) the head is the backbone's own LM
 head and stays frozen with the rest: only PEFT's pieces train.  The task model runs PEFT's prompt and
 prefix themselves (PEFT's forward re-injects them at every call, which a hand-written KV-cache decoding
 loop cannot use); LoRA and IA3 layers sit inside the model and need nothing.
@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import peft
 
-from petlprof.architecture import Architecture, ia3_targets, lora_targets, name_patterns, peft_table, require
-from petlprof.backbones import ENCODER_DECODER
 from petlprof.errors import UsageError
+from petlprof.models.architecture import Architecture, ia3_targets, lora_targets, name_patterns, peft_table, require
+from petlprof.models.backbones import ENCODER_DECODER
 
 # what PEFT raises when a tuner cannot adapt a model: a shape it refuses (ValueError), a layer type it has
 # no implementation for (TypeError, NotImplementedError), a model it cannot find its pieces in (AttributeError,

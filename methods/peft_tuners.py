@@ -48,14 +48,15 @@ from peft.mapping import PEFT_TYPE_TO_CONFIG_MAPPING, PEFT_TYPE_TO_TUNER_MAPPING
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from transformers.utils import logging as hf_logging
 
-from petlprof.architecture import describe, lora_targets
-from petlprof.backbones import backbone_config, family_of, model_class
 from petlprof.errors import UsageError, shown, unknown_choice
 from petlprof.method_api import PEFT_PREFIX, MethodSpec
 from petlprof.methods.peft_common import prefix_task_type, record_targets, shape_of, targets_for, wrap_backbone
 from petlprof.methods.peft_fields import config_class
-from petlprof.quantization import NONE, QUANTIZE_CHOICES
+from petlprof.models.architecture import describe, lora_targets
+from petlprof.models.backbones import backbone_config, family_of, model_class
+from petlprof.models.quantization import NONE, QUANTIZE_CHOICES
 from petlprof.registry import get_method
+from petlprof.vocabulary import CLASSIFICATION, OBJECTIVES
 
 # tuners that cannot run in petlprof whatever the backbone, and why
 REFUSED = {
@@ -181,7 +182,7 @@ def tuner_spec(name: str) -> TunerSpec:
         lr_source=f"not tuned for this tuner: the built-in {like}'s default (see `petlprof list`); give --lr for "
         "the tuner's own recipe",
         pareto_knob=KNOB.get(tuner.peft_type) or next((knob for knob in KNOBS if knob in fields), None),
-        objectives=("classification",) if tuner.peft_type in NOT_LM else ("classification", "lm"),
+        objectives=(CLASSIFICATION,) if tuner.peft_type in NOT_LM else OBJECTIVES,
         quantize=QUANTIZE_CHOICES if _runs_quantized(tuner) else (NONE,),
         peft_type=tuner.peft_type,
     )

@@ -15,9 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from petlprof.backbones import ENCODER_DECODER
 from petlprof.method_api import MAX_WIDTH, MethodConfig, MethodSpec, integer
-from petlprof.quantization import QUANTIZE_CHOICES
+from petlprof.models.backbones import ENCODER_DECODER
+from petlprof.models.quantization import QUANTIZE_CHOICES
+from petlprof.vocabulary import OBJECTIVES
 
 
 @dataclass
@@ -35,8 +36,8 @@ def apply(classifier, config: PrefixTuningConfig):
     # peft and torch: the spec is listed and checked without them
     import peft
 
-    from petlprof.architecture import require
     from petlprof.methods.peft_common import prompt_shape, wrap_backbone
+    from petlprof.models.architecture import require
 
     require("prefix_tuning", classifier.architecture)
     seq2seq = classifier.family == ENCODER_DECODER
@@ -69,6 +70,6 @@ SPEC = MethodSpec(
     "epoch (300 eval examples)",
     pareto_knob="num_virtual_tokens",
     default_grid=(5, 20, 50),
-    objectives=("classification", "lm"),
+    objectives=OBJECTIVES,
     quantize=QUANTIZE_CHOICES,
 )

@@ -3,7 +3,7 @@ front of every input; the backbone is frozen and the task head trains as well.
 
 The prompt goes in front of the encoder's input (T5: the encoder; the decoder still reads the
 input shifted right) or of a decoder-only model's input.  The backbone's states for the virtual
-tokens are not pooled (see :mod:`petlprof.modeling`).  Initialisation: ``text`` repeats the
+tokens are not pooled (see :mod:`petlprof.models.classifier`).  Initialisation: ``text`` repeats the
 embeddings of ``init_text``'s tokens (the paper's best choice after class labels), ``vocab``
 samples embeddings of random vocabulary tokens, ``random`` draws them from N(0, 1).
 """
@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 from petlprof.errors import UsageError, shown
 from petlprof.method_api import MethodConfig, MethodSpec, choice, integer, text
-from petlprof.quantization import QUANTIZE_CHOICES
+from petlprof.models.quantization import QUANTIZE_CHOICES
+from petlprof.vocabulary import OBJECTIVES
 
 INITS = {"text": "TEXT", "vocab": "SAMPLE_VOCAB", "random": "RANDOM"}
 
@@ -38,8 +39,8 @@ def apply(classifier, config: PromptTuningConfig):
     # peft and torch: the spec is listed and checked without them
     import peft
 
-    from petlprof.architecture import require
     from petlprof.methods.peft_common import prompt_shape, wrap_backbone
+    from petlprof.models.architecture import require
 
     require("prompt_tuning", classifier.architecture)
     extra = {}
@@ -67,6 +68,6 @@ SPEC = MethodSpec(
     "after one 2000-example epoch (300 eval examples)",
     pareto_knob="num_virtual_tokens",
     default_grid=(5, 20, 50),
-    objectives=("classification", "lm"),
+    objectives=OBJECTIVES,
     quantize=QUANTIZE_CHOICES,
 )

@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from petlprof.method_api import MethodConfig, MethodSpec
-from petlprof.quantization import QUANTIZE_CHOICES
+from petlprof.models.quantization import QUANTIZE_CHOICES
+from petlprof.vocabulary import ZERO_SHOT
 
 
 @dataclass
@@ -26,7 +27,7 @@ def apply(model, config: ZeroShotConfig):
 
 
 SPEC = MethodSpec(
-    name="zero_shot",
+    name=ZERO_SHOT,
     description="nothing trains: the language model before any tuning (the row every generative sweep gets)",
     config_cls=ZeroShotConfig,
     apply="petlprof.methods.zero_shot:apply",

@@ -15,7 +15,7 @@ same for the eval phase prefixed ``eval_``, ``trainable_params``, ``total_params
 ``stop_reason``/``target_reached``, ``diverged_at_step`` (the step whose loss was not finite, for status
 ``diverged``) and ``warnings`` (about the result, e.g. every prediction one class).  Missing figures are
 NaN.  Only runs of status ``ok`` enter :func:`summarise`, :func:`frontier` and :func:`plot_frontier`.
-Frontier directions come from :data:`petlprof.metrics.METRIC_DIRECTIONS`.
+Frontier directions come from :data:`petlprof.tasks.metrics.METRIC_DIRECTIONS`.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from petlprof.figures import ENERGY
 from petlprof.report.frame import frontier, relative_to, runs_frame, summarise
 from petlprof.report.records import load_records
+from petlprof.results.figures import ENERGY
 
 
 def load_results(paths: str | Path | Sequence[str | Path]) -> pd.DataFrame:

@@ -23,8 +23,8 @@ from typing import Any
 from petlprof import __version__
 from petlprof.errors import UsageError, printable
 from petlprof.estimate.command import add_estimate_parser, cmd_estimate
-from petlprof.options import add_run_arguments
 from petlprof.report.intervals import DEFAULT_INTERVAL, INTERVALS
+from petlprof.sweep.options import add_run_arguments
 from petlprof.values import check_file
 
 
@@ -90,7 +90,9 @@ def _on_sigterm(signum, frame):
 
 def cmd_run(args: argparse.Namespace) -> int:
     # not for --help: the options' checks (the registry's entry points), the executors and the store's lock
-    from petlprof.config import (
+    from petlprof.execution.executors import make_executor
+    from petlprof.results.store import StoreLock, check_writable
+    from petlprof.sweep.config import (
         build_options,
         default_output_dir,
         load_config_file,
@@ -100,8 +102,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         preflight,
         resolve_device,
     )
-    from petlprof.executors import make_executor
-    from petlprof.store import StoreLock, check_writable
 
     cli_values = {k: v for k, v in vars(args).items() if k not in ("command", "config", "debug")}
     cli_values["method_config"] = parse_method_overrides(args.method_config) if args.method_config else None
@@ -161,7 +161,7 @@ def _cpu_sweep_likely(options, out_dir: Path) -> bool:
     per run, ``--device cpu`` (or ``auto`` on a machine without NVIDIA's driver), and no other sweep holding
     ``out_dir``.  Its worker then starts before the checks; where this guesses wrong, the worker is killed
     unused (seconds of imports beside whatever else runs)."""
-    from petlprof.store import lock_held  # not for --help: as in cmd_run
+    from petlprof.results.store import lock_held  # not for --help: as in cmd_run
 
     if options.nproc_per_run != 1 or options.device not in ("auto", "cpu"):
         return False
@@ -173,10 +173,9 @@ def _cpu_sweep_likely(options, out_dir: Path) -> bool:
 def _run_sweep(options, executor, out_dir: Path, device: str | None) -> int:
     """The sweep, with ``out_dir`` locked: the device (``None``: check it against the Ray cluster's,
     as a driver may have no GPU of its own), the runs not yet recorded, each record as it finishes."""
-    from petlprof.config import expand, resolve_device, unsupported_pairs  # not for --help: as in cmd_run
-
     # kept out of petlprof --help's imports
-    from petlprof.store import RESULTS_FILE, finished_keys
+    from petlprof.results.store import RESULTS_FILE, finished_keys
+    from petlprof.sweep.config import expand, resolve_device, unsupported_pairs  # not for --help: as in cmd_run
 
     if device is None:
         device = resolve_device(
@@ -241,10 +240,10 @@ def _sweep(todo, store, executor, done: int = 0, total: int | None = None) -> in
     """Run ``todo`` on ``executor``, appending each record as it comes back; ``done`` runs of
     ``total`` were recorded before (a resumed sweep), so progress counts the whole sweep.  On an
     interrupt the runs in flight are recorded ``cancelled`` and stopped."""
-    from petlprof.runner import cancelled_record, release_signals  # not for --help: a run's whole machinery
-
     # kept out of petlprof --help's imports
-    from petlprof.store import append_record
+    from petlprof.execution.child import release_signals  # not for --help: a run's whole machinery
+    from petlprof.results.store import append_record
+    from petlprof.run.execute import cancelled_record
 
     failed, finished, started, total = 0, 0, time.monotonic(), total if total is not None else len(todo)
     position = iter(range(done + 1, total + 1))
@@ -302,7 +301,8 @@ class _Span:
             self.first = time.monotonic()
 
     def end(self, record) -> None:
-        from petlprof.records import measured_phases_s  # not for --help: the records bring the statistics module
+        # not for --help: the records bring the statistics module
+        from petlprof.results.records import measured_phases_s
 
         self.last = time.monotonic()
         self.phases_s += measured_phases_s(record)
@@ -333,12 +333,12 @@ def _finish(store: Path, out_dir: Path) -> None:
 
 def cmd_list(args: argparse.Namespace) -> int:
     # not for --help: the meters probe NVML and RAPL, the tasks bring numpy, the registry reads entry points
-    from petlprof.backbones import BACKBONES
     from petlprof.meters import meter_status
     from petlprof.method_api import PEFT_PREFIX
+    from petlprof.models.backbones import BACKBONES
+    from petlprof.models.shapes import shape_names
     from petlprof.registry import config_field_help, get_method, method_names
-    from petlprof.shapes import shape_names
-    from petlprof.tasks import TASKS
+    from petlprof.tasks.labelled import TASKS
 
     print("Methods (name: what trains; Pareto knob; default learning rate; objectives; options for --method-config):")
     for name in method_names():
@@ -399,7 +399,7 @@ def cmd_meters(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     # not for --help: the report brings pandas and matplotlib, the store (its records) the statistics module
     from petlprof.report import load_records, write_report
-    from petlprof.store import check_writable
+    from petlprof.results.store import check_writable
 
     paths = [Path(d) for d in args.dirs]
     for path in paths:
@@ -420,8 +420,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def _print_summary(records: Sequence[Mapping[str, Any]], skipped: list[str]) -> None:
     # not for --help: the records bring the statistics module, the report pandas and matplotlib
-    from petlprof.records import overhead_line
     from petlprof.report import run_warnings, summary_table
+    from petlprof.results.records import overhead_line
 
     if skipped:
         _say(f"petlprof: skipped {len(skipped)} unusable line(s) of the results:")

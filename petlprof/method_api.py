@@ -36,23 +36,23 @@ What a method may assume about **either** task model (``objective`` ``"classific
 ``task_model.backbone`` (a Hugging Face model; its ``config`` gives ``hidden_size``,
 ``num_hidden_layers``, ``model_type``; a method may replace it, e.g. by a PEFT wrapper),
 ``task_model.family`` (``encoder``, ``encoder-decoder`` or ``decoder``), ``task_model.architecture``
-(:class:`petlprof.architecture.Architecture`, module names relative to ``task_model.backbone``),
+(:class:`petlprof.models.architecture.Architecture`, module names relative to ``task_model.backbone``),
 ``task_model.placement`` (a dict the record shows), ``task_model.freeze_backbone()``,
 ``task_model.head`` (the module that maps the final hidden state to the output),
 ``backbone_outputs(...)`` (every layer's hidden states) and ``classify(final_hidden, attention_mask)``
 (the head on a corrected final state: what side networks call).
 
-* **classification** (:class:`petlprof.modeling.SequenceClassifier`): ``backbone`` is headless;
+* **classification** (:class:`petlprof.models.classifier.SequenceClassifier`): ``backbone`` is headless;
   ``head`` is a new trainable ``nn.Linear`` on the pooled state, which ``freeze_backbone()`` leaves
   trainable; the model's ``forward(input_ids, attention_mask)`` returns ``[batch, num_labels]`` logits.
-* **lm** (:class:`petlprof.lm_model.LanguageModel`): ``backbone`` is the model *with* its own LM head
+* **lm** (:class:`petlprof.models.language_model.LanguageModel`): ``backbone`` is the model *with* its own LM head
   (``AutoModelForCausalLM``/``AutoModelForSeq2SeqLM``; tied embeddings stay tied); ``head`` is that
   pretrained LM head, and ``freeze_backbone()`` freezes it too (nothing trains until the method says
   so); the model's ``forward(input_ids, attention_mask, labels=None)`` returns ``[batch, tokens,
   vocabulary]`` logits with Hugging Face's label conventions (decoder: ``labels`` aligned with
   ``input_ids``, logits at ``t`` predict token ``t + 1``; encoder-decoder: ``input_ids`` feed the
   encoder, ``labels`` are the targets the decoder reads shifted right, logits align with ``labels``),
-  and it must work with :func:`petlprof.lm_model.greedy_generate` (PEFT wrappers of the backbone, forward
+  and it must work with :func:`petlprof.models.language_model.greedy_generate` (PEFT wrappers of the backbone, forward
   hooks and side networks do; a model of its own needs ``generation_start``/``generation_step``).
 
 A config may define ``validate()`` for rules across fields, and the backbone-shape hooks
@@ -75,14 +75,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from petlprof.errors import UsageError, shown, unknown_choice
-from petlprof.quantization import NONE, QUANTIZE_CHOICES
+from petlprof.models.quantization import NONE, QUANTIZE_CHOICES
 from petlprof.values import Choice, Number, Text, is_number
+from petlprof.vocabulary import CLASSIFICATION, OBJECTIVES
 
 MAX_WIDTH = 2**14  # no transformer in use is wider (LLaMA-3 405B: 16384): ranks, side widths, RNN sizes
 MAX_COUNT = 2**12  # virtual tokens, heads, multipliers: beyond any backbone's positions or memory
 PEFT_PREFIX = "peft:"  # the names of PEFT's tuners (peft:vera, ...), resolved by petlprof.registry
 NAME_PATTERN = re.compile(rf"({PEFT_PREFIX})?[A-Za-z][A-Za-z0-9_-]*")
-OBJECTIVES = ("classification", "lm")  # what a task model is trained for (petlprof.modeling.make_task_model)
 
 
 class MethodSpecError(UsageError):
@@ -301,7 +301,7 @@ class MethodSpec:
     default_grid: tuple = ()  # 3-4 values of the Pareto knob that ``--grid`` sweeps
     side_tuning: bool = False  # never back-propagates through the frozen backbone
     merge: str | Callable | None = None  # model -> model with the trained weights folded into the backbone
-    objectives: tuple[str, ...] = ("classification",)  # task objectives it supports (OBJECTIVES)
+    objectives: tuple[str, ...] = (CLASSIFICATION,)  # task objectives it supports (OBJECTIVES)
     quantize: tuple[str, ...] = (NONE,)  # --quantize values whose backbone it runs on (QUANTIZE_CHOICES)
 
     def __post_init__(self):

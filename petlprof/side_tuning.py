@@ -1,7 +1,7 @@
 """What READ and LST share: a frozen backbone tapped once per batch, and a trainable side network.
 
 A side-tuning model splits its forward pass in two, so the hidden-state cache
-(:mod:`petlprof.cache`) can skip the first half once it has seen an example:
+(:mod:`petlprof.run.cache`) can skip the first half once it has seen an example:
 
 * :meth:`SideTunedModel.backbone_states` runs the frozen backbone under ``torch.no_grad`` in eval
   mode and returns named token-aligned tensors ``[batch, tokens, layers + 1, width]`` (index 0 is
@@ -14,19 +14,19 @@ A side-tuning model splits its forward pass in two, so the hidden-state cache
 ``forward`` is the composition of the two, so the training loop treats a side-tuning model like
 any other model.  Works with any Hugging Face model that returns per-layer hidden states.
 
-The task model is a :class:`~petlprof.modeling.SequenceClassifier` or a
-:class:`~petlprof.lm_model.LanguageModel` (``self.classifier`` either way): ``classify`` puts its head on
+The task model is a :class:`~petlprof.models.classifier.SequenceClassifier` or a
+:class:`~petlprof.models.language_model.LanguageModel` (``self.classifier`` either way): ``classify`` puts its head on
 the corrected final state, pooled for a classifier, at every position before the frozen LM head for a
 language model (as the READ authors' captioning code does).  Under the LM objective every method also
 takes ``labels`` (an encoder-decoder's decoder reads the targets; ``state_masks`` then marks the target
 positions of the ``"decoder"`` states), passed only when given, so a classification plug-in's
 ``side_forward(states, input_ids, attention_mask)`` keeps working.  Given labels, a language model's
 ``classify(final, attention_mask, labels)`` puts the LM head only on the positions the loss reads and
-returns :class:`petlprof.lm_model.TargetLogits`; a side network that corrects each position on its own
+returns :class:`petlprof.models.language_model.TargetLogits`; a side network that corrects each position on its own
 (READ) corrects only those (``classifier.scored_positions(labels)``, then ``classifier.score``).  A
 plug-in that returns every position's logits still trains: the loss takes either.
 
-Generation (:func:`petlprof.lm_model.greedy_generate`): the backbone keeps its KV cache and each new
+Generation (:func:`petlprof.models.language_model.greedy_generate`): the backbone keeps its KV cache and each new
 token goes through it once, giving that position's per-layer states.  By default the side network
 then runs again over the states of every position so far (kept as they come) and the last position's
 logits are taken, which is right for any side network (LST's attends over earlier tokens); a side
@@ -48,12 +48,13 @@ from abc import ABC, abstractmethod
 import torch
 from torch import nn
 
-from petlprof.backbones import ENCODER_DECODER
-from petlprof.lm_model import last_logits
+from petlprof.models.backbones import ENCODER_DECODER
+from petlprof.models.language_model import last_logits
 
 
 class SideTunedModel(nn.Module, ABC):
-    """A frozen :class:`~petlprof.modeling.SequenceClassifier` backbone plus a trainable side network and head."""
+    """A frozen :class:`~petlprof.models.classifier.SequenceClassifier` backbone plus a trainable side network and
+    head."""
 
     def __init__(self, classifier):
         super().__init__()

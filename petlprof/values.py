@@ -4,7 +4,7 @@ and the range it must lie in.
 Each kind is one small object with ``read`` (a config-file value or a command-line string -> the
 option's value: numeric text such as YAML's ``1e-3`` becomes a number) and ``check`` (raise a
 one-line :class:`~petlprof.errors.UsageError` naming the flag and the bad value, shortened).  The
-option declarations in :mod:`petlprof.options` pick one per option; nothing here imports torch.
+option declarations in :mod:`petlprof.sweep.options` pick one per option; nothing here imports torch.
 
 :class:`Number`, :class:`Text` and :class:`Choice` are the method config fields' kinds too (re-exported by
 :mod:`petlprof.method_api`): there they answer ``problem`` (what is wrong with a value, as the phrase after

@@ -57,17 +57,17 @@ def pytest_cmdline_main(config):
 
 def pytest_configure(config):
     """A process that runs tests imports the run's libraries the way a run's process does
-    (:func:`petlprof.libraries.import_runtime_libraries`: bitsandbytes' kernels compiled on first use, not
+    (:func:`petlprof.run.libraries.import_runtime_libraries`: bitsandbytes' kernels compiled on first use, not
     at import); the xdist controller, which runs none, imports nothing."""
     if os.environ.get("PYTEST_XDIST_WORKER") or not getattr(config.option, "numprocesses", None):
-        from petlprof.libraries import import_runtime_libraries
+        from petlprof.run.libraries import import_runtime_libraries
 
         import_runtime_libraries()
 
 
 def pytest_collection_finish(session):
     """What collection imported (torch, transformers, ...) lives as long as this process: out of the garbage
-    collector's scans, as in a run's worker (:func:`petlprof.worker.preload`).  A run collects garbage
+    collector's scans, as in a run's worker (:func:`petlprof.execution.worker.preload`).  A run collects garbage
     before each phase, and each collection walked half a million objects (0.25 s): 15-20 % of the CPU
     time of modules that run in this process."""
     gc.collect()

@@ -2,7 +2,7 @@
 
 Small random models of common architectures (hidden 32, 2 layers, a 100-word tokenizer) are saved
 to local folders and loaded as a user's ``--backbone ./my-model`` would be; the four tiny presets
-join them.  For each method x architecture, :func:`petlprof.architecture.unsupported_reason` (from
+join them.  For each method x architecture, :func:`petlprof.models.architecture.unsupported_reason` (from
 the config alone, as a preflight would call it) either names a reason, and then applying the
 method raises exactly that reason, or gives none, and then the method must train: the loss falls
 over a few steps, only the method's own parameters get gradients (and all of them do), step 0
@@ -21,10 +21,10 @@ import pytest
 import torch
 from test_methods import logits, train_steps  # the same training loop and its step-0 gradient check
 
-from petlprof.architecture import describe, describe_config, name_patterns, unsupported_reason
-from petlprof.backbones import backbone_config, load_backbone
 from petlprof.errors import UsageError
-from petlprof.modeling import SequenceClassifier
+from petlprof.models.architecture import describe, describe_config, name_patterns, unsupported_reason
+from petlprof.models.backbones import backbone_config, load_backbone
+from petlprof.models.classifier import SequenceClassifier
 from petlprof.registry import builtin_method_names, get_method
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -223,7 +223,7 @@ def test_generic_path_finds_what_the_explicit_entries_name(preset):
     """The four explicit families, described as if unknown, give the same adapter points and LoRA targets."""
     import dataclasses
 
-    from petlprof.architecture import lora_targets, peft_table
+    from petlprof.models.architecture import lora_targets, peft_table
 
     arch = describe_config(backbone_config(preset))
     generic = dataclasses.replace(arch, model_type=f"unknown-{arch.model_type}", path="generic")
@@ -296,7 +296,7 @@ def test_a_sweep_with_an_unsupported_pair_stops_before_any_run(backbones, capsys
 
 
 def test_skip_unsupported_runs_the_rest_and_names_what_it_left_out(backbones, capsys, tmp_path, monkeypatch):
-    import petlprof.runner
+    import petlprof.run.execute
     from petlprof.cli import main
 
     seen = []
@@ -305,7 +305,7 @@ def test_skip_unsupported_runs_the_rest_and_names_what_it_left_out(backbones, ca
         seen.append((spec.method, spec.backbone))
         return {"schema_version": 1, "run_key": spec.run_key, "status": "failed", "error": "-", "method": spec.method}
 
-    monkeypatch.setattr(petlprof.runner, "execute", fake_execute)
+    monkeypatch.setattr(petlprof.run.execute, "execute", fake_execute)
     distilbert, neox = backbones["distilbert"], backbones["gpt_neox"]
     args = ["run", "--backbone", f"{distilbert},{neox}", "--methods", "lora,prefix_tuning", "--in-process"]
     assert main([*args, "--skip-unsupported", "--output", str(tmp_path / "out")]) == 1  # the fake runs "failed"

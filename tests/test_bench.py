@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from petlprof.bench import Baseline, MethodStep, paired_ratio, time_rounds
+from petlprof.bench.profile import Baseline, MethodStep, paired_ratio, time_rounds
 
 pytest_plugins = ["pytester"]
 

@@ -1,6 +1,6 @@
 """The hidden-state cache: cached and uncached training give the same losses, and the cache spills.
 
-Training here goes through :func:`petlprof.train.train` itself (shuffled batches, dynamic
+Training here goes through :func:`petlprof.run.train.train` itself (shuffled batches, dynamic
 padding), so an example meets different padded lengths and neighbours in every epoch.
 """
 
@@ -11,15 +11,15 @@ import dataclasses
 import pytest
 import torch
 
-from petlprof.backbones import load_backbone
-from petlprof.cache import DTYPES, HiddenStateCache
-from petlprof.config import CACHE_DTYPES, build_options, expand
 from petlprof.errors import UsageError
-from petlprof.modeling import SequenceClassifier
-from petlprof.recipe import TrainRecipe
+from petlprof.models.backbones import load_backbone
+from petlprof.models.classifier import SequenceClassifier
 from petlprof.registry import get_method
-from petlprof.runner import RunSpec
-from petlprof.train import Batches, PhaseIO, Steps, train
+from petlprof.run.cache import DTYPES, HiddenStateCache
+from petlprof.run.recipe import TrainRecipe
+from petlprof.run.train import Batches, PhaseIO, Steps, train
+from petlprof.sweep.config import CACHE_DTYPES, build_options, expand
+from petlprof.sweep.spec import RunSpec
 
 TEXTS = [
     "what a wonderful day",

@@ -7,11 +7,11 @@ import pandas as pd
 import pytest
 
 from petlprof.errors import UsageError
-from petlprof.figures import ENERGY, ENERGY_COUNTER
-from petlprof.lm_tasks import load_user_lm
 from petlprof.meters.base import Meter, kind_key, source_key
 from petlprof.meters.cpu_power_model import EstimateEnergyMeter
 from petlprof.meters.latency import StepTimer
+from petlprof.results.figures import ENERGY, ENERGY_COUNTER
+from petlprof.tasks.generative import load_user_lm
 
 
 def test_a_meter_ended_before_it_began_says_so():

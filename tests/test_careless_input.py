@@ -256,7 +256,7 @@ def test_estimate_takes_a_plugin_by_module_attr_as_run_does(normtune_module, cap
     ids=["copy", "label in text", "both labels named", "ordinary text", "some rows name no label"],
 )
 def test_text_that_gives_the_label_away_is_noted_before_the_runs(rows, leaks, tmp_path):
-    from petlprof.config import build_options, preflight
+    from petlprof.sweep.config import build_options, preflight
 
     data = tmp_path / "d.csv"
     data.write_text("text,label\n" + "".join(f"{text},{label}\n" for text, label in rows))
@@ -268,7 +268,7 @@ def test_text_that_gives_the_label_away_is_noted_before_the_runs(rows, leaks, tm
 
 
 def test_the_reference_tweets_raise_no_leak():
-    from petlprof.tasks import leak_warnings, load_task
+    from petlprof.tasks.labelled import leak_warnings, load_task
 
     task = load_task("tweets", train_size=2000, eval_size=10)
     assert leak_warnings(task.train, task.label_names) == []

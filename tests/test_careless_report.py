@@ -18,9 +18,9 @@ import json
 import pytest
 
 from petlprof.cli import main
-from petlprof.records import RESULTS_FILE
 from petlprof.report import load_records, write_report
-from petlprof.store import finished_keys
+from petlprof.results.records import RESULTS_FILE
+from petlprof.results.store import finished_keys
 
 
 def folder_in_place(results):

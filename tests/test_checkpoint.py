@@ -9,11 +9,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from petlprof.backbones import load_backbone
-from petlprof.modeling import make_task_model
-from petlprof.pipeline import checkpoint_bytes
-from petlprof.records import safetensors_bytes
+from petlprof.models.backbones import load_backbone
+from petlprof.models.classifier import make_task_model
 from petlprof.registry import builtin_method_names, get_method
+from petlprof.results.records import safetensors_bytes
+from petlprof.run.pipeline import checkpoint_bytes
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

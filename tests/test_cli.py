@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from petlprof.cli import main
-from petlprof.config import build_options, load_config_file
+from petlprof.sweep.config import build_options, load_config_file
 
 
 def run_cli(args, capsys):
@@ -181,7 +181,7 @@ def test_report_with_no_usable_record_is_an_error_and_writes_nothing(content, ca
 
 
 def test_expand_makes_one_run_per_method_and_seed():
-    from petlprof.config import expand
+    from petlprof.sweep.config import expand
 
     options = build_options({}, {"methods": "read,lora", "seeds": "0,1,2", "backbone": "tiny-bert"})
     specs = expand(options, "cpu")
@@ -196,7 +196,7 @@ def test_list_shows_methods_tasks_backbones_meters(capsys):
         assert word in out
     assert "knob hidden_size" in out and "knob r" in out
     assert "peft:TYPE" in out.split("Tasks:")[0]  # PEFT's tuners, among the methods
-    from petlprof.shapes import shape_names
+    from petlprof.models.shapes import shape_names
 
     shapes = out.split("Model shapes")[1].split("Meters on this machine")[0]
     assert set(shape_names()) <= set(shapes.replace(",", " ").split()) and "t5-11b" in shape_names()
@@ -216,7 +216,7 @@ def test_help_does_not_import_torch():
 
 def test_config_file_method_options_reach_the_runs(capsys, tmp_path, monkeypatch):
     """Through the real command: the file's [method_config] and the CLI's overrides both arrive."""
-    import petlprof.runner
+    import petlprof.run.execute
 
     seen = []
 
@@ -232,7 +232,7 @@ def test_config_file_method_options_reach_the_runs(capsys, tmp_path, monkeypatch
             "seed": spec.seed,
         }
 
-    monkeypatch.setattr(petlprof.runner, "execute", fake_execute)
+    monkeypatch.setattr(petlprof.run.execute, "execute", fake_execute)
     config = tmp_path / "sweep.toml"
     config.write_text(
         'methods = ["lora", "read"]\nbackbone = "tiny-bert"\nin_process = true\n[method_config.lora]\nr = 16\n'
@@ -247,7 +247,7 @@ def test_config_file_method_options_reach_the_runs(capsys, tmp_path, monkeypatch
 
 
 def test_explicit_defaults_and_repeated_methods_do_not_duplicate_runs():
-    from petlprof.config import expand
+    from petlprof.sweep.config import expand
 
     plain = expand(build_options({}, {"methods": "lora,lora", "backbone": "tiny-bert"}), "cpu")
     explicit = expand(
@@ -321,13 +321,13 @@ def test_debug_shows_the_traceback_of_an_input_error(capsys):
     [("2GiB", 2 * 2**30), ("500MB", 500 * 10**6), ("1.5g", int(1.5 * 2**30)), ("1048576B", 2**20), (None, None)],
 )
 def test_memory_sizes(text, expected):
-    from petlprof.config import parse_bytes
+    from petlprof.sweep.config import parse_bytes
 
     assert parse_bytes(text) == expected
 
 
 def test_sizes_the_data_cannot_give_are_noted_before_the_runs(tmp_path):
-    from petlprof.config import preflight
+    from petlprof.sweep.config import preflight
 
     data = tmp_path / "reviews.csv"
     data.write_text("text,label\n" + "".join(f"review number {i},{i % 2}\n" for i in range(10)))

@@ -14,7 +14,8 @@ import pytest
 
 from petlprof.meters import Window
 from petlprof.meters.contention import CONTENDED_SHARE, ContentionMeter, system_busy_s
-from petlprof.runner import RunSpec, execute
+from petlprof.run.execute import execute
+from petlprof.sweep.spec import RunSpec
 
 TICK = 1 / os.sysconf("SC_CLK_TCK")
 

@@ -18,10 +18,13 @@ import numpy as np
 import pytest
 import torch
 
-from petlprof import distributed
 from petlprof.errors import UsageError
-from petlprof.ranks import ONE_PROCESS, RankContext
-from petlprof.runner import RunSpec, execute, execute_in_subprocess
+from petlprof.execution import launch
+from petlprof.execution.child import execute_in_subprocess
+from petlprof.run import distributed
+from petlprof.run.execute import execute
+from petlprof.run.ranks import ONE_PROCESS, RankContext
+from petlprof.sweep.spec import RunSpec
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]  # slow: processes and sweeps
 
@@ -263,13 +266,13 @@ FAILURE_CASES = [
     "records, launched, status, error", [c[1:] for c in FAILURE_CASES], ids=[c[0] for c in FAILURE_CASES]
 )
 def test_the_failed_record_names_the_rank_and_cause(records, launched, status, error):
-    fields = distributed.failure(2, records, launched)
+    fields = launch.failure(2, records, launched)
     assert fields["status"] == status and fields["error"].startswith(error)
     assert set(fields["distributed"]["failed_ranks"]) == {str(r) for r in {*records, *launched}}
 
 
 def test_nothing_failed_gives_no_failure():
-    assert distributed.failure(2, {}, {}) is None
+    assert launch.failure(2, {}, {}) is None
 
 
 def test_several_ranks_cannot_run_in_process():
@@ -287,11 +290,11 @@ LOOP = dict(train_size=29, eval_size=15, batch_size=7, max_steps=5)
 
 def _deterministic(method_name):
     """A tiny model with every dropout at p=0, so one rank and two ranks can be compared exactly."""
-    from petlprof.backbones import load_backbone
-    from petlprof.modeling import SequenceClassifier
+    from petlprof.models.backbones import load_backbone
+    from petlprof.models.classifier import SequenceClassifier
     from petlprof.registry import get_method
-    from petlprof.tasks import load_task
-    from petlprof.train import Batches
+    from petlprof.run.train import Batches
+    from petlprof.tasks.labelled import load_task
 
     task = load_task("tweets", train_size=LOOP["train_size"], eval_size=LOOP["eval_size"])
     torch.manual_seed(0)
@@ -306,8 +309,8 @@ def _deterministic(method_name):
 
 
 def _loop(model, train_batches, eval_batches, lr, ranks=ONE_PROCESS):
-    from petlprof.recipe import TrainRecipe
-    from petlprof.train import PhaseIO, Steps, evaluate, train
+    from petlprof.run.recipe import TrainRecipe
+    from petlprof.run.train import PhaseIO, Steps, evaluate, train
 
     steps = Steps(epochs=1, max_steps=LOOP["max_steps"], warmup_steps=1)
     trained = train(
@@ -427,7 +430,7 @@ def _workers():
     out = []
     for pid in _descendants(os.getpid()):
         try:
-            if b"petlprof.worker" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            if b"petlprof.execution.worker" in Path(f"/proc/{pid}/cmdline").read_bytes():
                 out.append((pid, Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")))
         except OSError:  # ended meanwhile
             continue

@@ -21,12 +21,13 @@ import numpy as np
 import pytest
 
 from petlprof.api import frontier, load_results
-from petlprof.pipeline import prediction_warnings
-from petlprof.records import DIVERGED, OK, SCHEMA_VERSION
 from petlprof.report import summary_table, write_report
 from petlprof.report.table import configuration_tables
-from petlprof.runner import RunSpec, execute
-from petlprof.store import append_record, finished_keys
+from petlprof.results.records import DIVERGED, OK, SCHEMA_VERSION
+from petlprof.results.store import append_record, finished_keys
+from petlprof.run.execute import execute
+from petlprof.run.pipeline import prediction_warnings
+from petlprof.sweep.spec import RunSpec
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -136,7 +137,7 @@ def test_the_one_class_warning_reaches_the_report_and_the_frame(runs, tmp_path):
 
 
 def test_the_bench_fixture_fails_a_diverging_method():
-    from petlprof.pytest_plugin import PetlprofBench
+    from petlprof.bench.plugin import PetlprofBench
 
     bench = PetlprofBench(baseline=None, update=False, request=None)
     with pytest.raises(pytest.fail.Exception, match="lora diverged at training step 2"):

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from petlprof.cli import main
-from petlprof.records import measured_phases_s
+from petlprof.results.records import measured_phases_s
 
 pytestmark = pytest.mark.slow  # starts processes or whole sweeps: the full suite, not the inner loop
 

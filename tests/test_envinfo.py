@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from petlprof.envinfo import allocator_settings, environment, startup_environment
 from petlprof.report.markdown import _environment
+from petlprof.results.environment import allocator_settings, environment, startup_environment
 
 
 @pytest.mark.parametrize(
@@ -46,7 +46,10 @@ def test_allocator_settings_are_those_the_process_started_with(start, now, expec
     """A run forked from the warm worker gets the driver's environment in ``os.environ``, but its allocator
     was set up when the warm worker started."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")} | start
-    code = f"import os; os.environ.update({now!r}); from petlprof.envinfo import allocator_settings as a; print(a())"
+    code = (
+        f"import os; os.environ.update({now!r}); "
+        "from petlprof.results.environment import allocator_settings as a; print(a())"
+    )
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert done.stdout.strip() == expected
 

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from petlprof.backbones import load_backbone
 from petlprof.cli import main
 from petlprof.estimate.core import Settings, estimate
 from petlprof.estimate.fallback import DEPTH_RULE
@@ -20,11 +19,12 @@ from petlprof.meters import Window
 from petlprof.meters.memory import static_breakdown
 from petlprof.meters.tensors import CpuTensorMeter
 from petlprof.method_api import MethodConfig
-from petlprof.modeling import SequenceClassifier
-from petlprof.recipe import TrainRecipe
+from petlprof.models.backbones import load_backbone
+from petlprof.models.classifier import SequenceClassifier
+from petlprof.models.shapes import shape_names
 from petlprof.registry import MethodSpec, get_method, method_names
-from petlprof.shapes import shape_names
-from petlprof.train import loss_fn
+from petlprof.run.recipe import TrainRecipe
+from petlprof.run.train import loss_fn
 
 CLASSIFIERS = [name for name in method_names() if "classification" in get_method(name).objectives]
 

@@ -11,7 +11,6 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
-from petlprof.backbones import backbone_config, set_depth
 from petlprof.cli import main
 from petlprof.estimate.core import Settings, estimate
 from petlprof.estimate.model import resolve_backbone
@@ -19,7 +18,8 @@ from petlprof.estimate.trace import lm_batch
 from petlprof.meters import Window
 from petlprof.meters.memory import static_breakdown
 from petlprof.meters.tensors import CpuTensorMeter
-from petlprof.recipe import TrainRecipe
+from petlprof.models.backbones import backbone_config, set_depth
+from petlprof.run.recipe import TrainRecipe
 
 LM = Settings(batch_size=4, max_length=16, device="cpu", objective="lm", target_length=8)
 

@@ -9,11 +9,11 @@ import json
 
 import pytest
 
-from petlprof.backbones import load_backbone
 from petlprof.cli import build_parser, main
 from petlprof.estimate.command import add_estimate_parser
 from petlprof.estimate.model import build_backbone_model, resolve_backbone
-from petlprof.options import default_of, help_of
+from petlprof.models.backbones import load_backbone
+from petlprof.sweep.options import default_of, help_of
 
 # the run options `petlprof estimate` takes, and whether its help is the declaration's (else its own, with a reason)
 SHARED = {

@@ -1,8 +1,8 @@
 """``petlprof estimate --quantize`` against real quantised steps, ``--attention``, fit verdicts with headroom,
 a config's dtype never applied, and bad input (issue 27, items 4 and 5).
 
-A real step here is the run's: the backbone loaded by :func:`petlprof.backbones.load_backbone` and quantised
-by bitsandbytes on the CPU (:func:`petlprof.quantization.quantize_model`), the method applied, two training
+A real step here is the run's: the backbone loaded by :func:`petlprof.models.backbones.load_backbone` and quantised
+by bitsandbytes on the CPU (:func:`petlprof.models.quantization.quantize_model`), the method applied, two training
 steps of the run's recipe, the second one measured.  Its live tensor bytes are counted as the ``cpu-tensors``
 meter counts them, inside bitsandbytes' operations that a CPU runs by their composite kernel too
 (``gemm_4bit`` dequantises a layer's whole weight before its product: a temporary the meter and the
@@ -18,7 +18,6 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from petlprof.backbones import load_backbone
 from petlprof.cli import main
 from petlprof.estimate import gpus
 from petlprof.estimate.command import _default_methods
@@ -27,11 +26,12 @@ from petlprof.estimate.model import resolve_backbone
 from petlprof.estimate.trace import example_batch
 from petlprof.meters.memory import static_breakdown
 from petlprof.meters.tensors import _mode_class
-from petlprof.modeling import SequenceClassifier
-from petlprof.quantization import Quantization
-from petlprof.recipe import TrainRecipe
+from petlprof.models.backbones import load_backbone
+from petlprof.models.classifier import SequenceClassifier
+from petlprof.models.quantization import Quantization
 from petlprof.registry import get_method
-from petlprof.train import loss_fn
+from petlprof.run.recipe import TrainRecipe
+from petlprof.run.train import loss_fn
 
 pytest.importorskip("bitsandbytes")
 pytestmark = pytest.mark.usefixtures("one_thread")

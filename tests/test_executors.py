@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 
 from petlprof.cli import main
-from petlprof.config import build_options, resolve_device
 from petlprof.errors import UsageError
-from petlprof.executors import LocalExecutor
-from petlprof.runner import RunSpec
+from petlprof.execution.executors import LocalExecutor
+from petlprof.sweep.config import build_options, resolve_device
+from petlprof.sweep.spec import RunSpec
 
 # slow: processes, Ray instances and sweeps (pytest -n runs a module's tests in one worker: --dist loadscope)
 pytestmark = pytest.mark.slow
@@ -78,7 +78,7 @@ def test_device_is_checked_against_the_cluster_not_the_driver(device, nproc, gpu
 
 def test_ray_options_without_ray_installed_say_how_to_get_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
-    from petlprof.executors import make_executor
+    from petlprof.execution.executors import make_executor
 
     with pytest.raises(UsageError, match=r"pip install 'petlprof\[ray\]'"):
         make_executor("ray")
@@ -88,8 +88,8 @@ def test_ray_options_without_ray_installed_say_how_to_get_it(monkeypatch):
 def test_bad_input_fails_before_any_executor_starts(tmp_path, monkeypatch, capsys, problem):
     """A bad data path or a held output folder costs no Ray start-up (seconds on a cluster), and a
     bad device leaves no output folder behind."""
-    from petlprof import executors
-    from petlprof.store import StoreLock
+    from petlprof.execution import executors
+    from petlprof.results.store import StoreLock
 
     made = []
     monkeypatch.setattr(executors, "make_executor", lambda *a, **k: made.append(a) or pytest.fail("executor made"))
@@ -130,7 +130,7 @@ def _cmd(entry: Path) -> bytes:
 def local_ray():
     """One Ray instance for the tests below (the driver tests above start their own): 2 CPUs, no
     GPU, as on the CI machine."""
-    from petlprof.executors import RAY_ENV
+    from petlprof.execution.executors import RAY_ENV
 
     for key, value in RAY_ENV.items():  # as petlprof starts its own: workers at normal priority, no usage report
         os.environ.setdefault(key, value)
@@ -167,7 +167,7 @@ def comparable(record: dict) -> dict:
 
 
 def test_ray_records_are_the_local_records_apart_from_timings_and_node(local_ray, monkeypatch):
-    from petlprof.executors import RayExecutor
+    from petlprof.execution.executors import RayExecutor
 
     specs = [RunSpec(method="bitfit", seed=0, max_steps=3, **TINY), RunSpec(method="lora", seed=1, max_steps=3, **TINY)]
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # what Ray gives a task of 1 CPU
@@ -190,7 +190,7 @@ def test_ray_records_are_the_local_records_apart_from_timings_and_node(local_ray
 
 
 def test_a_two_rank_run_is_one_ray_task_with_the_cpus_of_both_ranks(local_ray):
-    from petlprof.executors import RayExecutor
+    from petlprof.execution.executors import RayExecutor
 
     spec = RunSpec(method="bitfit", seed=0, max_steps=3, nproc=2, **TINY)
     [(_, record)] = list(RayExecutor(cpus_per_run=1).results([spec]))
@@ -204,7 +204,7 @@ def test_a_two_rank_run_is_one_ray_task_with_the_cpus_of_both_ranks(local_ray):
 def test_a_run_no_live_node_can_take_is_failed_not_waited_for(local_ray, monkeypatch):
     """The state a lost GPU node leaves: a CUDA run's task pending on a cluster with no GPU left.
     After the grace period the driver cancels it and records why, instead of waiting forever."""
-    import petlprof.executors as executors
+    import petlprof.execution.executors as executors
 
     monkeypatch.setattr(executors, "DRIVER_GRACE_S", 0.5)
     executor = executors.RayExecutor()
@@ -239,7 +239,7 @@ def test_a_task_that_hangs_or_raises_becomes_a_record_naming_why(
     """A task its node did not stop (hung, or its node lost without Ray noticing) is cancelled once
     past the driver's limit; an exception in the task's own code is a failed record, not a crash of
     the sweep.  (The task body is swapped for one that misbehaves: the run code has its own tests.)"""
-    import petlprof.executors as executors
+    import petlprof.execution.executors as executors
 
     def misbehave(*args):  # defined here so Ray ships it by value: the workers cannot import tests/
         if behaviour == "hang":
@@ -270,7 +270,7 @@ def _raise_stop(signum, frame):
 def test_a_signal_stops_a_driver_waiting_on_a_task_within_a_poll(local_ray):
     """Ray's wait raises a signal handler's exception only when it returns: the driver waits in slices of
     POLL_S, so a SIGTERM or Ctrl-C ends the sweep within one, not at the end of a 5 s wait."""
-    import petlprof.executors as executors
+    import petlprof.execution.executors as executors
 
     def hang(*args):  # defined here so Ray ships it by value: the workers cannot import tests/
         time.sleep(600)
@@ -293,13 +293,13 @@ def test_a_signal_stops_a_driver_waiting_on_a_task_within_a_poll(local_ray):
 
 
 def run_processes() -> dict[int, int]:
-    """pid -> parent pid of every ``petlprof.worker`` process on this machine."""
+    """pid -> parent pid of every ``petlprof.execution.worker`` process on this machine."""
     found = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            if b"petlprof.worker" not in (entry / "cmdline").read_bytes():
+            if b"petlprof.execution.worker" not in (entry / "cmdline").read_bytes():
                 continue
             status = (entry / "status").read_text()
         except OSError:
@@ -349,7 +349,7 @@ def kill_ray_worker_under_the_run(killed: list, timeout=120.0) -> None:
 
 @pytest.mark.parametrize("retries, expected", [(0, "failed"), (1, "ok")])
 def test_a_ray_worker_killed_mid_run_is_a_failed_record_or_one_retry(local_ray, retries, expected):
-    from petlprof.executors import RayExecutor
+    from petlprof.execution.executors import RayExecutor
 
     spec = RunSpec(method="bitfit", seed=0, max_steps=400 if retries == 0 else 30, **TINY)
     killed: list = []
@@ -386,7 +386,7 @@ def test_a_run_below_normal_priority_says_so():
     """A cluster started without RAY_worker_niceness=0 runs tasks at nice 15: the Ray task's record says what that
     does to its figures; a run at normal priority gets no such warning.  (The Ray task builds its node fields with
     this function: the Ray records above carry ``niceness`` only through it.)"""
-    from petlprof.executors import RAY_ENV, ray_node_fields
+    from petlprof.execution.executors import RAY_ENV, ray_node_fields
 
     assert RAY_ENV["RAY_worker_niceness"] == "0"
     low: dict = {"warnings": ["earlier"]}

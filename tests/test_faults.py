@@ -19,11 +19,13 @@ import time
 import pytest
 
 from petlprof.errors import UsageError
-from petlprof.figures import ENERGY, PEAK_MEMORY
+from petlprof.execution.child import execute_in_subprocess
 from petlprof.meters import Window
 from petlprof.meters.base import MEASURED, Meter, Provenance, Reading
-from petlprof.runner import RunSpec, execute, execute_in_subprocess
-from petlprof.store import LOCK_FILE, StoreLock, append_record, check_writable, finished_keys
+from petlprof.results.figures import ENERGY, PEAK_MEMORY
+from petlprof.results.store import LOCK_FILE, StoreLock, append_record, check_writable, finished_keys
+from petlprof.run.execute import execute
+from petlprof.sweep.spec import RunSpec
 
 pytestmark = pytest.mark.slow  # starts processes or whole sweeps: the full suite, not the inner loop
 
@@ -48,7 +50,7 @@ def records(out):
 
 def worker_pids(sweep_pid: int) -> list[int]:
     children = open(f"/proc/{sweep_pid}/task/{sweep_pid}/children").read().split()
-    return [int(pid) for pid in children if "petlprof.worker" in open(f"/proc/{pid}/cmdline").read()]
+    return [int(pid) for pid in children if "petlprof.execution.worker" in open(f"/proc/{pid}/cmdline").read()]
 
 
 def first_run_recorded_and_next_started(out, proc, scratch) -> bool:
@@ -148,7 +150,7 @@ def test_sigkill_mid_sweep_then_resume_records_every_run_once(tmp_path, monkeypa
     wait_for(
         lambda: (
             not any(
-                os.path.exists(f"/proc/{pid}") and "petlprof.worker" in open(f"/proc/{pid}/cmdline").read()
+                os.path.exists(f"/proc/{pid}") and "petlprof.execution.worker" in open(f"/proc/{pid}/cmdline").read()
                 for pid in workers
             )
         ),
@@ -183,7 +185,7 @@ def test_a_held_lock_refuses_a_second_sweep_and_a_dead_ones_is_taken_over(tmp_pa
             sys.executable,
             "-c",
             (
-                "import sys, time; from pathlib import Path; from petlprof.store import StoreLock\n"
+                "import sys, time; from pathlib import Path; from petlprof.results.store import StoreLock\n"
                 f"with StoreLock(Path({str(tmp_path)!r})):\n    print('held', flush=True); time.sleep(60)"
             ),
         ],
@@ -241,14 +243,14 @@ def test_a_meter_failing_mid_run_loses_only_its_own_figures():
 def test_a_full_disk_mid_sweep_is_a_clear_error_and_the_record_is_printed(tmp_path, monkeypatch, capsys):
     import errno
 
-    import petlprof.runner
-    import petlprof.store
+    import petlprof.results.store
+    import petlprof.run.execute
     from petlprof.cli import main
 
     def fake_execute(spec, **limits):
         return {"schema_version": 1, "run_key": spec.run_key, "status": "ok", "method": spec.method, "seed": 0}
 
-    real_append, calls = petlprof.store.append_record, []
+    real_append, calls = petlprof.results.store.append_record, []
 
     def append_until_full(path, record):
         calls.append(record)
@@ -256,8 +258,8 @@ def test_a_full_disk_mid_sweep_is_a_clear_error_and_the_record_is_printed(tmp_pa
             raise OSError(errno.ENOSPC, "No space left on device")
         real_append(path, record)
 
-    monkeypatch.setattr(petlprof.runner, "execute", fake_execute)
-    monkeypatch.setattr(petlprof.store, "append_record", append_until_full)
+    monkeypatch.setattr(petlprof.run.execute, "execute", fake_execute)
+    monkeypatch.setattr(petlprof.results.store, "append_record", append_until_full)
     code = main(["run", "--methods", "read,lora", *TINY, "--in-process", "--output", str(tmp_path / "out")])
     err = capsys.readouterr().err
     assert code == 1 and "No space left on device" in err and "Runs recorded before are intact" in err

@@ -1,4 +1,4 @@
-"""Every measured figure is declared once (petlprof.figures): no other module spells a figure's key,
+"""Every measured figure is declared once (petlprof.results.figures): no other module spells a figure's key,
 declarations refuse what they cannot mean, and what derives from them (rank aggregation, DataFrame
 columns, report headers, the direction table) follows a declaration, including the training phase's
 tokens per second, the figure added by declaration and meter alone."""
@@ -12,14 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from petlprof import distributed, figures
-from petlprof.bench import StepProfile
-from petlprof.figures import ENERGY, HIGHER, LOWER, MAX, RATE, SUM, TIME, TOKENS, TOKENS_PER_S, Figure
-from petlprof.metrics import direction
-from petlprof.pytest_plugin import RATIO_RTOL, default_rtol
+from petlprof.bench.plugin import RATIO_RTOL, default_rtol
+from petlprof.bench.profile import StepProfile
 from petlprof.report.frame import runs_frame
 from petlprof.report.table import columns
-from petlprof.runner import RunSpec, execute
+from petlprof.results import figures
+from petlprof.results.figures import ENERGY, HIGHER, LOWER, MAX, RATE, SUM, TIME, TOKENS, TOKENS_PER_S, Figure
+from petlprof.run import distributed
+from petlprof.run.execute import execute
+from petlprof.sweep.spec import RunSpec
+from petlprof.tasks.metrics import direction
 
 ROOT = Path(__file__).resolve().parents[1]
 # counts (samples, steps, tokens) are plain words elsewhere too (power samples, tokenizer tokens); every
@@ -27,9 +29,10 @@ ROOT = Path(__file__).resolve().parents[1]
 KEYS = {f.name for f in figures.FIGURES if f.unit != "count"}
 # the declarations, and the notebook API's docstring, whose example names the DataFrame columns a user types
 # (the issue allows two modules)
-SPELLERS = {"petlprof/figures.py", "petlprof/api.py"}
+SPELLERS = {"petlprof/results/figures.py", "petlprof/api.py"}
 QUOTED = re.compile(r"""["']([a-z0-9_]+)["']""")
-# the static memory breakdown's keys (declared as a group in petlprof.figures; its optimiser state is a step figure)
+# the static memory breakdown's keys (declared as a group in petlprof.results.figures; its optimiser state is a
+# step figure)
 BREAKDOWN_KEYS = {*figures.STATIC_BREAKDOWN, figures.BREAKDOWN_QUANTIZATION_STATE, figures.BREAKDOWN_TOTAL}
 
 
@@ -71,7 +74,7 @@ def test_only_the_declarations_spell_a_figure_key():
 
 def test_only_the_declarations_spell_a_memory_breakdown_key():
     found = _spelling_modules(BREAKDOWN_KEYS)
-    assert found.pop("petlprof/figures.py") == BREAKDOWN_KEYS
+    assert found.pop("petlprof/results/figures.py") == BREAKDOWN_KEYS
     assert found == {}  # the estimate too reads the breakdown and names its memory figures by the declarations
     assert _spelled_keys('x = static["total_bytes"]\n', BREAKDOWN_KEYS) == {"total_bytes"}
 

@@ -9,9 +9,9 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from petlprof.config import build_options, load_config_file, parse_method_overrides
 from petlprof.errors import UsageError
 from petlprof.report import load_records
+from petlprof.sweep.config import build_options, load_config_file, parse_method_overrides
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 KEYS = st.sampled_from(
@@ -102,7 +102,7 @@ def test_numbers_at_the_edges_are_refused_or_sane(name, value):
     """A value at the edge is either refused with one line or kept inside the option's declared range."""
     import math
 
-    from petlprof.options import kind_of
+    from petlprof.sweep.options import kind_of
 
     values = {"methods": ["read"], name: value}
     if name in ("eval_every",):

@@ -1,7 +1,7 @@
-"""Tests for the generation phase (:mod:`petlprof.generation`): greedy decoding of a tiny random LLaMA
+"""Tests for the generation phase (:mod:`petlprof.run.generation`): greedy decoding of a tiny random LLaMA
 under the meters, with an energy counter faked like the hardware (it advances only at its updates).
 
-The decoding loop here is a stand-in with the signature of ``petlprof.modeling.greedy_generate``
+The decoding loop here is a stand-in with the signature of ``petlprof.models.classifier.greedy_generate``
 (left-padded prompts, the KV cache kept, ``on_token`` after each step, EOS not returned); the phase
 takes its generate function as a parameter.  One test runs the real one on a READ model, whose side
 network the phase times.
@@ -16,11 +16,11 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from petlprof import figures
-from petlprof.figures import ENERGY
-from petlprof.generation import MIN_BATCHES, chosen_tokens, measure_generation
 from petlprof.meters import MEASURED, Meter, memory_meter_for
 from petlprof.meters.base import Provenance, Reading
+from petlprof.results import figures
+from petlprof.results.figures import ENERGY
+from petlprof.run.generation import MIN_BATCHES, chosen_tokens, measure_generation
 
 PAD, EOS, VOCAB = 0, 2, 96
 BATCH_FIGURES = (
@@ -246,9 +246,9 @@ def test_no_token_generated_is_a_warning_not_a_division_by_zero():
 
 
 def test_the_real_generate_on_a_read_model_times_its_side_network_once_per_token():
-    from petlprof.backbones import load_backbone
-    from petlprof.lm_model import LanguageModel
-    from petlprof.modeling import greedy_generate
+    from petlprof.models.backbones import load_backbone
+    from petlprof.models.classifier import greedy_generate
+    from petlprof.models.language_model import LanguageModel
     from petlprof.registry import get_method
 
     read = get_method("read")

@@ -1,11 +1,36 @@
-"""The package's layers (issue 24): no module outside ``methods/`` imports from it, and no import cycle.
+"""The package's layers, tested: each layer imports only the layers it stands on, and no import cycle.
+
+The layers, lowest first (a layer may import its own modules and those of the layers :data:`MAY_IMPORT` names):
+
+=========  =====================================================  ==========================================
+layer      modules                                                may import
+=========  =====================================================  ==========================================
+base       errors, values, vocabulary                              nothing
+results    results/ (figures, records, store, environment)         base
+tasks      tasks/                                                  base, results
+models     models/                                                 base
+meters     meters/                                                 base, results, models
+framework  method_api, side_tuning, registry (the method contract) base, models
+methods    petlprof.methods (the top-level methods/ folder)        base, models, framework
+sweep      sweep/                                                  base, results, tasks, models, meters, framework
+run        run/                                                    the above but methods
+execution  execution/                                              base, results, meters, framework, sweep, run
+estimate   estimate/                                               the above but methods and execution
+report     report/                                                 base, results, tasks, sweep
+bench      bench/                                                  base, results, models, meters, framework, run
+front      petlprof (the package), cli, api                       every layer but methods
+=========  =====================================================  ==========================================
+
+So a sweep is decided without the run (``sweep`` never imports ``run``), what a run leaves behind never depends on
+how it ran (``results`` never imports ``run`` or ``execution``), a backbone never knows the methods, and the report
+reads records without the run's machinery.  Nothing outside ``petlprof.methods`` imports from it: the registry
+names the built-in methods as text (``"petlprof.methods.lora:SPEC"``), the way an entry point names a plug-in.
 
 The graph is read from the source with :mod:`ast`: every ``import``/``from ... import`` of one of the package's
 modules, at module level and inside functions (the imports that hide a cycle), but not those under
 ``if TYPE_CHECKING:`` (they never run).  ``from petlprof.methods import lora`` counts as an import of
 ``petlprof.methods.lora``; a submodule's implicit import of its parent package does not count (every module
-would then import ``petlprof``).  The registry's table of built-in methods names their modules as text
-(``"petlprof.methods.lora:SPEC"``), the way an entry point names a plug-in, so it is no edge.
+would then import ``petlprof``).
 """
 
 from __future__ import annotations
@@ -23,6 +48,42 @@ from petlprof.registry import BUILTIN_METHODS, builtin_method_names
 REPO = Path(__file__).resolve().parents[1]
 ROOTS = {"petlprof": REPO / "petlprof", "petlprof.methods": REPO / "methods"}
 METHODS = "petlprof.methods"
+
+# layer -> the modules (or packages) that make it up
+LAYERS: dict[str, tuple[str, ...]] = {
+    "base": ("petlprof.errors", "petlprof.values", "petlprof.vocabulary"),
+    "results": ("petlprof.results",),
+    "tasks": ("petlprof.tasks",),
+    "models": ("petlprof.models",),
+    "meters": ("petlprof.meters",),
+    "framework": ("petlprof.method_api", "petlprof.side_tuning", "petlprof.registry"),
+    "methods": (METHODS,),
+    "sweep": ("petlprof.sweep",),
+    "run": ("petlprof.run",),
+    "execution": ("petlprof.execution",),
+    "estimate": ("petlprof.estimate",),
+    "report": ("petlprof.report",),
+    "bench": ("petlprof.bench",),
+    "front": ("petlprof", "petlprof.cli", "petlprof.api"),
+}
+_BELOW_RUN = ("base", "results", "tasks", "models", "meters", "framework", "sweep")
+# layer -> the other layers it may import
+MAY_IMPORT: dict[str, frozenset[str]] = {
+    "base": frozenset(),
+    "results": frozenset({"base"}),
+    "tasks": frozenset({"base", "results"}),
+    "models": frozenset({"base"}),
+    "meters": frozenset({"base", "results", "models"}),
+    "framework": frozenset({"base", "models"}),
+    "methods": frozenset({"base", "models", "framework"}),
+    "sweep": frozenset({"base", "results", "tasks", "models", "meters", "framework"}),
+    "run": frozenset(_BELOW_RUN),
+    "execution": frozenset({"base", "results", "meters", "framework", "sweep", "run"}),
+    "estimate": frozenset({*_BELOW_RUN, "run"}),
+    "report": frozenset({"base", "results", "tasks", "sweep"}),
+    "bench": frozenset({"base", "results", "models", "meters", "framework", "run"}),
+    "front": frozenset(set(LAYERS) - {"methods", "front"}),
+}
 
 # Imports that still close a cycle, each left to the owner of its module: the test fails on any other cycle,
 # and on an entry here that no longer exists (remove it then).
@@ -106,6 +167,42 @@ def import_edges(sources: dict[str, str] | None = None) -> list[Edge]:
     ]
 
 
+def layer_of(module: str) -> str:
+    """The layer a module belongs to: the one naming it or the longest package above it."""
+    best = max(
+        (
+            (layer, name)
+            for layer, names in LAYERS.items()
+            for name in names
+            if module == name or module.startswith(name + ".")
+        ),
+        key=lambda pair: len(pair[1]),
+        default=None,
+    )
+    if best is None:
+        raise KeyError(f"module {module} is in no layer: add it to LAYERS in tests/test_import_graph.py")
+    return best[0]
+
+
+def layer_breaks(edges: list[Edge]) -> list[Edge]:
+    """The imports of a layer that its row of :data:`MAY_IMPORT` does not allow."""
+    return [
+        e
+        for e in edges
+        if (source := layer_of(e.source)) != (target := layer_of(e.target))
+        and target not in MAY_IMPORT[source]
+        and not _is_parent_package(e)
+    ]
+
+
+def _is_parent_package(e: Edge) -> bool:
+    """``from petlprof.results import figures`` reaches ``petlprof.results`` too: a subpackage's ``__init__`` is its
+    docstring (or, for ``petlprof.meters``, its own layer's), and the submodule import is the edge that counts."""
+    return (
+        e.target != "petlprof" and package_modules()[e.target].name == "__init__.py" and layer_of(e.target) != "front"
+    )
+
+
 def upward_imports(edges: list[Edge]) -> list[Edge]:
     """Imports of ``petlprof.methods.*`` by a module outside it (the contract and registry stand below)."""
     return [e for e in edges if not e.source.startswith(METHODS) and e.target.startswith(METHODS)]
@@ -145,6 +242,20 @@ def test_no_module_outside_methods_imports_from_it():
     assert not upward, f"the contract and the registry stand below the methods: {shown_edges(upward)}"
 
 
+def test_every_module_is_in_a_layer():
+    for name in package_modules():
+        layer_of(name)
+    assert set(MAY_IMPORT) == set(LAYERS)
+
+
+def test_each_layer_imports_only_the_layers_it_stands_on():
+    broken = layer_breaks(import_edges())
+    shown = "; ".join(
+        f"{e.source} ({layer_of(e.source)}) -> {e.target} ({layer_of(e.target)}) at {e.where}" for e in broken
+    )
+    assert not broken, f"imports across the layer rules (tests/test_import_graph.py's MAY_IMPORT): {shown}"
+
+
 def test_no_import_cycle_but_the_known_ones():
     edges = import_edges()
     cycle = find_cycle(edges, KNOWN_BACK_EDGES)
@@ -164,11 +275,35 @@ REGRESSIONS = [
     ),
     ("petlprof.registry", "from petlprof.methods import lora\n", True, False),
     ("petlprof.registry", "def tuner(name):\n    from petlprof.methods.peft_tuners import tuner_spec\n", True, True),
-    ("petlprof.config", "def read(path):\n    from .methods.peft_files import read_adapter_config\n", True, False),
+    (
+        "petlprof.sweep.config",
+        "def read(path):\n    from ..methods.peft_files import read_adapter_config\n",
+        True,
+        False,
+    ),
     ("petlprof.method_api", "def spec():\n    from petlprof.registry import get_method\n", False, True),
     ("petlprof.side_tuning", "import petlprof.methods.read.model\n", True, True),
     ("petlprof.methods.lst.model", "from petlprof.methods.lst import check_heads\n", False, True),
 ]
+
+
+# (module given more source, that source): each breaks a layer rule
+LAYER_REGRESSIONS = [
+    ("petlprof.sweep.config", "def run(spec):\n    from petlprof.run.execute import execute\n"),
+    ("petlprof.results.store", "from petlprof.execution.process import command\n"),
+    ("petlprof.results.records", "import petlprof.run.train\n"),
+    ("petlprof.models.backbones", "from petlprof.methods import lora\n"),
+    ("petlprof.report.table", "def f():\n    from petlprof.run.pipeline import prepare\n"),
+    ("petlprof.tasks.labelled", "from petlprof.models.backbones import load_backbone\n"),
+    ("petlprof.values", "from petlprof.results.figures import TIME\n"),
+]
+
+
+@pytest.mark.parametrize(("module", "source"), LAYER_REGRESSIONS)
+def test_the_layer_rules_catch_a_bad_import(module, source):
+    assert not layer_breaks(import_edges())
+    edges = import_edges({module: package_modules()[module].read_text() + "\n" + source})
+    assert [e.source for e in layer_breaks(edges)] == [module]
 
 
 @pytest.mark.parametrize(("module", "source", "upward", "cycle"), REGRESSIONS)
@@ -182,7 +317,7 @@ def test_the_checks_catch_a_readded_import(module, source, upward, cycle):
 TYPE_ONLY = """
 from typing import TYPE_CHECKING
 if TYPE_CHECKING:
-    from petlprof.architecture import Architecture
+    from petlprof.models.architecture import Architecture
 else:
     import petlprof.errors
 """
@@ -191,13 +326,13 @@ else:
 @pytest.mark.parametrize(
     ("source", "module", "is_package", "expected"),
     [
-        ("import petlprof.registry as r\n", "petlprof.config", False, {"petlprof.registry"}),
+        ("import petlprof.registry as r\n", "petlprof.sweep.config", False, {"petlprof.registry"}),
         ("def f():\n    from petlprof import registry\n", "petlprof.cli", False, {"petlprof", "petlprof.registry"}),
         ("class A:\n    def f(self):\n        import torch\n", "petlprof.x", False, {"torch"}),
         ("from . import model\n", "petlprof.methods.lst", True, {"petlprof.methods.lst", "petlprof.methods.lst.model"}),
         ("from ..side_tuning import masked_mean\n", "petlprof.methods.read.model", False,
          {"petlprof.methods.side_tuning", "petlprof.methods.side_tuning.masked_mean"}),
-        (TYPE_ONLY, "petlprof.backbones", False, {"typing", "typing.TYPE_CHECKING", "petlprof.errors"}),
+        (TYPE_ONLY, "petlprof.models.backbones", False, {"typing", "typing.TYPE_CHECKING", "petlprof.errors"}),
         ("import importlib\nimportlib.import_module('petlprof.methods.lora')\n", "petlprof.registry", False,
          {"importlib"}),
     ],

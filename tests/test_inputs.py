@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from petlprof.cli import main
-from petlprof.config import build_options, load_config_file, parse_method_overrides
-from petlprof.options import MAX_SEED
+from petlprof.sweep.config import build_options, load_config_file, parse_method_overrides
+from petlprof.sweep.options import MAX_SEED
 from petlprof.values import parse_bytes
 
 HUGE = "9" * 400  # a 400-digit number

@@ -1,4 +1,4 @@
-"""A run's libraries are imported without torch's compiler (petlprof.libraries): bitsandbytes decorates its
+"""A run's libraries are imported without torch's compiler (petlprof.run.libraries): bitsandbytes decorates its
 kernels with ``torch.compile`` at import, which imported the compiler in every run's process; the kernels
 are now compiled at their first call, to the same compiled function."""
 
@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from petlprof.libraries import RUNTIME_LIBRARIES, compile_on_first_call
+from petlprof.run.libraries import RUNTIME_LIBRARIES, compile_on_first_call
 
 
 def test_a_deferred_compile_compiles_at_the_first_call_with_its_options_and_then_reuses_it(monkeypatch):
@@ -50,7 +50,7 @@ def test_a_runs_imports_leave_the_compiler_out_and_bitsandbytes_kernels_still_ru
     back within 4-bit error."""
     script = f"""
 import sys
-from petlprof.libraries import import_runtime_libraries
+from petlprof.run.libraries import import_runtime_libraries
 import_runtime_libraries()
 assert all(name in sys.modules for name in {RUNTIME_LIBRARIES!r}) and "bitsandbytes" in sys.modules
 assert "torch._inductor.compile_fx" not in sys.modules, "the compiler was imported"

@@ -18,13 +18,13 @@ import warnings
 import pytest
 import torch
 
-from petlprof.backbones import DECODER, ENCODER_DECODER, load_backbone
-from petlprof.cache import HiddenStateCache
 from petlprof.errors import UsageError
-from petlprof.lm_model import TargetLogits, target_positions, targets_at, task_model_of
 from petlprof.method_api import MethodConfig, MethodSpec, MethodSpecError, check_objective
-from petlprof.modeling import LanguageModel, greedy_generate, lm_loss, make_task_model
+from petlprof.models.backbones import DECODER, ENCODER_DECODER, load_backbone
+from petlprof.models.classifier import LanguageModel, greedy_generate, lm_loss, make_task_model
+from petlprof.models.language_model import TargetLogits, target_positions, targets_at, task_model_of
 from petlprof.registry import builtin_method_names, get_method
+from petlprof.run.cache import HiddenStateCache
 
 PRESETS = ["tiny-llama", "tiny-t5"]
 METHODS = [name for name in builtin_method_names() if "lm" in get_method(name).objectives and name != "zero_shot"]

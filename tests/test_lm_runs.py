@@ -15,9 +15,11 @@ from pathlib import Path
 import pytest
 
 from petlprof.cli import main
-from petlprof.config import ZERO_SHOT, build_options, expand
-from petlprof.records import OK, measured_phases_s
-from petlprof.runner import RunSpec, execute
+from petlprof.results.records import OK, measured_phases_s
+from petlprof.run.execute import execute
+from petlprof.sweep.config import build_options, expand
+from petlprof.sweep.spec import RunSpec
+from petlprof.vocabulary import ZERO_SHOT
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

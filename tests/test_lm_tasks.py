@@ -14,12 +14,13 @@ import pandas as pd
 import pytest
 import torch
 
-from petlprof.backbones import DECODER, ENCODER_DECODER, minilm_path
 from petlprof.errors import UsageError
-from petlprof.lm_data import IGNORE_INDEX, LMBatches, eos_id
-from petlprof.metrics import METRIC_DIRECTIONS, METRIC_RANGES, canonical_number, normalise, score_generations
-from petlprof.spec import RunSpec
-from petlprof.tasks import LM, Split, generative_possible, load_task
+from petlprof.models.backbones import DECODER, ENCODER_DECODER, minilm_path
+from petlprof.run.lm_batches import LMBatches, eos_id
+from petlprof.sweep.spec import RunSpec
+from petlprof.tasks.labelled import Split, generative_possible, load_task
+from petlprof.tasks.metrics import METRIC_DIRECTIONS, METRIC_RANGES, canonical_number, normalise, score_generations
+from petlprof.vocabulary import IGNORE_INDEX, LM
 
 N = 10  # rows of each layout file: 8 train, 2 eval
 
@@ -254,7 +255,7 @@ def test_default_lm_options_leave_run_keys_alone():
 
 
 def test_target_column_needs_prompt_column_in_a_sweep():
-    from petlprof.config import build_options
+    from petlprof.sweep.config import build_options
 
     with pytest.raises(UsageError, match="--target-column acts only with --prompt-column"):
         build_options({}, {"methods": ["lora"], "target_column": "answer"})

@@ -13,9 +13,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from petlprof.backbones import load_backbone
 from petlprof.errors import UsageError
-from petlprof.modeling import SequenceClassifier
+from petlprof.models.backbones import load_backbone
+from petlprof.models.classifier import SequenceClassifier
 from petlprof.registry import get_method
 
 TEXTS = ["what a wonderful day", "this is terrible and I hate it", "love it", "worst thing ever made"]
@@ -161,8 +161,8 @@ def correlation(a: torch.Tensor, b: torch.Tensor) -> float:
 def side_vs_backbone(preset: str, init: str) -> float:
     """Correlation of the side network's step-0 final state with the backbone's final state at the residual
     dimensions the pruning kept (the ones the side network's width stands for), over the real tokens."""
-    from petlprof.architecture import describe
     from petlprof.methods.lst.pruning import _residual_dimensions
+    from petlprof.models.architecture import describe
 
     classifier, model, inputs = build(preset, init=init)
     backbone = classifier.backbone
@@ -188,8 +188,8 @@ def test_pruned_side_network_starts_out_following_the_backbone(preset):
 def test_pruned_side_layers_are_the_backbone_layers_beside_them_pruned():
     """Side layer i starts as backbone layer i pruned: each side query row is a backbone query row of the same
     head read at the kept residual dimensions, and the kept dimensions have the largest embedding L1 norms."""
-    from petlprof.architecture import describe
     from petlprof.methods.lst.pruning import _residual_dimensions
+    from petlprof.models.architecture import describe
 
     classifier, model, _ = build("tiny-bert", reduction_factor=4)
     backbone = classifier.backbone

@@ -568,8 +568,9 @@ def test_cuda_step_timer_records_on_the_runs_gpu_not_the_current_one(monkeypatch
 
 
 def test_a_run_records_inference_latency_breakdown_and_provenance():
-    from petlprof.inference import MIN_REPEATS
-    from petlprof.runner import RunSpec, execute
+    from petlprof.run.execute import execute
+    from petlprof.run.inference import MIN_REPEATS
+    from petlprof.sweep.spec import RunSpec
 
     spec = RunSpec(
         method="bitfit",
@@ -633,14 +634,14 @@ def test_cuda_events_timer_and_memory_snapshot(tmp_path):
     ],
 )
 def test_measurement_options_are_validated(values, message):
-    from petlprof.config import build_options
+    from petlprof.sweep.config import build_options
 
     with pytest.raises(UsageError, match=message):
         build_options({}, {"methods": "bitfit", **values})
 
 
 def test_measurement_options_reach_the_runs_without_changing_their_identity():
-    from petlprof.config import build_options, expand
+    from petlprof.sweep.config import build_options, expand
 
     plain = expand(build_options({}, {"methods": "bitfit"}), "cpu")[0]
     measured = expand(
@@ -655,7 +656,7 @@ def test_measurement_options_reach_the_runs_without_changing_their_identity():
 
 
 def test_memory_snapshot_needs_cuda():
-    from petlprof.config import resolve_device
+    from petlprof.sweep.config import resolve_device
 
     with pytest.raises(UsageError, match="--memory-snapshot records the CUDA allocator; the runs are on cpu"):
         resolve_device("cpu", memory_snapshot=True)
@@ -712,9 +713,9 @@ def test_a_one_rank_run_on_cuda_n_makes_gpu_n_current(monkeypatch, device, curre
     """So work and CUDA events that name no device land on the run's GPU, not on GPU 0."""
     import torch
 
-    import petlprof.pipeline as pipeline
-    from petlprof.ranks import OneProcess
-    from petlprof.spec import RunSpec
+    import petlprof.run.pipeline as pipeline
+    from petlprof.run.ranks import OneProcess
+    from petlprof.sweep.spec import RunSpec
 
     made_current = []
 
@@ -778,8 +779,8 @@ def test_a_meter_writing_an_undeclared_key_fails_loudly():
     """A misspelled or undeclared key is a bug in the meter: the window lets the error through instead of
     recording the meter as failed, whatever the key (a misspelled figure, a declared figure the meter does
     not declare, a figure's key spelled as a plain string, a plain dict)."""
-    from petlprof.figures import ENERGY, ENERGY_COUNTER, PEAK_MEMORY
     from petlprof.meters.base import Provenance, Reading, UndeclaredKey
+    from petlprof.results.figures import ENERGY, ENERGY_COUNTER, PEAK_MEMORY
 
     cases = [
         (lambda: Reading(extras={"energy_jj": 1.0}), "energy_jj"),  # misspelled: not among its EXTRAS
@@ -798,8 +799,8 @@ def test_a_meter_writing_an_undeclared_key_fails_loudly():
 
 
 def test_a_window_merges_typed_readings_and_keeps_each_meters_warnings_in_order():
-    from petlprof.figures import ENERGY, PEAK_MEMORY
     from petlprof.meters.base import MEASURED, Meter, Provenance, Reading, phase_warnings
+    from petlprof.results.figures import ENERGY, PEAK_MEMORY
 
     class Energy(Meter):
         name = "e"

@@ -14,9 +14,9 @@ import dataclasses
 import pytest
 import torch
 
-from petlprof.backbones import BACKBONES, load_backbone
 from petlprof.errors import UsageError
-from petlprof.modeling import SequenceClassifier
+from petlprof.models.backbones import BACKBONES, load_backbone
+from petlprof.models.classifier import SequenceClassifier
 from petlprof.registry import builtin_method_names, get_method
 
 PRESETS = [name for name in BACKBONES if name.startswith("tiny-")]

@@ -40,14 +40,16 @@ def test_every_package_is_declared(package):
 
 
 def _data_files() -> list[tuple[str, Path]]:
-    """Non-Python files inside the declared packages' folders that are not in a sub-package."""
+    """Non-Python files of the source tree, each with the package it belongs to: the nearest folder above it
+    that is a package (``petlprof/models/shapes/t5-small.json`` is ``petlprof.models``')."""
+    packages = {folder: name for name, folder in _source_packages().items()}
     files = []
-    for package, folder in _source_packages().items():
+    for folder in packages:
         for path in folder.rglob("*"):
             if path.is_file() and path.suffix not in {".py", ".pyc"} and "__pycache__" not in path.parts:
-                owner = path.parent
-                if owner == folder or not (owner / "__init__.py").exists():
-                    files.append((package, path))
+                owner = next(p for p in path.parents if p in packages)
+                if owner == folder:
+                    files.append((packages[owner], path))
     return files
 
 

@@ -34,9 +34,7 @@ import torch
 from test_lm_methods import language_model, lm_batch, loss_of
 from test_method_configs import refused_numbers
 
-from petlprof.backbones import load_backbone
 from petlprof.cli import main
-from petlprof.config import build_options, expand
 from petlprof.errors import UsageError
 from petlprof.method_api import AnyOf, Items, Number, field_check
 from petlprof.methods.peft_files import read_adapter_config
@@ -49,8 +47,10 @@ from petlprof.methods.peft_tuners import (
 from petlprof.methods.peft_tuners import (
     REFUSED as ALWAYS_REFUSED,
 )
-from petlprof.modeling import SequenceClassifier, greedy_generate
+from petlprof.models.backbones import load_backbone
+from petlprof.models.classifier import SequenceClassifier, greedy_generate
 from petlprof.registry import get_method
+from petlprof.sweep.config import build_options, expand
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -265,7 +265,7 @@ def test_the_tuners_that_declare_quantised_backbones_are_those_with_bitsandbytes
 @pytest.mark.parametrize("name", QUANTIZED_CASES)
 def test_a_tuner_declared_for_quantised_backbones_trains_on_an_nf4_one(name):
     pytest.importorskip("bitsandbytes")
-    from petlprof.quantization import Quantization
+    from petlprof.models.quantization import Quantization
 
     config = config_for(name, "tiny-llama", {})
     if preflight(name, "tiny-llama", config) is not None:

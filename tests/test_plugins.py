@@ -26,7 +26,9 @@ except ImportError:  # Python 3.10
 
 from petlprof import registry
 from petlprof.cli import main
-from petlprof.runner import RunSpec, execute, execute_in_subprocess
+from petlprof.execution.child import execute_in_subprocess
+from petlprof.run.execute import execute
+from petlprof.sweep.spec import RunSpec
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]  # slow: processes and sweeps
 
@@ -77,7 +79,7 @@ def example_installed(tmp_path, monkeypatch):
 
 def norm_and_head_params(record_spec: dict, parts: str = "both") -> int:
     """The parameters NormTune trains, counted from BERT's parameter names (not by the plug-in's rule)."""
-    from petlprof.backbones import load_backbone
+    from petlprof.models.backbones import load_backbone
 
     backbone = load_backbone(record_spec["backbone"])
     suffixes = {"both": ("LayerNorm.weight", "LayerNorm.bias"), "gain": ("LayerNorm.weight",)}[parts]
@@ -111,7 +113,7 @@ def plugin_ray(tmp_path_factory):
     """A local Ray instance whose workers have the example package installed, as a cluster's nodes would
     (they start with the environment ray.init sees; the driver does not resolve methods)."""
     ray = pytest.importorskip("ray", reason="the ray executor's tests need Ray: pip install 'petlprof[ray]'")
-    from petlprof.executors import RAY_ENV
+    from petlprof.execution.executors import RAY_ENV
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PYTHONPATH", os.pathsep.join(example_pythonpath(tmp_path_factory.mktemp("site"))))
@@ -123,7 +125,7 @@ def plugin_ray(tmp_path_factory):
 
 
 def test_a_plugin_runs_as_ray_tasks_by_name_and_by_reference(plugin_ray):
-    from petlprof.executors import RayExecutor
+    from petlprof.execution.executors import RayExecutor
 
     specs = [RunSpec(method=ENTRY_POINT, **SMALL), RunSpec(method=REFERENCE, nproc=2, **SMALL)]
     executor = RayExecutor(cpus_per_run=1)

@@ -20,9 +20,10 @@ import torch
 
 from petlprof.cli import main
 from petlprof.method_api import MethodConfig
-from petlprof.records import DIVERGED, FAILED, OK
 from petlprof.registry import MethodSpec
-from petlprof.runner import RunSpec, execute
+from petlprof.results.records import DIVERGED, FAILED, OK
+from petlprof.run.execute import execute
+from petlprof.sweep.spec import RunSpec
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

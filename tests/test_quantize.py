@@ -17,17 +17,19 @@ import pytest
 import torch
 from test_methods import TEXTS, train_steps
 
-from petlprof.architecture import name_patterns
-from petlprof.backbones import load_backbone, minilm_path
 from petlprof.cli import main
-from petlprof.config import ZERO_SHOT, build_options, expand
 from petlprof.meters.memory import static_breakdown
 from petlprof.method_api import MethodConfig, MethodSpec, MethodSpecError
-from petlprof.modeling import make_task_model
-from petlprof.quantization import QUANTIZE_CHOICES, Quantization
-from petlprof.records import OK
+from petlprof.models.architecture import name_patterns
+from petlprof.models.backbones import load_backbone, minilm_path
+from petlprof.models.classifier import make_task_model
+from petlprof.models.quantization import QUANTIZE_CHOICES, Quantization
 from petlprof.registry import builtin_method_names, get_method
-from petlprof.runner import RunSpec, execute
+from petlprof.results.records import OK
+from petlprof.run.execute import execute
+from petlprof.sweep.config import build_options, expand
+from petlprof.sweep.spec import RunSpec
+from petlprof.vocabulary import ZERO_SHOT
 
 bnb = pytest.importorskip("bitsandbytes")  # the `quantize` extra, which the dev extra (CI) installs
 pytestmark = pytest.mark.usefixtures("one_thread")

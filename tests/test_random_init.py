@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 from test_estimate import Measured, check_against_real
 
-from petlprof import backbones
 from petlprof.cli import main
-from petlprof.config import build_options, expand, load_config_file
 from petlprof.estimate.core import Settings, estimate
 from petlprof.estimate.model import resolve_backbone
+from petlprof.models import backbones
 from petlprof.report.records import COST_ONLY
 from petlprof.report.table import summary_table
-from petlprof.spec import RunSpec
+from petlprof.sweep.config import build_options, expand, load_config_file
+from petlprof.sweep.spec import RunSpec
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]  # slow: processes and sweeps
 

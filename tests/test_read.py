@@ -13,10 +13,10 @@ import itertools
 import pytest
 import torch
 
-from petlprof.backbones import load_backbone
-from petlprof.bench import MethodStep
+from petlprof.bench.profile import MethodStep
 from petlprof.methods.read import AGGREGATIONS, CELLS, INIT_STATES
-from petlprof.modeling import SequenceClassifier
+from petlprof.models.backbones import load_backbone
+from petlprof.models.classifier import SequenceClassifier
 from petlprof.registry import get_method
 
 TEXTS = ["what a wonderful day", "this is terrible and I hate it", "love it", "worst thing ever made"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from petlprof.recipe import TrainRecipe
+from petlprof.run.recipe import TrainRecipe
 
 # (id, recipe, optimizer text, schedule text, precision text, dtype of a matrix product under its autocast)
 CASES = [

@@ -18,9 +18,9 @@ import matplotlib.image
 import pytest
 
 from petlprof.errors import UsageError
-from petlprof.pareto import pareto_front
 from petlprof.report import load_records, summary_table, write_report
 from petlprof.report.frame import runs_frame
+from petlprof.report.pareto import pareto_front
 from petlprof.report.plots import ENERGY, MEMORY, cost_label, wants_log_scale
 
 MIB = 2**20
@@ -345,7 +345,8 @@ def test_summary_table_tolerates_bare_failed_record():
 )
 def test_a_failed_run_is_labelled_like_the_finished_runs_of_its_configuration(method, config, label):
     from petlprof.report.records import config_label
-    from petlprof.runner import RunSpec, failed_record
+    from petlprof.run.execute import failed_record
+    from petlprof.sweep.spec import RunSpec
 
     failed = failed_record(RunSpec(method=method, method_config=config), "lost with its node")
     assert config_label(failed) == label

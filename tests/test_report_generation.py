@@ -3,7 +3,7 @@ tuning, at zero training energy) in the tables, plots and differences, and the p
 language-modelling task on the Pareto plots.
 
 The records copy the shape of ``tests/test_report.py``'s, with ``generation`` (and, for a method that
-merges, ``generation_merged``) phases as :func:`petlprof.generation.measure_generation` writes them and
+merges, ``generation_merged``) phases as :func:`petlprof.run.generation.measure_generation` writes them and
 a zero-shot record as the pipeline writes it (``method`` ``zero_shot``, an untrained training phase).
 """
 
@@ -14,12 +14,12 @@ import copy
 import pytest
 from test_report import record
 
-from petlprof.metrics import HIGHER, METRIC_DIRECTIONS, METRIC_RANGES
 from petlprof.report import write_report
 from petlprof.report.differences import difference_tables
 from petlprof.report.frame import frontier, runs_frame
 from petlprof.report.plots import pareto_figures
 from petlprof.report.table import GENERATION_CAPTION, configuration_sections
+from petlprof.tasks.metrics import HIGHER, METRIC_DIRECTIONS, METRIC_RANGES
 
 METRIC = "exact_match"
 ZERO_SHOT_ROW = "*zero-shot (before tuning)*"
@@ -27,7 +27,8 @@ ZERO_SHOT_ROW = "*zero-shot (before tuning)*"
 
 @pytest.fixture(autouse=True)
 def exact_match_known(monkeypatch):
-    """The direction and range of exact match (petlprof.metrics declares them; set here in case it does not yet)."""
+    """The direction and range of exact match (petlprof.tasks.metrics declares them; set here in case it does not
+    yet)."""
     monkeypatch.setitem(METRIC_DIRECTIONS, METRIC, HIGHER)
     monkeypatch.setitem(METRIC_RANGES, METRIC, (0.0, 1.0))
 

@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from petlprof import gguf_weights
-from petlprof.backbones import load_backbone
 from petlprof.errors import UsageError
+from petlprof.models import gguf as gguf_weights
+from petlprof.models.backbones import load_backbone
 
 _FOUND = importlib.util.find_spec(gguf_weights.SMOLLM2_PACKAGE) is not None
 

@@ -7,9 +7,9 @@ import dataclasses
 import pickle
 from pathlib import Path
 
-import petlprof.spec
-from petlprof.options import ToSpec
-from petlprof.spec import (
+import petlprof.sweep.spec
+from petlprof.sweep.options import ToSpec
+from petlprof.sweep.spec import (
     BEGIN,
     END,
     RunSpec,
@@ -20,8 +20,10 @@ from petlprof.spec import (
     written_fields_source,
 )
 
-SPEC_PY = Path(petlprof.spec.__file__)
-REGENERATE = "RunSpec's fields differ from the options in petlprof/options.py: run `python -m petlprof.spec`"
+SPEC_PY = Path(petlprof.sweep.spec.__file__)
+REGENERATE = (
+    "RunSpec's fields differ from the options in petlprof/sweep/options.py: run `python -m petlprof.sweep.spec`"
+)
 
 
 def _shape(cls: type) -> list[tuple[str, str, object, object]]:
@@ -73,7 +75,7 @@ def test_a_field_whose_default_is_none_admits_none():
 def test_identity_and_serialised_forms_are_unchanged():
     spec = RunSpec(method="read")
     assert spec.run_key == "3eaec3a38967b4f0"  # the key of every stored run of this spec
-    assert RunSpec.__module__ == "petlprof.spec"  # pickles (workers, Ray) name the class by it
+    assert RunSpec.__module__ == "petlprof.sweep.spec"  # pickles (workers, Ray) name the class by it
     assert pickle.loads(pickle.dumps(spec)) == spec
     assert spec.to_dict() == dataclasses.asdict(spec)
     assert list(spec.to_dict())[:3] == ["method", "backbone", "num_layers"]

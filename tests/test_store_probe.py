@@ -12,8 +12,8 @@ import sys
 import pytest
 
 from petlprof import cli
-from petlprof.config import build_options
-from petlprof.store import LOCK_FILE, StoreLock, lock_held
+from petlprof.results.store import LOCK_FILE, StoreLock, lock_held
+from petlprof.sweep.config import build_options
 
 
 def test_the_lock_probe_sees_a_holder_and_takes_nothing(tmp_path):

@@ -12,12 +12,12 @@ import json
 
 import pytest
 
-import petlprof.runner
-from petlprof.budget import MAX_TIME, TARGET, Budget
+import petlprof.run.execute
 from petlprof.cli import main
-from petlprof.config import build_options, expand, load_config_file, parse_method_grids
 from petlprof.registry import get_method
-from petlprof.runner import RunSpec
+from petlprof.run.budget import MAX_TIME, TARGET, Budget
+from petlprof.sweep.config import build_options, expand, load_config_file, parse_method_grids
+from petlprof.sweep.spec import RunSpec
 
 pytestmark = pytest.mark.slow  # starts processes or whole sweeps: the full suite, not the inner loop
 
@@ -126,8 +126,8 @@ def test_grid_points_keep_the_run_keys_of_the_same_single_runs():
 
 def test_budget_fields_join_the_run_key_only_when_set():
     plain = RunSpec(method="read")
-    identity = {k: v for k, v in plain.to_dict().items() if k not in petlprof.runner.BUDGET_FIELDS}
-    assert plain.run_key == RunSpec(method="read", **{k: None for k in petlprof.runner.BUDGET_FIELDS}).run_key
+    identity = {k: v for k, v in plain.to_dict().items() if k not in petlprof.sweep.spec.BUDGET_FIELDS}
+    assert plain.run_key == RunSpec(method="read", **{k: None for k in petlprof.sweep.spec.BUDGET_FIELDS}).run_key
     assert json.dumps(identity)  # a key from before budgets existed is computed from the same fields
     keys = {
         plain.run_key,
@@ -168,7 +168,7 @@ def test_bad_sweep_files_are_one_line_exit_2(text, expected, tmp_path, capsys):
 def test_an_interrupted_sweep_resumes_without_losing_or_repeating_a_run(tmp_path, monkeypatch, capsys):
     out = tmp_path / "out"
     args = ["run", "--methods", "lora", "--method-grid", "lora.r=2,4,8", *TINY, "--output", str(out)]
-    real_execute, executed = petlprof.runner.execute, []
+    real_execute, executed = petlprof.run.execute.execute, []
 
     def interrupted_on_the_second(spec, **kwargs):
         if len(executed) == 1:
@@ -176,7 +176,7 @@ def test_an_interrupted_sweep_resumes_without_losing_or_repeating_a_run(tmp_path
         executed.append(spec.run_key)
         return real_execute(spec, **kwargs)
 
-    monkeypatch.setattr(petlprof.runner, "execute", interrupted_on_the_second)
+    monkeypatch.setattr(petlprof.run.execute, "execute", interrupted_on_the_second)
     assert main(args) == 130
     err = capsys.readouterr().err
     assert "[2/3] lora r=4 on tiny-bert / tweets, seed 0" in err and "Resume with the same command" in err
@@ -186,7 +186,7 @@ def test_an_interrupted_sweep_resumes_without_losing_or_repeating_a_run(tmp_path
         executed.append(spec.run_key)
         return real_execute(spec, **kwargs)
 
-    monkeypatch.setattr(petlprof.runner, "execute", counted)
+    monkeypatch.setattr(petlprof.run.execute, "execute", counted)
     assert main(args) == 0
     err = capsys.readouterr().err
     assert "3 run(s) on cpu; 1 already in" in err and "[2/3] lora r=4 on tiny-bert / tweets, seed 0" in err
@@ -352,11 +352,11 @@ def test_a_side_tuned_check_slice_runs_its_backbone_once_and_scores_the_same(pre
     side network changes between checks; the backbone runs at the first check only."""
     import torch
 
-    from petlprof.backbones import load_backbone
-    from petlprof.budget import SliceScorer
-    from petlprof.modeling import SequenceClassifier
-    from petlprof.tasks import load_task
-    from petlprof.train import Batches
+    from petlprof.models.backbones import load_backbone
+    from petlprof.models.classifier import SequenceClassifier
+    from petlprof.run.budget import SliceScorer
+    from petlprof.run.train import Batches
+    from petlprof.tasks.labelled import load_task
 
     torch.manual_seed(0)
     backbone = load_backbone(preset)

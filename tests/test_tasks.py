@@ -1,4 +1,4 @@
-"""Tests of petlprof.tasks and the metric functions behind it.
+"""Tests of petlprof.tasks.labelled and the metric functions behind it.
 
 GLUE tasks load from the small fixture files under fixtures/glue/<task>/ (official columns), both
 through ``data_dir`` and through a faked ``datasets.load_dataset``; the tweets task reads the real
@@ -16,9 +16,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from petlprof import metrics
 from petlprof.errors import UsageError
-from petlprof.tasks import TASKS, Split, TaskData, check_task, load_task
+from petlprof.tasks import metrics
+from petlprof.tasks.labelled import TASKS, Split, TaskData, check_task, load_task
 
 FIXTURES = Path(__file__).parent / "fixtures"
 GLUE_DIR = FIXTURES / "glue"

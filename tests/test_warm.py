@@ -19,13 +19,14 @@ from pathlib import Path
 import pytest
 
 from petlprof.cli import main
-from petlprof.executors import LocalExecutor
-from petlprof.libraries import RUNTIME_LIBRARIES
+from petlprof.execution.child import FRESH_PROCESS, WARM_PROCESS, execute_in_subprocess, worker_env
+from petlprof.execution.executors import LocalExecutor
+from petlprof.execution.warm import WarmWorker, _runs, resident_file_pages
+from petlprof.execution.worker import command, preload
 from petlprof.meters import idle
-from petlprof.records import add_overhead, measured_phases_s
-from petlprof.runner import FRESH_PROCESS, WARM_PROCESS, RunSpec, execute_in_subprocess, worker_env
-from petlprof.warm import WarmWorker, _runs, resident_file_pages
-from petlprof.worker import command, preload
+from petlprof.results.records import add_overhead, measured_phases_s
+from petlprof.run.libraries import RUNTIME_LIBRARIES
+from petlprof.sweep.spec import RunSpec
 
 pytestmark = pytest.mark.slow  # starts processes or whole sweeps: the full suite, not the inner loop
 
@@ -144,20 +145,20 @@ def test_a_prestarted_worker_nobody_waited_for_is_killed_not_awaited(tmp_path, m
 
 
 def _our_workers() -> set[str]:
-    """The pids of this process's children that run petlprof.worker."""
+    """The pids of this process's children that run petlprof.execution.worker."""
     found = set()
     for proc in Path("/proc").iterdir():
         try:
             status, cmdline = (proc / "status").read_text(), (proc / "cmdline").read_bytes()
         except (OSError, NotADirectoryError):  # not a process, or it ended meanwhile
             continue
-        if f"\nPPid:\t{os.getpid()}\n" in status and b"petlprof.worker" in cmdline:
+        if f"\nPPid:\t{os.getpid()}\n" in status and b"petlprof.execution.worker" in cmdline:
             found.add(proc.name)
     return found
 
 
 def test_a_worker_imports_what_a_run_imports_and_freezes_it_out_of_the_collectors_scans():
-    """:func:`petlprof.worker.preload`, in fresh workers and the warm worker alike: each of a run's five
+    """:func:`petlprof.execution.worker.preload`, in fresh workers and the warm worker alike: each of a run's five
     garbage collections took 0.25 s of CPU walking the imported libraries' objects."""
     gc.unfreeze()  # tests/conftest.py froze what collection imported
     try:
@@ -168,7 +169,7 @@ def test_a_worker_imports_what_a_run_imports_and_freezes_it_out_of_the_collector
 
 
 def test_a_cuda_or_several_rank_run_never_forks_from_the_warm_worker():
-    from petlprof.runner import _start
+    from petlprof.execution.child import _start
 
     class Refuses:
         broken = None

@@ -11,7 +11,7 @@ zero, so step 0 reproduces the backbone exactly.
 Why not the ``adapters`` library: its 1.3.0 release requires ``transformers~=4.57.6`` (installing
 it would downgrade the transformers 5 petlprof uses) and does not even import next to it
 (``huggingface_hub`` 1.x no longer has ``HfFolder``).  So the adapters are forward hooks on the
-output projections that the architecture description (:mod:`petlprof.architecture`) finds: an
+output projections that the architecture description (:mod:`petlprof.models.architecture`) finds: an
 explicit entry for the bert, t5, gpt2 and llama families, for any other model the last projection
 back to the model width of each block's (first) attention module and of its feed-forward part.
 The backbone's weights and parameter names stay untouched, and the adapters live in the model's
@@ -26,7 +26,8 @@ from dataclasses import dataclass
 
 from petlprof.errors import UsageError
 from petlprof.method_api import MAX_WIDTH, MethodConfig, MethodSpec, choice, integer
-from petlprof.quantization import QUANTIZE_CHOICES
+from petlprof.models.quantization import QUANTIZE_CHOICES
+from petlprof.vocabulary import OBJECTIVES
 
 PLACEMENTS = ("houlsby", "pfeiffer")
 ACTIVATIONS = ("relu", "gelu", "silu", "tanh")
@@ -53,8 +54,8 @@ class AdapterConfig(MethodConfig):
 
 def apply(classifier, config: AdapterConfig):
     # torch: the spec is listed and checked without it
-    from petlprof.architecture import name_patterns, require
     from petlprof.methods.adapter.model import add_adapters
+    from petlprof.models.architecture import name_patterns, require
 
     arch = classifier.architecture
     config.check_width(arch.width, arch.model_type)
@@ -76,6 +77,6 @@ SPEC = MethodSpec(
     "offline default after one 2000-example epoch, 300 eval examples)",
     pareto_knob="reduction_factor",
     default_grid=(4, 16, 64),
-    objectives=("classification", "lm"),
+    objectives=OBJECTIVES,
     quantize=QUANTIZE_CHOICES,
 )

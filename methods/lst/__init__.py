@@ -23,10 +23,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from petlprof.backbones import backbone_config
 from petlprof.errors import UsageError
 from petlprof.method_api import MAX_WIDTH, MethodConfig, MethodSpec, choice, integer, number
-from petlprof.quantization import QUANTIZE_CHOICES
+from petlprof.models.backbones import backbone_config
+from petlprof.models.quantization import QUANTIZE_CHOICES
+from petlprof.vocabulary import OBJECTIVES
 
 INITS = ("pruned", "random")
 
@@ -85,8 +86,8 @@ def _heads_of(backbone: str) -> int | None:
 
 def apply(classifier, config: LstConfig):
     # torch: the spec is listed and checked without it
-    from petlprof.architecture import require
     from petlprof.methods.lst.model import LstModel
+    from petlprof.models.architecture import require
 
     require("lst", classifier.architecture)  # its side network reads every layer's states at one width
     backbone = classifier.backbone.config  # the side network keeps its head count
@@ -105,6 +106,6 @@ SPEC = MethodSpec(
     pareto_knob="reduction_factor",
     default_grid=(4, 8, 16, 32),
     side_tuning=True,
-    objectives=("classification", "lm"),
+    objectives=OBJECTIVES,
     quantize=QUANTIZE_CHOICES,  # the pruned start reads a quantised backbone's weights dequantised
 )

@@ -42,9 +42,9 @@ from torch import nn
 from torch.nn import functional as F
 from transformers.activations import ACT2FN
 
-from petlprof.backbones import DECODER, ENCODER
 from petlprof.errors import UsageError
 from petlprof.methods.lst.pruning import initialise_from_backbone
+from petlprof.models.backbones import DECODER, ENCODER
 from petlprof.side_tuning import SideTunedModel
 
 

@@ -6,7 +6,7 @@ of their elementwise product.  Three choices differ from their T5-only code, and
 :mod:`petlprof.methods.lst.model`: the residual dimensions are picked once per stack (from the embedding
 matrix, their first step) rather than after every projection; query/key/value rows are picked within
 each head (the head count is kept); and the ladders start as the selection of the kept dimensions.
-Works from the architecture description (:mod:`petlprof.architecture`), so any family whose attention
+Works from the architecture description (:mod:`petlprof.models.architecture`), so any family whose attention
 projections and feed-forward output it names (BERT, T5, LLaMA, GPT-2's fused ``c_attn`` included).
 """
 
@@ -18,9 +18,9 @@ import operator
 import torch
 from torch import nn
 
-from petlprof.architecture import describe
 from petlprof.errors import UsageError
-from petlprof.quantization import float_weight
+from petlprof.models.architecture import describe
+from petlprof.models.quantization import float_weight
 
 
 def _weight(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -19,7 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from petlprof.method_api import MAX_WIDTH, MethodConfig, MethodSpec, choice, integer
-from petlprof.quantization import QUANTIZE_CHOICES
+from petlprof.models.quantization import QUANTIZE_CHOICES
+from petlprof.vocabulary import OBJECTIVES
 
 CELLS = ("rnn", "gru", "lstm")
 INIT_STATES = ("zeros", "embedding")
@@ -44,8 +45,8 @@ class ReadConfig(MethodConfig):
 
 def apply(classifier, config: ReadConfig):
     # torch: the spec is listed and checked without it
-    from petlprof.architecture import require
     from petlprof.methods.read.model import ReadModel
+    from petlprof.models.architecture import require
 
     require("read", classifier.architecture)  # its side network reads every layer's states at one width
     return ReadModel(classifier, config)
@@ -61,6 +62,6 @@ SPEC = MethodSpec(
     pareto_knob="hidden_size",
     default_grid=(32, 128, 512),
     side_tuning=True,
-    objectives=("classification", "lm"),
+    objectives=OBJECTIVES,
     quantize=QUANTIZE_CHOICES,
 )

@@ -14,12 +14,13 @@ from typing import TYPE_CHECKING, Any
 from petlprof.errors import UsageError, printable
 from petlprof.estimate import gpus
 from petlprof.estimate.attention import ATTENTIONS, DEFAULT_ATTENTION, FLASH, check_attention, check_flash_support
-from petlprof.estimate.lm import CLASSIFICATION, DEFAULT_TARGET_LENGTH, LM, check_family
-from petlprof.figures import BREAKDOWN_GRADIENTS, BREAKDOWN_QUANTIZATION_STATE
+from petlprof.estimate.lm import DEFAULT_TARGET_LENGTH, check_family
 from petlprof.method_api import check_objective
-from petlprof.options import OPTIONS, default_of, help_of, kind_of
-from petlprof.quantization import NONE, Quantization
+from petlprof.models.quantization import NONE, Quantization
+from petlprof.results.figures import BREAKDOWN_GRADIENTS, BREAKDOWN_QUANTIZATION_STATE
+from petlprof.sweep.options import OPTIONS, default_of, help_of, kind_of
 from petlprof.values import Flag, Integer, flag, parse_bytes
+from petlprof.vocabulary import CLASSIFICATION, LM, ZERO_SHOT
 
 if TYPE_CHECKING:  # both import torch: not for --help
     from petlprof.estimate.core import Settings
@@ -30,7 +31,7 @@ GIB = 1024**3
 
 def add_estimate_parser(sub: Any) -> argparse.ArgumentParser:
     """Register ``estimate`` on the ``petlprof`` sub-command parsers.  The options it shares with ``petlprof run``
-    come from their one declaration (:mod:`petlprof.options`: the same default, kind and check); where one means
+    come from their one declaration (:mod:`petlprof.sweep.options`: the same default, kind and check); where one means
     something else without a task, a dataset or a device, its help says how, and the comment why."""
     parser = sub.add_parser(
         "estimate",
@@ -130,12 +131,12 @@ def _add_run_option(parser: argparse.ArgumentParser, name: str, help: str = "{ru
 
 
 def _quantizations(args: argparse.Namespace, methods: list[str]) -> list:
-    """One :class:`~petlprof.quantization.Quantization` (None for ``none``) per ``--quantize`` value, checked as
-    ``petlprof run`` checks them (:func:`petlprof.config.validate_quantize`): every method must declare
+    """One :class:`~petlprof.models.quantization.Quantization` (None for ``none``) per ``--quantize`` value, checked as
+    ``petlprof run`` checks them (:func:`petlprof.sweep.config.validate_quantize`): every method must declare
     that it runs on such a backbone."""
 
     # kept out of petlprof --help's imports
-    from petlprof.config import validate_quantize
+    from petlprof.sweep.config import validate_quantize
 
     for name in QUANTIZE_OPTIONS:
         kind_of(name).check(name, getattr(args, name))
@@ -199,8 +200,8 @@ def _check_applies(
     attention: str = DEFAULT_ATTENTION,
 ) -> None:
     # kept out of petlprof --help's imports
-    from petlprof.architecture import describe, unsupported_reason
     from petlprof.estimate.model import build_backbone_model, family
+    from petlprof.models.architecture import describe, unsupported_reason
     from petlprof.registry import get_method
 
     if objective == LM:
@@ -222,7 +223,6 @@ def _default_methods(objective: str, quantize: list[str]) -> tuple[list[str], li
     because a quantised backbone stores the weights they train packed): the zero-shot row trains nothing, so
     it has no step to price."""
     # kept out of petlprof --help's imports
-    from petlprof.config import ZERO_SHOT
     from petlprof.registry import get_method, method_names
 
     trains = [m for m in method_names() if m != ZERO_SHOT and objective in get_method(m).objectives]
@@ -259,11 +259,11 @@ def _settings(args: argparse.Namespace):
 
 def cmd_estimate(args: argparse.Namespace) -> int:
     # kept out of petlprof --help's imports
-    from petlprof.config import parse_method_overrides
     from petlprof.estimate.core import estimate
     from petlprof.estimate.model import resolve_backbone
-    from petlprof.shapes import shape_names
-    from petlprof.store import check_writable
+    from petlprof.models.shapes import shape_names
+    from petlprof.results.store import check_writable
+    from petlprof.sweep.config import parse_method_overrides
 
     if args.list_shapes:
         print("\n".join(shape_names()))
@@ -303,7 +303,7 @@ def _check_length(backbone: ResolvedBackbone, settings: Settings) -> None:
     """The positions a step reads fit the backbone's: ``--max-length`` as a run checks it, and a decoder's LM
     sequence is prompt + target."""
     # kept out of petlprof --help's imports
-    from petlprof.backbones import check_shape
+    from petlprof.models.backbones import check_shape
 
     check_shape(backbone.name, backbone.config, max_length=settings.max_length)
     positions = getattr(backbone.config, "max_position_embeddings", None)

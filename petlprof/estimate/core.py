@@ -40,22 +40,23 @@ from petlprof.estimate import gpus
 from petlprof.estimate.attention import DEFAULT_ATTENTION, FLASH, implementation_of
 from petlprof.estimate.autocast import policy_device
 from petlprof.estimate.fallback import extrapolated_figures
-from petlprof.estimate.lm import CLASSIFICATION, LM, lm_figures
+from petlprof.estimate.lm import lm_figures
 from petlprof.estimate.model import ResolvedBackbone, build, family, weight_breakdown
 from petlprof.estimate.quantized import check_traceable
 from petlprof.estimate.trace import UntraceableError, example_batch, inference_batch, lm_batch, train_steps
-from petlprof.figures import (
+from petlprof.models.classifier import lm_loss
+from petlprof.models.quantization import DEFAULT_COMPUTE_DTYPE, NONE, Quantization, parameter_count, run_fields
+from petlprof.registry import get_method
+from petlprof.results.figures import (
     BREAKDOWN_BUFFERS,
     BREAKDOWN_FROZEN_WEIGHTS,
     BREAKDOWN_GRADIENTS,
     BREAKDOWN_QUANTIZATION_STATE,
     BREAKDOWN_TRAINABLE_WEIGHTS,
 )
-from petlprof.modeling import lm_loss
-from petlprof.options import default_of
-from petlprof.quantization import DEFAULT_COMPUTE_DTYPE, NONE, Quantization, parameter_count, run_fields
-from petlprof.recipe import AUTOCAST_DTYPES, FP32
-from petlprof.registry import get_method
+from petlprof.run.recipe import AUTOCAST_DTYPES
+from petlprof.sweep.options import default_of
+from petlprof.vocabulary import CLASSIFICATION, FP32, LM
 
 META_TRACE = "meta-device trace of the step (no weights allocated)"
 

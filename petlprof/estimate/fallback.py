@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import copy
 
-from petlprof.backbones import set_depth
 from petlprof.estimate.model import ResolvedBackbone
+from petlprof.models.backbones import set_depth
 
 DEPTH_RULE = "real tensors at 1 and 2 layers of full width, extrapolated linearly in depth"
 
@@ -31,7 +31,7 @@ def depth(resolved: ResolvedBackbone) -> int:
 
 
 def _at_depth(resolved: ResolvedBackbone, layers: int) -> ResolvedBackbone:
-    """A copy of ``resolved`` cut to ``layers`` by the run's depth cut (:func:`petlprof.backbones.set_depth`)."""
+    """A copy of ``resolved`` cut to ``layers`` by the run's depth cut (:func:`petlprof.models.backbones.set_depth`)."""
     cut = copy.copy(resolved)
     cut.config = copy.deepcopy(resolved.config)
     set_depth(cut.config, layers)

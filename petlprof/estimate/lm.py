@@ -4,7 +4,7 @@ A language-modelling step reads a prompt of ``--max-length`` tokens and a target
 tokens.  A decoder reads them as one sequence (prompt + target) and its loss counts the target's
 positions only; an encoder-decoder's encoder reads the prompt and its decoder only the target (shifted
 right), so its decoder costs ``target-length`` positions, not the input's.  The step traced is the
-run's (:class:`petlprof.modeling.make_task_model`'s language model: the backbone's own LM head, logits
+run's (:class:`petlprof.models.classifier.make_task_model`'s language model: the backbone's own LM head, logits
 over the whole vocabulary, only at the positions that predict a target token, as the run computes them
 given labels), so the logits' bytes are those the task model creates; the record says at how many
 positions it computes them (a decoder's target positions, not its prompt's) and how many the loss counts.
@@ -22,8 +22,6 @@ from typing import Any
 
 from petlprof.errors import UsageError
 
-CLASSIFICATION, LM = "classification", "lm"
-OBJECTIVES = (CLASSIFICATION, LM)
 DEFAULT_TARGET_LENGTH = 32
 KV_FORMULA = "2 x layers x kv_heads x head_dim x dtype bytes x batch"
 
@@ -31,7 +29,7 @@ KV_FORMULA = "2 x layers x kv_heads x head_dim x dtype bytes x batch"
 def check_family(family: str, backbone: str) -> None:
     """The LM objective needs a backbone that generates: a decoder or an encoder-decoder."""
     # kept out of petlprof --help's imports
-    from petlprof.backbones import ENCODER
+    from petlprof.models.backbones import ENCODER
 
     if family == ENCODER:
         raise UsageError(

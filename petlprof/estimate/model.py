@@ -3,11 +3,11 @@
 A backbone for an estimate is a bundled shape (``petlprof/shapes/NAME.json``, the published config's
 numbers), a tiny preset or ``minilm``, a local ``config.json`` or model folder, or a hub id.  The
 model is built by the functions a run builds it with, under ``torch.device("meta")``, so every parameter
-is a shape without storage: the depth cut (:func:`petlprof.backbones.check_shape`,
-:func:`petlprof.backbones.set_depth`), the transformers model of the config
-(:func:`petlprof.families.model_from_config`: with the LM objective its own LM head), the pooler dropped
-and the pad id set (:func:`petlprof.backbones.prepare_backbone_model`), and the objective's task model
-with the method applied (:func:`petlprof.modeling.trainable_model`).
+is a shape without storage: the depth cut (:func:`petlprof.models.backbones.check_shape`,
+:func:`petlprof.models.backbones.set_depth`), the transformers model of the config
+(:func:`petlprof.models.families.model_from_config`: with the LM objective its own LM head), the pooler dropped
+and the pad id set (:func:`petlprof.models.backbones.prepare_backbone_model`), and the objective's task model
+with the method applied (:func:`petlprof.models.classifier.trainable_model`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,10 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from petlprof.backbones import (
+from petlprof.errors import unknown_choice
+from petlprof.estimate.attention import DEFAULT_ATTENTION, attn_implementation
+from petlprof.meters.memory import static_breakdown
+from petlprof.models.backbones import (
     BACKBONES,
     Backbone,
     backbone_config,
@@ -31,14 +34,11 @@ from petlprof.backbones import (
     pretrained_config,
     set_depth,
 )
-from petlprof.errors import unknown_choice
-from petlprof.estimate.attention import DEFAULT_ATTENTION, attn_implementation
-from petlprof.estimate.lm import CLASSIFICATION, LM
-from petlprof.families import model_from_config
-from petlprof.figures import BREAKDOWN_OPTIMIZER_STATE, BREAKDOWN_TOTAL
-from petlprof.meters.memory import static_breakdown
-from petlprof.shapes import config_from_file, shape_config, shape_names
+from petlprof.models.families import model_from_config
+from petlprof.models.shapes import config_from_file, shape_config, shape_names
+from petlprof.results.figures import BREAKDOWN_OPTIMIZER_STATE, BREAKDOWN_TOTAL
 from petlprof.values import check_file
+from petlprof.vocabulary import CLASSIFICATION, LM
 
 
 @dataclass
@@ -144,13 +144,13 @@ def build(
     quantization=None,
 ) -> BuiltModel:
     """The model a run trains: backbone from the config (``attention``'s implementation; quantised as
-    ``quantization``, a :class:`petlprof.quantization.Quantization`, says, by
+    ``quantization``, a :class:`petlprof.models.quantization.Quantization`, says, by
     :func:`petlprof.estimate.quantized.quantize_backbone`), the objective's task model (a classifier head, or
     the backbone's own LM head), method applied; on ``device``."""
-    # torch, petlprof.modeling (torch): slow to import, loaded only when used
+    # torch, petlprof.models.classifier (torch): slow to import, loaded only when used
     import torch
 
-    from petlprof.modeling import trainable_model
+    from petlprof.models.classifier import trainable_model
 
     model = build_backbone_model(resolved, device, lm_head=objective == LM, attention=attention)
     info = None
@@ -182,9 +182,9 @@ def build_model(
 def build_backbone_model(
     resolved: ResolvedBackbone, device: str = "meta", lm_head: bool = False, attention: str = DEFAULT_ATTENTION
 ) -> Any:
-    """The backbone as a run builds it from a config (:func:`petlprof.families.model_from_config`, float32
+    """The backbone as a run builds it from a config (:func:`petlprof.models.families.model_from_config`, float32
     whatever dtype the config names: ``--precision`` decides the step's; then
-    :func:`petlprof.backbones.prepare_backbone_model`: the pooler dropped, the pad id set), on ``device``, with
+    :func:`petlprof.models.backbones.prepare_backbone_model`: the pooler dropped, the pad id set), on ``device``, with
     ``attention``'s implementation (:func:`petlprof.estimate.attention.attn_implementation`); ``lm_head``: with
     its language-modelling head (a causal or a sequence-to-sequence LM)."""
     # torch: slow to import, loaded only when used

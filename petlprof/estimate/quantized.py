@@ -1,6 +1,6 @@
 """``petlprof estimate --quantize int8|nf4|fp4``: the frozen backbone as bitsandbytes stores it, on the meta device.
 
-The backbone is quantised by the run's own function (:func:`petlprof.quantization.quantize_model`):
+The backbone is quantised by the run's own function (:func:`petlprof.models.quantization.quantize_model`):
 transformers' choice of the layers that stay in float (the LM head and weights tied to it, a model
 class's ``_keep_in_fp32_modules``), its module swap, the biases cast as a run casts them, the flags PEFT
 reads, so LoRA on it is PEFT's bitsandbytes LoRA layer as in a run.  bitsandbytes quantises a parameter
@@ -32,12 +32,12 @@ from typing import Any
 
 from petlprof.estimate.kernels import UntraceableError
 from petlprof.estimate.trace import MetaTrace
-from petlprof.quantization import quantization_state, quantize_model
+from petlprof.models.quantization import quantization_state, quantize_model
 
 
 def quantize_backbone(model, quantization, device: str) -> dict[str, Any]:
     """Quantise ``model``'s linear layers in place as a run does (``quantization``: a
-    :class:`petlprof.quantization.Quantization`), on ``device`` (``meta``: with the weights quantised here, see
+    :class:`petlprof.models.quantization.Quantization`), on ``device`` (``meta``: with the weights quantised here, see
     the module docstring); returns the record's ``quantization`` (the run record's ``training.quantization``)."""
 
     if device != "meta":
@@ -81,7 +81,7 @@ def packed_bytes(layers: list) -> int:
 
 
 def state_bytes(model, layers: list) -> int:
-    """Bytes of the quantisation state beside the weights (:func:`petlprof.quantization.quantization_state`),
+    """Bytes of the quantisation state beside the weights (:func:`petlprof.models.quantization.quantization_state`),
     each storage once; an int8 layer's ``CB`` is its weight and not counted again."""
 
     seen = {layer.weight.untyped_storage()._cdata for layer in layers}

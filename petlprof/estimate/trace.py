@@ -44,8 +44,9 @@ from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_unflat
 from petlprof.estimate.autocast import MetaAutocast, policy_device
 from petlprof.estimate.kernels import DeviceKernels, UntraceableError, flop_counter
 from petlprof.meters.tensors import run_composite, runs_composite
-from petlprof.recipe import AUTOCAST_DTYPES, FP16, FP32, TrainRecipe
-from petlprof.train import loss_fn as classifier_loss
+from petlprof.run.recipe import AUTOCAST_DTYPES, TrainRecipe
+from petlprof.run.train import loss_fn as classifier_loss
+from petlprof.vocabulary import FP16, FP32
 
 aten = torch.ops.aten
 _INDEX_OPS = {aten.index.Tensor, aten.index_put.default, aten.index_put_.default, aten._index_put_impl_.default}
@@ -309,8 +310,8 @@ def train_steps(
     loss_fn: Callable | None = None,
     attention_kernel: str | None = None,
 ) -> StepTrace:
-    """Trace ``steps`` training steps as :func:`petlprof.train.train` runs them with the run's
-    :class:`~petlprof.recipe.TrainRecipe` (forward and loss under ``precision``'s autocast by ``device``'s
+    """Trace ``steps`` training steps as :func:`petlprof.run.train.train` runs them with the run's
+    :class:`~petlprof.run.recipe.TrainRecipe` (forward and loss under ``precision``'s autocast by ``device``'s
     rules, backward -- of the scaled loss for fp16, the gradients unscaled in place --, gradient clipping,
     AdamW step, gradients set to None).  The first step creates the optimiser state, which stays alive as
     the later ones run.  FLOPs are counted in the first step and the peak is read from the later ones:

@@ -3,7 +3,7 @@
 A :class:`Window` synchronises the device at both edges (so queued GPU work lands inside the
 window it belongs to) and runs every meter's expensive preparation before any of them starts.
 A meter's reading is a :class:`Reading`: its figures keyed by their declarations
-(:mod:`petlprof.figures`, units in the names: ``energy_j``, ``peak_memory_bytes``), each figure's
+(:mod:`petlprof.results.figures`, units in the names: ``energy_j``, ``peak_memory_bytes``), each figure's
 provenance (``measured`` or ``estimated``, and by what), the meter's own keys (declared on its
 class) and its warnings.  :meth:`Reading.record` turns it into the plain dict of a record's phase.
 """
@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
-from petlprof.figures import FIGURES, Figure, provenance_keys
+from petlprof.results.figures import FIGURES, Figure, provenance_keys
 
 MEASURED = "measured"
 ESTIMATED = "estimated"
@@ -75,7 +75,9 @@ class Reading(Mapping[str, Any]):
         self._warnings: dict[str, list[str]] = {}
         for figure, value in (figures or {}).items():
             if not isinstance(figure, Figure):
-                raise UndeclaredKey(f"a reading's figure {figure!r} is not a declared Figure (petlprof.figures)")
+                raise UndeclaredKey(
+                    f"a reading's figure {figure!r} is not a declared Figure (petlprof.results.figures)"
+                )
             self.figures[figure] = value
         for figure, given in (provenance or {}).items():
             if not isinstance(figure, Figure):
@@ -182,7 +184,7 @@ class Meter:
 
     A meter declares every key its reading may hold: ``FIGURES`` (declared figures it always
     reads, None with their provenance when it fails), ``MORE_FIGURES`` (declared figures it reads beside
-    them where it can), ``OWN`` (figures of its own, not declared in :mod:`petlprof.figures`: no rank
+    them where it can), ``OWN`` (figures of its own, not declared in :mod:`petlprof.results.figures`: no rank
     rule, no column; None when it fails) and ``EXTRAS`` (the other keys it may write: settings, sources,
     details).  A reading with anything else is refused (:class:`UndeclaredKey`).
     """

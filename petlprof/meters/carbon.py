@@ -15,8 +15,8 @@ import logging
 import warnings
 from typing import TYPE_CHECKING
 
-from petlprof.figures import CO2, CODECARBON_CPU, CODECARBON_ENERGY_J, CODECARBON_GPU, CODECARBON_RAM
 from petlprof.meters.base import ESTIMATED, Meter, Provenance, Reading
+from petlprof.results.figures import CO2, CODECARBON_CPU, CODECARBON_ENERGY_J, CODECARBON_GPU, CODECARBON_RAM
 
 if TYPE_CHECKING:
     from codecarbon import OfflineEmissionsTracker

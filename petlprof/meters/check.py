@@ -22,7 +22,6 @@ from typing import Any
 
 import numpy as np
 
-from petlprof.figures import CODECARBON_ENERGY_J, ENERGY, PEAK_MEMORY
 from petlprof.meters import meter_status
 from petlprof.meters.base import Window
 from petlprof.meters.carbon import CodecarbonMeter
@@ -35,6 +34,7 @@ from petlprof.meters.idle import rapl_power_w
 from petlprof.meters.memory import CpuMemoryMeter
 from petlprof.meters.tensors import CpuTensorMeter
 from petlprof.meters.verdicts import FAIL, KNOWN_BYTES, PASS, REPEATS, WARN, Check, MeterReport, graded
+from petlprof.results.figures import CODECARBON_ENERGY_J, ENERGY, PEAK_MEMORY
 
 SHORT_WINDOW_S = 0.25  # the repeated-window spread check
 SPREAD_PASS, SPREAD_WARN = 0.05, 0.20  # coefficient of variation of repeated identical windows

@@ -9,12 +9,12 @@ from __future__ import annotations
 import os
 import time
 
-from petlprof.figures import ENERGY, ENERGY_COUNTER, ENERGY_INTEGRATED, ENERGY_WINDOW, PEAK_MEMORY
 from petlprof.meters.base import Reading, Window
 from petlprof.meters.devices import nvml as nvml_dev
 from petlprof.meters.energy import NvmlEnergyMeter
 from petlprof.meters.memory import CudaMemoryMeter
 from petlprof.meters.verdicts import FAIL, KNOWN_BYTES, PASS, REPEATS, WARN, Check, graded
+from petlprof.results.figures import ENERGY, ENERGY_COUNTER, ENERGY_INTEGRATED, ENERGY_WINDOW, PEAK_MEMORY
 
 DEVICE = "cuda"
 LOAD_S = 5.0

@@ -27,7 +27,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from petlprof.figures import (
+from petlprof.meters.base import MEASURED, Meter, Provenance, Reading
+from petlprof.meters.devices import nvml as nvml_dev
+from petlprof.meters.devices import rapl
+from petlprof.results.figures import (
     ENERGY,
     ENERGY_ABOVE_IDLE,
     ENERGY_COUNTER,
@@ -36,9 +39,6 @@ from petlprof.figures import (
     IDLE_POWER,
     MEAN_POWER,
 )
-from petlprof.meters.base import MEASURED, Meter, Provenance, Reading
-from petlprof.meters.devices import nvml as nvml_dev
-from petlprof.meters.devices import rapl
 
 SHORT_WINDOW_S = 5.0
 AGREEMENT_TOLERANCE = 0.10  # counter vs integrated power, beyond the counter's own quantisation

@@ -18,7 +18,9 @@ import gc
 import re
 from pathlib import Path
 
-from petlprof.figures import (
+from petlprof.meters.base import MEASURED, Meter, Provenance, Reading
+from petlprof.models.quantization import quantization_state
+from petlprof.results.figures import (
     BREAKDOWN_BUFFERS,
     BREAKDOWN_FROZEN_WEIGHTS,
     BREAKDOWN_GRADIENTS,
@@ -30,8 +32,6 @@ from petlprof.figures import (
     PEAK_RESERVED,
     STATIC_BREAKDOWN,
 )
-from petlprof.meters.base import MEASURED, Meter, Provenance, Reading
-from petlprof.quantization import quantization_state
 
 _STATUS = "/proc/self/status"
 
@@ -175,7 +175,7 @@ def static_breakdown(model) -> dict[str, int]:
     count once: tensors are told apart by their storage, so a model on the ``meta`` device (no data
     pointer) is counted the same way (``petlprof estimate`` uses this too).  A quantised backbone's
     (``--quantize``) weights count as stored (packed), and ``quantization_state_bytes``, present only
-    then, counts what dequantises them (:func:`petlprof.quantization.quantization_state`)."""
+    then, counts what dequantises them (:func:`petlprof.models.quantization.quantization_state`)."""
     seen: set[int] = set()
     figures = dict.fromkeys(STATIC_BREAKDOWN, 0)
     for param in model.parameters():

@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from petlprof.figures import MEAN_POWER
 from petlprof.meters.devices import nvml as nvml_dev
+from petlprof.results.figures import MEAN_POWER
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection

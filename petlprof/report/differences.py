@@ -20,11 +20,12 @@ from typing import Any
 
 import pandas as pd
 
-from petlprof.metrics import HIGHER, direction
 from petlprof.report.frame import CONFIG, GROUP
 from petlprof.report.intervals import ci_half_width, welch_difference
-from petlprof.report.records import MISSING, ZERO_SHOT, ZERO_SHOT_LABEL, method_name, text
+from petlprof.report.records import MISSING, ZERO_SHOT_LABEL, method_name, text
 from petlprof.report.table import render_markdown
+from petlprof.tasks.metrics import HIGHER, direction
+from petlprof.vocabulary import ZERO_SHOT
 
 REFERENCE = "full"
 NO_INTERVAL = "—"

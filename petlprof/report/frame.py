@@ -24,7 +24,18 @@ from typing import Any
 
 import pandas as pd
 
-from petlprof.figures import (
+from petlprof.report.intervals import ci_half_width, standard_error
+from petlprof.report.pareto import pareto_front
+from petlprof.report.records import (
+    config_key,
+    config_label,
+    field,
+    is_random_init,
+    mapping,
+    number,
+    text,
+)
+from petlprof.results.figures import (
     ENERGY,
     ENERGY_KIND,
     ENERGY_PER_RESPONSE,
@@ -42,19 +53,8 @@ from petlprof.figures import (
     Figure,
     frame_columns,
 )
-from petlprof.metrics import METRIC_DIRECTIONS, direction
-from petlprof.pareto import pareto_front
-from petlprof.report.intervals import ci_half_width, standard_error
-from petlprof.report.records import (
-    ZERO_SHOT,
-    config_key,
-    config_label,
-    field,
-    is_random_init,
-    mapping,
-    number,
-    text,
-)
+from petlprof.tasks.metrics import METRIC_DIRECTIONS, direction
+from petlprof.vocabulary import ZERO_SHOT
 
 GROUP = ["task", "backbone"]  # a frontier is drawn within one task and backbone
 CONFIG = GROUP + ["method", "config", "config_key"]  # what identifies a configuration across seeds
@@ -138,7 +138,7 @@ def _row(record: Mapping[str, Any]) -> dict[str, Any]:
         }
     )
     row.update(
-        {  # where it ran: its meters read this host's devices (petlprof.executors)
+        {  # where it ran: its meters read this host's devices (petlprof.execution.executors)
             "executor": field(record, "node", "executor") or "local",
             "hostname": field(record, "node", "hostname") or field(record, "env", "hostname"),
             "world_size": number(record, "distributed", "world_size") or 1,
@@ -316,7 +316,7 @@ def _front(points: list[dict[str, float | None]], names: list[str]) -> list[int]
 
 
 def _none_nan(value: float | None) -> float:
-    """A missing figure as NaN, which is on no front and removes no point (:mod:`petlprof.pareto`)."""
+    """A missing figure as NaN, which is on no front and removes no point (:mod:`petlprof.report.pareto`)."""
     return math.nan if value is None else value
 
 

@@ -16,8 +16,6 @@ from typing import Any
 import pandas as pd
 
 from petlprof.errors import shown
-from petlprof.figures import ENERGY, ENERGY_KIND, ENERGY_SOURCE, MEMORY_SOURCE
-from petlprof.records import DIVERGED, overhead_line
 from petlprof.report.curves import CurvePlot, learning_curve_figures
 from petlprof.report.differences import difference_tables
 from petlprof.report.frame import runs_frame
@@ -51,7 +49,9 @@ from petlprof.report.table import (
 )
 from petlprof.report.target import NOT_RECORDED, target_tables
 from petlprof.report.target_plot import TargetPlot, cost_to_target_figures
-from petlprof.store import Rejected
+from petlprof.results.figures import ENERGY, ENERGY_KIND, ENERGY_SOURCE, MEMORY_SOURCE
+from petlprof.results.records import DIVERGED, overhead_line
+from petlprof.results.store import Rejected
 
 REPORT_FILE = "report.md"
 PHASES = ("train", "eval")

@@ -19,7 +19,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-from petlprof.metrics import METRIC_RANGES
+from petlprof.tasks.metrics import METRIC_RANGES
 
 MARGIN = 0.08  # of the span of the means, on each side of an axis
 LOG_LABEL_DECADES = 5  # a log axis up to this many decades wide is labelled at 1, 2 and 5 × 10^k

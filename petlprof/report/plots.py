@@ -29,8 +29,6 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from petlprof import figures
-from petlprof.metrics import METRIC_RANGES, direction
 from petlprof.report.frame import frontier, knob_sort_value, majority_rate, of_task
 from petlprof.report.intervals import DEFAULT_INTERVAL, caption, check_interval
 from petlprof.report.plotkit import (
@@ -46,11 +44,13 @@ from petlprof.report.plotkit import (
 )
 from petlprof.report.records import (
     MISSING,
-    ZERO_SHOT,
     ZERO_SHOT_LABEL,
     distinct,
     text,
 )
+from petlprof.results import figures
+from petlprof.tasks.metrics import METRIC_RANGES, direction
+from petlprof.vocabulary import ZERO_SHOT
 
 MARKERS = "osD^vP*Xh<>p"
 LOG_SPREAD = 10.0  # a cost axis goes logarithmic when its largest value exceeds this times its smallest

@@ -1,7 +1,7 @@
 """Reading result records from the run store, and the small views of them every report part shares.
 
-Records are plain dicts as written to ``results.jsonl`` (:class:`petlprof.records.RunRecord`, one
-schema version, :data:`petlprof.records.SCHEMA_VERSION`).  A failed run may lack
+Records are plain dicts as written to ``results.jsonl`` (:class:`petlprof.results.records.RunRecord`, one
+schema version, :data:`petlprof.results.records.SCHEMA_VERSION`).  A failed run may lack
 ``metrics``, ``train`` or ``eval`` and any figure may be ``null``; the accessors here answer
 ``None`` for all of those instead of raising, so the table, plots and report.md never crash on an
 incomplete record.
@@ -17,14 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from petlprof.errors import UsageError
-from petlprof.records import OK, RESULTS_FILE, RunRecord
-from petlprof.spec import spec_identity
-from petlprof.store import Rejected, read_store
+from petlprof.results.records import OK, RESULTS_FILE, RunRecord
+from petlprof.results.store import Rejected, read_store
+from petlprof.sweep.spec import spec_identity
+from petlprof.vocabulary import ZERO_SHOT
 
 BYTES_PER_MIB = 2**20
 MISSING = "-"
 COST_ONLY = "accuracy of random-init runs is meaningless: cost-only"  # said wherever such a run's score shows
-ZERO_SHOT = "zero_shot"  # the method of a generative sweep's row before any tuning (petlprof.methods.zero_shot)
 ZERO_SHOT_LABEL = "zero-shot (before tuning)"
 
 
@@ -41,7 +41,7 @@ def load_records(paths: Sequence[Path | str], skipped: list[str] | None = None) 
 
     A missing file, a folder in its place or an unreadable one raises :class:`~petlprof.errors.UsageError`.
     A line that cannot be used — torn by a crash, not a JSON object, of another schema version, missing
-    ``status``/``method`` or with a field of the wrong type (:func:`petlprof.store.read_store`, the reader
+    ``status``/``method`` or with a field of the wrong type (:func:`petlprof.results.store.read_store`, the reader
     ``petlprof run`` uses too) — is rejected: a message naming the file and line number is appended to
     ``skipped``, and the line is kept in the result's ``rejected``.
     """

@@ -12,7 +12,21 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from petlprof.errors import unknown_choice
-from petlprof.figures import (
+from petlprof.report.records import (
+    MISSING,
+    ZERO_SHOT_LABEL,
+    config_label,
+    distinct,
+    field,
+    is_ok,
+    is_random_init,
+    method_name,
+    number,
+    short_error,
+    sort_key,
+    text,
+)
+from petlprof.results.figures import (
     CO2,
     ENERGY,
     ENERGY_ABOVE_IDLE,
@@ -30,21 +44,7 @@ from petlprof.figures import (
     TRAIN,
     Figure,
 )
-from petlprof.report.records import (
-    MISSING,
-    ZERO_SHOT,
-    ZERO_SHOT_LABEL,
-    config_label,
-    distinct,
-    field,
-    is_ok,
-    is_random_init,
-    method_name,
-    number,
-    short_error,
-    sort_key,
-    text,
-)
+from petlprof.vocabulary import ZERO_SHOT
 
 if TYPE_CHECKING:  # pandas comes with the per-configuration tables, not with the summary table
     import pandas as pd

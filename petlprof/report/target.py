@@ -1,6 +1,6 @@
 """Cost to reach the target: the energy-to-accuracy view of runs trained with ``--target-value``.
 
-A run with a target stops training once its held-out checks reach it (:mod:`petlprof.budget`); its
+A run with a target stops training once its held-out checks reach it (:mod:`petlprof.run.budget`); its
 train-phase time and energy are then the cost of getting there, *checks included*.  The checks are
 not free (scoring the check slice every ``--eval-every`` steps), and they cost a cheap method a larger
 share, so each figure is shown twice: as measured, and without the checks' own measured cost
@@ -22,10 +22,10 @@ from typing import Any
 
 import pandas as pd
 
-from petlprof.metrics import HIGHER, direction
 from petlprof.report.frame import summarise
 from petlprof.report.records import MISSING, text
 from petlprof.report.table import render_markdown
+from petlprof.tasks.metrics import HIGHER, direction
 
 REFERENCE = "full"
 NOT_RECORDED = "—"  # no figure: not reached, or a record older than the split-out check costs

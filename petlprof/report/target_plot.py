@@ -17,12 +17,12 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from petlprof.figures import ENERGY
 from petlprof.report.intervals import caption, check_interval
 from petlprof.report.plotkit import COST, Bars, axis_limits, bar_legend, bounded_interval, clipped_caption, draw_bars
 from petlprof.report.plots import FORMATS, CostAxis, cost_label, file_slug, new_axes, wants_log_scale
 from petlprof.report.records import text
 from petlprof.report.target import TARGET_COSTS, TARGET_GROUP, TargetPlot, by_cost, target_configs, target_phrase
+from petlprof.results.figures import ENERGY
 
 OFFSET = 0.14  # rows: the two markers of a configuration sit just above and below its line
 WITH_CHECKS = "as measured (target checks included)"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from petlprof.bench import MethodStep
+from petlprof.bench.profile import MethodStep
 from petlprof.meters import Window, energy_meter_for, memory_meter_for
 from petlprof.registry import get_method, method_names
 

@@ -8,7 +8,7 @@ each method gets a copy of it.  Printed with ``-s``; checked against ``petlprof-
 * the training step time of READ over full fine-tuning's, timed in alternation in this process (the
   median over rounds of each round's ``read/full``; about 0.2 here, 0.3 on all 30 layers at 8 x 128),
   asserted at most 0.5 (the issue's target);
-* the deterministic training-memory model of :mod:`petlprof.bench` (weights + gradients + AdamW state +
+* the deterministic training-memory model of :mod:`petlprof.bench.profile` (weights + gradients + AdamW state +
   the activations autograd saves): READ's over full's, and each method's figures.
 
 A slice of smollm2 rather than a tiny preset: the vocabulary projection, which the LM head's positions
@@ -23,9 +23,9 @@ import statistics
 
 import pytest
 
-from petlprof import bench
-from petlprof.backbones import load_backbone
-from petlprof.bench import MethodStep, paired_ratio, time_rounds
+from petlprof.bench import profile as bench
+from petlprof.bench.profile import MethodStep, paired_ratio, time_rounds
+from petlprof.models.backbones import load_backbone
 
 SHAPE = {"backbone": "smollm2", "num_layers": 2, "batch_size": 4, "seq_len": 64, "target_len": 16}
 METHODS = ("read", "full")

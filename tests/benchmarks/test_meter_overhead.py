@@ -40,7 +40,7 @@ from functools import partial
 import torch
 from sensors import SteadyPowerSource
 
-from petlprof.bench import MethodStep, time_rounds
+from petlprof.bench.profile import MethodStep, time_rounds
 from petlprof.meters import Window, energy_meter_for, extra_meters_for, memory_meter_for
 from petlprof.meters.memory import release_free_memory
 from petlprof.meters.power import PowerTimeline

@@ -25,12 +25,13 @@ import time
 
 import pytest
 
-from petlprof.executors import LocalExecutor
-from petlprof.figures import TIME
+from petlprof.execution.child import FRESH_PROCESS, WARM_PROCESS
+from petlprof.execution.executors import LocalExecutor
 from petlprof.meters import Window
 from petlprof.meters.contention import CONTENDED_SHARE, ContentionMeter
-from petlprof.records import measured_phases_s
-from petlprof.runner import FRESH_PROCESS, WARM_PROCESS, RunSpec
+from petlprof.results.figures import TIME
+from petlprof.results.records import measured_phases_s
+from petlprof.sweep.spec import RunSpec
 
 SWEEP = dict(backbone="minilm", num_layers=2, train_size=64, eval_size=64, max_steps=4, inference_window_s=0.2)
 METHODS = ("read", "lora", "bitfit")

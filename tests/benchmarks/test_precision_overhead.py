@@ -20,8 +20,8 @@ import time
 
 import torch
 
-from petlprof.bench import MethodStep
-from petlprof.recipe import TrainRecipe
+from petlprof.bench.profile import MethodStep
+from petlprof.run.recipe import TrainRecipe
 
 TARGET_OVERHEAD = 0.01
 HOOK_REPEATS = 2000

@@ -17,8 +17,8 @@ import statistics
 
 import torch
 
-from petlprof.bench import MethodStep, paired_ratio, time_rounds
-from petlprof.cache import HiddenStateCache
+from petlprof.bench.profile import MethodStep, paired_ratio, time_rounds
+from petlprof.run.cache import HiddenStateCache
 
 SHAPE = {"backbone": "minilm", "batch_size": 32, "seq_len": 64}
 METHODS = ("read", "lst", "full")

@@ -6,7 +6,7 @@ peak training memory ``read/full <= 0.30``, measured the way a run measures it o
 process of its own, forked from one that imported the runtime (as the sweep's warm worker forks a run), the
 RSS high-water mark over training steps minus the process's RSS before the backbone was
 loaded (weights, activations, gradients and optimiser state; see :mod:`petlprof.meters.memory`).  The
-deterministic tensor-byte model of :mod:`petlprof.bench` (weights + gradients + AdamW state + saved
+deterministic tensor-byte model of :mod:`petlprof.bench.profile` (weights + gradients + AdamW state + saved
 activations) is printed beside it.  Nothing here is timed: ``.ci/run`` runs this file beside a timed group,
 on the other core.
 """
@@ -19,16 +19,16 @@ import sys
 
 from test_side_tuning import METHODS, SHAPE
 
-from petlprof.bench import MethodStep
+from petlprof.bench.profile import MethodStep
 
 _PEAK_SCRIPT = """
 import json, os, sys, traceback
-from petlprof.libraries import import_runtime_libraries
+from petlprof.run.libraries import import_runtime_libraries
 import_runtime_libraries()  # the runtime, as in a run, before the baseline
-from petlprof.bench import MethodStep
+from petlprof.bench.profile import MethodStep
 from petlprof.meters import Window, memory_meter_for
 from petlprof.meters.memory import release_free_memory, rss_bytes
-from petlprof.warm import populate, resident_file_pages
+from petlprof.execution.warm import populate, resident_file_pages
 resident = resident_file_pages()
 shape = json.loads(sys.argv[1])
 for method in sys.argv[2:]:  # one child at a time, forked as a run is from the warm worker
@@ -59,7 +59,7 @@ for method in sys.argv[2:]:  # one child at a time, forked as a run is from the 
 
 def peak_training_memory_bytes(methods: tuple[str, ...]) -> dict[str, int]:
     """The product's CPU figure for a training phase of each method, each in a process of its own, forked
-    (as a run is from the sweep's warm worker, :mod:`petlprof.warm`) from one that imported the runtime
+    (as a run is from the sweep's warm worker, :mod:`petlprof.execution.warm`) from one that imported the runtime
     once: three fresh interpreters took 34 s of one core here, their imports 15 s of it."""
     done = subprocess.run(
         [sys.executable, "-c", _PEAK_SCRIPT, json.dumps(SHAPE), *methods], capture_output=True, text=True

@@ -1,0 +1,137 @@
+"""The launch of a data-parallel run and the cause of its failure.
+
+:func:`launch` runs torch's elastic launcher (``torchrun --standalone --nproc-per-node N``) inside the worker
+process, so the ranks die with the sweep and a failed rank's exit code or signal reaches the record; each rank
+then runs ``python -m petlprof.execution.worker SPEC OUT`` (what a rank does is :mod:`petlprof.run.distributed`).
+A rank whose run failed leaves its own record beside the run's (:func:`rank_record_path`), the launcher the
+failed ranks' exit codes (:func:`launch_failures_path`); :func:`failure` names the cause from both.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.run import parse_args, run
+
+from petlprof.results.records import RunRecord
+
+COMMUNICATION_ERRORS = ("DistError", "DistBackendError", "DistNetworkError", "DistStoreError")
+# what a rank's error says when a peer went away under a collective (gloo raises a plain RuntimeError)
+COMMUNICATION_MARKERS = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+    "gloo/transport",
+    "NCCL communicator was aborted",
+    "ProcessGroupNCCL",
+    "ProcessGroupGloo",
+)
+
+
+def rank_record_path(out_path: str | Path, rank: int) -> Path:
+    """Where rank ``rank`` of a failed run leaves its own (failed) record, beside the run's record file."""
+    out_path = Path(out_path)
+    return out_path.with_name(f"{out_path.stem}.rank{rank}.json")
+
+
+def launch_failures_path(out_path: str | Path) -> Path:
+    out_path = Path(out_path)
+    return out_path.with_name(f"{out_path.stem}.launch.json")
+
+
+def launch(nproc: int, spec_path: str, out_path: str) -> int:
+    """Run ``python -m petlprof.execution.worker SPEC OUT`` on ``nproc`` local ranks with torch's elastic launcher
+    (``torchrun --standalone``) in this process; when a rank fails, torchrun stops the others and each
+    failed rank's exit code and signal go to :func:`launch_failures_path`.  Returns the exit code."""
+
+    os.environ["PETLPROF_PARENT_PID"] = str(os.getpid())  # the ranks' parent: they die with this launcher
+    args = parse_args(
+        ["--standalone", f"--nproc-per-node={nproc}", "-m", "petlprof.execution.worker", spec_path, out_path]
+    )
+    try:
+        run(args)
+    except ChildFailedError as error:
+        failures = {
+            rank: {"exitcode": f.exitcode, "signal": f.signal_name() if f.exitcode < 0 else None, "pid": f.pid}
+            for rank, f in error.failures.items()
+        }
+        launch_failures_path(out_path).write_text(json.dumps(failures))
+        return 1
+    except SignalException as stop:  # the sweep stopped this run: torchrun has stopped the ranks
+        return 128 + int(stop.sigval)
+    return 0
+
+
+def read_failure(out_path: str | Path, world_size: int) -> dict[str, Any] | None:
+    """:func:`failure` of the run whose record was to be ``out_path``, from the files its ranks and
+    launcher left beside it."""
+    records = {
+        rank: json.loads(path.read_text())
+        for rank in range(world_size)
+        if (path := rank_record_path(out_path, rank)).exists()
+    }
+    launched_path = launch_failures_path(out_path)
+    launched = (
+        {int(r): info for r, info in json.loads(launched_path.read_text()).items()} if launched_path.exists() else {}
+    )
+    return failure(world_size, records, launched)
+
+
+def failure(world_size: int, rank_records: dict[int, RunRecord], launched: dict[int, dict]) -> dict[str, Any] | None:
+    """The cause of a failed multi-rank run, as record fields (``status``, ``error`` naming the rank, its
+    traceback and ``failed_at``, ``distributed``), from the failed ranks' own records and the launcher's
+    exit codes; None when neither names a failure.
+
+    The cause is, in this order: an error a rank raised that is not a communication error (a peer gone
+    under a collective), the earliest by the ranks' ``failed_unix_s``; a rank ended by a signal other
+    than the SIGTERM with which torchrun stops the survivors (SIGKILL: status ``oom``, as for a one-rank
+    run the kernel killed); a communication error; any other exit."""
+
+    def own(rank: int) -> bool:
+        return rank in rank_records
+
+    def communication(rank: int) -> bool:
+        error = rank_records[rank].get("error") or ""
+        return error.split(":")[0] in COMMUNICATION_ERRORS or any(m in error for m in COMMUNICATION_MARKERS)
+
+    def first(ranks) -> list[int]:
+        return sorted(ranks, key=lambda r: (rank_records[r].get("failed_unix_s", float("inf")), r))
+
+    def ended(rank: int) -> str:
+        info = launched[rank]
+        if info.get("signal"):
+            return f"killed by {info['signal']} (exit code {info['exitcode']})"
+        return f"ended with exit code {info['exitcode']} and no error of its own"
+
+    summary = {
+        **{r: rec.get("error") for r, rec in rank_records.items()},
+        **{r: ended(r) for r in launched if not own(r)},
+    }
+    if not summary:
+        return None
+    raised = first(r for r in rank_records if not communication(r))
+    signalled = sorted(r for r in launched if not own(r) and launched[r].get("signal") not in (None, "SIGTERM"))
+    talking = first(r for r in rank_records if communication(r))
+    rest = sorted(r for r in launched if not own(r))
+    rank = (raised or signalled or talking or rest)[0]
+    failed_ranks = {str(r): summary[r] for r in sorted(summary)}  # string keys, as the record's JSON has them
+    fields: dict[str, Any] = {"distributed": {"world_size": world_size, "failed_ranks": failed_ranks}}
+    if own(rank):
+        record = rank_records[rank]
+        fields.update(
+            status=record.get("status", "failed"),
+            error=f"rank {rank} of {world_size}: {record.get('error')}",
+            **{k: record[k] for k in ("traceback", "failed_at") if k in record},
+        )
+    else:
+        killed = launched[rank].get("signal") == "SIGKILL"
+        fields.update(
+            status="oom" if killed else "failed",
+            error=f"rank {rank} of {world_size} {summary[rank]}" + ("; out of memory?" if killed else ""),
+        )
+    return fields

@@ -1,0 +1,311 @@
+"""A warm worker: one process per sweep that imports the run's libraries once and forks a child per run.
+
+A fresh Python process spends about 6 s (on a 2-core CPU) importing torch, transformers, peft, datasets
+and pandas before a run can start.  The warm worker (``python -m petlprof.execution.worker --serve FD``) imports
+them once, then forks one child per run; the child runs exactly what a fresh worker runs
+(:func:`petlprof.execution.worker.run_job`), so a crash, a segfault or the kernel's OOM killer still costs one
+run only.  Peak-memory figures stay those of a fresh process: the warm worker imports only what
+:func:`petlprof.run.pipeline.prepare` imports before it takes the run's memory baseline
+(:data:`petlprof.run.libraries.RUNTIME_LIBRARIES`), so every later import still counts in the run as before;
+and a forked child maps again the file pages (library code) that the warm worker had resident
+(``MADV_POPULATE_READ``), which ``fork`` leaves unmapped, so code that a fresh process had already paged
+in while importing is not counted in the child's peak as it pages in again.
+
+Fork safety: the warm worker never touches CUDA and runs nothing after its imports; it forks only while
+Python has one thread and no native thread has started since the imports (checked before every fork).
+The native threads the imports start are idle pools of libraries that re-arm themselves in a forked
+child (``pthread_atfork``): OpenBLAS's (numpy, scipy) and jemalloc's background thread (pyarrow).
+The warm worker serves one-process CPU runs; CUDA runs, torchrun runs and the warm worker's own
+failure fall back to a fresh interpreter (:func:`petlprof.execution.child.execute_in_subprocess` decides).
+
+Protocol over a Unix socket pair, one JSON line per message: the driver sends ``{"spec", "out"}`` paths
+and ``env`` (its environment at the run's start, which the child takes) with the write end of the run's
+stderr pipe attached (``SCM_RIGHTS``); the warm worker answers
+``{"pid"}`` when the child starts and ``{"returncode"}`` (``Popen``'s convention) when it ends.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import BinaryIO
+
+from petlprof.execution.process import command, die_with_parent
+
+READY_TIMEOUT_S = 300.0  # the imports of a cold disk cache; past it the sweep uses fresh processes
+_MAX_MESSAGE = 65536
+
+
+def _send(sock: socket.socket, message: dict, fds: tuple[int, ...] = ()) -> None:
+    data = (json.dumps(message) + "\n").encode()
+    if fds:
+        socket.send_fds(sock, [data], list(fds))
+    else:
+        sock.sendall(data)
+
+
+class _Lines:
+    """JSON lines from a socket (with the file descriptors sent alongside them)."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock, self.buffer = sock, b""
+        self.fds: list[int] = []
+
+    def read(self, timeout_s: float | None = None) -> dict | None:
+        """The next message, None at end of stream; raises ``TimeoutError`` past ``timeout_s``."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while b"\n" not in self.buffer:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            self.sock.settimeout(left)
+            try:
+                data, fds, _, _ = socket.recv_fds(self.sock, _MAX_MESSAGE, 4)
+            except (TimeoutError, BlockingIOError) as exc:  # a timeout of 0 makes the socket non-blocking
+                raise TimeoutError from exc
+            if not data:
+                return None
+            self.buffer += data
+            self.fds += fds
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return json.loads(line)
+
+
+# --- the driver's side ---------------------------------------------------------------------------------
+
+
+def serves(spec) -> bool:
+    """Whether a run can be forked from a warm worker: one process on the CPU (CUDA after a fork is untried
+    here, and torchrun starts ranks of its own)."""
+    return spec.nproc == 1 and not spec.device.startswith("cuda")
+
+
+class WarmChild:
+    """One run's forked child, seen from the driver: the part of ``subprocess.Popen`` that
+    :func:`petlprof.execution.child.execute_in_subprocess` uses (``stderr``, ``wait``, ``poll``, ``terminate``,
+    ``kill``)."""
+
+    def __init__(self, worker: WarmWorker, pid: int, stderr: BinaryIO):
+        self.worker, self.pid, self.stderr = worker, pid, stderr
+        self.returncode: int | None = None
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            try:
+                message = self.worker.lines.read(timeout)
+            except TimeoutError as exc:
+                raise subprocess.TimeoutExpired("warm worker child", timeout or 0) from exc
+            if message is None:  # the warm worker died: its child died with it (PR_SET_PDEATHSIG)
+                self.worker.broken = "the warm worker ended during a run"
+                self.returncode = -signal.SIGKILL
+            else:
+                self.returncode = int(message["returncode"])
+        return self.returncode
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                return self.wait(0)
+            except subprocess.TimeoutExpired:
+                return None
+        return self.returncode
+
+    def _signal(self, sig: int) -> None:
+        try:
+            os.kill(self.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def terminate(self) -> None:
+        self._signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self._signal(signal.SIGKILL)
+
+
+class WarmWorker:
+    """The sweep's warm worker process; :meth:`start` forks a run from it.
+
+    ``wait=False`` starts its imports and returns at once, so they overlap what the driver does before
+    its first run (checking the options and data); :meth:`wait_ready` then waits for what is left."""
+
+    def __init__(self, env: dict[str, str], wait: bool = True):
+        ours, theirs = socket.socketpair()
+        cmd = command("--serve", str(theirs.fileno()))  # Ctrl-C ignored from its first import on
+        self.proc = subprocess.Popen(cmd, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=env)
+        theirs.close()
+        self.sock, self.lines = ours, _Lines(ours)
+        self.broken: str | None = None
+        self.start_s: float | None = None  # how long the driver waited for the imports: its first run's overhead
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
+        """Wait, once, until the worker has imported the runtime (``broken`` says why it could not)."""
+        if self.start_s is not None:
+            return
+        t0 = time.perf_counter()
+        try:
+            ready = self.lines.read(READY_TIMEOUT_S)
+        except TimeoutError:
+            ready = {"ready": False, "why": f"not ready after {READY_TIMEOUT_S:g} s"}
+        if not ready or not ready.get("ready"):
+            self.broken = (ready or {}).get("why") or "it ended while importing"
+            self.close()
+        self.start_s = time.perf_counter() - t0
+
+    def start(self, spec_path: Path, out_path: Path, env: dict[str, str]) -> WarmChild:
+        """Fork a child that runs ``spec_path`` into ``out_path`` with environment ``env`` (as a fresh
+        process started now would have it); its stderr comes back as a pipe.  ``OSError`` when it cannot,
+        and then it never will: the caller may run the spec elsewhere without running it twice."""
+        self.wait_ready()  # else its "ready" would be read as the fork's answer
+        if self.broken is not None:
+            raise OSError(f"warm worker: {self.broken}")
+        read_end, write_end = os.pipe()
+        try:
+            _send(self.sock, {"spec": str(spec_path), "out": str(out_path), "env": env}, (write_end,))
+        finally:
+            os.close(write_end)
+        stderr = os.fdopen(read_end, "rb")
+        try:
+            message = self.lines.read(60.0)
+        except TimeoutError:
+            self.proc.kill()  # it may still fork this run: killed, it cannot run it beside the caller's
+            message = {"why": "no answer to a fork request within 60 s"}
+        if not message or "pid" not in message:
+            stderr.close()
+            self.broken = (message or {}).get("why") or "the warm worker ended before forking"
+            raise OSError(f"warm worker: {self.broken}")
+        return WarmChild(self, int(message["pid"]), stderr)
+
+    def close(self) -> None:
+        if self.start_s is None:  # never waited for: still importing, perhaps for seconds, and never used
+            self.proc.kill()
+        self.sock.close()  # end of stream: the warm worker exits
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+# --- the warm worker's side ----------------------------------------------------------------------------
+
+
+def _threads() -> int:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Threads:"):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return -1  # unknown: treated as unsafe
+
+
+def resident_file_pages() -> list[tuple[int, int]]:
+    """(address, length) of every run of resident pages in this process's readable file mappings
+    (``/proc/self/pagemap``'s present bit); empty where the kernel does not say."""
+    size, ranges = os.sysconf("SC_PAGE_SIZE"), []
+    try:
+        with open("/proc/self/maps") as maps, open("/proc/self/pagemap", "rb") as pagemap:
+            for line in maps:
+                fields = line.split()
+                if len(fields) < 6 or not fields[5].startswith("/") or not fields[1].startswith("r"):
+                    continue
+                start, end = (int(x, 16) for x in fields[0].split("-"))
+                pagemap.seek(start // size * 8)
+                count = (end - start) // size
+                present = [v >> 63 for v in struct.unpack(f"{count}Q", pagemap.read(count * 8))]
+                ranges += _runs(present, start, size)
+    except (OSError, struct.error):
+        return []
+    return ranges
+
+
+def _runs(present: list[int], start: int, size: int) -> list[tuple[int, int]]:
+    runs, first = [], None
+    for i, bit in enumerate([*present, 0]):
+        if bit and first is None:
+            first = i
+        elif not bit and first is not None:
+            runs.append((start + first * size, (i - first) * size))
+            first = None
+    return runs
+
+
+_MADV_POPULATE_READ = 22  # Linux 5.14
+
+
+def populate(ranges: list[tuple[int, int]]) -> None:
+    """Map ``ranges`` into this process's page tables (page cache hits: no I/O); silently a no-op on a
+    kernel without ``MADV_POPULATE_READ``."""
+    madvise = ctypes.CDLL("libc.so.6", use_errno=True).madvise
+    madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    for address, length in ranges:
+        madvise(address, length, _MADV_POPULATE_READ)
+
+
+def serve(fd: int, run_job, preload) -> int:
+    """The warm worker's loop: import, say ready, then fork one child per request until end of stream.
+
+    ``run_job(spec_path, out_path) -> exit code`` is what a child runs; ``preload()`` imports the
+    libraries.  Ctrl-C is the run's and the sweep's to handle: this process ignores it.  The stop signals
+    are unblocked, as in a fresh worker (:data:`petlprof.execution.process.LAUNCH`), for the children to inherit."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT, signal.SIGTERM))
+    sock = socket.socket(fileno=fd)
+    lines = _Lines(sock)
+    preload()  # and out of the garbage collector's scans (gc.freeze): each child's collections skip them
+
+    threads = _threads()
+    if threading.active_count() != 1 or threads < 1:
+        _send(sock, {"ready": False, "why": f"{threading.active_count()} Python threads after the imports"})
+        return 1
+    resident = resident_file_pages()
+    _send(sock, {"ready": True})
+    while (request := lines.read()) is not None:
+        fds, lines.fds = lines.fds, []
+        if len(fds) != 1 or _threads() > threads:
+            _send(sock, {"why": "no stderr pipe sent" if len(fds) != 1 else "a thread started after the imports"})
+            return 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            _child(sock, fds[0], run_job, request, resident)
+        os.close(fds[0])
+        _send(sock, {"pid": pid})
+        _, status = os.waitpid(pid, 0)
+        _send(sock, {"returncode": os.waitstatus_to_exitcode(status)})
+    return 0
+
+
+def _child(sock: socket.socket, stderr_fd: int, run_job, request: dict, resident: list) -> None:
+    """A forked run: stderr to the driver's pipe, Ctrl-C raised as in a fresh process, dies with its parent."""
+    code = 1
+    try:
+        sock.close()
+        os.dup2(stderr_fd, 2)
+        os.close(stderr_fd)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        die_with_parent(os.getppid())
+        os.environ.clear()  # the driver's environment of now, not the one the warm worker started with
+        os.environ.update(request["env"])
+        populate(resident)
+        code = run_job(Path(request["spec"]), Path(request["out"]))
+    except KeyboardInterrupt:
+        code = 130
+    except BaseException:  # noqa: B036 - a child must never return into the warm worker's loop
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)

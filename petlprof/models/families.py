@@ -1,0 +1,64 @@
+"""The three architecture families a backbone may be, the transformers class that builds each, and the model a
+config builds.
+
+``encoder`` (BERT-like), ``encoder-decoder`` (T5-like) and ``decoder`` (GPT-2/LLaMA-like), told from a
+transformers config by the Auto mappings (not a name list).  Both the backbone loader
+(:mod:`petlprof.models.backbones`) and the structural description (:mod:`petlprof.models.architecture`) build models by
+these rules, so they live below both.  Imports nothing heavy at module level (``petlprof --help`` reads
+the presets of :mod:`petlprof.models.backbones`, which imports this module).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from petlprof.errors import UsageError
+
+ENCODER, ENCODER_DECODER, DECODER = "encoder", "encoder-decoder", "decoder"
+
+
+def family_of(config: Any) -> str:
+    """Architecture family of a transformers config, from the Auto mappings (not a name list)."""
+    from transformers.models.auto.modeling_auto import (  # transformers: seconds, not for --help
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
+
+    if getattr(config, "is_encoder_decoder", False):
+        return ENCODER_DECODER
+    if config.model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES:
+        return ENCODER
+    if config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return DECODER
+    raise UsageError(
+        f"model type '{config.model_type}' is neither an encoder, an encoder-decoder nor a "
+        "decoder-only transformers architecture; petlprof cannot classify with it"
+    )
+
+
+def model_class(config: Any, lm_head: bool, spec: str = "this backbone") -> Any:
+    """The transformers Auto class that builds ``config``: the headless model, or with ``lm_head`` the model with
+    its own language-modelling head (causal for a decoder, sequence-to-sequence for an encoder-decoder; tied
+    embeddings stay tied).  An encoder has no language-modelling objective here: refused in one line."""
+    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM  # as in family_of
+
+    if not lm_head:
+        return AutoModel
+    family = family_of(config)
+    if family == ENCODER:
+        raise UsageError(
+            f"backbone '{spec}' is an encoder ({config.model_type}): it has no language-modelling head to generate "
+            "with; the LM objective needs a decoder (tiny-llama, tiny-gpt2, smollm2) or an encoder-decoder (tiny-t5)"
+        )
+    return AutoModelForSeq2SeqLM if family == ENCODER_DECODER else AutoModelForCausalLM
+
+
+def model_from_config(config: Any, lm_head: bool = False, spec: str = "this backbone", **from_config: Any) -> Any:
+    """The model ``config`` builds with random weights (:func:`model_class`'s; ``from_config``: more of its
+    arguments, e.g. an attention implementation), on the current device: a run's with ``random_init``, every
+    estimate's and every description's of a config (on the meta device).  In float32 whatever a config's
+    ``torch_dtype`` says (transformers 5 applies it by default): ``--precision`` decides what the products run
+    in, and a bf16 config.json must not change that silently."""
+    import torch  # as in family_of
+
+    return model_class(config, lm_head, spec).from_config(config, dtype=torch.float32, **from_config)

@@ -1,0 +1,96 @@
+"""The ``inference`` phase: latency and energy per batch and per sample, at batch size 1 and at the
+training batch size, after evaluation.
+
+Unlike training, inference is repeatable, so a short window is lengthened instead of being only
+flagged: one fixed batch (the first examples of the evaluation split, dynamically padded) is run
+again and again under the meters until the window lasts ``min_window_s``.  With a *measured*
+energy meter the default target is :data:`~petlprof.meters.energy.SHORT_WINDOW_S` (5 s), the
+length below which counter-based energy is low-confidence; with the estimate (CPU time, no counter
+granularity) it is :data:`ESTIMATE_WINDOW_S`, enough for stable percentiles.  Every batch size is
+preceded by ``warmup_steps`` unmeasured repeats.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from petlprof.meters import ESTIMATED, Meter, Window
+from petlprof.meters.base import phase_warnings
+from petlprof.meters.energy import SHORT_WINDOW_S
+from petlprof.meters.latency import StepTimer
+from petlprof.results.figures import ENERGY, LATENCY, SAMPLES_PER_S, TIME
+from petlprof.run.recipe import autocast
+from petlprof.run.train import Batches, Progress, percentiles
+from petlprof.vocabulary import FP32
+
+ESTIMATE_WINDOW_S = 0.5
+MIN_REPEATS = 10
+MAX_REPEATS = 100_000
+
+
+def target_window_s(energy_kind: str | None, requested: float | None) -> float:
+    """The window the phase repeats to: ``requested`` if given, else by the energy meter's kind."""
+    if requested is not None:
+        return requested
+    return ESTIMATE_WINDOW_S if energy_kind == ESTIMATED else SHORT_WINDOW_S
+
+
+@torch.no_grad()
+def measure_inference(
+    model,
+    batches: Batches,
+    *,
+    device: str,
+    batch_sizes: list[int],
+    make_meters: Callable[[int], list[Meter]],
+    min_window_s: float,
+    warmup_steps: int,
+    progress: Progress | None = None,
+    precision: str = FP32,
+) -> dict[str, Any]:
+    """``{"batch_1": {...}, "batch_32": {...}}``: per batch size the repeats, window time, latency
+    percentiles per batch and per sample, throughput, and the meters' readings (energy per sample).
+    ``progress`` is told which batch size is measured (for the record of a run that fails); every
+    forward pass runs at the run's ``precision`` (:func:`petlprof.run.recipe.autocast`)."""
+    progress = progress if progress is not None else Progress()
+    model.eval()
+    phase: dict[str, Any] = {"target_window_s": min_window_s, "input": "the first examples of the evaluation split"}
+    for size in dict.fromkeys(min(b, len(batches.encodings)) for b in batch_sizes):
+        progress.at("inference", size)
+        fixed = Batches(batches.encodings[:size], batches.labels[:size], size, batches.tokenizer)
+        inputs, _ = next(fixed.iterate(device))
+        with autocast(precision, device):
+            for _ in range(warmup_steps):
+                model(**inputs)
+        timer, repeats, meters = StepTimer(device), 0, make_meters(size)
+        try:
+            with Window(meters, device) as window, autocast(precision, device):
+                t0 = time.perf_counter()
+                while repeats < MAX_REPEATS and (repeats < MIN_REPEATS or time.perf_counter() - t0 < min_window_s):
+                    timer.start()
+                    model(**inputs)
+                    timer.stop()
+                    repeats += 1
+        finally:
+            for meter in meters:
+                meter.close()
+        latencies = timer.latencies_s()
+        warnings = phase_warnings(window.reading)
+        energy = window.reading.value(ENERGY)
+        phase[f"batch_{size}"] = {
+            "batch_size": size,
+            "repeats": repeats,
+            TIME.name: window.time_s,
+            LATENCY.name: percentiles(latencies),
+            "latency_per_sample_s": percentiles([t / size for t in latencies]),
+            "latency_source": timer.source,
+            SAMPLES_PER_S.name: repeats * size / window.time_s if window.time_s else None,
+            "energy_per_sample_j": energy / (repeats * size) if energy is not None else None,
+            **window.reading.record(),
+            "warnings": warnings,
+        }
+    return phase

@@ -1,0 +1,91 @@
+"""The evaluation phase of a language-modelling run, under one meter window:
+
+* the evaluation split's loss on its target tokens, teacher-forced (prompt and padding masked), and
+  its perplexity, ``exp`` of the mean loss per target token;
+* greedy generation of every evaluation prompt (the backbone's KV cache kept), decoded and scored
+  against the references by the task's own metrics (exact match, ROUGE-L).
+
+The first ``warmup_steps`` loss batches run outside the window (they still count towards the loss),
+as in :func:`petlprof.run.train.evaluate`.  Each generated prompt batch is one timed step: the phase's
+``latency_s`` is the time to generate a batch of responses, ``samples`` the prompts answered.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+import torch
+
+from petlprof.meters import Window
+from petlprof.meters.latency import StepTimer
+from petlprof.run.ranks import ONE_PROCESS
+from petlprof.run.recipe import autocast
+from petlprof.run.train import PhaseIO, phase_summary
+
+IGNORED = -100  # the label of a position that is not a target token (Hugging Face's convention)
+
+
+def _loss_pass(model, batches, io: PhaseIO, precision: str, order, bar) -> tuple[float, int]:
+    """(sum of the token losses, target tokens) over the loss batches ``order``."""
+    total, tokens = 0.0, 0
+    for step, idx in order:
+        io.progress.at("eval", step)
+        inputs, labels = batches.collate(idx, io.device)
+        with autocast(precision, io.device):
+            logits = model(**inputs)
+            loss = batches.loss(logits, labels)
+        count = int((labels != IGNORED).sum())
+        total, tokens = total + float(loss) * count, tokens + count
+        bar.update(1)
+    return total, tokens
+
+
+def _generate_all(model, batches, io: PhaseIO, precision: str, generate, max_new_tokens: int, timer, bar):
+    """Every evaluation prompt's greedy response as text, in the split's order."""
+    tokenizer = batches.tokenizer
+    texts: dict[int, str] = {}
+    for inputs, rows in batches.prompt_batches(io.device):
+        timer.start()
+        with autocast(precision, io.device):
+            new_ids = generate(
+                model,
+                inputs["input_ids"],
+                inputs["attention_mask"],
+                max_new_tokens,
+                eos_token_id=batches.eos_token_id,
+                use_cache=True,
+            )
+        timer.stop()
+        for row, ids in zip(rows, new_ids):
+            texts[int(row)] = tokenizer.decode(ids, skip_special_tokens=True)
+        bar.update(1)
+    return [texts[i] for i in range(len(texts))]
+
+
+@torch.no_grad()
+def evaluate_lm(
+    model, batches, io: PhaseIO, *, warmup_steps: int, precision: str, max_new_tokens: int, generate
+) -> tuple[dict[str, Any], list[str], list[str]]:
+    """Score ``model`` on the evaluation ``batches`` (:class:`petlprof.run.lm_batches.LMBatches`); returns
+    (phase summary with ``eval_loss`` and ``perplexity``, generated texts, reference texts).
+    ``generate`` is :func:`petlprof.models.classifier.greedy_generate` (a parameter, so a test can pass its own)."""
+    model.eval()
+    warmup = min(warmup_steps, max(len(batches) - 1, 0))
+    timer, window = StepTimer(io.device), Window(io.meters, io.device)
+    prompts = math.ceil(len(batches.references) / batches.batch_size)
+    order = enumerate(batches.batch_indices())
+    with io.bar(len(batches) + prompts, "batch", ONE_PROCESS) as bar:
+        total, tokens = _loss_pass(model, batches, io, precision, itertools.islice(order, warmup), bar)
+        with window:
+            rest_total, rest_tokens = _loss_pass(model, batches, io, precision, order, bar)
+            texts = _generate_all(model, batches, io, precision, generate, max_new_tokens, timer, bar)
+    mean = (total + rest_total) / max(tokens + rest_tokens, 1)
+    summary = phase_summary(window, timer, prompts, len(texts), warmup, warmup_steps)
+    summary.update(
+        eval_loss=mean,
+        perplexity=math.exp(mean) if mean < 700 else None,  # past e**700 a float overflows
+        target_tokens=tokens + rest_tokens,
+    )
+    return summary, texts, list(batches.references)

@@ -1,0 +1,340 @@
+"""The one training and evaluation loop every method goes through, under meter windows.
+
+Every method trains by the same :class:`~petlprof.run.recipe.TrainRecipe` (AdamW with weight decay on
+matrices only, linear schedule after a linear warm-up, gradient clipping), with dynamic padding and
+sequence length, so cost differences come from the methods alone.  The first ``warmup_steps`` steps
+of each phase run *outside* the meter window (allocator warm-up, lazy initialisation); their samples
+still train the model and, in evaluation, still count towards the metrics.  Where the run is goes to
+the :class:`Progress` the caller passes in (:class:`PhaseIO`).
+
+With several data-parallel ranks (``ranks``, :mod:`petlprof.run.distributed`) every batch is still the
+global batch: this rank computes its part of it, its loss weighted by its share, and the reported
+losses and the evaluation's predictions are those of the whole batch and split.  The one-process
+rank context makes all of that the identity.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from petlprof.meters import Window
+from petlprof.meters.base import phase_warnings
+from petlprof.meters.latency import StepTimer
+from petlprof.results.figures import LATENCY, SAMPLES, SAMPLES_PER_S, TIME, TOKENS, TOKENS_PER_S, rate
+from petlprof.results.records import FailedAt
+from petlprof.run.ranks import ONE_PROCESS
+from petlprof.run.recipe import TrainRecipe, autocast
+from petlprof.vocabulary import FP32
+
+
+@dataclass
+class Batches:
+    """A tokenised split, cut into dynamically padded batches."""
+
+    encodings: list[dict]
+    labels: torch.Tensor
+    batch_size: int
+    tokenizer: Any
+
+    @classmethod
+    def from_split(cls, split, tokenizer, batch_size: int, max_length: int, regression: bool) -> Batches:
+        enc = tokenizer(split.texts, split.pairs, truncation=True, max_length=max_length)
+        rows = [{k: enc[k][i] for k in ("input_ids", "attention_mask")} for i in range(len(split))]
+        labels = torch.tensor(split.labels, dtype=torch.float32 if regression else torch.long)
+        return cls(rows, labels, batch_size, tokenizer)
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.encodings) / self.batch_size)
+
+    def batch_indices(self, shuffle_seed: int | None = None) -> Iterator[np.ndarray]:
+        """The examples' indices in the split, per batch."""
+        return batch_indices(len(self.encodings), self.batch_size, shuffle_seed)
+
+    def collate(self, idx: np.ndarray, device: str) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """(inputs, labels) of the examples ``idx``, padded to the longest of them."""
+        batch = self.tokenizer.pad([self.encodings[i] for i in idx], return_tensors="pt")
+        inputs = {k: batch[k].to(device) for k in ("input_ids", "attention_mask")}
+        return inputs, self.labels[torch.as_tensor(idx)].to(device)
+
+    def iterate(self, device: str, shuffle_seed: int | None = None) -> Iterator[tuple[dict, torch.Tensor]]:
+        """(inputs, labels) per batch."""
+        for idx in self.batch_indices(shuffle_seed):
+            yield self.collate(idx, device)
+
+    def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The training loss of a batch's logits (the language-modelling batches have their own)."""
+        return loss_fn(logits, labels)
+
+
+def batch_indices(count: int, batch_size: int, shuffle_seed: int | None = None) -> Iterator[np.ndarray]:
+    """The indices ``0..count-1`` cut into batches, shuffled by ``shuffle_seed`` when given (every
+    kind of batches orders its examples this way, so a seed gives the same order for each)."""
+    order = np.arange(count)
+    if shuffle_seed is not None:
+        np.random.default_rng(shuffle_seed).shuffle(order)
+    for start in range(0, count, batch_size):
+        yield order[start : start + batch_size]
+
+
+def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    if logits.shape[-1] == 1:
+        return torch.nn.functional.mse_loss(logits.squeeze(-1), labels)
+    return torch.nn.functional.cross_entropy(logits, labels)
+
+
+def percentiles(latencies: list[float]) -> dict[str, float | None]:
+    if not latencies:
+        return {"p50": None, "p90": None, "p99": None, "mean": None}
+    p50, p90, p99 = np.percentile(latencies, [50, 90, 99])
+    return {"p50": float(p50), "p90": float(p90), "p99": float(p99), "mean": float(np.mean(latencies))}
+
+
+def phase_summary(window: Window, timer: StepTimer, steps, samples, warmup, requested_warmup) -> dict[str, Any]:
+    warnings = phase_warnings(window.reading)
+    if warmup < requested_warmup:
+        warnings.append(
+            f"only {warmup} of the {requested_warmup} requested warm-up steps were excluded: the "
+            "phase is too short, so its figures include start-up costs"
+        )
+    return {
+        TIME.name: window.time_s,
+        "steps": steps,
+        SAMPLES.name: samples,
+        "warmup_steps": warmup,
+        SAMPLES_PER_S.name: rate(samples, window.time_s),
+        LATENCY.name: percentiles(timer.latencies_s()),
+        "latency_source": timer.source,
+        **window.reading.record(),
+        "warnings": warnings,
+    }
+
+
+@dataclass(frozen=True)
+class Steps:
+    """How long training runs and which of its steps are measured: ``epochs`` over the split, or
+    exactly ``max_steps`` optimiser steps (which overrides epochs); the first ``warmup_steps`` run
+    outside the meter window; ``seed`` shuffles each epoch."""
+
+    epochs: int = 1
+    max_steps: int | None = None
+    warmup_steps: int = 0
+    seed: int = 0
+
+    def total(self, batches_per_epoch: int) -> int:
+        return self.epochs * batches_per_epoch if self.max_steps is None else self.max_steps
+
+
+class Progress:
+    """Where a run is (phase, step), kept for the record of a run that fails."""
+
+    def __init__(self) -> None:
+        self.phase: str | None = None
+        self.step: int | None = None
+
+    def at(self, phase: str | None, step: int | None = None) -> None:
+        self.phase, self.step = phase, step
+
+    def as_dict(self) -> FailedAt:
+        return {"phase": self.phase, "step": self.step}
+
+
+@dataclass
+class PhaseIO:
+    """What a phase reports to: its device, the meters of its window, its progress bar's label and the
+    run's :class:`Progress`."""
+
+    device: str
+    meters: list
+    desc: str
+    progress: Progress = field(default_factory=Progress)
+
+    def bar(self, total: int, unit: str, ranks, **kwargs):
+        return tqdm(total=total, desc=self.desc, unit=unit, dynamic_ncols=True, disable=not ranks.is_main, **kwargs)
+
+
+def _step_order(batches: Batches, total: int, seed: int) -> Iterator[np.ndarray]:
+    """The batches of ``total`` optimiser steps: epoch after epoch, each shuffled by its own seed."""
+    epochs = range(math.ceil(total / len(batches)))
+    order = (batches.batch_indices(shuffle_seed=seed * 1000 + epoch) for epoch in epochs)
+    return itertools.islice(itertools.chain.from_iterable(order), total)
+
+
+class _Fit:
+    """The state of one training phase: one :meth:`step` per optimiser step."""
+
+    def __init__(self, model, batches: Batches, recipe: TrainRecipe, total: int, io: PhaseIO, cache, ranks):
+        self.model, self.batches, self.recipe, self.io = model, batches, recipe, io
+        self.cache, self.ranks = cache, ranks
+        self.optimizer, self.params = recipe.optimizer(model)
+        self.schedule = recipe.schedule(self.optimizer, total)
+        self.scaler = recipe.scaler(io.device)  # fp16's loss scaler; a pass-through otherwise
+        self.timer = StepTimer(io.device)
+        self.steps, self.samples, self.tokens, self.overflows = 0, 0, 0, 0
+        self.losses: list[float] = []
+        self.diverged: tuple[int, float, float] | None = None  # (step, loss, gradient norm) of a step that diverged
+
+    def step(self, batch: np.ndarray, bar, measured: bool) -> bool:
+        """One optimiser step on the global ``batch``; this rank computes its part of it.  Each rank's
+        loss is scaled by its share of the batch times the world size, so the gradient DDP averages is
+        the global batch's mean gradient.  False, with the step not applied, when the loss or the
+        gradient norm is not a finite number on some rank (:attr:`diverged` says where); with fp16's
+        loss scaling a non-finite gradient is an overflow of the scaled loss (the step is skipped and
+        the scale lowered, as ``GradScaler`` does) unless the scale is already 1 or less."""
+        self.io.progress.at("train", self.steps)
+        idx, share = self.ranks.part(batch)
+        inputs, labels = self.batches.collate(idx, self.io.device)
+        self.timer.start()
+        with self.recipe.autocast(self.io.device):
+            logits = self.model(**inputs) if self.cache is None else self.cache.logits(self.model, inputs, idx)
+            loss = self.batches.loss(logits, labels)
+        with self.recipe.kernels_checked(self.io.device):
+            self.scaler.scale(loss * (share * self.ranks.world_size)).backward()
+        self.scaler.unscale_(self.optimizer)  # clipping reads the true gradients
+        norm, value, scale = self.recipe.clip(self.params), float(loss.detach()), self.scaler.get_scale()
+        overflow = self.scaler.is_enabled() and scale > 1 and not math.isfinite(norm)
+        if self.ranks.any(not math.isfinite(value) or not (overflow or math.isfinite(norm))):
+            self.optimizer.zero_grad(set_to_none=True)
+            self.timer.stop(keep=False)
+            self.diverged = (self.steps + 1, value, norm)
+            bar.set_postfix(loss=f"{value:.4f}", diverged=True)
+            return False
+        self.scaler.step(self.optimizer)  # skipped by the scaler on an overflow
+        self.scaler.update()
+        if overflow:
+            self.overflows += 1
+        else:
+            self.schedule.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.timer.stop(keep=measured)
+        if measured and share:
+            self.samples += len(labels)
+            self.tokens += int(inputs["attention_mask"].sum())  # the positions trained on, padding excluded
+        self.losses.append(value * share)  # this rank's part of the batch's mean loss
+        self.steps += 1
+        bar.update(1)
+        bar.set_postfix(loss=f"{value:.4f}")
+        return True
+
+
+def _divergence(step: int, loss: float, grad_norm: float, losses: list[float]) -> dict[str, Any]:
+    """The ``diverged_at`` entry (:class:`petlprof.results.records.Divergence`): non-finite numbers as text (JSON has
+    none); the last finite loss is the mean loss of the batch before, summed over ranks."""
+    return {
+        "step": step,
+        "loss": str(loss),
+        "grad_norm": str(grad_norm),
+        "last_finite_loss": losses[-1] if losses else None,
+    }
+
+
+def train(
+    model, batches: Batches, recipe: TrainRecipe, steps: Steps, io: PhaseIO, *, cache=None, stop=None, ranks=ONE_PROCESS
+) -> dict[str, Any]:
+    """Train ``model`` by ``recipe`` for ``steps``; returns the phase summary.
+
+    ``cache``: a :class:`petlprof.run.cache.HiddenStateCache` for a side-tuning model; its size and hit
+    rate join the summary.  ``stop``: called with the number of steps done after each step past the
+    warm-up (a :class:`petlprof.run.budget.Budget`); a truthy answer ends training there.  ``ranks``: this
+    process's rank context (:mod:`petlprof.run.ranks`; ``model`` wrapped in DistributedDataParallel
+    when there are several).  Training stops at the first step whose loss or gradient norm is not a
+    finite number; the summary's ``diverged_at`` says which (:class:`petlprof.results.records.Divergence`)."""
+    total = steps.total(len(batches))
+    warmup = min(steps.warmup_steps, max(total - 1, 0))
+    fit = _Fit(model, batches, recipe, total, io, cache, ranks)
+    order = _step_order(batches, total, steps.seed)
+    model.train()
+    window = Window(io.meters, io.device)
+    with io.bar(total, "step", ranks, leave=True) as bar:
+        warmed = all(fit.step(batch, bar, measured=False) for batch in itertools.islice(order, warmup))
+        if warmed:  # a run that diverged in its warm-up has no measured window
+            with window:
+                for batch in order:
+                    if not fit.step(batch, bar, measured=True) or (stop is not None and stop(fit.steps)):
+                        break
+    del fit.optimizer
+    losses = ranks.sum_over(fit.losses)
+    measured = max(fit.steps - warmup, 0)
+    summary = phase_summary(window, fit.timer, measured, fit.samples, warmup, steps.warmup_steps)
+    summary.update({TOKENS.name: fit.tokens, TOKENS_PER_S.name: rate(fit.tokens, window.time_s)})
+    summary.update(
+        epochs_run=round(fit.steps / len(batches), 3),
+        first_loss=losses[0] if losses else None,
+        final_loss=float(np.mean(losses[-10:])) if losses else None,
+    )
+    if fit.diverged is not None:
+        summary["diverged_at"] = _divergence(*fit.diverged, losses)
+    if fit.scaler.is_enabled():  # fp16: steps whose scaled gradients overflowed (not applied, scale lowered)
+        summary["overflow_skipped_steps"] = fit.overflows
+    if cache is not None:
+        summary.update(cache.summary())
+    return summary
+
+
+def predict(logits: torch.Tensor) -> torch.Tensor:
+    """The prediction of a task head: the class id, or the value of a one-output regression head."""
+    return logits.squeeze(-1) if logits.shape[-1] == 1 else logits.argmax(-1)
+
+
+def _as_array(tensors: list[torch.Tensor]) -> np.ndarray:
+    return torch.cat(tensors).float().cpu().numpy() if tensors else np.zeros(0, dtype=np.float32)
+
+
+class _Predictions:
+    """What an evaluation collects: this rank's predictions, labels and their positions in the split."""
+
+    def __init__(self, model, batches: Batches, io: PhaseIO, ranks, precision: str):
+        self.model, self.batches, self.io, self.ranks, self.precision = model, batches, io, ranks, precision
+        self.timer = StepTimer(io.device)
+        self.samples = 0
+        self.preds: list[torch.Tensor] = []
+        self.golds: list[torch.Tensor] = []
+        self.positions: list[np.ndarray] = []  # each batch's example indices in the split
+
+    def batch(self, step: int, batch: np.ndarray, bar, measured: bool) -> None:
+        """Predict this rank's part of ``batch``."""
+        self.io.progress.at("eval", step)
+        idx = self.ranks.predict_part(batch)
+        bar.update(1)
+        if not len(idx):  # a last batch smaller than the world leaves this rank nothing to predict
+            return
+        inputs, labels = self.batches.collate(idx, self.io.device)
+        self.timer.start()
+        with autocast(self.precision, self.io.device):
+            logits = self.model(**inputs)
+        self.timer.stop(keep=measured)
+        if measured:
+            self.samples += len(labels)
+        self.preds.append(predict(logits))
+        self.golds.append(labels)
+        self.positions.append(idx)
+
+
+@torch.no_grad()
+def evaluate(
+    model, batches: Batches, io: PhaseIO, *, warmup_steps: int, ranks=ONE_PROCESS, precision: str = FP32
+) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
+    """Predict the whole split at ``precision`` (:func:`petlprof.run.recipe.autocast`); returns (phase summary,
+    predictions, labels).  With several ranks this rank predicts its part of every batch (its summary
+    counts only those) and the predictions and labels returned are the whole split's, gathered from
+    every rank."""
+    model.eval()
+    warmup = min(warmup_steps, max(len(batches) - 1, 0))
+    seen, window = _Predictions(model, batches, io, ranks, precision), Window(io.meters, io.device)
+    order = enumerate(batches.batch_indices())
+    with io.bar(len(batches), "batch", ranks) as bar:
+        for step, batch in itertools.islice(order, warmup):
+            seen.batch(step, batch, bar, measured=False)
+        with window:
+            for step, batch in order:
+                seen.batch(step, batch, bar, measured=True)
+    summary = phase_summary(window, seen.timer, len(batches) - warmup, seen.samples, warmup, warmup_steps)
+    mine = np.concatenate(seen.positions) if seen.positions else np.zeros(0, dtype=int)
+    return (summary, *ranks.whole_split(mine, _as_array(seen.preds), _as_array(seen.golds), len(batches.encodings)))

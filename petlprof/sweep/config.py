@@ -1,0 +1,610 @@
+"""Run options from the command line and from a TOML/YAML file, validated and expanded into runs.
+
+The options themselves are declared in :mod:`petlprof.sweep.options`; this module reads them (precedence:
+built-in defaults < ``--config FILE`` < options given on the command line), checks them all in one place
+(:func:`validate`: each option's own range, then the relations between options; :func:`preflight`: what
+needs the data and the backbones) before any process starts or any file is written, and expands them
+into one :class:`~petlprof.sweep.spec.RunSpec` per run.  A bad value is one :class:`~petlprof.errors.UsageError`
+line naming it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import functools
+import itertools
+import re
+import sys
+from collections.abc import Set as AbstractSet
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from petlprof.errors import UsageError, shown, unknown_choice
+from petlprof.meters import check_energy_meter
+from petlprof.method_api import check_backbone, check_objective, check_quantize
+from petlprof.models import quantization
+from petlprof.models.backbones import backbone_config, check_random_init, check_shape, check_weights, model_class
+from petlprof.models.quantization import run_fields as quantize_fields
+from petlprof.registry import (
+    get_method,
+    is_peft_tuner,
+    method_names,
+    methods_by_name,
+    peft_unsupported_reason,
+    read_peft_config_file,
+)
+from petlprof.sweep.options import CACHE_DTYPES, DEVICES, OPTIONS, RunOptions, default_of, kind_of  # noqa: F401  (re-exported)
+from petlprof.sweep.spec import RunSpec, spec_default, spec_fields
+from petlprof.tasks.labelled import generative_possible, load_task
+from petlprof.tasks.metrics import check_target
+from petlprof.values import check_file, flag, parse_bytes  # noqa: F401  (parse_bytes re-exported)
+from petlprof.vocabulary import ZERO_SHOT
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+_YAML_12_FLOAT = re.compile(r"^[-+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$")
+
+
+def _yaml_loader():
+    """PyYAML's safe loader, with two changes: a number written ``1e-3`` (YAML 1.2; YAML 1.1 wants
+    ``1.0e-3``) is a number, not text, and a key given twice in one table is an error, as in TOML."""
+
+    class Loader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                if isinstance(key, (str, int, float, bool)) or key is None:
+                    if key in seen:
+                        raise yaml.constructor.ConstructorError(
+                            None, None, f"duplicate key {shown(key)}", key_node.start_mark
+                        )
+                    seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+    Loader.add_implicit_resolver("tag:yaml.org,2002:float", _YAML_12_FLOAT, list("-+0123456789"))
+    return Loader
+
+
+def yaml_value(text: str) -> Any:
+    """One YAML value as config files read it (``1e3`` is a number; a duplicate key is an error)."""
+    return yaml.load(text, Loader=_yaml_loader())  # a SafeLoader subclass: no Python objects
+
+
+def load_config_file(path: str) -> dict[str, Any]:
+    """Options from a ``.toml``, ``.yaml`` or ``.yml`` file (same names as the CLI, with underscores)."""
+    file = Path(path)
+    check_file(file, "config file")
+    if not file.is_file():
+        raise UsageError(f"config file '{shown(path, quote=False)}' does not exist")
+    suffix = file.suffix.lower()
+    try:
+        if suffix == ".toml":
+            data = tomllib.loads(file.read_text())
+        elif suffix in (".yaml", ".yml"):
+            data = yaml_value(file.read_text()) or {}
+        else:
+            raise UsageError(f"config file '{path}' must end in .toml, .yaml or .yml, not '{shown(suffix, False)}'")
+    except UsageError:
+        raise
+    except Exception as exc:  # tomllib.TOMLDecodeError, yaml.YAMLError
+        detail = " ".join(str(exc).split())
+        raise UsageError(f"config file '{path}' is malformed: {shown(detail, quote=False)}") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"config file '{path}' must hold a table of options, not {type(data).__name__}")
+    for key in data:
+        if not isinstance(key, str):
+            raise UsageError(
+                f"config file '{path}': option name {shown(key)} is not text; options are named, e.g. "
+                "methods, seeds, train_size"
+            )
+    data = _one_spelling(data, path)
+    for key in data:
+        if key not in OPTIONS:
+            raise unknown_choice(f"option in '{path}'", key, OPTIONS)
+    return data
+
+
+def _one_spelling(data: dict[str, Any], path: str) -> dict[str, Any]:
+    """The file's options under their underscore names; an option given under two spellings
+    (``train-size`` and ``train_size``) is refused, as a key given twice is."""
+    out: dict[str, Any] = {}
+    spelled: dict[str, str] = {}
+    for key, value in data.items():
+        name = key.replace("-", "_")
+        if name in spelled:
+            raise UsageError(
+                f"config file '{path}' gives option {name} twice, as {shown(spelled[name])} and {shown(key)}; keep one"
+            )
+        spelled[name], out[name] = key, value
+    return out
+
+
+def parse_method_overrides(
+    items: list[str], option: str = "--method-config", example: str = "METHOD.FIELD=VALUE, e.g. lora.r=16"
+) -> dict[str, dict[str, Any]]:
+    """``["lora.r=4", "read.cell=lstm"]`` -> ``{"lora": {"r": 4}, "read": {"cell": "lstm"}}``; values are
+    read as YAML, so ``lora.alpha=1e3`` is the number 1000.0."""
+    out: dict[str, dict[str, Any]] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        method, dot, name = key.partition(".")
+        if not (sep and dot and method and name):
+            raise UsageError(f"{option} {shown(item)} must look like {example}")
+        if option == "--method-grid" and not text.strip().startswith("["):
+            text = f"[{text}]"  # 2,8,32 is the list [2, 8, 32]
+        try:
+            out.setdefault(method, {})[name] = yaml_value(text)
+        except yaml.YAMLError as exc:
+            detail = shown(" ".join(str(exc).split()), quote=False)
+            raise UsageError(f"{option} {shown(item)}: the value is not valid: {detail}") from None
+    return out
+
+
+def parse_method_grids(items: list[str]) -> dict[str, dict[str, list]]:
+    """``["lora.r=2,8,32", "read.cell=[gru,lstm]"]``
+    -> ``{"lora": {"r": [2, 8, 32]}, "read": {"cell": ["gru", "lstm"]}}``."""
+    grids: dict[str, dict[str, list]] = {}
+    parsed = parse_method_overrides(items, "--method-grid", "METHOD.FIELD=V1,V2,..., e.g. lora.r=4,16,64")
+    for method, fields in parsed.items():
+        for name, values in fields.items():
+            grids.setdefault(method, {})[name] = values if isinstance(values, list) else [values]
+    return grids
+
+
+def _merge_tables(file_values: dict[str, Any], cli_values: dict[str, Any], name: str) -> dict | None:
+    """A table option (method_config, method_grid) of the file, with the command line's fields laid over it."""
+    if not cli_values.get(name):
+        return None
+    file_table = file_values.get(name) or {}
+    merged = {m: dict(v) for m, v in file_table.items()} if isinstance(file_table, dict) else {}
+    for method, fields in cli_values[name].items():
+        merged.setdefault(method, {}).update(fields)
+    return merged
+
+
+def build_options(file_values: dict[str, Any], cli_values: dict[str, Any]) -> RunOptions:
+    """The options of a file and a command line (given ones: not None), each read as its kind reads it
+    (``"1e-3"`` is a number where a number is expected, ``all`` a size of None), then :func:`validate`-d."""
+    values = {**file_values, **{k: v for k, v in cli_values.items() if v is not None}}
+    for name in ("method_config", "method_grid"):
+        merged = _merge_tables(file_values, cli_values, name)
+        if merged is not None:
+            values[name] = merged
+    for name in values:
+        if name not in OPTIONS:
+            raise unknown_choice("option", name, OPTIONS)
+        values[name] = kind_of(name).read(values[name])
+    if values.get("method_config_file"):
+        kind_of("method_config_file").check("method_config_file", values["method_config_file"])
+        _with_method_config_files(values)
+    options = RunOptions(**values)
+    validate(options, given=set(values))
+    options.methods = list(dict.fromkeys(options.methods))  # a method named twice runs once
+    return options
+
+
+def _with_method_config_files(values: dict[str, Any]) -> None:
+    """Each ``--method-config-file``'s method (``peft:TYPE``, from the file's ``peft_type``) added to the methods
+    unless named there, with the file's fields as its method config under any ``--method-config`` fields."""
+    methods, tables = values.get("methods") or [], values.get("method_config") or {}
+    seen: dict[str, str] = {}  # tuner -> the file that gave it
+    if not (isinstance(methods, list) and isinstance(tables, dict)):
+        return  # refused by their own checks (validate)
+    methods, tables = list(methods), dict(tables)
+    for path in values["method_config_file"]:
+        name, fields, _ = read_peft_config_file(path)
+        if name in seen:
+            raise UsageError(
+                f"--method-config-file gives {name} twice ({seen[name]} and {path}); give one file per tuner, and "
+                f"sweep a field with --method-grid {name}.FIELD=V1,V2"
+            )
+        seen[name] = path
+        methods += [] if name in methods else [name]
+        given = tables.get(name, {})
+        tables[name] = {**fields, **given} if isinstance(given, dict) else given  # a bad table: refused as usual
+    values["methods"], values["method_config"] = methods, tables
+
+
+def validate_quantize(options) -> None:
+    """The checks of ``--quantize`` and its settings that need no model (:func:`validate`; ``petlprof estimate`` too):
+    a value at all, bitsandbytes installed, the 4-bit settings only with a 4-bit value, and every method of
+    the sweep declaring that it runs on such a backbone (:func:`petlprof.method_api.check_quantize`)."""
+    if not options.quantize:
+        raise UsageError("no quantization given (an empty --quantize): give at least one, e.g. --quantize none")
+    for method in options.quantize:
+        quantization.check_available(method)
+    if not any(q in quantization.FOUR_BIT for q in options.quantize):
+        changed = [
+            flag
+            for flag, is_set in (
+                ("--quantize-compute-dtype", options.quantize_compute_dtype != quantization.DEFAULT_COMPUTE_DTYPE),
+                ("--quantize-double", options.quantize_double),
+            )
+            if is_set
+        ]
+        if changed:
+            raise UsageError(
+                f"{changed[0]} acts only with a 4-bit --quantize ({' or '.join(quantization.FOUR_BIT)}); "
+                f"the sweep's is {','.join(options.quantize)}"
+            )
+    for name in options.methods:
+        for method in options.quantize:
+            check_quantize(get_method(name), method)
+
+
+def validate(options: RunOptions, given: AbstractSet[str] = frozenset()) -> None:
+    """Every check of the options that needs no data or model: first each option's own kind and range
+    (declared with it), then the relations between options; ``given``: the options a file or the command
+    line set (an option that acts only with another is refused when given, even at its default value)."""
+    for name in OPTIONS:
+        kind_of(name).check(name, getattr(options, name))
+    _validate_methods(options)
+    validate_quantize(options)
+    _validate_relations(options, given)
+    _validate_executor(options)
+
+
+def _validate_methods(options: RunOptions) -> None:
+    if not options.methods:
+        raise UsageError("no method given: use --methods, e.g. --methods read,lora (see `petlprof list`)")
+    for name, example in (("seeds", "--seeds 0,1"), ("backbone", "--backbone minilm"), ("task", "--task tweets")):
+        if not getattr(options, name):
+            raise UsageError(f"no {name.rstrip('s')} given (an empty --{name}): give at least one, e.g. {example}")
+    named = methods_by_name(options.methods)  # a plug-in given as module:ATTR is addressed by its spec's name
+    for name, fields in options.method_config.items():
+        if not isinstance(fields, dict):
+            raise UsageError(f"method_config.{shown(name, False)} must be a table of fields, got {shown(fields)}")
+        if name not in named:
+            raise unknown_choice("method in method_config", name, named)
+        get_method(named[name]).make_config(fields)
+    for name, fields in options.method_grid.items():
+        if name not in named:
+            raise unknown_choice("method in method_grid", name, named)
+        if not isinstance(fields, dict) or not fields:
+            raise UsageError(f"method_grid.{name} must be a table of FIELD = [values], got {shown(fields)}")
+        for key, values in fields.items():
+            if not isinstance(values, list) or not values:
+                raise UsageError(f"method_grid.{name}.{key} must be a non-empty list of values, got {shown(values)}")
+    for method in options.methods:
+        for point in grid_points(options, method):
+            get_method(method).make_config(point)
+
+
+def _validate_relations(options: RunOptions, given: AbstractSet[str]) -> None:
+    """Options that act only with another (declared ``only_with``), and the other pairs that cannot go together."""
+    for name, f in OPTIONS.items():
+        needed = f.metadata["only_with"]
+        value = getattr(options, needed) if needed else True
+        if value is not None and value is not False:  # a target of 0 is given
+            continue
+        if name in given or getattr(options, name) != default_of(name):
+            raise UsageError(f"{flag(name)} acts only with {flag(needed)}, which was not given")
+    if options.target_metric is not None and options.target_value is None:
+        raise UsageError(f"--target-metric {options.target_metric} needs --target-value")
+    if options.cache_hidden_states and not any(get_method(m).side_tuning for m in options.methods):
+        side = sorted(name for name in method_names() if get_method(name).side_tuning)
+        raise UsageError(
+            f"--cache-hidden-states serves side-tuning methods ({', '.join(side)}); none of "
+            f"--methods {','.join(options.methods)} is one"
+        )
+    if options.in_process and (options.timeout is not None or options.max_memory is not None):
+        raise UsageError("--timeout and --max-memory act on a run's own process; they cannot be used with --in-process")
+    if options.country_code is not None and "codecarbon" not in options.meters:
+        raise UsageError("--country-code sets codecarbon's carbon intensity; add --meters codecarbon")
+    for backbone in options.backbone:  # a bundled shape or a config file has no weights to load
+        check_weights(backbone, options.random_init)
+
+
+def _validate_executor(options: RunOptions) -> None:
+    if options.executor != "ray":
+        for name, f in OPTIONS.items():
+            if f.metadata["ray_only"] and getattr(options, name) != default_of(name):
+                raise UsageError(
+                    f"{flag(name)} applies to --executor ray; the runs execute on this machine ('{options.executor}')"
+                )
+    if options.in_process and options.executor == "ray":
+        raise UsageError(
+            "--in-process runs everything in the sweep's own process; it cannot be combined with --executor ray"
+        )
+    if options.cache_hidden_states and options.nproc_per_run > 1:
+        raise UsageError(
+            f"--cache-hidden-states cannot be used with --nproc-per-run {options.nproc_per_run}: a cached "
+            "step runs the side network outside DistributedDataParallel, so its gradients would not be "
+            "averaged over the ranks"
+        )
+    if options.in_process and options.nproc_per_run > 1:
+        raise UsageError(
+            f"--nproc-per-run {options.nproc_per_run} starts one process per rank; it cannot be "
+            "combined with --in-process"
+        )
+
+
+def grid_points(options: RunOptions, method: str) -> list[dict[str, Any]]:
+    """The method-config overrides one method runs with: its explicit grid (the cartesian product of
+    the listed values) or, with ``grid``, its default grid, each laid over its ``method_config``."""
+    name = get_method(method).name  # what method_config and method_grid call it
+    base = options.method_config.get(name, {})
+    explicit = options.method_grid.get(name)
+    if explicit:
+        names = list(explicit)
+        points = [dict(zip(names, values)) for values in itertools.product(*(explicit[n] for n in names))]
+    elif options.grid:
+        points = [p for p in get_method(method).grid_configs() if not set(p) & set(base)] or [{}]
+    else:
+        points = [{}]
+    return [{**base, **point} for point in points]
+
+
+def resolve_device(
+    device: str, nproc: int = 1, cluster_gpus: float | None = None, memory_snapshot: bool = False
+) -> str:
+    """``auto``/``cuda``/``cuda:N`` checked against the GPUs torch sees here, or, for runs on a Ray
+    cluster (``cluster_gpus``: the cluster's GPU count), against the cluster's; ``memory_snapshot``
+    (of the CUDA allocator) needs the runs on CUDA."""
+    resolved = _resolve_device(device, nproc, cluster_gpus)
+    if memory_snapshot and not resolved.startswith("cuda"):
+        raise UsageError(f"--memory-snapshot records the CUDA allocator; the runs are on {resolved}")
+    return resolved
+
+
+def _resolve_device(device: str, nproc: int, cluster_gpus: float | None) -> str:
+    if nproc > 1 and device.startswith("cuda:"):
+        raise UsageError(
+            f"--device {device} names one GPU; a run of --nproc-per-run {nproc} ranks puts rank i on "
+            "cuda:i of the GPUs it is given: use --device cuda (and CUDA_VISIBLE_DEVICES)"
+        )
+    if device == "cpu":
+        return device
+    if cluster_gpus is not None:
+        if device == "auto":
+            return "cuda" if cluster_gpus >= 1 else "cpu"
+        if cluster_gpus < 1:
+            raise UsageError(f"--device {device} was asked for but the Ray cluster has no GPU; use --device cpu")
+        if device not in ("cuda", "cuda:0"):
+            raise UsageError(
+                f"--device {device}: a Ray task sees only the GPUs Ray gives it, as cuda:0 onwards; use --device cuda"
+            )
+        return "cuda"
+    import torch  # seconds: loaded to find a local device, after every option has been checked
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        return device
+    if not torch.cuda.is_available():
+        raise UsageError(f"--device {device} was asked for but torch sees no CUDA device; use --device cpu")
+    index = device.partition(":")[2]
+    if index and not (index.isdigit() and int(index) < torch.cuda.device_count()):
+        raise UsageError(f"--device {device}: torch sees CUDA devices 0..{torch.cuda.device_count() - 1}")
+    if device == "cuda" and nproc > torch.cuda.device_count():
+        raise UsageError(f"--nproc-per-run {nproc} needs {nproc} GPUs; torch sees {torch.cuda.device_count()} here")
+    return device
+
+
+def preflight(options: RunOptions, meters_here: bool = True) -> list[str]:
+    """Checks that need the libraries (a named meter, a hub backbone, the data itself), run once in
+    the parent before any run or executor starts, so a bad value is one error line and nothing is
+    written.  ``meters_here``: the runs measure on this machine (not on a cluster's nodes), so a
+    named energy meter must work here.  Returns notes for the user: sizes asked for that the data
+    cannot give."""
+    if meters_here:
+        check_energy_meter(options.energy_meter)
+    notes: list[str] = []
+    if options.method_config_file:  # the fields of PEFT's files that petlprof decides itself
+        notes += [note for path in options.method_config_file for note in read_peft_config_file(path)[2]]
+    for backbone in options.backbone:
+        config = backbone_config(backbone)  # the config of a folder or hub id: a bad one fails here
+        check_shape(backbone, config, num_layers=options.num_layers, max_length=options.max_length)
+        if options.random_init:  # the weights are built on this machine unless the runs go to a cluster
+            check_random_init(backbone, config, options.num_layers, memory=meters_here)
+        for method in options.methods:
+            for point in grid_points(options, method):  # every grid point, e.g. a LoRA rank wider than the model
+                method_config = get_method(method).make_config(point)
+                depth = options.num_layers or int(config.num_hidden_layers)
+                check_backbone(get_method(method), method_config, int(config.hidden_size), depth, backbone)
+    refused = unsupported_pairs(options)
+    if refused and not options.skip_unsupported:
+        raise UsageError(
+            f"{len(refused)} method/backbone pair(s) cannot run (--skip-unsupported runs the rest): "
+            + "; ".join(refused)
+        )
+    notes += [f"skipped (--skip-unsupported): {pair}" for pair in refused]
+    for name in options.task:
+        task = sweep_task(options, name)
+        for method in options.methods:
+            check_objective(get_method(method), "lm" if task.objective == "lm" else "classification")
+        if task.objective == "lm":
+            _check_lm_options(options, name)
+        elif options.max_new_tokens is not None:
+            raise UsageError(
+                f"--max-new-tokens {options.max_new_tokens} sets how long generated answers may be; task '{name}' "
+                "is scored by a classification head and generates nothing (--objective lm makes it a "
+                "text-to-text task)"
+            )
+        notes += [f"task '{name}': {warning}" for warning in task.warnings]
+        if options.target_value is not None:
+            check_target(task, name, options.target_metric or task.primary_metric, options.target_value)
+        for split, asked, option in (
+            (task.train, options.train_size, "--train-size"),
+            (task.eval, options.eval_size, "--eval-size"),
+        ):
+            if asked is not None and len(split) < asked:
+                notes.append(
+                    f"task '{name}' has {len(split)} {'training' if split is task.train else 'evaluation'} "
+                    f"examples; {option} {asked} uses those"
+                )
+    return notes
+
+
+def _check_lm_options(options: RunOptions, task: str) -> None:
+    """Options a language-modelling run cannot honour yet, and backbones with no LM head, refused before any run."""
+    for backbone in options.backbone:
+        model_class(backbone_config(backbone), True, backbone)  # an encoder: one line naming it
+    if options.target_value is not None:
+        raise UsageError(
+            f"--target-value stops training at a score the classification evaluation checks; task '{task}' is "
+            "a language-modelling task, whose evaluation generates text: train for --max-steps, --epochs or "
+            "--max-train-time instead"
+        )
+    if options.nproc_per_run > 1:
+        raise UsageError(
+            f"task '{task}' is a language-modelling task, which runs in one process; "
+            f"--nproc-per-run {options.nproc_per_run} is for classification runs"
+        )
+
+
+def sweep_task(options: RunOptions, name: str):
+    """Task ``name`` as the sweep's runs load it (loaded once per process: the preflight and
+    :func:`expand`, which adds the zero-shot row of a language-modelling task, both read it)."""
+    return _sweep_task(
+        name,
+        options.train_size,
+        options.eval_size,
+        options.data_dir,
+        options.text_column,
+        options.text_pair_column,
+        options.label_column,
+        options.objective,
+        options.prompt_column,
+        options.target_column,
+        options.chat_template,
+    )
+
+
+@functools.cache
+def _sweep_task(name, train_size, eval_size, data_dir, text, pair, label, objective, prompt, target, chat_template):
+    return load_task(
+        name,
+        train_size=train_size,
+        eval_size=eval_size,
+        data_dir=data_dir,
+        text_column=text,
+        text_pair_column=pair,
+        label_column=label,
+        objective=objective,
+        prompt_column=prompt,
+        target_column=target,
+        chat_template=chat_template,
+    )
+
+
+def default_output_dir() -> Path:
+    return Path("petlprof-out") / dt.datetime.now().strftime("run-%Y%m%d-%H%M%S")
+
+
+@functools.cache
+def _architecture(backbone: str):
+    """The architecture description of a backbone by name (``petlprof.models.architecture``), built once per process."""
+    from petlprof.models.architecture import describe_any  # torch (seconds): only the preflight of a backbone needs it
+
+    return describe_any(backbone_config(backbone))
+
+
+def _unsupported(backbone: str, method: str, method_config: dict[str, Any]) -> str | None:
+    from petlprof.models.architecture import unsupported_reason  # torch (seconds): as in _architecture
+
+    if is_peft_tuner(method):  # PEFT's own reason, from the tuner applied to the backbone without weights
+        return peft_unsupported_reason(method, backbone, method_config)
+    arch = _architecture(backbone)
+    return None if arch is None else unsupported_reason(method, arch, method_config)
+
+
+def unsupported_pairs(options: RunOptions) -> list[str]:
+    """``<method> on <backbone>: <why>`` for each method that cannot apply to a backbone of the sweep
+    (:func:`petlprof.models.architecture.unsupported_reason`, from the config alone), once per pair."""
+    pairs = {
+        f"{method} on {backbone}: {reason}": None
+        for backbone in options.backbone
+        for method in options.methods
+        for point in grid_points(options, method)
+        if (reason := _unsupported(backbone, method, point))
+    }
+    return list(pairs)
+
+
+def expand(options: RunOptions, device: str) -> list[RunSpec]:
+    """One :class:`RunSpec` per (backbone, quantization, task, method, grid point, seed), in that nesting order; a
+    grid point that resolves to a configuration already listed runs once.  Each option fills its
+    RunSpec field as declared (:class:`~petlprof.sweep.options.ToSpec`); the derived ones are set here: the
+    sweep axes, the method's full config and learning rate, the device (and, by the caller, the folders)."""
+    resolved = {}  # the full configs and learning rate, so an explicit default gives the same run key
+    for method in options.methods:
+        method_spec = get_method(method)
+        configs = [dataclasses.asdict(method_spec.make_config(point)) for point in grid_points(options, method)]
+        resolved[method] = (configs, options.lr if options.lr is not None else method_spec.default_lr)
+    shared = {method: _copied(options, method) for method in options.methods}
+    specs = [
+        RunSpec(
+            method=method,
+            backbone=str(backbone),
+            task=str(task),
+            seed=int(seed),
+            device=device,
+            method_config=config,
+            lr=resolved[method][1],
+            **quantize_fields(quantize, options.quantize_compute_dtype, options.quantize_double),
+            **shared[method],
+        )
+        for backbone in options.backbone
+        for quantize in options.quantize
+        for task in options.task
+        for method in options.methods
+        for config in resolved[method][0]
+        for seed in options.seeds
+        if not (options.skip_unsupported and _unsupported(str(backbone), method, config))
+    ]
+    specs = [*_zero_shot_runs(options, device, specs), *specs]
+    return list({spec.run_key: spec for spec in specs}.values())
+
+
+def _zero_shot_runs(options: RunOptions, device: str, specs: list[RunSpec]) -> list[RunSpec]:
+    """One zero-shot run per backbone (as quantised) and language-modelling task of the sweep (the model before any
+    tuning, at zero training energy; greedy decoding is deterministic, so the first seed alone), made
+    from the sweep's first run of that pair with the method swapped."""
+    method = get_method(ZERO_SHOT)
+    first: dict[tuple[str, str, str], RunSpec] = {}
+    for spec in specs:
+        if spec.method != ZERO_SHOT and _is_lm(options, spec.task):
+            first.setdefault((spec.backbone, spec.quantize, spec.task), spec)
+    config = dataclasses.asdict(method.make_config({}))
+    return [
+        dataclasses.replace(
+            spec,
+            method=ZERO_SHOT,
+            method_config=config,
+            lr=method.default_lr,
+            seed=int(options.seeds[0]),
+            **_copied(options, ZERO_SHOT),
+        )
+        for spec in first.values()
+    ]
+
+
+def _is_lm(options: RunOptions, task: str) -> bool:
+    """Whether ``task`` runs on the language-modelling objective (read from the task itself unless the
+    objective is named or the task is a labelled built-in)."""
+    if options.objective != "auto":
+        return options.objective == "lm"
+    return generative_possible(task, options.prompt_column) and sweep_task(options, task).objective == "lm"
+
+
+def _copied(options: RunOptions, method: str) -> dict[str, Any]:
+    """The RunSpec fields of one method's runs that options fill as they are (converted where declared),
+    or with the field's default where the option does not apply (e.g. the cache for a non-side-tuning method)."""
+    out = {}
+    for field, (name, to) in spec_fields().items():
+        if to.derived:
+            continue
+        if to.copy_if is None or to.copy_if(options, method):
+            value = getattr(options, name)
+            out[field] = to.convert(value) if to.convert else value
+        else:
+            out[field] = spec_default(name, to)
+    return out

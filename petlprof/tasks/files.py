@@ -1,0 +1,133 @@
+"""Tables of rows from files: reading a CSV/TSV/JSON Lines/Parquet file, finding a folder's train and eval
+files, checking columns, and splitting or subsampling the rows with a seed.
+
+Shared by the labelled tasks (:mod:`petlprof.tasks.labelled`: the user's files, GLUE's local files) and the
+prompt/target tasks (:mod:`petlprof.tasks.generative`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from petlprof.errors import UsageError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+# Fraction of the rows held out for evaluation when one pool of data has to be split.
+EVAL_FRACTION = 0.2
+FILE_SUFFIXES = (".csv", ".tsv", ".jsonl", ".parquet")
+USER_EVAL_STEMS = ("validation", "dev", "test")
+
+
+def read_sources(data_path: str) -> dict[str, pd.DataFrame]:
+    """The user's data as frames by where they come from: the one file, or a folder's train and eval files
+    (in that order)."""
+    path = Path(data_path)
+    if path.is_dir():
+        train_path = find_split_file(path, ("train",), "train")
+        eval_path = find_split_file(path, USER_EVAL_STEMS, "eval")
+        return {str(train_path): read_table(train_path), str(eval_path): read_table(eval_path)}
+    return {data_path: read_table(path)}
+
+
+def split_frames(
+    data_path: str, sources: dict[str, pd.DataFrame], train_size: int | None, eval_size: int | None, split_seed: int
+) -> tuple[pd.DataFrame, pd.DataFrame, str]:
+    """(train frame, eval frame, how they were split) of the user's data: a folder's files each subsampled,
+    or one file split EVAL_FRACTION with ``split_seed``."""
+    if len(sources) == 2:
+        train, evaluation = sources.values()
+        train_name, eval_name = (Path(where).name for where in sources)
+        return (
+            subsample(train, train_size, split_seed),
+            subsample(evaluation, eval_size, split_seed),
+            f"{train_name}/{eval_name}",
+        )
+    first = next(iter(sources.values()))
+    if len(first) < 2:
+        raise UsageError(
+            f"{data_path} has {len(first)} row; a single data file needs at least 2 "
+            f"(it is split {1 - EVAL_FRACTION:.0%}/{EVAL_FRACTION:.0%} into train and eval)"
+        )
+    train_pool, eval_pool = pool_split(first, split_seed)
+    how = f"{1 - EVAL_FRACTION:.0%}/{EVAL_FRACTION:.0%} split"
+    return train_pool.iloc[:train_size], eval_pool.iloc[:eval_size], how
+
+
+def read_table(path: Path) -> pd.DataFrame:
+    """One CSV/TSV/JSON Lines/Parquet file as a frame; only empty cells count as missing."""
+    # pandas: slow to import, loaded only when used
+    import pandas as pd
+
+    suffix = path.suffix.lower()
+    if suffix not in FILE_SUFFIXES:
+        raise UsageError(
+            f"cannot read '{path}': unsupported file type '{suffix or path.name}'; "
+            f"supported: {', '.join(FILE_SUFFIXES)}"
+        )
+    try:
+        if suffix == ".parquet":
+            frame = pd.read_parquet(path)
+        elif suffix == ".jsonl":
+            frame = pd.read_json(path, lines=True, dtype=False)
+        else:
+            frame = pd.read_csv(path, sep="\t" if suffix == ".tsv" else ",", keep_default_na=False, na_values=[""])
+    except (ValueError, OSError) as exc:
+        raise UsageError(f"cannot read '{path}' as {suffix[1:].upper()}: {exc}") from exc
+    if frame.empty:
+        raise UsageError(f"'{path}' has no rows")
+    return frame
+
+
+def find_split_file(folder: Path, stems: tuple[str, ...], role: str) -> Path:
+    """The single ``<stem>.<suffix>`` file in ``folder``, trying ``stems`` in order."""
+    for stem in stems:
+        found = [path for path in (folder / f"{stem}{suffix}" for suffix in FILE_SUFFIXES) if path.is_file()]
+        if len(found) > 1:
+            raise UsageError(
+                f"folder '{folder}' has several {stem} files ({', '.join(p.name for p in found)}); keep one"
+            )
+        if found:
+            return found[0]
+    wanted = ", ".join(f"{stem}.*" for stem in stems)
+    present = ", ".join(sorted(p.name for p in folder.iterdir())) or "nothing"
+    raise UsageError(
+        f"folder '{folder}' has no {role} file: expected one of {wanted} "
+        f"({'/'.join(FILE_SUFFIXES)}); it holds {present}"
+    )
+
+
+def require_columns(frame: pd.DataFrame, columns, where: str) -> None:
+    """Each named column (None entries skipped) must exist and have no empty cells."""
+    for column in filter(None, columns):
+        if column not in frame.columns:
+            raise UsageError(f"{where} has no column '{column}'; its columns: {', '.join(map(str, frame.columns))}")
+        missing = frame[column].isna().to_numpy()
+        if missing.any():
+            raise UsageError(
+                f"{where}: column '{column}' has {int(missing.sum())} empty cells "
+                f"(the first in data row {int(missing.argmax()) + 1})"
+            )
+
+
+def pool_split(frame: pd.DataFrame, seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Shuffle once with ``seed``; the last EVAL_FRACTION is the eval pool, the rest the train pool."""
+    # numpy: slow to import, loaded only when used
+    import numpy as np
+
+    order = np.random.default_rng(seed).permutation(len(frame))
+    n_eval = max(1, round(len(frame) * EVAL_FRACTION))
+    shuffled = frame.iloc[order].reset_index(drop=True)
+    return shuffled.iloc[:-n_eval], shuffled.iloc[-n_eval:]
+
+
+def subsample(frame: pd.DataFrame, size: int | None, seed: int) -> pd.DataFrame:
+    """All rows in file order, or a seeded random ``size`` of them (larger sizes keep all)."""
+    # numpy: slow to import, loaded only when used
+    import numpy as np
+
+    if size is None or size >= len(frame):
+        return frame
+    return frame.iloc[np.random.default_rng(seed).permutation(len(frame))[:size]].reset_index(drop=True)
