@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from petlprof.method_api import MethodConfig, MethodSpec
 from petlprof.models.quantization import QUANTIZE_CHOICES
-from petlprof.vocabulary import OBJECTIVES
+from petlprof.vocabulary import LM, OBJECTIVES
 
 
 @dataclass
@@ -24,7 +24,7 @@ class BitFitConfig(MethodConfig):
 
 
 def apply(classifier, config: BitFitConfig):
-    lm = classifier.objective == "lm"
+    lm = classifier.objective == LM
     if lm:
         classifier.freeze_backbone()
     biases = 0

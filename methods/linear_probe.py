@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from petlprof.method_api import MethodConfig, MethodSpec
 from petlprof.models.quantization import QUANTIZE_CHOICES
-from petlprof.vocabulary import OBJECTIVES
+from petlprof.vocabulary import LM, OBJECTIVES
 
 
 @dataclass
@@ -27,7 +27,7 @@ class LinearProbeConfig(MethodConfig):
 
 
 def apply(classifier, config: LinearProbeConfig):
-    if classifier.objective == "lm":
+    if classifier.objective == LM:
         return classifier.freeze_backbone().train_head()
     return classifier.freeze_backbone()
 

@@ -26,7 +26,8 @@ import peft
 
 from petlprof.errors import UsageError
 from petlprof.models.architecture import Architecture, ia3_targets, lora_targets, name_patterns, peft_table, require
-from petlprof.models.backbones import ENCODER_DECODER
+from petlprof.models.families import ENCODER_DECODER
+from petlprof.vocabulary import LM
 
 # what PEFT raises when a tuner cannot adapt a model: a shape it refuses (ValueError), a layer type it has
 # no implementation for (TypeError, NotImplementedError), a model it cannot find its pieces in (AttributeError,
@@ -123,7 +124,7 @@ def prefix_task_type(task_model) -> str:
     built; a headless T5 classifier has none and never generates, so they are set to None first."""
     if task_model.family != ENCODER_DECODER:
         return "FEATURE_EXTRACTION"
-    if task_model.objective != "lm":
+    if task_model.objective != LM:
         task_model.backbone.prepare_inputs_for_generation = None
         task_model.backbone._prepare_encoder_decoder_kwargs_for_generation = None
     return "SEQ_2_SEQ_LM"

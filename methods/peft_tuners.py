@@ -334,7 +334,7 @@ def _orthogonality_gap(factor, rows: bool):
 class _Probe:
     """What :func:`apply` reads of a task model, over a backbone built for the preflight (classification)."""
 
-    objective = "classification"
+    objective = CLASSIFICATION
 
     def __init__(self, model, arch, family: str):
         self.backbone, self.architecture, self.family = model, arch, family

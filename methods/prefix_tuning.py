@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from petlprof.method_api import MAX_WIDTH, MethodConfig, MethodSpec, integer
-from petlprof.models.backbones import ENCODER_DECODER
 from petlprof.models.quantization import QUANTIZE_CHOICES
 from petlprof.vocabulary import OBJECTIVES
 
@@ -36,23 +35,17 @@ def apply(classifier, config: PrefixTuningConfig):
     # peft and torch: the spec is listed and checked without them
     import peft
 
-    from petlprof.methods.peft_common import prompt_shape, wrap_backbone
+    from petlprof.methods.peft_common import prefix_task_type, prompt_shape, wrap_backbone
     from petlprof.models.architecture import require
 
     require("prefix_tuning", classifier.architecture)
-    seq2seq = classifier.family == ENCODER_DECODER
-    if seq2seq and classifier.objective != "lm":
-        # PEFT's seq2seq wrapper (the one that extends the decoder's mask by the prefix) records the
-        # model's generation hooks when built; a headless T5 has none, and classification never generates.
-        classifier.backbone.prepare_inputs_for_generation = None
-        classifier.backbone._prepare_encoder_decoder_kwargs_for_generation = None
     projection: dict[str, Any] = (
         {}
         if config.projection_size is None
         else {"prefix_projection": True, "encoder_hidden_size": config.projection_size}
     )
     peft_config = peft.PrefixTuningConfig(
-        task_type="SEQ_2_SEQ_LM" if seq2seq else "FEATURE_EXTRACTION",
+        task_type=prefix_task_type(classifier),
         num_virtual_tokens=config.num_virtual_tokens,
         **prompt_shape(classifier, "prefix_tuning"),
         **projection,

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from petlprof.method_api import MethodConfig, MethodSpec
 from petlprof.models.quantization import QUANTIZE_CHOICES
-from petlprof.vocabulary import ZERO_SHOT
+from petlprof.vocabulary import LM, ZERO_SHOT
 
 
 @dataclass
@@ -33,6 +33,6 @@ SPEC = MethodSpec(
     apply="petlprof.methods.zero_shot:apply",
     default_lr=0.0,
     lr_source="nothing trains",
-    objectives=("lm",),
+    objectives=(LM,),
     quantize=QUANTIZE_CHOICES,
 )

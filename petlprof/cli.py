@@ -26,6 +26,7 @@ from petlprof.estimate.command import add_estimate_parser, cmd_estimate
 from petlprof.report.intervals import DEFAULT_INTERVAL, INTERVALS
 from petlprof.sweep.options import add_run_arguments
 from petlprof.values import check_file
+from petlprof.vocabulary import LOCAL
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -96,12 +97,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         build_options,
         default_output_dir,
         load_config_file,
-        parse_bytes,
         parse_method_grids,
         parse_method_overrides,
         preflight,
         resolve_device,
     )
+    from petlprof.values import parse_bytes
 
     cli_values = {k: v for k, v in vars(args).items() if k not in ("command", "config", "debug")}
     cli_values["method_config"] = parse_method_overrides(args.method_config) if args.method_config else None
@@ -126,7 +127,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     # a folder another sweep holds is one error line, not a Ray start-up followed by one.  A local sweep's
     # warm worker is the exception: it only imports, so it starts first and its imports overlap the checks
     # (and it is killed at once if they fail)
-    local = options.executor == "local"
+    local = options.executor == LOCAL
     executor = make() if local and _cpu_sweep_likely(options, out_dir) else None
     try:
         if executor is not None:
@@ -282,7 +283,7 @@ def _sweep(todo, store, executor, done: int = 0, total: int | None = None) -> in
                 _say(f"petlprof: could not record the cancelled run in {store}: {error}")
         raise
     # local runs go one after another, so the span less their phases is the harness's (Ray's overlap)
-    if getattr(executor, "name", "") == "local" and (line := span.line()):
+    if getattr(executor, "name", "") == LOCAL and (line := span.line()):
         _say(line)
     return failed
 

@@ -330,7 +330,7 @@ class MethodSpec:
         apply = resolve_target(self.apply)
 
         def checked_apply(task_model, config):
-            check_objective(self, getattr(task_model, "objective", "classification"))
+            check_objective(self, getattr(task_model, "objective", CLASSIFICATION))
             return check_model(self, apply(task_model, config))
 
         return checked_apply

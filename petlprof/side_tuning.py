@@ -48,8 +48,9 @@ from abc import ABC, abstractmethod
 import torch
 from torch import nn
 
-from petlprof.models.backbones import ENCODER_DECODER
+from petlprof.models.families import ENCODER_DECODER
 from petlprof.models.language_model import last_logits
+from petlprof.vocabulary import LM
 
 
 class SideTunedModel(nn.Module, ABC):
@@ -92,7 +93,7 @@ class SideTunedModel(nn.Module, ABC):
     def scored_positions(self, labels) -> torch.Tensor | None:
         """``[B, T]`` bool: the positions whose logits a language model's loss reads, given ``labels``; None for
         a classifier, without labels, or where the task model puts its head everywhere."""
-        if labels is None or getattr(self.classifier, "objective", None) != "lm":
+        if labels is None or getattr(self.classifier, "objective", None) != LM:
             return None
         return self.classifier.scored_positions(labels)
 

@@ -18,7 +18,8 @@ from petlprof.registry import get_method
 from petlprof.run.cache import DTYPES, HiddenStateCache
 from petlprof.run.recipe import TrainRecipe
 from petlprof.run.train import Batches, PhaseIO, Steps, train
-from petlprof.sweep.config import CACHE_DTYPES, build_options, expand
+from petlprof.sweep.config import build_options, expand
+from petlprof.sweep.options import CACHE_DTYPES
 from petlprof.sweep.spec import RunSpec
 
 TEXTS = [

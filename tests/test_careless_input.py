@@ -209,7 +209,7 @@ def test_a_progress_line_escapes_what_it_echoes(capsys):
 
 @pytest.fixture
 def normtune_module(tmp_path, monkeypatch):
-    """The README's normtune.py in the current folder, named by ``module:ATTR``."""
+    """docs/plugins.md's normtune.py (the example package's module) in the current folder, by ``module:ATTR``."""
     module = "careless_normtune"
     shutil.copy(
         ROOT / "examples" / "petlprof-normtune" / "petlprof_normtune" / "__init__.py", tmp_path / f"{module}.py"

@@ -321,7 +321,7 @@ def test_debug_shows_the_traceback_of_an_input_error(capsys):
     [("2GiB", 2 * 2**30), ("500MB", 500 * 10**6), ("1.5g", int(1.5 * 2**30)), ("1048576B", 2**20), (None, None)],
 )
 def test_memory_sizes(text, expected):
-    from petlprof.sweep.config import parse_bytes
+    from petlprof.values import parse_bytes
 
     assert parse_bytes(text) == expected
 

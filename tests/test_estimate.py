@@ -13,7 +13,7 @@ import torch
 from petlprof.cli import main
 from petlprof.estimate.core import Settings, estimate
 from petlprof.estimate.fallback import DEPTH_RULE
-from petlprof.estimate.model import build_model, resolve_backbone
+from petlprof.estimate.model import build, resolve_backbone
 from petlprof.estimate.trace import example_batch
 from petlprof.meters import Window
 from petlprof.meters.memory import static_breakdown
@@ -174,7 +174,7 @@ def test_the_optimiser_step_follows_the_devices_adamw_loop():
     1 x 4 a full fine-tuning step peaks there, above weights, gradients and AdamW state."""
     resolved = resolve_backbone("tiny-llama", num_layers=2)
     method = get_method("full")
-    model = build_model(resolved, method, method.make_config({}), 2)
+    model = build(resolved, method, method.make_config({}), 2).model
     largest = max(p.numel() * p.element_size() for p in model.parameters())
     extra = {}
     for device in ("cpu", "cuda"):
@@ -270,7 +270,7 @@ PUBLISHED_PARAMS = {
 @pytest.mark.parametrize("name", sorted(PUBLISHED_PARAMS))
 def test_bundled_shapes_have_the_published_parameter_counts(name):
     resolved = resolve_backbone(name)
-    model = build_model(resolved, get_method("full"), get_method("full").make_config({}), num_labels=2)
+    model = build(resolved, get_method("full"), get_method("full").make_config({}), num_labels=2).model
     head = resolved.config.hidden_size * 2 + 2
     assert sum(p.numel() for p in model.parameters()) - head == PUBLISHED_PARAMS[name]
     assert next(model.parameters()).is_meta

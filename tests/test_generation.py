@@ -247,8 +247,7 @@ def test_no_token_generated_is_a_warning_not_a_division_by_zero():
 
 def test_the_real_generate_on_a_read_model_times_its_side_network_once_per_token():
     from petlprof.models.backbones import load_backbone
-    from petlprof.models.classifier import greedy_generate
-    from petlprof.models.language_model import LanguageModel
+    from petlprof.models.language_model import LanguageModel, greedy_generate
     from petlprof.registry import get_method
 
     read = get_method("read")

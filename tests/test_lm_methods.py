@@ -20,9 +20,18 @@ import torch
 
 from petlprof.errors import UsageError
 from petlprof.method_api import MethodConfig, MethodSpec, MethodSpecError, check_objective
-from petlprof.models.backbones import DECODER, ENCODER_DECODER, load_backbone
-from petlprof.models.classifier import LanguageModel, greedy_generate, lm_loss, make_task_model
-from petlprof.models.language_model import TargetLogits, target_positions, targets_at, task_model_of
+from petlprof.models.backbones import load_backbone
+from petlprof.models.classifier import make_task_model
+from petlprof.models.families import DECODER, ENCODER_DECODER
+from petlprof.models.language_model import (
+    LanguageModel,
+    TargetLogits,
+    greedy_generate,
+    lm_loss,
+    target_positions,
+    targets_at,
+    task_model_of,
+)
 from petlprof.registry import builtin_method_names, get_method
 from petlprof.run.cache import HiddenStateCache
 

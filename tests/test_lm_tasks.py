@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from petlprof.errors import UsageError
-from petlprof.models.backbones import DECODER, ENCODER_DECODER, minilm_path
+from petlprof.models.backbones import minilm_path
+from petlprof.models.families import DECODER, ENCODER_DECODER
 from petlprof.run.lm_batches import LMBatches, eos_id
 from petlprof.sweep.spec import RunSpec
 from petlprof.tasks.labelled import Split, generative_possible, load_task

@@ -14,7 +14,7 @@ runs as a method config.
   trainable-parameter count of the PEFT model it was saved from.
 * NaN, inf, negative, mistyped and out-of-range values of every tuner's numeric fields, and an unknown tuner,
   are refused in one line (exit 2 on the command line).
-* The README's table of tuners is the one :func:`render_table` renders from the same outcome.
+* The table of tuners in docs/methods.md is the one :func:`render_table` renders from the same outcome.
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ from petlprof.methods.peft_tuners import (
     REFUSED as ALWAYS_REFUSED,
 )
 from petlprof.models.backbones import load_backbone
-from petlprof.models.classifier import SequenceClassifier, greedy_generate
+from petlprof.models.classifier import SequenceClassifier
+from petlprof.models.language_model import greedy_generate
 from petlprof.registry import get_method
 from petlprof.sweep.config import build_options, expand
 
@@ -452,7 +453,7 @@ def test_an_unsupported_pair_stops_the_sweep_with_peft_reason(tmp_path, capsys):
     ]
 
 
-# --- the README's table ------------------------------------------------------------------------------------
+# --- the table in docs/methods.md ------------------------------------------------------------------------------------
 
 
 LM_REFUSAL = "petlprof's LM task model runs the backbone's body itself; PEFT runs this tuner in its own forward"
@@ -481,6 +482,6 @@ def render_table() -> str:
 
 
 def test_readme_table_of_tuners_is_the_tested_outcome():
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "methods.md").read_text()
     table = render_table()
-    assert table in readme, "README's table of PEFT tuners is out of date; it should read:\n\n" + table
+    assert table in readme, "docs/methods.md's table of PEFT tuners is out of date; it should read:\n\n" + table

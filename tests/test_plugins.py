@@ -1,5 +1,5 @@
 """Method plug-ins: the example package (examples/petlprof-normtune) by ``module:ATTR`` and by entry point
-through a fresh worker, a 2-rank run and a Ray task; ``petlprof list``; the README's example; the
+through a fresh worker, a 2-rank run and a Ray task; ``petlprof list``; the example in docs/plugins.md; the
 benchmark fixture; a third-party side-tuning method with the hidden-state cache; and each way a plug-in
 can be broken, refused with one line and exit 2 before any run.
 
@@ -165,8 +165,9 @@ def test_method_config_and_grid_address_a_module_attr_plugin_by_its_name(example
 
 
 def readme_example() -> tuple[str, list[str]]:
-    """The README's plug-in module (the block after 'normtune.py:') and its `petlprof run` command."""
-    section = (ROOT / "README.md").read_text().split("## Adding your own method", 1)[1].split("\n## ", 1)[0]
+    """docs/plugins.md's plug-in module (the block after 'normtune.py:') and its `petlprof run` command."""
+    text = (ROOT / "docs" / "plugins.md").read_text()
+    section = text.split("## Adding your own method", 1)[1].split("\n## ", 1)[0]
     code = re.search(r"`normtune\.py`:\s*\n+```python\n(.*?)```", section, re.S).group(1)
     command = re.search(r"```(?:bash|console)?\n(petlprof run --methods [^\n]*normtune:SPEC[^\n]*)\n", section)
     return code, command.group(1).split()[1:]

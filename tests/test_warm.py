@@ -21,8 +21,9 @@ import pytest
 from petlprof.cli import main
 from petlprof.execution.child import FRESH_PROCESS, WARM_PROCESS, execute_in_subprocess, worker_env
 from petlprof.execution.executors import LocalExecutor
+from petlprof.execution.process import command
 from petlprof.execution.warm import WarmWorker, _runs, resident_file_pages
-from petlprof.execution.worker import command, preload
+from petlprof.execution.worker import preload
 from petlprof.meters import idle
 from petlprof.results.records import add_overhead, measured_phases_s
 from petlprof.run.libraries import RUNTIME_LIBRARIES

@@ -44,7 +44,7 @@ from transformers.activations import ACT2FN
 
 from petlprof.errors import UsageError
 from petlprof.methods.lst.pruning import initialise_from_backbone
-from petlprof.models.backbones import DECODER, ENCODER
+from petlprof.models.families import DECODER, ENCODER
 from petlprof.side_tuning import SideTunedModel
 
 

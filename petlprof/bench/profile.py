@@ -34,13 +34,14 @@ from typing import Any
 import torch
 
 from petlprof.meters import synchronize
-from petlprof.models.backbones import ENCODER_DECODER, load_backbone
+from petlprof.models.backbones import load_backbone
 from petlprof.models.classifier import make_task_model
+from petlprof.models.families import ENCODER_DECODER
 from petlprof.models.language_model import lm_loss
 from petlprof.models.quantization import parameter_count
 from petlprof.registry import get_method
 from petlprof.results.figures import TRAINING_TENSORS, Figure
-from petlprof.vocabulary import IGNORE_INDEX
+from petlprof.vocabulary import CLASSIFICATION, IGNORE_INDEX, LM
 
 
 class Diverged(RuntimeError):
@@ -121,12 +122,12 @@ class MethodStep:
         device: str = "cpu",
         method_config: dict | None = None,
         lr: float = 1e-4,
-        objective: str = "classification",
+        objective: str = CLASSIFICATION,
         target_len: int = 16,
     ):
         method_spec = get_method(method)
         torch.manual_seed(0)
-        lm = objective == "lm"
+        lm = objective == LM
         self.backbone = load_backbone(backbone, num_layers=num_layers, lm_head=lm)
         task_model = make_task_model(self.backbone, objective, num_labels=2)
         self.model = method_spec.build()(task_model, method_spec.make_config(method_config or {})).to(device)
@@ -231,11 +232,6 @@ def time_rounds(functions: dict[str, Callable[[], None]], rounds: int = 10, warm
             fn()
             samples[name].append(time.perf_counter() - t0)
     return samples
-
-
-def time_alternating(functions: dict[str, Callable[[], None]], rounds: int = 10, warmup: int = 2) -> dict[str, float]:
-    """Median seconds per call of each function, timed by :func:`time_rounds`."""
-    return {name: statistics.median(values) for name, values in time_rounds(functions, rounds, warmup).items()}
 
 
 def paired_ratio(samples: dict[str, list[float]], name: str, reference: str) -> float:

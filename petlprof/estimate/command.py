@@ -432,11 +432,11 @@ def format_table(records: list[dict], settings: Settings, left_out: Sequence[str
     widths = {c: max(len(c), *(len(str(row.get(c, ""))) for row in rows)) for c in columns}
     lines = [
         f"batch {settings.batch_size} x {_tokens(settings)}, AdamW, {_precision(settings)}; "
-        "step_time>= is a lower bound: FLOPs / the GPU's peak (see the GPU table in the README)",
+        "step_time>= is a lower bound: FLOPs / the GPU's peak (see the GPU table in docs/estimating.md)",
         f"attention: the implementation built / the kernels its training step ran (--attention {settings.attention})",
         f"fits: peak <= (GPU memory - {size(gpus.CUDA_CONTEXT_BYTES)} CUDA context) x {1 - gpus.ALLOCATOR_SLACK:g} "
         f"(the allocator's {gpus.ALLOCATOR_SLACK:.0%} slack): {size(gpus.usable_bytes(24 * GIB))} of a 24 GiB card; "
-        "sources in the README",
+        "sources in docs/estimating.md",
     ]
     if left_out:
         lines.append(

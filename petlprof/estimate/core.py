@@ -44,7 +44,7 @@ from petlprof.estimate.lm import lm_figures
 from petlprof.estimate.model import ResolvedBackbone, build, family, weight_breakdown
 from petlprof.estimate.quantized import check_traceable
 from petlprof.estimate.trace import UntraceableError, example_batch, inference_batch, lm_batch, train_steps
-from petlprof.models.classifier import lm_loss
+from petlprof.models.language_model import lm_loss
 from petlprof.models.quantization import DEFAULT_COMPUTE_DTYPE, NONE, Quantization, parameter_count, run_fields
 from petlprof.registry import get_method
 from petlprof.results.figures import (

@@ -106,17 +106,3 @@ def fits(peak_bytes: int | None, device_memory_bytes: int | None) -> dict[str, b
     if device_memory_bytes is not None:
         out["device_memory"] = None if peak_bytes is None else peak_bytes <= usable_bytes(device_memory_bytes)
     return out
-
-
-def throughput_table() -> list[dict]:
-    """The table's rows, for printing and for the report."""
-    return [
-        {
-            "gpu": gpu.name,
-            "memory_gib": gpu.memory_gib,
-            "fp32_tflops": gpu.fp32_tflops,
-            "bf16_tflops": gpu.bf16_tflops,
-            "source": gpu.source,
-        }
-        for gpu in GPUS.values()
-    ]

@@ -29,7 +29,7 @@ KV_FORMULA = "2 x layers x kv_heads x head_dim x dtype bytes x batch"
 def check_family(family: str, backbone: str) -> None:
     """The LM objective needs a backbone that generates: a decoder or an encoder-decoder."""
     # kept out of petlprof --help's imports
-    from petlprof.models.backbones import ENCODER
+    from petlprof.models.families import ENCODER
 
     if family == ENCODER:
         raise UsageError(

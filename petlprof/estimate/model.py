@@ -1,6 +1,6 @@
 """The model a run of a backbone would train, built from its config alone with no weight allocated.
 
-A backbone for an estimate is a bundled shape (``petlprof/shapes/NAME.json``, the published config's
+A backbone for an estimate is a bundled shape (``petlprof/models/shapes/NAME.json``, the published config's
 numbers), a tiny preset or ``minilm``, a local ``config.json`` or model folder, or a hub id.  The
 model is built by the functions a run builds it with, under ``torch.device("meta")``, so every parameter
 is a shape without storage: the depth cut (:func:`petlprof.models.backbones.check_shape`,
@@ -25,7 +25,7 @@ from petlprof.models.backbones import (
     BACKBONES,
     Backbone,
     backbone_config,
-    check_backbone,
+    check_backbone_name,
     check_shape,
     family_of,
     is_tiny_preset,
@@ -67,7 +67,7 @@ def resolve_backbone(backbone: str, num_layers: int | None = None) -> ResolvedBa
     elif path.is_file():
         resolved = ResolvedBackbone(backbone, config_from_file(path), None, f"config file {path}")
     elif path.is_dir() or "/" in backbone:
-        check_backbone(backbone)
+        check_backbone_name(backbone)
         resolved = ResolvedBackbone(backbone, pretrained_config(backbone), None, f"config of {backbone}")
     else:
         raise unknown_choice(
@@ -164,19 +164,6 @@ def build(
             resolved.name, model, resolved.tokenizer, family(resolved), resolved.source, quantization=info
         )
         return BuiltModel(trainable_model(backbone, objective, num_labels, method, method_config), info)
-
-
-def build_model(
-    resolved: ResolvedBackbone,
-    method,
-    method_config,
-    num_labels: int,
-    device: str = "meta",
-    objective: str = CLASSIFICATION,
-    attention: str = DEFAULT_ATTENTION,
-):
-    """The model a run trains, unquantised (:func:`build`'s model)."""
-    return build(resolved, method, method_config, num_labels, device, objective, attention).model
 
 
 def build_backbone_model(

@@ -134,9 +134,8 @@ def _numerics(record: dict) -> str:
 def write_report(folder: Path, sweeps: list[str]) -> Path:
     lines = ["# Scaling: every method's memory and compute from T5-small to T5-11B and LLaMA 1B to 70B", ""]
     lines += [
-        "Made by `petlprof estimate` (meta-device trace, no weights; see the README section 'Estimating before",
-        "you rent the GPU' for what each figure is) and rendered by `python -m petlprof.estimate.scaling "
-        f"{folder} {' '.join(sweeps)}`.",
+        "Made by `petlprof estimate` (meta-device trace, no weights; see docs/estimating.md for what each figure",
+        f"is) and rendered by `python -m petlprof.estimate.scaling {folder} {' '.join(sweeps)}`.",
         "",
     ]
     everything = []

@@ -38,7 +38,7 @@ from petlprof.execution.warm import WarmWorker, serves
 from petlprof.results.records import add_overhead
 from petlprof.run.execute import failed_record
 from petlprof.sweep.spec import RunSpec
-from petlprof.vocabulary import EXECUTORS
+from petlprof.vocabulary import EXECUTORS, LOCAL, RAY
 
 if TYPE_CHECKING:
     from petlprof.results.records import RunRecord
@@ -70,7 +70,7 @@ def node_fields(executor: str, **extra: Any) -> dict[str, Any]:
 class LocalExecutor:
     """Runs one after the other on this machine."""
 
-    name = "local"
+    name = LOCAL
 
     def __init__(
         self,
@@ -143,7 +143,7 @@ class LocalExecutor:
                     self._start_charged = True
                     waited = record["warm_worker_start_s"] = warm.start_s or 0.0  # set by _warm's wait
                     add_overhead(record, record["process_wall_time_s"] + waited)
-            record["node"] = node_fields("local")
+            record["node"] = node_fields(LOCAL)
             self.in_flight = []
             yield spec, record
 
@@ -196,7 +196,7 @@ def ray_node_fields(record: RunRecord, niceness: int, **extra: Any) -> dict[str,
     priority (niceness above 0) also gets the warning of what that does to its figures."""
     if niceness > 0:
         record.setdefault("warnings", []).append(niceness_warning(niceness))
-    return node_fields("ray", niceness=niceness, **extra)
+    return node_fields(RAY, niceness=niceness, **extra)
 
 
 def niceness_warning(niceness: int) -> str:
@@ -229,7 +229,7 @@ def _prepare_node_idle(spec) -> None:
 class RayExecutor:
     """Runs as Ray tasks, at most as many in flight as the cluster has CPUs and GPUs for."""
 
-    name = "ray"
+    name = RAY
 
     def __init__(
         self,
@@ -407,7 +407,7 @@ class RayExecutor:
                         f"(--timeout {self.timeout_s:g} s + {DRIVER_GRACE_S:g} s)) and was cancelled "
                         "by the driver",
                         status="timeout",
-                        node=node_fields("ray", node_id=None, lost=True),
+                        node=node_fields(RAY, node_id=None, lost=True),
                     ),
                 )
 
@@ -433,7 +433,7 @@ class RayExecutor:
                         f"no live node of the Ray cluster has the {cpus:g} CPU(s) and {gpus} "
                         f"GPU(s) this run needs (for {DRIVER_GRACE_S:g} s): the node(s) that had them "
                         "were lost",
-                        node=node_fields("ray", node_id=None, lost=True),
+                        node=node_fields(RAY, node_id=None, lost=True),
                     ),
                 )
 
@@ -446,7 +446,7 @@ class RayExecutor:
             cause = exc.cause if exc.cause is not None else exc
             text = f"{type(cause).__name__}: {' '.join(str(cause).split())}"
             return failed_record(
-                spec, f"the Ray task raised on its node: {text[:500]}", node=node_fields("ray", node_id=None)
+                spec, f"the Ray task raised on its node: {text[:500]}", node=node_fields(RAY, node_id=None)
             )
         except self._ray.exceptions.RayError as exc:  # worker or node lost, task cancelled, ...
             text = " ".join(str(exc).split())
@@ -456,7 +456,7 @@ class RayExecutor:
                 spec,
                 f"the Ray task was lost{tried}: {type(exc).__name__}: {text[:500]}",
                 status="oom" if memory else "failed",
-                node=node_fields("ray", node_id=None, lost=True),
+                node=node_fields(RAY, node_id=None, lost=True),
             )
 
     def cancel(self) -> None:
@@ -498,9 +498,9 @@ def make_executor(
     retries: int = 0,
     cpus_per_run: float = 1.0,
 ):
-    if name == "local":
+    if name == LOCAL:
         return LocalExecutor(in_process=in_process, timeout_s=timeout_s, max_memory_bytes=max_memory_bytes)
-    if name == "ray":
+    if name == RAY:
         return RayExecutor(
             address=address,
             timeout_s=timeout_s,

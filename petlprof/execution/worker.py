@@ -28,7 +28,7 @@ import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
-from petlprof.execution.process import LAUNCH, command, die_with_parent, expected_parent  # noqa: F401  (re-exported)
+from petlprof.execution.process import die_with_parent, expected_parent
 from petlprof.execution.warm import serve
 from petlprof.results.records import FINAL_STATUSES
 from petlprof.run.execute import execute

@@ -116,12 +116,6 @@ def detect_update_periods(reads: dict[str, Any], detect_s: float = DETECT_S) -> 
     return {name: float(statistics.median(g)) if len(g) >= 2 else None for name, g in gaps.items()}
 
 
-def detect_update_period(read, detect_s: float = DETECT_S) -> float | None:
-    """Median seconds between changes of ``read()`` watched for ``detect_s``; None if it never
-    changed three times."""
-    return detect_update_periods({"value": read}, detect_s)["value"]
-
-
 def sampling_period(update_period_s: float | None) -> float:
     if update_period_s is None:
         return FALLBACK_PERIOD_S

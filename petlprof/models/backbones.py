@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from petlprof.errors import UsageError, unknown_choice
-from petlprof.models.families import DECODER as DECODER  # the families' names, re-exported where backbones are loaded
 from petlprof.models.families import ENCODER as ENCODER
 from petlprof.models.families import ENCODER_DECODER as ENCODER_DECODER
 from petlprof.models.families import family_of, model_class, model_from_config
@@ -122,82 +121,82 @@ def minilm_path() -> Path:
     return Path(list(spec.submodule_search_locations)[0]) / "model"
 
 
-def is_tiny_preset(spec: str) -> bool:
+def is_tiny_preset(name: str) -> bool:
     """A built-in preset without weights (built from its config with random weights)."""
-    return spec in BACKBONES and spec not in PRETRAINED_PRESETS
+    return name in BACKBONES and name not in PRETRAINED_PRESETS
 
 
-def pretrained_location(spec: str) -> tuple[str, dict[str, str]]:
+def pretrained_location(name: str) -> tuple[str, dict[str, str]]:
     """(path, extra ``from_pretrained`` arguments) of a pretrained preset, a local folder or a hub id;
     the same for config, tokenizer and model (``smollm2``: the package's folder and its ``gguf_file``)."""
-    if spec == "minilm":
+    if name == "minilm":
         return str(minilm_path()), {}
-    if spec == "smollm2":
+    if name == "smollm2":
         weights = smollm2_weights()
         return str(weights.folder), weights.from_pretrained_kwargs()
-    return spec, {}
+    return name, {}
 
 
-def weights_provenance(spec: str) -> dict[str, Any] | None:
+def weights_provenance(name: str) -> dict[str, Any] | None:
     """What the record says of a pretrained preset's weight file (GGUF: package, file, sha256, dequantisation)."""
-    if spec != "smollm2":
+    if name != "smollm2":
         return None
 
     return provenance(smollm2_weights())
 
 
-def check_backbone(spec: str) -> None:
+def check_backbone_name(name: str) -> None:
     """Cheap validation before anything runs: a preset, a bundled shape, an existing folder or config
     file, or a hub-id-shaped name (whether it has weights is :func:`check_weights`' question)."""
-    if spec in BACKBONES or is_shape(spec):
+    if name in BACKBONES or is_shape(name):
         return
-    check_file(spec, "--backbone", folder=True)
-    path = Path(spec)
+    check_file(name, "--backbone", folder=True)
+    path = Path(name)
     if path.is_dir():
         if not (path / "config.json").is_file():
-            raise UsageError(f"backbone folder '{spec}' holds no config.json, so it is not a transformers model")
+            raise UsageError(f"backbone folder '{name}' holds no config.json, so it is not a transformers model")
         return
     if path.is_file():
         return  # a config.json, read by backbone_config
-    if spec.startswith((".", "/", "~")) or os.sep + os.sep in spec or spec.count("/") > 1:
-        raise UsageError(f"backbone folder '{spec}' does not exist")
+    if name.startswith((".", "/", "~")) or os.sep + os.sep in name or name.count("/") > 1:
+        raise UsageError(f"backbone folder '{name}' does not exist")
     named = [*BACKBONES, *shape_names()]
-    close_to_name = unknown_choice("backbone", spec, named).args[0]
-    if "/" not in spec and "did you mean" in close_to_name:
+    close_to_name = unknown_choice("backbone", name, named).args[0]
+    if "/" not in name and "did you mean" in close_to_name:
         raise UsageError(f"{close_to_name} {_OTHER_BACKBONES}")
-    if not _HUB_ID.match(spec):
-        raise unknown_choice("backbone", spec, named, extra=_OTHER_BACKBONES)
+    if not _HUB_ID.match(name):
+        raise unknown_choice("backbone", name, named, extra=_OTHER_BACKBONES)
 
 
-def check_weights(spec: str, random_init: bool) -> None:
+def check_weights(name: str, random_init: bool) -> None:
     """A backbone without weights (a bundled shape, a config file, a model folder with no checkpoint)
     runs only with ``random_init``; one line naming it otherwise."""
-    if random_init or spec in BACKBONES:
+    if random_init or name in BACKBONES:
         return
-    if is_shape(spec):
+    if is_shape(name):
         what = "a bundled shape"
-    elif is_config_file(spec):
+    elif is_config_file(name):
         what = "a config file"
-    elif Path(spec).is_dir() and not any(any(Path(spec).glob(pattern)) for pattern in _CHECKPOINTS):
+    elif Path(name).is_dir() and not any(any(Path(name).glob(pattern)) for pattern in _CHECKPOINTS):
         what = f"a model folder with no checkpoint ({', '.join(_CHECKPOINTS)})"
     else:
         return
     raise UsageError(
-        f"backbone '{spec}' is {what}, a shape without weights: add --random-init for a cost-only run on random "
+        f"backbone '{name}' is {what}, a shape without weights: add --random-init for a cost-only run on random "
         "weights (to compare with `petlprof estimate`)"
     )
 
 
-def pretrained_config(spec: str):
+def pretrained_config(name: str):
     """The transformers config of a pretrained preset, a local folder or a hub id; a UsageError if it cannot load."""
     # transformers: slow to import, loaded only when used
     from transformers import AutoConfig, PretrainedConfig
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    path, kwargs = pretrained_location(spec)
+    path, kwargs = pretrained_location(name)
     try:
         values, _ = PretrainedConfig.get_config_dict(path, **kwargs)
-        check_sizes(values, spec)  # before the config class computes with them (a head count of 0 divides)
+        check_sizes(values, name)  # before the config class computes with them (a head count of 0 divides)
         if "gguf_file" in kwargs:  # what AutoConfig does with these values, without parsing the file again
             return CONFIG_MAPPING[values["model_type"]].from_dict(values, name_or_path=path)
         return AutoConfig.from_pretrained(path, **kwargs)
@@ -206,45 +205,45 @@ def pretrained_config(spec: str):
     except (OSError, ValueError) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise UsageError(
-            f"cannot load backbone '{spec}': {first.rstrip('.')}. A backbone is a preset "
+            f"cannot load backbone '{name}': {first.rstrip('.')}. A backbone is a preset "
             f"({', '.join(BACKBONES)}), a local model folder or a Hugging Face id, or with --random-init a bundled "
             "shape (`petlprof estimate --list-shapes`) or a config.json."
         ) from None
 
 
-def _tiny_parts(spec: str):
+def _tiny_parts(name: str):
     """(tokenizer, config) of a tiny random preset: all-MiniLM-L6-v2's tokenizer and a small config."""
     # transformers: slow to import, loaded only when used
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(minilm_path())
-    return tokenizer, _tiny_config(spec, len(tokenizer), tokenizer)
+    return tokenizer, _tiny_config(name, len(tokenizer), tokenizer)
 
 
-def backbone_config(spec: str):
-    """The transformers config a run of ``spec`` starts from, without loading weights."""
-    if is_tiny_preset(spec):
-        return _tiny_parts(spec)[1]
-    config = weightless_config(spec)  # a bundled shape or a config.json
-    return pretrained_config(spec) if config is None else config
+def backbone_config(name: str):
+    """The transformers config a run of ``name`` starts from, without loading weights."""
+    if is_tiny_preset(name):
+        return _tiny_parts(name)[1]
+    config = weightless_config(name)  # a bundled shape or a config.json
+    return pretrained_config(name) if config is None else config
 
 
-def check_shape(spec: str, config, *, num_layers: int | None = None, max_length: int | None = None) -> None:
+def check_shape(name: str, config, *, num_layers: int | None = None, max_length: int | None = None) -> None:
     """``--num-layers`` within a pretrained backbone's layers (a tiny preset is built with that many)
     and ``--max-length`` within its positions; checked before any run and again when a run loads it."""
-    fixed_depth = not is_tiny_preset(spec)
+    fixed_depth = not is_tiny_preset(name)
     if fixed_depth and num_layers is not None and num_layers > config.num_hidden_layers:
-        layers = "layers" if is_shape(spec) or is_config_file(spec) else "pretrained layers"
+        layers = "layers" if is_shape(name) or is_config_file(name) else "pretrained layers"
         raise UsageError(
-            f"--num-layers {num_layers} exceeds the {config.num_hidden_layers} {layers} of backbone '{spec}'"
+            f"--num-layers {num_layers} exceeds the {config.num_hidden_layers} {layers} of backbone '{name}'"
         )
     positions = getattr(config, "max_position_embeddings", None)
     if max_length is not None and positions is not None and max_length > positions:
-        raise UsageError(f"--max-length {max_length} exceeds the {positions} positions of backbone '{spec}'")
+        raise UsageError(f"--max-length {max_length} exceeds the {positions} positions of backbone '{name}'")
 
 
 def load_backbone(
-    spec: str = DEFAULT_BACKBONE,
+    name: str = DEFAULT_BACKBONE,
     *,
     num_layers: int | None = None,
     seed: int = 0,
@@ -263,23 +262,23 @@ def load_backbone(
     import torch
     from transformers import AutoTokenizer
 
-    check_backbone(spec)
-    check_weights(spec, random_init)
+    check_backbone_name(name)
+    check_weights(name, random_init)
     if num_layers is not None and num_layers < 1:
         raise UsageError(f"--num-layers must be a positive integer, got {num_layers}")
-    random_init = random_init or is_tiny_preset(spec)  # the tiny presets have no weights either
+    random_init = random_init or is_tiny_preset(name)  # the tiny presets have no weights either
     # float32 weights whatever a config's `torch_dtype` says, as model_from_config builds them
     if random_init:
-        tokenizer, config, source = _random_parts(spec, num_layers, seed)
+        tokenizer, config, source = _random_parts(name, num_layers, seed)
         torch.manual_seed(seed)
-        model = model_from_config(config, lm_head, spec)
+        model = model_from_config(config, lm_head, name)
     else:
-        path, kwargs = pretrained_location(spec)
-        config = pretrained_config(spec)
+        path, kwargs = pretrained_location(name)
+        config = pretrained_config(name)
         tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
-        check_shape(spec, config, num_layers=num_layers)
+        check_shape(name, config, num_layers=num_layers)
         set_depth(config, num_layers)
-        auto_class = model_class(config, lm_head, spec)
+        auto_class = model_class(config, lm_head, name)
         if num_layers or kwargs:
             model = _from_pretrained_quiet(path, config, auto_class=auto_class, dtype=torch.float32, **kwargs)
         else:
@@ -290,10 +289,10 @@ def load_backbone(
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
     prepare_backbone_model(model, tokenizer.pad_token_id)
-    weights = None if random_init else weights_provenance(spec)
+    weights = None if random_init else weights_provenance(name)
     quantized = None if quantization is None else quantize_model(model, quantization, device)
     return Backbone(
-        spec, model, tokenizer, family, source, random_init=random_init, weights=weights, quantization=quantized
+        name, model, tokenizer, family, source, random_init=random_init, weights=weights, quantization=quantized
     )
 
 
@@ -307,32 +306,32 @@ def prepare_backbone_model(model: Any, pad_token_id: int | None) -> None:
         model.config.pad_token_id = pad_token_id
 
 
-def _random_parts(spec: str, num_layers: int | None, seed: int):
+def _random_parts(name: str, num_layers: int | None, seed: int):
     """(tokenizer, config, source) of a backbone built with random weights: a tiny preset, or with
     --random-init any backbone's config (depth cut to ``num_layers``, checked by :func:`check_random_init`)."""
     # transformers: slow to import, loaded only when used
     from transformers import AutoTokenizer
 
-    if is_tiny_preset(spec):
-        tokenizer, config = _tiny_parts(spec)
+    if is_tiny_preset(name):
+        tokenizer, config = _tiny_parts(name)
         set_depth(config, num_layers)
-        return tokenizer, config, f"random init ({spec} preset, seed {seed}), tokenizer of all-MiniLM-L6-v2"
+        return tokenizer, config, f"random init ({name} preset, seed {seed}), tokenizer of all-MiniLM-L6-v2"
     tokenizer = AutoTokenizer.from_pretrained(minilm_path())
-    config = backbone_config(spec)
-    check_shape(spec, config, num_layers=num_layers)
+    config = backbone_config(name)
+    check_shape(name, config, num_layers=num_layers)
     set_depth(config, num_layers)
-    check_random_init(spec, config, num_layers)
-    return tokenizer, config, f"random init ({config_label(spec)}, seed {seed}), tokenizer of all-MiniLM-L6-v2"
+    check_random_init(name, config, num_layers)
+    return tokenizer, config, f"random init ({config_label(name)}, seed {seed}), tokenizer of all-MiniLM-L6-v2"
 
 
-def check_random_init(spec: str, config, num_layers: int | None = None, memory: bool = True) -> None:
-    """Before ``spec`` is built from ``config`` (its first ``num_layers`` layers) with random weights:
+def check_random_init(name: str, config, num_layers: int | None = None, memory: bool = True) -> None:
+    """Before ``name`` is built from ``config`` (its first ``num_layers`` layers) with random weights:
     all-MiniLM-L6-v2's token ids fit its vocabulary, and (``memory``) its float32 weights alone fit in the
     memory this machine has available, so a model too large is one line, not a process the kernel kills."""
     vocab, tokens = getattr(config, "vocab_size", None), minilm_vocab_size()
     if isinstance(vocab, int) and vocab < tokens:
         raise UsageError(
-            f"backbone '{spec}' has a vocabulary of {vocab} tokens; --random-init tokenizes with all-MiniLM-L6-v2, "
+            f"backbone '{name}' has a vocabulary of {vocab} tokens; --random-init tokenizes with all-MiniLM-L6-v2, "
             f"whose ids go up to {tokens - 1}: give a config with vocab_size >= {tokens}"
         )
     available = available_memory_bytes() if memory else None
@@ -343,7 +342,7 @@ def check_random_init(spec: str, config, num_layers: int | None = None, memory: 
     params, needed = weights_bytes(config)
     if needed > available:
         raise UsageError(
-            f"backbone '{spec}' with --random-init needs {needed / 2**30:.1f} GiB for its {params:,} float32 "
+            f"backbone '{name}' with --random-init needs {needed / 2**30:.1f} GiB for its {params:,} float32 "
             f"weights alone; this machine has {available / 2**30:.1f} GiB of memory available: use a smaller "
             "shape or --num-layers, or `petlprof estimate` for its figures"
         )

@@ -1,8 +1,7 @@
 """The task models every method starts from; here the classifier: a backbone, a pooling rule and a linear head.
 
 :func:`make_task_model` picks the task model of an objective: this :class:`SequenceClassifier` for
-``classification``, :class:`petlprof.models.language_model.LanguageModel` (the backbone's own LM head) for ``lm``;
-:func:`lm_loss` and :func:`greedy_generate` are re-exported from :mod:`petlprof.models.language_model`.
+``classification``, :class:`petlprof.models.language_model.LanguageModel` (the backbone's own LM head) for ``lm``.
 
 One wrapper for all three families, so every method is compared on the same head and pooling:
 
@@ -32,7 +31,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from petlprof.models.backbones import DECODER, ENCODER, ENCODER_DECODER, Backbone
+from petlprof.models.backbones import Backbone
+from petlprof.models.families import DECODER, ENCODER, ENCODER_DECODER
+from petlprof.models.language_model import LanguageModel
+from petlprof.vocabulary import CLASSIFICATION, LM
 
 if TYPE_CHECKING:
     from petlprof.method_api import MethodSpec
@@ -51,7 +53,7 @@ def shift_right(ids: torch.Tensor, start_id: int) -> torch.Tensor:
 
 
 class SequenceClassifier(nn.Module):
-    objective = "classification"
+    objective = CLASSIFICATION
 
     def __init__(self, backbone: Backbone, num_labels: int, dropout: float = 0.1):
         super().__init__()
@@ -149,7 +151,7 @@ class SequenceClassifier(nn.Module):
 def make_task_model(backbone: Backbone, objective: str, num_labels: int) -> nn.Module:
     """The task model a method is applied to: :class:`petlprof.models.language_model.LanguageModel` for ``"lm"`` (the
     backbone must be loaded with ``lm_head=True``), else a :class:`SequenceClassifier` of ``num_labels``."""
-    if objective == "lm":
+    if objective == LM:
         return LanguageModel(backbone)
     return SequenceClassifier(backbone, num_labels)
 
@@ -160,17 +162,3 @@ def trainable_model(
     """The model a run trains and an estimate traces: the objective's task model (:func:`make_task_model`) with
     ``method`` applied by its ``build()`` at ``method_config``."""
     return method.build()(make_task_model(backbone, objective, num_labels), method_config)
-
-
-from petlprof.models.language_model import LanguageModel, greedy_generate, lm_loss  # noqa: E402  (re-exported)
-
-__all__ = [
-    "LanguageModel",
-    "SequenceClassifier",
-    "greedy_generate",
-    "last_token_index",
-    "lm_loss",
-    "make_task_model",
-    "shift_right",
-    "trainable_model",
-]

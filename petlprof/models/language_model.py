@@ -35,7 +35,7 @@ PEFT does.  LoRA and IA3 are layers PEFT put inside the model, so the model runs
 :func:`greedy_generate` decodes a batch of prompts greedily, with the backbone's KV cache (only the new
 token goes through the backbone) or without it (the whole sequence again at every step); the two agree
 token for token.  A model takes part through ``generation_start``/``generation_step`` (this class and
-:class:`petlprof.methods.side_tuning.SideTunedModel` have them).
+:class:`petlprof.side_tuning.SideTunedModel` have them).
 """
 
 from __future__ import annotations
@@ -51,8 +51,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from petlprof.errors import UsageError
-from petlprof.models.backbones import DECODER, ENCODER, ENCODER_DECODER, Backbone
-from petlprof.vocabulary import IGNORE_INDEX
+from petlprof.models.backbones import Backbone
+from petlprof.models.families import DECODER, ENCODER, ENCODER_DECODER
+from petlprof.vocabulary import IGNORE_INDEX, LM
 
 
 class TargetLogits(NamedTuple):
@@ -141,7 +142,7 @@ class LanguageModel(nn.Module):
     """A backbone with its own LM head: ``forward(input_ids, attention_mask)`` -> ``[B, T, V]`` logits;
     ``forward(input_ids, attention_mask, labels)`` -> :class:`TargetLogits` (the scored positions' alone)."""
 
-    objective = "lm"
+    objective = LM
     logits_everywhere = False  # True: the head at every position even given labels (the path before; comparisons)
 
     def __init__(self, backbone: Backbone):

@@ -1,4 +1,4 @@
-"""Backbone configs without weights: the bundled shapes (``petlprof/shapes/NAME.json``) and config files.
+"""Backbone configs without weights: the bundled shapes (``petlprof/models/shapes/NAME.json``) and config files.
 
 A bundled shape is the published ``config.json`` of a model users fine-tune (T5 small to 11B, BERT,
 RoBERTa, GPT-2, LLaMA, Qwen2.5, Mistral, OPT; its ``_source`` says where it was copied from), usable by

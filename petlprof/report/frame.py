@@ -54,7 +54,7 @@ from petlprof.results.figures import (
     frame_columns,
 )
 from petlprof.tasks.metrics import METRIC_DIRECTIONS, direction
-from petlprof.vocabulary import ZERO_SHOT
+from petlprof.vocabulary import LOCAL, ZERO_SHOT
 
 GROUP = ["task", "backbone"]  # a frontier is drawn within one task and backbone
 CONFIG = GROUP + ["method", "config", "config_key"]  # what identifies a configuration across seeds
@@ -139,7 +139,7 @@ def _row(record: Mapping[str, Any]) -> dict[str, Any]:
     )
     row.update(
         {  # where it ran: its meters read this host's devices (petlprof.execution.executors)
-            "executor": field(record, "node", "executor") or "local",
+            "executor": field(record, "node", "executor") or LOCAL,
             "hostname": field(record, "node", "hostname") or field(record, "env", "hostname"),
             "world_size": number(record, "distributed", "world_size") or 1,
         }

@@ -113,7 +113,7 @@ def _what_was_run(records: Sequence[Mapping[str, Any]]) -> list[str]:
             if key == "lr":
                 per_method = distinct(f"{r.get('method')}={_setting(field(r, 'training', 'lr'))}" for r in records)
                 settings.append("lr per method: " + ", ".join(per_method))
-            continue  # each method's learning-rate source is in the README's table of defaults
+            continue  # each method's learning-rate source is in the table of defaults in docs/running.md
         if values:
             shown = " / ".join(_setting(v) for v in values)
             settings.append(f"{key}={shown}" + (" (varies)" if len(values) > 1 else ""))

@@ -6,7 +6,7 @@ states are kept (half precision by default), keyed by the example's index in the
 once every example of a batch is cached, the step runs only the side network
 (``model.side_forward``) on states assembled from the cache, and the backbone is skipped.
 
-The model provides the interface of :class:`petlprof.methods.side_tuning.SideTunedModel`:
+The model provides the interface of :class:`petlprof.side_tuning.SideTunedModel`:
 ``backbone_states(input_ids, attention_mask) -> {name: [batch, tokens, ...]}``,
 ``state_masks(attention_mask) -> {name: bool [batch, tokens]}`` (the real token positions) and
 ``side_forward(states, input_ids, attention_mask) -> logits``.  A language-modelling batch's inputs

@@ -36,7 +36,7 @@ import torch
 from petlprof.meters import Meter, Window
 from petlprof.meters.base import phase_warnings, synchronize
 from petlprof.meters.energy import SHORT_WINDOW_S
-from petlprof.models.classifier import greedy_generate
+from petlprof.models.language_model import greedy_generate
 from petlprof.results.figures import (
     ENERGY,
     ENERGY_PER_RESPONSE,

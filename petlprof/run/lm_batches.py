@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from petlprof.errors import UsageError
-from petlprof.models.backbones import DECODER, ENCODER_DECODER
+from petlprof.models.families import DECODER, ENCODER_DECODER
 from petlprof.models.language_model import lm_loss
 from petlprof.run.train import batch_indices
 from petlprof.vocabulary import IGNORE_INDEX

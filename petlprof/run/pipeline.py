@@ -383,7 +383,7 @@ def _generation(ctx: RunContext, model, eval_phase: dict[str, Any], label: str =
     the evaluation batch size (:func:`petlprof.run.generation.measure_generation`), its window as long as
     the inference phase's would be."""
     # petlprof.run.generation, .inference, .modeling (torch): kept off the sweep's driver, which imports this module
-    from petlprof.models.classifier import greedy_generate
+    from petlprof.models.language_model import greedy_generate
     from petlprof.run.generation import measure_generation
     from petlprof.run.inference import target_window_s
 
@@ -453,7 +453,7 @@ def _train_and_evaluate(ctx: RunContext, train_meters: list, eval_meters: list) 
 def _evaluate_lm(ctx: RunContext, model, io) -> tuple:
     """(phase, generated texts, references) of a language-modelling run's evaluation (one process)."""
     # petlprof.run.lm_eval, petlprof.models.classifier (torch): kept off the sweep's driver, which imports this module
-    from petlprof.models.classifier import greedy_generate
+    from petlprof.models.language_model import greedy_generate
     from petlprof.run.lm_eval import evaluate_lm
 
     spec = ctx.spec

@@ -36,12 +36,12 @@ from petlprof.registry import (
     peft_unsupported_reason,
     read_peft_config_file,
 )
-from petlprof.sweep.options import CACHE_DTYPES, DEVICES, OPTIONS, RunOptions, default_of, kind_of  # noqa: F401  (re-exported)
+from petlprof.sweep.options import OPTIONS, RunOptions, default_of, kind_of
 from petlprof.sweep.spec import RunSpec, spec_default, spec_fields
 from petlprof.tasks.labelled import generative_possible, load_task
 from petlprof.tasks.metrics import check_target
-from petlprof.values import check_file, flag, parse_bytes  # noqa: F401  (parse_bytes re-exported)
-from petlprof.vocabulary import ZERO_SHOT
+from petlprof.values import check_file, flag
+from petlprof.vocabulary import CLASSIFICATION, LM, RAY, ZERO_SHOT
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -303,13 +303,13 @@ def _validate_relations(options: RunOptions, given: AbstractSet[str]) -> None:
 
 
 def _validate_executor(options: RunOptions) -> None:
-    if options.executor != "ray":
+    if options.executor != RAY:
         for name, f in OPTIONS.items():
             if f.metadata["ray_only"] and getattr(options, name) != default_of(name):
                 raise UsageError(
                     f"{flag(name)} applies to --executor ray; the runs execute on this machine ('{options.executor}')"
                 )
-    if options.in_process and options.executor == "ray":
+    if options.in_process and options.executor == RAY:
         raise UsageError(
             "--in-process runs everything in the sweep's own process; it cannot be combined with --executor ray"
         )
@@ -419,8 +419,8 @@ def preflight(options: RunOptions, meters_here: bool = True) -> list[str]:
     for name in options.task:
         task = sweep_task(options, name)
         for method in options.methods:
-            check_objective(get_method(method), "lm" if task.objective == "lm" else "classification")
-        if task.objective == "lm":
+            check_objective(get_method(method), LM if task.objective == LM else CLASSIFICATION)
+        if task.objective == LM:
             _check_lm_options(options, name)
         elif options.max_new_tokens is not None:
             raise UsageError(
@@ -591,8 +591,8 @@ def _is_lm(options: RunOptions, task: str) -> bool:
     """Whether ``task`` runs on the language-modelling objective (read from the task itself unless the
     objective is named or the task is a labelled built-in)."""
     if options.objective != "auto":
-        return options.objective == "lm"
-    return generative_possible(task, options.prompt_column) and sweep_task(options, task).objective == "lm"
+        return options.objective == LM
+    return generative_possible(task, options.prompt_column) and sweep_task(options, task).objective == LM
 
 
 def _copied(options: RunOptions, method: str) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from petlprof.values import (
     flag,
     parse_bytes,
 )
-from petlprof.vocabulary import CHAT_TEMPLATES, EXECUTORS, OBJECTIVE_CHOICES, PRECISIONS
+from petlprof.vocabulary import CHAT_TEMPLATES, EXECUTORS, LOCAL, OBJECTIVE_CHOICES, PRECISIONS
 
 DEVICES = ("auto", "cpu", "cuda")
 CACHE_DTYPES = ("float16", "bfloat16", "float32")  # petlprof.run.cache.DTYPES, named without importing torch
@@ -125,9 +125,9 @@ def _method(name: str) -> None:
 
 
 def _backbone(backbone: str) -> None:
-    from petlprof.models.backbones import check_backbone  # the model shapes and GGUF presets
+    from petlprof.models.backbones import check_backbone_name  # the model shapes and GGUF presets
 
-    check_backbone(backbone)
+    check_backbone_name(backbone)
 
 
 def _task(task: str) -> None:
@@ -358,7 +358,7 @@ class RunOptions:
         Bytes(optional=True, minimum=MIN_RUN_MEMORY, why="the least a run can start in beyond the imported runtime"),
     )
     executor: str = option(
-        "local",
+        LOCAL,
         "where runs execute: local (default: one after the other on this machine, a fresh process each) or ray "
         "(each run a Ray task on a cluster; pip install 'petlprof[ray]')",
         Choice(choices=EXECUTORS, kind="executor"),
