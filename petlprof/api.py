@@ -1,11 +1,15 @@
-"""The Python API for notebooks: result stores as pandas DataFrames, frontiers and plots.
+"""The Python API for notebooks: sweeps run as ``petlprof run`` runs them, result stores as pandas DataFrames,
+frontiers and plots.
 
 ```python
-from petlprof.api import load_results, summarise, frontier, plot_frontier
+from petlprof.api import load_results, run_sweep, summarise, frontier, plot_frontier
 
+sweep = run_sweep(methods=["read", "lora"], output="my-sweep", seeds=[0, 1])  # any run option by its config name
 runs = load_results("reports/tweets3-study/budget")     # one row per run (every status)
 configs = frontier(runs, x="energy_j", y="accuracy")   # one row per configuration, seeds merged, on_front
 fig = plot_frontier(runs, x="peak_memory_bytes")       # the report's plot, as a matplotlib Figure
+records = load_records(["my-sweep"])                   # the runs as typed RunResult objects
+records[0].train[ENERGY], records[0].task_info.majority_rate, records[0].budget  # a phase keyed by its Figure
 ```
 
 Columns: ``task``, ``backbone``, ``method``, ``config``, ``seed``, ``status``, each quality metric by
@@ -20,15 +24,20 @@ Frontier directions come from :data:`petlprof.tasks.metrics.METRIC_DIRECTIONS`.
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
+from petlprof.cli import report_sweep
+from petlprof.execution.sweep import SweepOutcome, drive
 from petlprof.report.frame import frontier, relative_to, runs_frame, summarise
 from petlprof.report.records import load_records
 from petlprof.results.figures import ENERGY
+from petlprof.sweep.config import build_options, load_config_file
 
 
 def load_results(paths: str | Path | Sequence[str | Path]) -> pd.DataFrame:
@@ -77,4 +86,57 @@ def plot_frontier(
     return draw(configs, y, metric, axis, cost_label(axis, ok), title, ax=ax)
 
 
-__all__ = ["frontier", "load_results", "plot_frontier", "relative_to", "summarise"]
+class Sweep(SweepOutcome):
+    """What :func:`run_sweep` did: ``output`` (the folder), ``results_file`` (its results.jsonl), ``runs`` (of the
+    sweep), ``recorded`` (of them, found in the results file and skipped), ``ran`` (run to a record by this call),
+    ``failed`` (of those, not ok) and ``exit_code`` (what ``petlprof run`` exits with: 0; 1 when a run failed or
+    a record could not be written; 130 or 143 when Ctrl-C or SIGTERM stopped the sweep)."""
+
+    def results(self) -> pd.DataFrame:
+        """The results file as :func:`load_results` reads it: one row per run, this call's and those before."""
+        return load_results(self.results_file)
+
+
+def run_sweep(
+    methods: str | Sequence[str] | None = None,
+    output: str | os.PathLike[str] | None = None,
+    *,
+    config: str | os.PathLike[str] | None = None,
+    **options: Any,
+) -> Sweep:
+    """Run a sweep from Python: what ``petlprof run`` runs, with the same options, checked the same way.
+
+    ``methods``, ``output`` and every other keyword are run options under their config-file names (the fields of
+    :class:`~petlprof.sweep.options.RunOptions`: ``seeds=[0, 1]``, ``backbone="minilm"``, ``train_size=32``,
+    ``method_config={"lora": {"r": 8}}``, ``in_process=True``, ...), laid over those of the TOML or YAML file
+    ``config`` as the command line's are; ``None`` leaves an option to the file or its default.  A bad value
+    raises the :class:`~petlprof.errors.UsageError` whose line ``petlprof run`` prints, before any run starts or
+    any file is written.  Runs already in the results file of ``output`` (a new ``petlprof-out/run-<time>``
+    folder unless given) are skipped and every other run's record is appended to it; status lines go to stderr,
+    the summary table to stdout, and the report into ``output``.  Ctrl-C (or SIGTERM, in the main thread) stops
+    the sweep with the runs in flight recorded ``cancelled``, as on the command line."""
+    values = {"methods": methods, "output": output, **options}
+    file_values = load_config_file(os.fspath(config)) if config else {}
+    outcome = drive(build_options(file_values, {k: _as_given(v) for k, v in values.items()}), finish=report_sweep)
+    return Sweep(**vars(outcome))
+
+
+def _as_given(value: Any) -> Any:
+    """A Python value as a config file gives it: a path as its text, a tuple or range as a list."""
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, (list, tuple, range)):
+        return [_as_given(v) for v in value]
+    return value
+
+
+__all__ = [
+    "Sweep",
+    "frontier",
+    "load_records",
+    "load_results",
+    "plot_frontier",
+    "relative_to",
+    "run_sweep",
+    "summarise",
+]

@@ -8,17 +8,13 @@ A :class:`~petlprof.errors.UsageError` is printed as one line and exits with cod
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import signal
 import sys
 import textwrap
-import threading
-import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from petlprof import __version__
 from petlprof.errors import UsageError, printable
@@ -26,7 +22,9 @@ from petlprof.estimate.command import add_estimate_parser, cmd_estimate
 from petlprof.report.intervals import DEFAULT_INTERVAL, INTERVALS
 from petlprof.sweep.options import add_run_arguments
 from petlprof.values import check_file
-from petlprof.vocabulary import LOCAL
+
+if TYPE_CHECKING:
+    from petlprof.results.result import RunResult
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -76,146 +74,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-class StoreWriteError(Exception):
-    """The results file could not be written; the message has already been printed."""
-
-
-class Terminated(BaseException):
-    """Raised in the sweep process by SIGTERM, so the run in flight is stopped and recorded
-    (a BaseException, like KeyboardInterrupt, so no ``except Exception`` in a run swallows it)."""
-
-
-def _on_sigterm(signum, frame):
-    raise Terminated()
-
-
 def cmd_run(args: argparse.Namespace) -> int:
-    # not for --help: the options' checks (the registry's entry points), the executors and the store's lock
-    from petlprof.execution.executors import make_executor
-    from petlprof.results.store import StoreLock, check_writable
-    from petlprof.sweep.config import (
-        build_options,
-        default_output_dir,
-        load_config_file,
-        parse_method_grids,
-        parse_method_overrides,
-        preflight,
-        resolve_device,
-    )
-    from petlprof.values import parse_bytes
+    # not for --help: the options' checks (the registry's entry points), the sweep's executors and store
+    from petlprof.execution.sweep import drive
+    from petlprof.sweep.config import build_options, load_config_file, parse_method_grids, parse_method_overrides
 
     cli_values = {k: v for k, v in vars(args).items() if k not in ("command", "config", "debug")}
     cli_values["method_config"] = parse_method_overrides(args.method_config) if args.method_config else None
     cli_values["method_grid"] = parse_method_grids(args.method_grid) if args.method_grid else None
     file_values = load_config_file(args.config) if args.config else {}
-    options = build_options(file_values, cli_values)
-    out_dir = Path(options.output) if options.output else default_output_dir()
-    max_memory = parse_bytes(options.max_memory)
-
-    def make():
-        return make_executor(
-            options.executor,
-            address=options.address,
-            in_process=options.in_process,
-            timeout_s=options.timeout,
-            max_memory_bytes=max_memory,
-            retries=options.retries,
-            cpus_per_run=options.cpus_per_run,
-        )
-
-    # every check of the input and the output folder before an executor starts: a bad data path or
-    # a folder another sweep holds is one error line, not a Ray start-up followed by one.  A local sweep's
-    # warm worker is the exception: it only imports, so it starts first and its imports overlap the checks
-    # (and it is killed at once if they fail)
-    local = options.executor == LOCAL
-    executor = make() if local and _cpu_sweep_likely(options, out_dir) else None
-    try:
-        if executor is not None:
-            executor.prestart()
-        for note in preflight(options, meters_here=local):
-            _say(f"petlprof: note: {note}")
-        # a local device is checked here, so a bad --device leaves no output folder; a cluster's needs Ray
-        device = (
-            resolve_device(options.device, options.nproc_per_run, memory_snapshot=options.memory_snapshot)
-            if local
-            else None
-        )
-        if executor is not None and device != "cpu":
-            executor.close()  # GPU runs never fork from its warm worker
-        check_writable(out_dir)
-        with StoreLock(out_dir) as lock:
-            if lock.taken_over is not None:
-                _say(f"petlprof: took over the lock of a petlprof run that is gone ({lock.taken_over})")
-            if executor is None:
-                executor = make()
-            return _run_sweep(options, executor, out_dir, device)
-    finally:
-        if executor is not None:
-            executor.close()
-
-
-NVIDIA_DRIVER = Path("/proc/driver/nvidia/version")  # present where NVIDIA's kernel driver is loaded
-
-
-def _cpu_sweep_likely(options, out_dir: Path) -> bool:
-    """Whether a local sweep will fork CPU runs from a warm worker, told without importing torch: one process
-    per run, ``--device cpu`` (or ``auto`` on a machine without NVIDIA's driver), and no other sweep holding
-    ``out_dir``.  Its worker then starts before the checks; where this guesses wrong, the worker is killed
-    unused (seconds of imports beside whatever else runs)."""
-    from petlprof.results.store import lock_held  # not for --help: as in cmd_run
-
-    if options.nproc_per_run != 1 or options.device not in ("auto", "cpu"):
-        return False
-    if options.device == "auto" and NVIDIA_DRIVER.exists():
-        return False
-    return not lock_held(out_dir)
-
-
-def _run_sweep(options, executor, out_dir: Path, device: str | None) -> int:
-    """The sweep, with ``out_dir`` locked: the device (``None``: check it against the Ray cluster's,
-    as a driver may have no GPU of its own), the runs not yet recorded, each record as it finishes."""
-    # kept out of petlprof --help's imports
-    from petlprof.results.store import RESULTS_FILE, finished_keys
-    from petlprof.sweep.config import expand, resolve_device, unsupported_pairs  # not for --help: as in cmd_run
-
-    if device is None:
-        device = resolve_device(
-            options.device, options.nproc_per_run, executor.cluster_gpus(), memory_snapshot=options.memory_snapshot
-        )
-    specs = expand(options, device)
-    for spec in specs:  # a cache that outgrows its budget spills next to the results
-        spec.cache_dir = str(out_dir / "cache") if spec.cache_hidden_states else None
-        spec.memory_snapshot_dir = str(out_dir / "memory-snapshots") if options.memory_snapshot else None
-    store = out_dir / RESULTS_FILE
-    done = finished_keys(store)
-    todo = [s for s in specs if s.run_key not in done]
-    _say(
-        f"petlprof: {len(specs)} run(s) on {device}; {len(specs) - len(todo)} already in {store}; "
-        f"writing to {out_dir}; runs execute on {executor.describe()}"
-    )
-    in_main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main else None
-    try:
-        if todo:  # idle power before the first run (after the warm worker's imports), for energy above idle
-            _say(f"petlprof: {executor.prepare_idle(device, options.energy_meter)}")
-        failed = _sweep(todo, store, executor, done=len(specs) - len(todo), total=len(specs))
-    except StoreWriteError:
-        return 1
-    except (KeyboardInterrupt, Terminated) as exc:
-        code = 130 if isinstance(exc, KeyboardInterrupt) else 143
-        print(file=sys.stderr)
-        _say(
-            f"petlprof: interrupted; finished runs are in {store}. Resume with the same command "
-            f"(with --output {out_dir}): recorded runs are skipped."
-        )
-        return code
-    finally:
-        if in_main:
-            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
-    _finish(store, out_dir)
-    for pair in unsupported_pairs(options) if options.skip_unsupported else ():  # left out before any run
-        _say(f"petlprof: skipped (--skip-unsupported): {pair}")
-    return 1 if failed else 0
+    return drive(build_options(file_values, cli_values), finish=report_sweep).exit_code
 
 
 def _say(line: str) -> None:
@@ -223,105 +91,9 @@ def _say(line: str) -> None:
     print(printable(line), file=sys.stderr)
 
 
-def _progress(spec, position: int, total: int, started: float, finished: int) -> str:
-    """``[7/24] lora r=8 on minilm / tweets, seed 1 (elapsed 3m10s, about 8m left)``."""
-    from petlprof.registry import get_method  # not for --help: it reads the installed plug-ins' entry points
-
-    method = get_method(spec.method)
-    point = f" {method.pareto_knob}={spec.method_config.get(method.pareto_knob)}" if method.pareto_knob else ""
-    line = f"[{position}/{total}] {method.name}{point} on {spec.backbone} / {spec.task}, seed {spec.seed}"
-    if finished:
-        elapsed = time.monotonic() - started
-        left = elapsed / finished * (total - position + 1)
-        line += f" (elapsed {elapsed // 60:.0f}m{elapsed % 60:02.0f}s, about {left // 60:.0f}m{left % 60:02.0f}s left)"
-    return line
-
-
-def _sweep(todo, store, executor, done: int = 0, total: int | None = None) -> int:
-    """Run ``todo`` on ``executor``, appending each record as it comes back; ``done`` runs of
-    ``total`` were recorded before (a resumed sweep), so progress counts the whole sweep.  On an
-    interrupt the runs in flight are recorded ``cancelled`` and stopped."""
-    # kept out of petlprof --help's imports
-    from petlprof.execution.child import release_signals  # not for --help: a run's whole machinery
-    from petlprof.results.store import append_record
-    from petlprof.run.execute import cancelled_record
-
-    failed, finished, started, total = 0, 0, time.monotonic(), total if total is not None else len(todo)
-    position = iter(range(done + 1, total + 1))
-    span = _Span()
-
-    def on_start(spec) -> None:
-        span.start()
-        _say(_progress(spec, next(position), total, started, finished))
-
-    try:
-        for spec, record in executor.results(todo, on_start=on_start):
-            try:
-                append_record(store, record)
-            except OSError as exc:  # disk full, folder removed, ...: say so, and keep the result on the terminal
-                _say(
-                    f"petlprof: error: could not write to {store}: {exc.strerror or exc}. Runs recorded before "
-                    "are intact; this run's record follows so it is not lost:"
-                )
-                print(json.dumps(record, default=str), file=sys.stderr)
-                raise StoreWriteError() from None
-            finally:
-                release_signals()  # a signal held while the finished run was stored is delivered now
-            finished += 1
-            span.end(record)
-            if record["status"] != "ok":
-                failed += 1
-                _say(f"  {spec.method} seed {spec.seed} {record['status']}: {record['error']}")
-    except (KeyboardInterrupt, Terminated) as exc:
-        name = "SIGINT" if isinstance(exc, KeyboardInterrupt) else "SIGTERM"
-        in_flight = list(executor.in_flight)
-        executor.cancel()
-        for spec in in_flight:
-            try:
-                append_record(store, cancelled_record(spec, name))
-            except OSError as error:
-                _say(f"petlprof: could not record the cancelled run in {store}: {error}")
-        raise
-    # local runs go one after another, so the span less their phases is the harness's (Ray's overlap)
-    if getattr(executor, "name", "") == LOCAL and (line := span.line()):
-        _say(line)
-    return failed
-
-
-class _Span:
-    """The sweep's own figure of what the harness costs: from the first run's start to the last run's record
-    stored (monotonic clock, this invocation's runs), less every run's measured phases."""
-
-    def __init__(self) -> None:
-        self.first: float | None = None
-        self.last: float | None = None
-        self.phases_s, self.runs = 0.0, 0
-
-    def start(self) -> None:
-        if self.first is None:
-            self.first = time.monotonic()
-
-    def end(self, record) -> None:
-        # not for --help: the records bring the statistics module
-        from petlprof.results.records import measured_phases_s
-
-        self.last = time.monotonic()
-        self.phases_s += measured_phases_s(record)
-        self.runs += 1
-
-    def line(self) -> str | None:
-        if self.first is None or self.last is None or not self.runs:
-            return None
-        span = self.last - self.first
-        outside = max(span - self.phases_s, 0.0)
-        return (
-            f"petlprof: {self.runs} run(s) in {span:,.1f} s from the first start to the last record stored "
-            f"(measured, monotonic clock); {outside:,.1f} s of it, {outside / self.runs:,.1f} s a run, outside "
-            "their measured phases: process starts, imports, loading, warm-ups, writing and the gaps between runs"
-        )
-
-
-def _finish(store: Path, out_dir: Path) -> None:
+def report_sweep(store: Path, out_dir: Path) -> None:
+    """After a sweep (``petlprof run`` and :func:`petlprof.api.run_sweep`): the summary of every run in ``store``
+    on the terminal, and the report written into ``out_dir``."""
     from petlprof.report import load_records, write_report  # not for --help: pandas and matplotlib
 
     skipped: list[str] = []
@@ -364,8 +136,8 @@ def cmd_list(args: argparse.Namespace) -> int:
         print(f"  {name:<10} {text}")
     print("  <path>     your own CSV/TSV/JSONL/Parquet file or folder of train/validation files")
     print("\nBackbones:")
-    for name, text in BACKBONES.items():
-        print(f"  {name:<10} {text}")
+    for name, preset in BACKBONES.items():
+        print(f"  {name:<10} {preset.description}")
     print("  <path|id>  a local model folder or a Hugging Face id (encoder, encoder-decoder or decoder)")
     print(
         "\nModel shapes (configs without weights: `petlprof estimate --backbone NAME`, or `petlprof run --backbone "
@@ -419,21 +191,19 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_summary(records: Sequence[Mapping[str, Any]], skipped: list[str]) -> None:
+def _print_summary(records: Sequence[RunResult], skipped: list[str]) -> None:
     # not for --help: the records bring the statistics module, the report pandas and matplotlib
+    from petlprof.meters.base import ESTIMATED
     from petlprof.report import run_warnings, summary_table
-    from petlprof.results.records import overhead_line
+    from petlprof.results.figures import ENERGY_KIND
+    from petlprof.results.result import overhead_line
 
     if skipped:
         _say(f"petlprof: skipped {len(skipped)} unusable line(s) of the results:")
         for line in skipped[:10]:
             _say(f"  {line}")
     print(summary_table(records, fmt="text"))
-    estimated = {
-        r["train"].get("energy_model")
-        for r in records
-        if isinstance(r.get("train"), dict) and r["train"].get("energy_kind") == "estimated"
-    }
+    estimated = {r.train.text("energy_model") for r in records if r.train and r.train.text(ENERGY_KIND) == ESTIMATED}
     for model in sorted(m for m in estimated if m):
         print(f"energy marked 'estimated' is a model, not a measurement: {model}")
     if overhead := overhead_line(records):

@@ -68,13 +68,13 @@ name in the run's spec, through :mod:`petlprof.registry`: a built-in name, an en
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from petlprof.errors import UsageError, shown, unknown_choice
+from petlprof.lookup import resolve
 from petlprof.models.quantization import NONE, QUANTIZE_CHOICES
 from petlprof.values import Choice, Number, Text, is_number
 from petlprof.vocabulary import CLASSIFICATION, OBJECTIVES
@@ -374,13 +374,7 @@ def check_quantize(method_spec: MethodSpec, quantize: str) -> None:
 
 def resolve_target(target: str | Callable) -> Any:
     """A callable, or the object ``"module:attr"`` names (a function, or a :class:`MethodSpec` for the registry)."""
-    if callable(target):
-        return target
-    module, _, attr = target.partition(":")
-    obj: Any = importlib.import_module(module)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    return obj
+    return target if callable(target) else resolve(target)
 
 
 def check_model(method_spec: MethodSpec, model: Any) -> Any:

@@ -31,7 +31,7 @@ from types import SimpleNamespace
 import numpy as np
 import pynvml
 
-from petlprof.meters.power import Samples, sampler_info, window_figures
+from petlprof.meters.power import Samples, TimelineWindow, sampler_info, window_figures
 
 STEP_S = 1e-4  # resolution of the true-energy integral
 
@@ -207,8 +207,8 @@ class SampledTimeline:
     def stop(self) -> None:
         self.alive = False
 
-    def window(self, t0: float, t1: float) -> dict:
-        period, now = self.info["period_s"], self.clock.now
+    def window(self, t0: float, t1: float) -> TimelineWindow:
+        period, now = self.info.period_s, self.clock.now
         samples = Samples()
         for t in np.arange(t0 - period, t1 + period, period):
             self.clock.now = t

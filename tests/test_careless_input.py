@@ -197,10 +197,10 @@ def test_careless_input_is_one_escaped_line_exit_2_nothing_written(
 
 
 def test_a_progress_line_escapes_what_it_echoes(capsys):
-    from petlprof.cli import _progress, _say
+    from petlprof.execution.sweep import _progress, say
 
     spec = SimpleNamespace(method="read", method_config={"hidden_size": 128}, backbone="b" + CSI, task="t\x07", seed=0)
-    _say(_progress(spec, 1, 2, 0.0, 0))
+    say(_progress(spec, 1, 2, 0.0, 0))
     assert capsys.readouterr().err == "[1/2] read hidden_size=128 on b\\x1b[2J / t\\x07, seed 0\n"
 
 
@@ -217,7 +217,7 @@ def normtune_module(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     yield f"{module}:SPEC"
-    registry._PLUGINS.pop(f"{module}:SPEC", None)
+    registry.METHODS.forget()
     sys.modules.pop(module, None)
 
 

@@ -110,7 +110,7 @@ def test_a_rejected_record_is_rerun_by_run_and_named_by_report(bad, key, why, tm
     assert finished_keys(store) == {"a"}  # run skips a, runs b again
     skipped: list[str] = []
     records = load_records([store], skipped)
-    assert [r["run_key"] for r in records] == ["a"] and len(skipped) == 1 and why in skipped[0]
+    assert [r.run_key for r in records] == ["a"] and len(skipped) == 1 and why in skipped[0]
 
     write_report(records, tmp_path / "report")
     report = (tmp_path / "report" / "report.md").read_text()

@@ -10,6 +10,7 @@ import pytest
 
 from petlprof.report.markdown import _environment
 from petlprof.results.environment import allocator_settings, environment, startup_environment
+from petlprof.results.result import results_of
 
 
 @pytest.mark.parametrize(
@@ -64,18 +65,22 @@ def test_allocator_settings_are_those_the_process_started_with(start, now, expec
     ],
 )
 def test_the_report_names_environment_keys_in_which_records_differ(envs, differing):
-    lines = _environment([{"env": env} for env in envs])
+    lines = _environment(results_of({"env": env} for env in envs))
     said = [line for line in lines if line.startswith("Other records differ in")]
     assert said == ([f"Other records differ in: {differing}."] if differing else [])
 
 
 def test_an_environment_value_cannot_break_the_reports_layout():
     hostile = "/opt/lib\n## Injected heading\x1b[31m" + "x" * 5000
-    lines = _environment([{"env": {"allocator": f"LD_PRELOAD={hostile}"}}, {"env": {"allocator": "defaults"}}])
+    lines = _environment(
+        results_of([{"env": {"allocator": f"LD_PRELOAD={hostile}"}}, {"env": {"allocator": "defaults"}}])
+    )
     entry = next(line for line in lines if line.startswith("- **allocator:**"))
     assert "\n" not in entry and "\x1b" not in entry and "\\n## Injected" in entry and "\\x1b" in entry
     assert len(entry) < 400 and "characters)" in entry  # cut, with its full length said
     several = "GLIBC_TUNABLES=glibc.malloc.trim_threshold=0, MALLOC_ARENA_MAX=2, MALLOC_MMAP_THRESHOLD_=131072"
-    assert f"- **allocator:** {several}" in _environment([{"env": {"allocator": several}}])  # a few settings, whole
+    assert f"- **allocator:** {several}" in _environment(
+        results_of([{"env": {"allocator": several}}])
+    )  # a few settings, whole
     assert not any(line.startswith("## Injected") for line in lines)
     assert "Other records differ in: allocator." in lines

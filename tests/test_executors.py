@@ -260,7 +260,7 @@ def test_a_task_that_hangs_or_raises_becomes_a_record_naming_why(
 
 
 class Stop(BaseException):
-    """What the sweep's SIGTERM handler raises (a BaseException, as ``cli.Terminated``)."""
+    """What the sweep's SIGTERM handler raises (a BaseException, as ``petlprof.execution.sweep.Terminated``)."""
 
 
 def _raise_stop(signum, frame):

@@ -18,6 +18,7 @@ from petlprof.report.frame import runs_frame
 from petlprof.report.table import columns
 from petlprof.results import figures
 from petlprof.results.figures import ENERGY, HIGHER, LOWER, MAX, RATE, SUM, TIME, TOKENS, TOKENS_PER_S, Figure
+from petlprof.results.result import RunResult
 from petlprof.run import distributed
 from petlprof.run.execute import execute
 from petlprof.sweep.spec import RunSpec
@@ -179,14 +180,14 @@ def test_the_training_phase_measures_tokens_per_second(record):
 def test_the_dataframe_and_the_table_follow_the_declarations(record):
     frame = runs_frame([record])
     for phase in figures.MEASURED_PHASES:
-        for column, keys in figures.frame_columns(phase).items():
+        for column, figure in figures.frame_columns(phase).items():
             value = record[phase]
-            for key in keys:
+            for key in figure.path:
                 value = value.get(key) if isinstance(value, dict) else None
             shown = frame[column].iloc[0]
             assert math.isnan(shown) if value is None else shown == pytest.approx(value), column
     assert frame["tokens_per_s"].iloc[0] == pytest.approx(record["train"]["tokens_per_s"])
-    headers = [c.header for c in columns([record])]
+    headers = [c.header for c in columns([RunResult.from_json(record)])]
     assert {f"train {f.header}" for f in (TIME, ENERGY, figures.PEAK_MEMORY)} <= set(headers)
     assert f"eval {figures.LATENCY.header}" in headers
 

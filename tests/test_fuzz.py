@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from petlprof.errors import UsageError
 from petlprof.report import load_records
+from petlprof.results.result import RunResult
 from petlprof.sweep.config import build_options, load_config_file, parse_method_overrides
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -171,8 +172,8 @@ def test_results_files_of_any_lines(tmp_path_factory, lines):
         non_blank = sum(1 for line in fh if line.strip())
     # every line is either used or reported; of the used ones, a run's last attempt is kept
     assert 0 < len(records) + len(skipped) <= non_blank or non_blank == 0
-    assert len({r.get("run_key") for r in records if r.get("run_key")}) == sum(1 for r in records if r.get("run_key"))
-    assert all(isinstance(r, dict) for r in records)
+    assert len({r.run_key for r in records if r.run_key}) == sum(1 for r in records if r.run_key)
+    assert all(isinstance(r, RunResult) and isinstance(r.to_json(), dict) for r in records)
     summary_table(records)
 
 

@@ -5,7 +5,7 @@ The layers, lowest first (a layer may import its own modules and those of the la
 =========  =====================================================  ==========================================
 layer      modules                                                may import
 =========  =====================================================  ==========================================
-base       errors, values, vocabulary                              nothing
+base       errors, values, vocabulary, lookup (the Registry)       nothing
 results    results/ (figures, records, store, environment)         base
 tasks      tasks/                                                  base, results
 models     models/                                                 base
@@ -51,7 +51,7 @@ METHODS = "petlprof.methods"
 
 # layer -> the modules (or packages) that make it up
 LAYERS: dict[str, tuple[str, ...]] = {
-    "base": ("petlprof.errors", "petlprof.values", "petlprof.vocabulary"),
+    "base": ("petlprof.errors", "petlprof.values", "petlprof.vocabulary", "petlprof.lookup"),
     "results": ("petlprof.results",),
     "tasks": ("petlprof.tasks",),
     "models": ("petlprof.models",),

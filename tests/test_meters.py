@@ -297,8 +297,8 @@ def test_estimate_power_per_core_from_the_cpu_table(tmp_path, model_name, cores,
         "processor\t: 0\n" + (f"model name\t: {model_name}\ncpu cores\t: {cores}\n" if model_name else "") + extra
     )
     cpu = cpu_power_per_core(str(cpuinfo))
-    assert cpu["table_entry"] == entry and cpu["watts_per_core"] == pytest.approx(watts_per_core)
-    assert cpu["cpu_model"] == (model_name or "unknown CPU")
+    assert cpu.table_entry == entry and cpu.watts_per_core == pytest.approx(watts_per_core)
+    assert cpu.cpu_model == (model_name or "unknown CPU")
 
 
 @pytest.mark.parametrize("siblings, cpu_s, core_s", [(4, 8.0, 4.0), (2, 4.0, 4.0), (4, 3.0, 3.0)])
@@ -434,8 +434,9 @@ def test_idle_baseline_is_skipped_with_a_reason_when_nothing_can_be_read(monkeyp
     monkeypatch.setattr(rapl, "availability", lambda root=None: (False, "no RAPL here"))
     monkeypatch.delenv(IDLE_ENV, raising=False)
     assert "no RAPL here" in prepare_sweep_idle("cpu", "auto")
-    assert sweep_idle()["notes"] == ["no CPU idle power: no RAPL here"] and "rapl_w" not in sweep_idle()
-    assert "estimate" in prepare_sweep_idle("cpu", "estimate") and sweep_idle() == {}
+    idle = sweep_idle()
+    assert idle is not None and idle["notes"] == ["no CPU idle power: no RAPL here"] and "rapl_w" not in idle
+    assert "estimate" in prepare_sweep_idle("cpu", "estimate") and sweep_idle() is None
 
 
 def test_extra_meters_are_checked_by_name():

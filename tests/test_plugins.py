@@ -53,8 +53,7 @@ def write_distribution(site: Path, name: str, entry_points: dict[str, str], vers
 
 
 def forget_plugins() -> None:
-    registry._entry_points.cache_clear()
-    registry._PLUGINS.clear()
+    registry.METHODS.forget()
 
 
 def example_pythonpath(site: Path) -> list[str]:

@@ -98,17 +98,17 @@ def test_sampler_runs_in_its_own_process_and_integrates_power(timeline_of, count
     timeline = timeline_of(FakePowerSource([150.0, 50.0], counter=counter))
     assert timeline._proc.pid != os.getpid() and timeline.alive
     assert threading.active_count() == threads  # not a thread of this process
-    assert timeline.info["counter"] is counter
-    assert timeline.info["power_update_period_s"] == pytest.approx(UPDATE_S, rel=0.25)
-    assert timeline.info["update_period_s"] == (pytest.approx(UPDATE_S, rel=0.25) if counter else None)
-    assert timeline.info["period_s"] == pytest.approx(UPDATE_S / 2, rel=0.25)
+    assert timeline.info.counter is counter
+    assert timeline.info.power_update_period_s == pytest.approx(UPDATE_S, rel=0.25)
+    assert timeline.info.update_period_s == (pytest.approx(UPDATE_S, rel=0.25) if counter else None)
+    assert timeline.info.period_s == pytest.approx(UPDATE_S / 2, rel=0.25)
     t0 = time.perf_counter()
     time.sleep(0.6)
     data = timeline.window(t0, time.perf_counter())
-    assert data["integrated_energy_j"] == pytest.approx(200.0 * 0.6, rel=0.05)
-    assert data["mean_power_per_gpu_w"] == pytest.approx([150.0, 50.0], rel=0.01)
-    assert data["power_field"] == "instant"
-    assert data["sample_rate_hz"] >= 50  # ~100 Hz asked for; a loaded shared CPU may lose some
+    assert data.integrated_energy_j == pytest.approx(200.0 * 0.6, rel=0.05)
+    assert data.mean_power_per_gpu_w == pytest.approx([150.0, 50.0], rel=0.01)
+    assert data.power_field == "instant"
+    assert data.sample_rate_hz >= 50  # ~100 Hz asked for; a loaded shared CPU may lose some
 
 
 def test_sampler_reports_other_processes_and_own_memory(timeline_of):
@@ -116,8 +116,8 @@ def test_sampler_reports_other_processes_and_own_memory(timeline_of):
     t0 = time.perf_counter()
     time.sleep(0.3)
     data = timeline.window(t0, time.perf_counter())
-    assert data["other_pids"] == [4242] and data["own_peak_bytes"] == 3 * 2**30
-    assert data["power_field"] == "average"
+    assert data.other_pids == [4242] and data.own_peak_bytes == 3 * 2**30
+    assert data.power_field == "average"
 
 
 def test_sampler_stops_when_collected():

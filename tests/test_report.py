@@ -22,6 +22,7 @@ from petlprof.report import load_records, summary_table, write_report
 from petlprof.report.frame import runs_frame
 from petlprof.report.pareto import pareto_front
 from petlprof.report.plots import ENERGY, MEMORY, cost_label, wants_log_scale
+from petlprof.results.result import RunResult
 
 MIB = 2**20
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -349,7 +350,7 @@ def test_a_failed_run_is_labelled_like_the_finished_runs_of_its_configuration(me
     from petlprof.sweep.spec import RunSpec
 
     failed = failed_record(RunSpec(method=method, method_config=config), "lost with its node")
-    assert config_label(failed) == label
+    assert config_label(RunResult.from_json(failed)) == label
     assert failed["method_config"] == config
 
 
@@ -367,8 +368,8 @@ def test_configurations_that_differ_only_in_their_numbers_are_labelled_apart(tra
     from petlprof.report.records import config_label, run_label
 
     record = {"method": "lora", "method_config": {"r": 8}, "pareto_knob": "r", "method_config_changed": []}
-    assert config_label({**record, "training": training}) == label
-    assert run_label({"method": "bitfit", "method_config": {}, "training": training}) == " ".join(
+    assert config_label(RunResult.from_json({**record, "training": training})) == label
+    assert run_label(RunResult.from_json({"method": "bitfit", "method_config": {}, "training": training})) == " ".join(
         ["bitfit", *label.split()[1:]]
     )
 
@@ -383,7 +384,7 @@ def test_load_records_reads_files_and_folders(tmp_path):
     (tmp_path / "a").mkdir()
     write_jsonl(tmp_path / "a" / "results.jsonl", [json.dumps(r) for r in records[:2]] + [""])
     other = write_jsonl(tmp_path / "other.jsonl", [json.dumps(r) for r in records[2:]])
-    assert load_records([tmp_path / "a", other]) == records
+    assert [r.to_json() for r in load_records([tmp_path / "a", other])] == records
 
 
 GOOD = '{"schema_version": 1, "status": "ok", "method": "read"}'
@@ -401,7 +402,7 @@ GOOD = '{"schema_version": 1, "status": "ok", "method": "read"}'
 def test_load_records_skips_bad_lines_and_says_which(tmp_path, lines, message):
     path = write_jsonl(tmp_path / "results.jsonl", lines)
     skipped: list[str] = []
-    assert load_records([path], skipped) == [json.loads(GOOD)]
+    assert [r.to_json() for r in load_records([path], skipped)] == [json.loads(GOOD)]
     assert len(skipped) == 1 and re.search(message, skipped[0])
 
 
@@ -423,7 +424,7 @@ def test_a_resumed_run_shows_as_its_last_attempt(tmp_path):
     done = {**cancelled, "status": "ok", "error": None}
     other = {**cancelled, "run_key": "j"}
     path = write_jsonl(tmp_path / "results.jsonl", [json.dumps(r) for r in (cancelled, other, done)])
-    assert load_records([path]) == [other, done]
+    assert [r.to_json() for r in load_records([path])] == [other, done]
 
 
 # --- frontiers across seeds, confidence intervals, relative columns (the DataFrame layer) -----------
@@ -560,7 +561,7 @@ def test_vs_full_table_only_where_full_ran():
     for title in ("Δ accuracy vs full", "energy vs full", "memory vs full", "time vs full", "params vs full"):
         assert title in header
     assert rows[("full", "-")].count("| ref") == 5 and "−71%" in rows[("read", "hidden_size=32")]
-    without_full = [r for r in records if r["method"] != "full"]
+    without_full = [r for r in records if r.method != "full"]
     (section,) = configuration_sections(runs_frame(without_full))
     assert VS_CAPTION not in dict(section.tables)
     assert all("vs full" not in table for _, table in section.tables)

@@ -161,9 +161,9 @@ def test_power_field_sampled_at_its_own_update_period_not_the_counters(world):
     skip three field updates in five."""
     clock, [gpu] = world({"load": steady(250.0), "update_s": 0.1, "power_update_s": 0.02, "noise_w": 1.0})
     timeline = SampledTimeline(NvmlPowerSource([gpu.uuid], 1), clock)
-    assert timeline.info["update_period_s"] == pytest.approx(0.1, rel=0.05)
-    assert timeline.info["power_update_period_s"] == pytest.approx(0.02, rel=0.05)
-    assert timeline.info["period_s"] == pytest.approx(0.01, rel=0.05)
+    assert timeline.info.update_period_s == pytest.approx(0.1, rel=0.05)
+    assert timeline.info.power_update_period_s == pytest.approx(0.02, rel=0.05)
+    assert timeline.info.period_s == pytest.approx(0.01, rel=0.05)
     reading = metered(clock, NvmlEnergyMeter("cuda:0", timeline=timeline), WINDOW_S)
     assert reading["counter_update_period_s"] == pytest.approx(0.1, rel=0.05)
     assert reading["power_update_period_s"] == pytest.approx(0.02, rel=0.05)
@@ -173,7 +173,7 @@ def test_power_field_sampled_at_its_own_update_period_not_the_counters(world):
 def test_failed_instant_reads_are_counted_and_the_field_says_it_was_mixed(world):
     clock, [gpu] = world({"load": steady(250.0), "instant_fails_every": 7})
     timeline = SampledTimeline(NvmlPowerSource([gpu.uuid], 1), clock)
-    assert timeline.info["power_field"] == "instant"
+    assert timeline.info.power_field == "instant"
     reading = metered(clock, NvmlEnergyMeter("cuda:0", timeline=timeline), WINDOW_S)
     assert reading["power_field"] == "instant+average" and reading["power_field_averaged"] is True
     expected = reading["power_samples"] / 7  # one update in seven, all its samples
@@ -277,7 +277,8 @@ READINGS = {  # meter class -> its reading in a configuration that writes every 
 
 
 def test_the_table_covers_every_meter_a_run_can_use():
-    assert set(READINGS) == {*ENERGY_METERS.values(), *MEMORY_METERS.values(), *EXTRA_METERS.values(), ContentionMeter}
+    meters = {cls for kind in (ENERGY_METERS, MEMORY_METERS, EXTRA_METERS) for _, cls in kind.items()}
+    assert set(READINGS) == {*meters, ContentionMeter}
 
 
 @pytest.mark.parametrize("cls", list(READINGS), ids=[cls.name for cls in READINGS])

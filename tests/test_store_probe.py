@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from petlprof import cli
+from petlprof.execution import sweep as driver
 from petlprof.results.store import LOCK_FILE, StoreLock, lock_held
 from petlprof.sweep.config import build_options
 
@@ -73,15 +73,15 @@ def test_a_lock_file_of_bytes_petlprof_did_not_write_is_nobodys(tmp_path):
 def test_a_sweep_prestarts_its_worker_only_for_cpu_runs_it_will_fork(
     tmp_path, monkeypatch, values, nvidia, held, expected
 ):
-    driver = tmp_path / "version"
+    version = tmp_path / "version"
     if nvidia:
-        driver.write_text("NVRM version")
-    monkeypatch.setattr(cli, "NVIDIA_DRIVER", driver)
+        version.write_text("NVRM version")
+    monkeypatch.setattr(driver, "NVIDIA_DRIVER", version)
     options = build_options({}, {"methods": "bitfit", **values})
     out = tmp_path / "out"
     out.mkdir()
     if held:
         with StoreLock(out):
-            assert cli._cpu_sweep_likely(options, out) is expected
+            assert driver.cpu_sweep_likely(options, out) is expected
     else:
-        assert cli._cpu_sweep_likely(options, out) is expected
+        assert driver.cpu_sweep_likely(options, out) is expected

@@ -477,7 +477,7 @@ def test_bad_files(files, spec, options, fragments, tmp_path, monkeypatch):
 
 def test_check_task_is_cheap_and_strict():
     assert set(TASKS) == {"tweets", "tweets3", "arith", "gsm", *GLUE_IDS}
-    assert all(isinstance(line, str) and "\n" not in line for line in TASKS.values())
+    assert all(isinstance(line, str) and "\n" not in line for _, line in TASKS.items())
     for spec in ("tweets", "stsb", REVIEWS, str(USER_DIR / "headlines")):
         check_task(spec)
     with pytest.raises(UsageError, match="did you mean 'qnli'"):

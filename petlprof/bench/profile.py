@@ -26,7 +26,7 @@ import json
 import random
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -240,6 +240,21 @@ def paired_ratio(samples: dict[str, list[float]], name: str, reference: str) -> 
     return statistics.median(a / b for a, b in zip(samples[name], samples[reference], strict=True))
 
 
+@dataclass(frozen=True)
+class BaselineEntry:
+    """One committed figure: its value and the relative tolerance it is checked with."""
+
+    value: float
+    rtol: float
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> BaselineEntry:
+        return cls(float(data["value"]), float(data["rtol"]))
+
+    def to_json(self) -> dict[str, float]:
+        return {"value": self.value, "rtol": self.rtol}
+
+
 class Baseline:
     """Committed reference figures with tolerances: ``{"figures": {key: {"value": v, "rtol": r}}}``.
 
@@ -251,17 +266,18 @@ class Baseline:
 
     def __init__(self, path: Path):
         self.path = Path(path)
-        self.data: dict[str, Any] = json.loads(self.path.read_text()) if self.path.exists() else {"figures": {}}
-        self.data.setdefault("figures", {})
+        data = json.loads(self.path.read_text()) if self.path.exists() else {}
+        self.extra = {k: v for k, v in data.items() if k != "figures"}  # kept as written (a comment, say)
+        self.figures = {key: BaselineEntry.from_json(entry) for key, entry in data.get("figures", {}).items()}
 
     def check(self, key: str, value: float, rtol: float | None = None, two_sided: bool = False) -> str | None:
         """None when within tolerance (or no baseline yet); otherwise the failure message.
         ``rtol`` overrides the stored tolerance."""
-        entry = self.data["figures"].get(key)
+        entry = self.figures.get(key)
         if entry is None:
             return None
-        rtol = entry["rtol"] if rtol is None else rtol
-        base = entry["value"]
+        rtol = entry.rtol if rtol is None else rtol
+        base = entry.value
         if value > base * (1 + rtol):
             return (
                 f"{key} = {value:g} exceeds the baseline {base:g} by more than {rtol:.0%} (limit {base * (1 + rtol):g})"
@@ -274,14 +290,14 @@ class Baseline:
         return None
 
     def has(self, key: str) -> bool:
-        return key in self.data["figures"]
+        return key in self.figures
 
     def record(self, key: str, value: float, rtol: float) -> None:
-        self.data["figures"][key] = {"value": value, "rtol": rtol}
+        self.figures[key] = BaselineEntry(value, rtol)
 
     def save(self) -> None:
-        self.data["figures"] = dict(sorted(self.data["figures"].items()))
+        figures = {key: entry.to_json() for key, entry in sorted(self.figures.items())}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.data, indent=2) + "\n")
+        tmp.write_text(json.dumps({**self.extra, "figures": figures}, indent=2) + "\n")
         tmp.replace(self.path)  # an interrupted update never leaves half a baseline

@@ -23,7 +23,7 @@ from petlprof.values import Flag, Integer, flag, parse_bytes
 from petlprof.vocabulary import CLASSIFICATION, LM, ZERO_SHOT
 
 if TYPE_CHECKING:  # both import torch: not for --help
-    from petlprof.estimate.core import Settings
+    from petlprof.estimate.core import Estimate, EstimateRecord, Settings
     from petlprof.estimate.model import ResolvedBackbone
 
 GIB = 1024**3
@@ -281,7 +281,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         _check_length(backbone, settings)
     out = Path(args.output or f"petlprof-out/estimate-{time.strftime('%Y%m%d-%H%M%S')}")
     check_writable(out)  # the check `petlprof run --output` makes, before any estimate is traced
-    records = []
+    records: list[EstimateRecord] = []
     with open(out / "estimates.jsonl", "w") as fh:
         for backbone in resolved:
             for quantization in quantizations:
@@ -344,12 +344,12 @@ def _smallest_fit(fits: dict[str, bool | None]) -> str:
     return f"{sizes[0]:g} GiB" if sizes else "none"
 
 
-def _config_label(record: dict) -> str:
+def _config_label(record: EstimateRecord) -> str:
     knob = record["pareto_knob"]
     return f"{knob}={record['method_config'][knob]}" if knob else ""
 
 
-def table_rows(records: list[dict], settings) -> list[dict[str, Any]]:
+def table_rows(records: Sequence[EstimateRecord], settings) -> list[dict[str, Any]]:
     """One row of strings per record, every number with its unit."""
     # kept out of petlprof --help's imports
     from petlprof.estimate.core import META_TRACE
@@ -398,13 +398,13 @@ def table_rows(records: list[dict], settings) -> list[dict[str, Any]]:
     return rows
 
 
-def _state_label(memory: dict) -> str:
+def _state_label(memory: dict[str, int]) -> str:
     """The quantisation state's bytes, ``-`` for an unquantised row."""
     state = memory.get(BREAKDOWN_QUANTIZATION_STATE)
     return "-" if state is None else size(state)
 
 
-def _quantize_label(record: dict) -> str:
+def _quantize_label(record: EstimateRecord) -> str:
     """``none``, ``int8``, or ``nf4`` with its compute dtype and ``+dq`` for double quantisation."""
     method = record.get("quantize", "none")
     if method in ("none", "int8"):
@@ -412,21 +412,21 @@ def _quantize_label(record: dict) -> str:
     return f"{method} {record['quantize_compute_dtype']}{'+dq' if record['quantize_double'] else ''}"
 
 
-def _dtype_label(record: dict) -> str:
+def _dtype_label(record: Estimate) -> str:
     """The weights' dtype, and the autocast dtype the step computes in where it differs."""
     if record["precision"] == "fp32":
         return record["dtype"]
     return f"{record['dtype']}+{record['precision']} autocast"
 
 
-def _attention_label(record: dict) -> str:
+def _attention_label(record: Estimate) -> str:
     """The implementation built and, for sdpa, the kernels the training step ran: ``sdpa/flash``."""
     attention = record["attention"]
     kernels = "+".join(attention["train_kernels"])
     return f"{attention['implementation']}/{kernels}" if kernels else attention["implementation"]
 
 
-def format_table(records: list[dict], settings: Settings, left_out: Sequence[str] = ()) -> str:
+def format_table(records: Sequence[EstimateRecord], settings: Settings, left_out: Sequence[str] = ()) -> str:
     rows = table_rows(records, settings)
     columns = list(dict.fromkeys(key for row in rows for key in row if key != "note"))
     widths = {c: max(len(c), *(len(str(row.get(c, ""))) for row in rows)) for c in columns}
@@ -458,7 +458,7 @@ def format_table(records: list[dict], settings: Settings, left_out: Sequence[str
     return "\n".join(lines)
 
 
-def _quantized(records: list[dict]) -> list[str]:
+def _quantized(records: Sequence[EstimateRecord]) -> list[str]:
     return list(dict.fromkeys(r["quantize"] for r in records if r.get("quantize", "none") != "none"))
 
 
@@ -477,7 +477,7 @@ def _precision(settings) -> str:
     return f"{settings.precision} autocast ({policy_device(settings.device)} rules), float32 weights, {kernels}"
 
 
-def plot_memory_vs_size(records: list[dict], path: Path) -> Path:
+def plot_memory_vs_size(records: Sequence[EstimateRecord], path: Path) -> Path:
     """Peak training memory (GiB) against total parameters, one line per method configuration."""
     # matplotlib: slow to import, loaded only when used
     import matplotlib

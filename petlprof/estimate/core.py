@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 import torch
 
@@ -40,12 +40,21 @@ from petlprof.estimate import gpus
 from petlprof.estimate.attention import DEFAULT_ATTENTION, FLASH, implementation_of
 from petlprof.estimate.autocast import policy_device
 from petlprof.estimate.fallback import extrapolated_figures
-from petlprof.estimate.lm import lm_figures
+from petlprof.estimate.gpus import Headroom
+from petlprof.estimate.lm import LmFigures, lm_figures
 from petlprof.estimate.model import ResolvedBackbone, build, family, weight_breakdown
 from petlprof.estimate.quantized import check_traceable
 from petlprof.estimate.trace import UntraceableError, example_batch, inference_batch, lm_batch, train_steps
 from petlprof.models.language_model import lm_loss
-from petlprof.models.quantization import DEFAULT_COMPUTE_DTYPE, NONE, Quantization, parameter_count, run_fields
+from petlprof.models.quantization import (
+    DEFAULT_COMPUTE_DTYPE,
+    NONE,
+    Quantization,
+    QuantizationInfo,
+    QuantizeFields,
+    parameter_count,
+    run_fields,
+)
 from petlprof.registry import get_method
 from petlprof.results.figures import (
     BREAKDOWN_BUFFERS,
@@ -59,6 +68,101 @@ from petlprof.sweep.options import default_of
 from petlprof.vocabulary import CLASSIFICATION, FP32, LM
 
 META_TRACE = "meta-device trace of the step (no weights allocated)"
+
+
+class AttentionUse(TypedDict):
+    """The record's ``attention``: the implementation asked for and built, and the kernels each traced pass ran."""
+
+    asked: str
+    implementation: str
+    train_kernels: list[str]
+    inference_kernels: list[str]
+
+
+class Flops(TypedDict):
+    train_step: int
+    inference_batch: int
+
+
+class _Traced(TypedDict):
+    dtype: str  # the parameters' (float32)
+    compute_dtype: str  # the dtype the products run in
+    trainable_params: int
+    total_params: int
+    attention: AttentionUse
+    # bytes by name: the static breakdown's parts under their declarations (petlprof.results.figures, whose keys no
+    # other module spells), beside weights_bytes, optimizer_bytes, peak_train_bytes and peak_inference_bytes
+    memory: dict[str, int]
+    flops: Flops
+    estimate_source: str  # META_TRACE, or the fallback's rule and why (petlprof.estimate.fallback)
+
+
+class _Quantized(TypedDict, total=False):
+    quantization: QuantizationInfo  # --quantize: how the backbone's linear layers were quantised
+
+
+class _LanguageModelling(TypedDict, total=False):
+    lm: LmFigures  # --objective lm
+
+
+class TraceFigures(_Traced, _Quantized, _LanguageModelling):
+    """What one traced step gives (:func:`trace_figures`): parameters, bytes and FLOPs."""
+
+
+class StepTimeBound(TypedDict):
+    gpu: str
+    peak_flops_per_s: float
+    train_step_s: float
+    inference_batch_s: float
+    kind: str  # what the bound is, in words
+
+
+class Verdicts(TypedDict):
+    """Whether the step fits each table GPU (and ``--device-memory``) and its time's lower bound (:func:`_verdicts`)."""
+
+    fits_train: dict[str, bool | None]  # GPU name (or device_memory) -> fits
+    fits_inference: dict[str, bool | None]
+    headroom: Headroom
+    step_time_lower_bound: StepTimeBound
+
+
+class _ObjectiveFields(TypedDict, total=False):
+    num_labels: int  # classification
+    target_length: int | None  # lm
+
+
+class _EstimateOf(QuantizeFields, _ObjectiveFields):
+    """What every estimate record says it priced: the method configuration, the backbone and the settings."""
+
+    method: str
+    method_config: dict[str, Any]  # the method's config dataclass, field by field
+    pareto_knob: str | None
+    backbone: str
+    backbone_source: str
+    batch_size: int
+    max_length: int
+    objective: str
+    precision: str
+    autocast_rules: str | None  # whose autocast rules (None at fp32)
+    kernels: str  # whose kernels
+    config_dtype: str | None  # what the config asked for; the model is built float32
+
+
+class Estimate(_EstimateOf, TraceFigures, Verdicts):
+    """An ``estimates.jsonl`` record of status ``ok``: the settings, the traced figures and the verdicts."""
+
+    status: Literal["ok"]
+    error: None
+
+
+class FailedEstimate(_EstimateOf):
+    """An ``estimates.jsonl`` record of a model that could not be built or traced: the settings and the error."""
+
+    status: Literal["failed"]
+    error: str
+
+
+EstimateRecord = Estimate | FailedEstimate  # one line of estimates.jsonl
 
 
 @dataclass(frozen=True)
@@ -83,13 +187,18 @@ class Settings:
         return NONE if self.quantization is None else self.quantization.method
 
 
-def estimate(resolved: ResolvedBackbone, method_name: str, overrides: dict, settings: Settings) -> dict[str, Any]:
+def estimate(resolved: ResolvedBackbone, method_name: str, overrides: dict, settings: Settings) -> EstimateRecord:
     """The ``estimates.jsonl`` record of one method configuration (status ``failed`` with its error
     when the model cannot be built or traced; a bad option is a UsageError before that)."""
 
     method = get_method(method_name)
     config = method.make_config(overrides)
-    record: dict[str, Any] = {
+    objective: _ObjectiveFields = {}
+    if settings.objective == CLASSIFICATION:
+        objective = {"num_labels": settings.num_labels}
+    elif settings.objective == LM:
+        objective = {"target_length": settings.target_length}
+    priced: _EstimateOf = {
         "method": method.name,
         "method_config": dataclasses.asdict(config),
         "pareto_knob": method.pareto_knob,
@@ -98,15 +207,12 @@ def estimate(resolved: ResolvedBackbone, method_name: str, overrides: dict, sett
         "batch_size": settings.batch_size,
         "max_length": settings.max_length,
         "objective": settings.objective,
-        **({"num_labels": settings.num_labels} if settings.objective == CLASSIFICATION else {}),
-        **({"target_length": settings.target_length} if settings.objective == LM else {}),
+        **objective,
         "precision": settings.precision,
         "autocast_rules": None if settings.precision == FP32 else policy_device(settings.device),
         "kernels": policy_device(settings.device),
-        "config_dtype": resolved.config_dtype,  # what the config asked for; the model is built float32
+        "config_dtype": resolved.config_dtype,
         **_quantize_fields(settings),
-        "status": "ok",
-        "error": None,
     }
     try:
         try:
@@ -116,14 +222,12 @@ def estimate(resolved: ResolvedBackbone, method_name: str, overrides: dict, sett
     except UsageError:
         raise
     except Exception as exc:  # a method or model that cannot be built or run is a failed row, not a crash
-        record.update(status="failed", error=f"{type(exc).__name__}: {exc}".strip())
-        return record
-    record.update(figures)
-    record.update(_verdicts(record["memory"]["peak_train_bytes"], record["flops"]["train_step"], figures, settings))
-    return record
+        return {**priced, "status": "failed", "error": f"{type(exc).__name__}: {exc}".strip()}
+    verdicts = _verdicts(figures["memory"]["peak_train_bytes"], figures["flops"]["train_step"], figures, settings)
+    return {**priced, "status": "ok", "error": None, **figures, **verdicts}
 
 
-def trace_figures(resolved: ResolvedBackbone, method, config, settings: Settings, device: str = "meta") -> dict:
+def trace_figures(resolved: ResolvedBackbone, method, config, settings: Settings, device: str = "meta") -> TraceFigures:
     """Parameters, bytes and FLOPs of ``method`` on ``resolved`` from one traced step on ``device``."""
 
     if device == "meta":
@@ -164,7 +268,8 @@ def trace_figures(resolved: ResolvedBackbone, method, config, settings: Settings
     train = train_steps(model, inputs, labels, loss_fn=loss_fn, **rules)
     infer = inference_batch(model, inputs, **rules)
     compute_dtype = dtype if settings.precision == FP32 else AUTOCAST_DTYPES[settings.precision]
-    lm = {}
+    quantized: _Quantized = {} if built.quantization is None else {"quantization": built.quantization}
+    lm: _LanguageModelling = {}
     if settings.objective == LM:
         dtype_bytes = getattr(torch, compute_dtype).itemsize
         lm = {"lm": lm_figures(resolved.config, settings, infer.output_shape, infer.output_bytes, dtype_bytes)}
@@ -179,7 +284,7 @@ def trace_figures(resolved: ResolvedBackbone, method, config, settings: Settings
             "train_kernels": list(train.attention_kernels),
             "inference_kernels": list(infer.attention_kernels),
         },
-        **({"quantization": built.quantization} if settings.quantization else {}),
+        **quantized,
         "memory": {
             "weights_bytes": weights,
             BREAKDOWN_TRAINABLE_WEIGHTS: static[BREAKDOWN_TRAINABLE_WEIGHTS],
@@ -196,7 +301,7 @@ def trace_figures(resolved: ResolvedBackbone, method, config, settings: Settings
     }
 
 
-def _quantize_fields(settings: Settings) -> dict[str, Any]:
+def _quantize_fields(settings: Settings) -> QuantizeFields:
     """The run's quantisation fields (``quantize``, ``quantize_compute_dtype``, ``quantize_double``), named and
     filled as a run's spec fills them (the 4-bit settings only where they act)."""
     q = settings.quantization
@@ -213,7 +318,7 @@ def _token_id(resolved: ResolvedBackbone) -> int:
     return min(100, int(resolved.config.vocab_size) - 1)
 
 
-def _verdicts(peak_train_bytes: int, train_flops: int, figures: dict, settings: Settings) -> dict[str, Any]:
+def _verdicts(peak_train_bytes: int, train_flops: int, figures: TraceFigures, settings: Settings) -> Verdicts:
     gpu = gpus.get_gpu(settings.gpu)
     peak_flops = gpu.peak_flops(figures["compute_dtype"])
     return {

@@ -11,9 +11,14 @@ layer adds the same weights, the same saved activations and the same FLOPs.  The
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from petlprof.estimate.model import ResolvedBackbone
 from petlprof.models.backbones import set_depth
+
+if TYPE_CHECKING:
+    from petlprof.estimate.core import TraceFigures
 
 DEPTH_RULE = "real tensors at 1 and 2 layers of full width, extrapolated linearly in depth"
 
@@ -46,11 +51,13 @@ def _extend(one, two, layers: int):
     return one + (layers - 1) * (two - one)
 
 
-def extrapolated_figures(resolved: ResolvedBackbone, method, config, settings, reason: str, trace) -> dict:
+def extrapolated_figures(
+    resolved: ResolvedBackbone, method, config, settings, reason: str, trace: Callable[..., TraceFigures]
+) -> TraceFigures:
     """``trace``'s figures (:func:`petlprof.estimate.core.trace_figures`) of the full depth, from real
     steps at depth 1 and 2; ``trace`` is passed in so this module does not import its caller."""
     layers = depth(resolved)
     one, two = (trace(_at_depth(resolved, k), method, config, settings, device="cpu") for k in (1, 2))
-    figures = _extend(one, two, layers)
+    figures: TraceFigures = _extend(one, two, layers)  # the same keys, each count extended
     figures["estimate_source"] = f"{DEPTH_RULE} (the meta-device trace failed: {reason})"
     return figures

@@ -24,6 +24,7 @@ of a 24 GiB card.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypedDict
 
 from petlprof.errors import unknown_choice
 
@@ -86,7 +87,17 @@ def usable_bytes(memory_bytes: int) -> int:
     return max(0, int((memory_bytes - CUDA_CONTEXT_BYTES) * (1 - ALLOCATOR_SLACK)))
 
 
-def headroom() -> dict:
+class Headroom(TypedDict):
+    """What a fit verdict counts besides the peak (:func:`headroom`), with the sources of both figures."""
+
+    rule: str
+    cuda_context_bytes: int
+    cuda_context_source: str
+    allocator_slack: float
+    allocator_slack_source: str
+
+
+def headroom() -> Headroom:
     """The record's statement of what a fit verdict counts besides the peak."""
     return {
         "rule": "fits when peak live tensor bytes <= (memory - cuda_context_bytes) x (1 - allocator_slack)",

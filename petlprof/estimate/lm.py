@@ -18,12 +18,51 @@ its cross-attention once for the whole prompt).
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TypedDict
 
 from petlprof.errors import UsageError
 
 DEFAULT_TARGET_LENGTH = 32
 KV_FORMULA = "2 x layers x kv_heads x head_dim x dtype bytes x batch"
+
+
+class AttentionShape(TypedDict):
+    """What generating caches per token (:func:`attention_shape`)."""
+
+    layers: int  # layers that cache keys and values (an encoder-decoder's decoder)
+    kv_heads: int
+    head_dim: int
+
+
+class _KvPerToken(AttentionShape):
+    bytes_per_generated_token: int
+    formula: str  # KV_FORMULA
+    dtype_bytes: int
+    batch_size: int
+
+
+class _KvCache(_KvPerToken):
+    bytes_at_end: int  # after the prompt and the target
+
+
+class KvCache(_KvCache, total=False):
+    """The KV cache of generation (:func:`kv_cache`), the ``lm`` section's ``kv_cache``."""
+
+    self_attention_bytes_at_end: int  # an encoder-decoder's: its decoder's self-attention, over the target
+    cross_attention_bytes: int  # an encoder-decoder's: cross-attention's, over the prompt, once
+
+
+class LmFigures(TypedDict):
+    """The estimate record's ``lm`` section (:func:`lm_figures`)."""
+
+    prompt_length: int
+    target_length: int | None
+    reads: str  # what the encoder and decoder (or the one decoder) read, in words
+    loss_positions: int  # target tokens; prompt (and padding) positions ignored
+    logits_shape: list[int]  # the task model's logits: scored positions (of every row) x vocabulary
+    logits_positions: int
+    logits_bytes: int
+    kv_cache: KvCache
 
 
 def check_family(family: str, backbone: str) -> None:
@@ -38,7 +77,7 @@ def check_family(family: str, backbone: str) -> None:
         )
 
 
-def attention_shape(config) -> dict[str, int]:
+def attention_shape(config) -> AttentionShape:
     """Layers that cache keys and values when generating (an encoder-decoder's decoder), KV heads and head width."""
     encoder_decoder = bool(getattr(config, "is_encoder_decoder", False))
     layers = getattr(config, "num_decoder_layers", None) if encoder_decoder else None
@@ -49,12 +88,12 @@ def attention_shape(config) -> dict[str, int]:
     return {"layers": layers, "kv_heads": int(kv_heads), "head_dim": int(head_dim)}
 
 
-def kv_cache(config, batch_size: int, dtype_bytes: int, prompt_length: int, target_length: int) -> dict[str, Any]:
+def kv_cache(config, batch_size: int, dtype_bytes: int, prompt_length: int, target_length: int) -> KvCache:
     """Bytes the KV cache adds per generated token, and holds after ``target_length`` tokens of a prompt."""
     shape = attention_shape(config)
     per_token = 2 * shape["layers"] * shape["kv_heads"] * shape["head_dim"] * dtype_bytes * batch_size
     encoder_decoder = bool(getattr(config, "is_encoder_decoder", False))
-    figures: dict[str, Any] = {
+    figures: _KvPerToken = {
         "bytes_per_generated_token": per_token,
         "formula": KV_FORMULA,
         **shape,
@@ -62,15 +101,17 @@ def kv_cache(config, batch_size: int, dtype_bytes: int, prompt_length: int, targ
         "batch_size": batch_size,
     }
     if encoder_decoder:  # the decoder's self-attention caches the target; cross-attention the prompt, once
-        figures["self_attention_bytes_at_end"] = per_token * target_length
-        figures["cross_attention_bytes"] = per_token * prompt_length
-        figures["bytes_at_end"] = per_token * (target_length + prompt_length)
-    else:  # the prompt's keys and values, then one more position per generated token
-        figures["bytes_at_end"] = per_token * (prompt_length + target_length)
-    return figures
+        return {
+            **figures,
+            "self_attention_bytes_at_end": per_token * target_length,
+            "cross_attention_bytes": per_token * prompt_length,
+            "bytes_at_end": per_token * (target_length + prompt_length),
+        }
+    # the prompt's keys and values, then one more position per generated token
+    return {**figures, "bytes_at_end": per_token * (prompt_length + target_length)}
 
 
-def lm_figures(config, settings, logits_shape: tuple[int, ...], logits_bytes: int, dtype_bytes: int) -> dict:
+def lm_figures(config, settings, logits_shape: tuple[int, ...], logits_bytes: int, dtype_bytes: int) -> LmFigures:
     """The record's ``lm`` section: lengths, the positions the logits and the loss cover, the KV cache."""
     encoder_decoder = bool(getattr(config, "is_encoder_decoder", False))
     prompt, target = settings.max_length, settings.target_length

@@ -16,9 +16,8 @@ import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from petlprof.errors import unknown_choice
 from petlprof.estimate.attention import DEFAULT_ATTENTION, attn_implementation
 from petlprof.meters.memory import static_breakdown
 from petlprof.models.backbones import (
@@ -39,6 +38,9 @@ from petlprof.models.shapes import config_from_file, shape_config, shape_names
 from petlprof.results.figures import BREAKDOWN_OPTIMIZER_STATE, BREAKDOWN_TOTAL
 from petlprof.values import check_file
 from petlprof.vocabulary import CLASSIFICATION, LM
+
+if TYPE_CHECKING:
+    from petlprof.models.quantization import QuantizationInfo
 
 
 @dataclass
@@ -70,11 +72,8 @@ def resolve_backbone(backbone: str, num_layers: int | None = None) -> ResolvedBa
         check_backbone_name(backbone)
         resolved = ResolvedBackbone(backbone, pretrained_config(backbone), None, f"config of {backbone}")
     else:
-        raise unknown_choice(
-            "backbone",
-            backbone,
-            [*shape_names(), *BACKBONES],
-            extra="Or give a config.json, a model folder or a hub id.",
+        raise BACKBONES.unknown(
+            backbone, also=shape_names(), extra="Or give a config.json, a model folder or a hub id."
         )
     if resolved.tokenizer is None:
         resolved.tokenizer = _stand_in(resolved.config)
@@ -130,7 +129,7 @@ class BuiltModel:
     the run record's ``training.quantization``; None unquantised)."""
 
     model: Any
-    quantization: dict[str, Any] | None = None
+    quantization: QuantizationInfo | None = None
 
 
 def build(

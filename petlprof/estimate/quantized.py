@@ -28,14 +28,12 @@ the exact fallback on real tensors (:mod:`petlprof.estimate.fallback`), a CPU's 
 
 from __future__ import annotations
 
-from typing import Any
-
 from petlprof.estimate.kernels import UntraceableError
 from petlprof.estimate.trace import MetaTrace
-from petlprof.models.quantization import quantization_state, quantize_model
+from petlprof.models.quantization import QuantizationInfo, quantization_state, quantize_model
 
 
-def quantize_backbone(model, quantization, device: str) -> dict[str, Any]:
+def quantize_backbone(model, quantization, device: str) -> QuantizationInfo:
     """Quantise ``model``'s linear layers in place as a run does (``quantization``: a
     :class:`petlprof.models.quantization.Quantization`), on ``device`` (``meta``: with the weights quantised here, see
     the module docstring); returns the record's ``quantization`` (the run record's ``training.quantization``)."""
@@ -53,7 +51,7 @@ def quantize_backbone(model, quantization, device: str) -> dict[str, Any]:
         layers = quantized_layers(bnb, model)
         for layer in layers:
             _pack_4bit(bnb, layer)
-    info.update(packed_bytes=packed_bytes(layers), state_bytes=state_bytes(model, layers))
+    info.update({"packed_bytes": packed_bytes(layers), "state_bytes": state_bytes(model, layers)})
     return info
 
 

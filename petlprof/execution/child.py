@@ -138,11 +138,12 @@ def _lost_record(
         # petlprof.run.distributed (torch): the sweep's driver imports this module; only a run's process needs torch
         from petlprof.execution.launch import read_failure
 
-        if (fields := read_failure(out_path, spec.nproc)) is not None:
+        if (cause := read_failure(out_path, spec.nproc)) is not None:
+            fields = {key: value for key, value in cause.items() if key not in ("status", "error")}
             return failed_record(
                 spec,
-                fields.pop("error"),
-                fields.pop("status"),
+                cause["error"],
+                cause["status"],
                 **fields,
                 stderr_tail="\n".join(text[-30:]),
                 wall_time_s=wall_s,

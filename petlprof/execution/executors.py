@@ -25,6 +25,7 @@ gave the task and the CPUs it asked for.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import os
 import socket
@@ -32,16 +33,19 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from petlprof.errors import UsageError, unknown_choice
+from petlprof.errors import UsageError
 from petlprof.execution.child import execute_in_subprocess, release_signals, worker_env
 from petlprof.execution.warm import WarmWorker, serves
+from petlprof.lookup import Registry
 from petlprof.results.records import add_overhead
 from petlprof.run.execute import failed_record
 from petlprof.sweep.spec import RunSpec
-from petlprof.vocabulary import EXECUTORS, LOCAL, RAY
+from petlprof.vocabulary import LOCAL, RAY
 
 if TYPE_CHECKING:
-    from petlprof.results.records import RunRecord
+    from typing_extensions import Unpack
+
+    from petlprof.results.records import NodeFields, RayNode, RayTask, RunRecord
 
 DRIVER_GRACE_S = 120.0  # past --timeout, the driver cancels a task its node failed to stop
 CHECK_S = 5.0  # while no task finishes, the driver looks for tasks no live node can take this often
@@ -57,8 +61,8 @@ RAY_ENV = {
 OnStart = Callable[[Any], None]
 
 
-def node_fields(executor: str, **extra: Any) -> dict[str, Any]:
-    """Where a run executed (the meters measured this host's devices)."""
+def node_fields(executor: str, **extra: Unpack[RayNode]) -> NodeFields:
+    """Where a run executed (the meters measured this host's devices); ``extra``: where on a Ray cluster."""
     return {
         "executor": executor,
         "hostname": socket.gethostname(),
@@ -191,7 +195,7 @@ def _ray_task(spec_dict: dict, timeout_s: float | None, max_memory_bytes: int | 
     return record
 
 
-def ray_node_fields(record: RunRecord, niceness: int, **extra: Any) -> dict[str, Any]:
+def ray_node_fields(record: RunRecord, niceness: int, **extra: Unpack[RayTask]) -> NodeFields:
     """Where a Ray task's run executed, its process's ``niceness`` included; a run that ran below normal
     priority (niceness above 0) also gets the warning of what that does to its figures."""
     if niceness > 0:
@@ -488,6 +492,9 @@ def _signals_surface():
         raise
 
 
+EXECUTOR_KINDS: Registry[type] = Registry("executor", {LOCAL: LocalExecutor, RAY: RayExecutor})
+
+
 def make_executor(
     name: str,
     *,
@@ -498,14 +505,15 @@ def make_executor(
     retries: int = 0,
     cpus_per_run: float = 1.0,
 ):
-    if name == LOCAL:
-        return LocalExecutor(in_process=in_process, timeout_s=timeout_s, max_memory_bytes=max_memory_bytes)
-    if name == RAY:
-        return RayExecutor(
-            address=address,
-            timeout_s=timeout_s,
-            max_memory_bytes=max_memory_bytes,
-            retries=retries,
-            cpus_per_run=cpus_per_run,
-        )
-    raise unknown_choice("executor", name, EXECUTORS)
+    """The executor ``name`` (one of :data:`petlprof.vocabulary.EXECUTORS`), given the options it takes."""
+    cls = EXECUTOR_KINDS.get(name)
+    options = dict(
+        address=address,
+        in_process=in_process,
+        timeout_s=timeout_s,
+        max_memory_bytes=max_memory_bytes,
+        retries=retries,
+        cpus_per_run=cpus_per_run,
+    )
+    takes = inspect.signature(cls).parameters  # each executor takes the options it has a parameter for
+    return cls(**{key: value for key, value in options.items() if key in takes})

@@ -12,13 +12,12 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
 
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import parse_args, run
 
-from petlprof.results.records import RunRecord
+from petlprof.results.records import DistributedSummary, LaunchFailure, RunRecord
 
 COMMUNICATION_ERRORS = ("DistError", "DistBackendError", "DistNetworkError", "DistStoreError")
 # what a rank's error says when a peer went away under a collective (gloo raises a plain RuntimeError)
@@ -67,7 +66,7 @@ def launch(nproc: int, spec_path: str, out_path: str) -> int:
     return 0
 
 
-def read_failure(out_path: str | Path, world_size: int) -> dict[str, Any] | None:
+def read_failure(out_path: str | Path, world_size: int) -> LaunchFailure | None:
     """:func:`failure` of the run whose record was to be ``out_path``, from the files its ranks and
     launcher left beside it."""
     records = {
@@ -82,7 +81,7 @@ def read_failure(out_path: str | Path, world_size: int) -> dict[str, Any] | None
     return failure(world_size, records, launched)
 
 
-def failure(world_size: int, rank_records: dict[int, RunRecord], launched: dict[int, dict]) -> dict[str, Any] | None:
+def failure(world_size: int, rank_records: dict[int, RunRecord], launched: dict[int, dict]) -> LaunchFailure | None:
     """The cause of a failed multi-rank run, as record fields (``status``, ``error`` naming the rank, its
     traceback and ``failed_at``, ``distributed``), from the failed ranks' own records and the launcher's
     exit codes; None when neither names a failure.
@@ -120,18 +119,22 @@ def failure(world_size: int, rank_records: dict[int, RunRecord], launched: dict[
     rest = sorted(r for r in launched if not own(r))
     rank = (raised or signalled or talking or rest)[0]
     failed_ranks = {str(r): summary[r] for r in sorted(summary)}  # string keys, as the record's JSON has them
-    fields: dict[str, Any] = {"distributed": {"world_size": world_size, "failed_ranks": failed_ranks}}
-    if own(rank):
-        record = rank_records[rank]
-        fields.update(
-            status=record.get("status", "failed"),
-            error=f"rank {rank} of {world_size}: {record.get('error')}",
-            **{k: record[k] for k in ("traceback", "failed_at") if k in record},
-        )
-    else:
+    distributed: DistributedSummary = {"world_size": world_size, "failed_ranks": failed_ranks}
+    if not own(rank):
         killed = launched[rank].get("signal") == "SIGKILL"
-        fields.update(
-            status="oom" if killed else "failed",
-            error=f"rank {rank} of {world_size} {summary[rank]}" + ("; out of memory?" if killed else ""),
-        )
+        return {
+            "distributed": distributed,
+            "status": "oom" if killed else "failed",
+            "error": f"rank {rank} of {world_size} {summary[rank]}" + ("; out of memory?" if killed else ""),
+        }
+    record = rank_records[rank]
+    fields: LaunchFailure = {
+        "distributed": distributed,
+        "status": record.get("status", "failed"),
+        "error": f"rank {rank} of {world_size}: {record.get('error')}",
+    }
+    if "traceback" in record:
+        fields["traceback"] = record["traceback"]
+    if "failed_at" in record:
+        fields["failed_at"] = record["failed_at"]
     return fields

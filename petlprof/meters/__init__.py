@@ -8,8 +8,10 @@ usable here is an error, never a silent fallback.
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
-from petlprof.errors import UsageError, unknown_choice
+from petlprof.errors import UsageError
+from petlprof.lookup import Registry
 from petlprof.meters.base import ESTIMATED, MEASURED, Meter, Window, synchronize
 from petlprof.meters.carbon import CodecarbonMeter
 from petlprof.meters.contention import ContentionMeter
@@ -19,13 +21,21 @@ from petlprof.meters.energy import NvmlEnergyMeter, RaplEnergyMeter
 from petlprof.meters.memory import CpuMemoryMeter, CudaMemoryMeter
 from petlprof.meters.tensors import CpuTensorMeter
 
-ENERGY_METERS: dict[str, type[Meter]] = {
-    "nvml": NvmlEnergyMeter,
-    "rapl": RaplEnergyMeter,
-    "estimate": EstimateEnergyMeter,
-}
-MEMORY_METERS: dict[str, type[Meter]] = {"cuda-allocator": CudaMemoryMeter, "cpu-rss": CpuMemoryMeter}
-EXTRA_METERS: dict[str, type[Meter]] = {"codecarbon": CodecarbonMeter, "cpu-tensors": CpuTensorMeter}
+if TYPE_CHECKING:
+    from petlprof.meters.idle import IdleBaseline
+
+# each kind of meter by name (the classes: their available() says whether one works here)
+ENERGY_METERS: Registry[type[Meter]] = Registry(
+    "energy meter",
+    {"nvml": NvmlEnergyMeter, "rapl": RaplEnergyMeter, "estimate": EstimateEnergyMeter},
+    subclass_of=Meter,
+)
+MEMORY_METERS: Registry[type[Meter]] = Registry(
+    "memory meter", {"cuda-allocator": CudaMemoryMeter, "cpu-rss": CpuMemoryMeter}, subclass_of=Meter
+)
+EXTRA_METERS: Registry[type[Meter]] = Registry(
+    "extra meter (--meters)", {"codecarbon": CodecarbonMeter, "cpu-tensors": CpuTensorMeter}, subclass_of=Meter
+)
 METER_HELP = {
     "nvml": "GPU energy (J, measured) from the NVML total-energy counter, and integrated power sampled "
     "in a separate process (both recorded)",
@@ -51,7 +61,7 @@ def meter_status() -> list[tuple[str, bool, str, str]]:
     """(name, available, why, what it measures) for every meter, for ``petlprof meters``/``list``."""
     rows = [("timer", True, "always available", METER_HELP["timer"])]
     rows.append(("contention", *ContentionMeter.available(), METER_HELP["contention"]))
-    for name, cls in {**ENERGY_METERS, **MEMORY_METERS, **EXTRA_METERS}.items():
+    for name, cls in [*ENERGY_METERS.items(), *MEMORY_METERS.items(), *EXTRA_METERS.items()]:
         ok, why = cls.available()
         rows.append((name, ok, why, meter_help(name)))
     return rows
@@ -59,8 +69,7 @@ def meter_status() -> list[tuple[str, bool, str, str]]:
 
 def check_extra_meters(names: list[str]) -> None:
     for name in names:
-        if name not in EXTRA_METERS:
-            raise unknown_choice("extra meter (--meters)", name, list(EXTRA_METERS))
+        EXTRA_METERS.get(name)
 
 
 def extra_meters_for(
@@ -70,7 +79,7 @@ def extra_meters_for(
     check_extra_meters(names)
     meters: list[Meter] = []
     for name in names:
-        ok, why = EXTRA_METERS[name].available()
+        ok, why = EXTRA_METERS.get(name).available()
         if not ok:
             raise UsageError(f"meter '{name}' was asked for but is not usable here: {why}")
         if name == "codecarbon":
@@ -96,14 +105,14 @@ def check_energy_meter(name: str, need_available: bool = True) -> None:
     if name == "auto":
         return
     if name not in ENERGY_METERS:
-        raise unknown_choice("energy meter", name, [*ENERGY_METERS, "auto"])
+        raise ENERGY_METERS.unknown(name, also=["auto"])
     if need_available:
-        ok, why = ENERGY_METERS[name].available()
+        ok, why = ENERGY_METERS.get(name).available()
         if not ok:
             raise UsageError(f"energy meter '{name}' was asked for but is not usable here: {why}")
 
 
-def _make(name: str, device: str, timeline, idle: dict | None) -> Meter:
+def _make(name: str, device: str, timeline, idle: IdleBaseline | None) -> Meter:
     if name == "nvml":
         return NvmlEnergyMeter(device, timeline=timeline, idle=idle)
     if name == "rapl":
@@ -111,14 +120,14 @@ def _make(name: str, device: str, timeline, idle: dict | None) -> Meter:
     return EstimateEnergyMeter(device)
 
 
-def energy_meter_for(device: str, requested: str = "auto", timeline=None, idle: dict | None = None) -> Meter:
+def energy_meter_for(device: str, requested: str = "auto", timeline=None, idle: IdleBaseline | None = None) -> Meter:
     """The energy meter for ``device``; ``timeline``: a started :class:`PowerTimeline` for nvml;
     ``idle``: the sweep's idle baseline (:func:`petlprof.meters.idle.sweep_idle`) for energy above idle."""
     if requested != "auto":
         check_energy_meter(requested)
         return _make(requested, device, timeline, idle)
     name = "nvml" if device.startswith("cuda") else "rapl"
-    ok, why = ENERGY_METERS[name].available()
+    ok, why = ENERGY_METERS.get(name).available()
     if ok:
         return _make(name, device, timeline, idle)
     return EstimateEnergyMeter(device, why_not_measured=f"{name}: {why}")

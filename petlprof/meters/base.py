@@ -98,7 +98,6 @@ class Reading(Mapping[str, Any]):
             self._warnings[_OWN_WARNINGS] = lines
         if lines := list(errors):
             self._warnings[METER_ERRORS] = lines
-        self._record: dict[str, Any] | None = None
 
     def value(self, figure: Figure) -> Any:
         """The value of ``figure`` (None where this reading does not have it)."""
@@ -134,7 +133,6 @@ class Reading(Mapping[str, Any]):
                 self.extras[key] = value
         for group, lines in other._warnings.items():
             self._warnings.setdefault(said_by if group == _OWN_WARNINGS and said_by else group, []).extend(lines)
-        self._record = None
         return self
 
     def record(self) -> dict[str, Any]:
@@ -149,22 +147,19 @@ class Reading(Mapping[str, Any]):
         record.update(self.extras)
         return record
 
-    def _cached(self) -> dict[str, Any]:
-        if self._record is None:
-            self._record = self.record()
-        return self._record
-
+    # read by key, the reading is its record as it is now (never a copy kept from before a merge or a meter's
+    # change to its extras)
     def __getitem__(self, key: str) -> Any:
-        return self._cached()[key]
+        return self.record()[key]
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._cached())
+        return iter(self.record())
 
     def __len__(self) -> int:
-        return len(self._cached())
+        return len(self.record())
 
     def __repr__(self) -> str:
-        return f"Reading({self._cached()!r}, warnings={self.warnings!r})"
+        return f"Reading({self.record()!r}, warnings={self.warnings!r})"
 
 
 def synchronize(device: str) -> None:

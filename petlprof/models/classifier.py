@@ -26,7 +26,7 @@ so lengths do not change.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import torch
 from torch import nn
@@ -38,6 +38,20 @@ from petlprof.vocabulary import CLASSIFICATION, LM
 
 if TYPE_CHECKING:
     from petlprof.method_api import MethodSpec
+
+
+class _TokenInputs(TypedDict):
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+
+
+class BackboneInputs(_TokenInputs, total=False):
+    """The keyword arguments :meth:`SequenceClassifier.model_inputs` gives the backbone: the tokens and their mask,
+    a decoder's positions and an encoder-decoder's decoder input."""
+
+    position_ids: torch.Tensor  # a decoder's (without virtual tokens): counted from the first real token
+    decoder_input_ids: torch.Tensor  # an encoder-decoder's: the input shifted right
+    decoder_attention_mask: torch.Tensor
 
 
 def last_token_index(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -78,9 +92,9 @@ class SequenceClassifier(nn.Module):
             param.requires_grad_(True)
         return self
 
-    def model_inputs(self, input_ids, attention_mask) -> dict:
+    def model_inputs(self, input_ids, attention_mask) -> BackboneInputs:
         """Keyword arguments for the backbone; the decoder of an encoder-decoder reads the input shifted right."""
-        kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
+        kwargs: BackboneInputs = {"input_ids": input_ids, "attention_mask": attention_mask}
         if self.family == DECODER and not self.virtual_tokens:
             # count positions from the first real token, so left padding is harmless
             kwargs["position_ids"] = (attention_mask.long().cumsum(1) - 1).clamp(min=0)

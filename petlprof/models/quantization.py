@@ -36,7 +36,7 @@ import math
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from petlprof.errors import UsageError
 
@@ -64,6 +64,36 @@ def _not_starting(start: str) -> Callable[[logging.LogRecord], bool]:
 
 for _logger, _start in _QUIET.items():
     logging.getLogger(_logger).addFilter(_not_starting(_start))
+
+
+class _QuantizedLayers(TypedDict):
+    method: str  # int8, nf4 or fp4
+    library: str  # bitsandbytes and its version
+    quantized_layers: int
+    quantized_modules: list[str]  # layer indices as *
+    kept_in_float: list[str]  # linear layers left in float: the LM head, weights tied to it, T5's wo
+    packed_bytes: int  # the quantised weights as stored
+    state_bytes: int  # what dequantises them: block scales (and their own, double quantised), int8 row scales
+
+
+class QuantizationInfo(_QuantizedLayers, total=False):
+    """``--quantize``: how the backbone's linear layers were quantised (:func:`quantize_model`), as the run record's
+    ``training.quantization`` and the estimate record's ``quantization`` state it; the 4-bit fields or the int8 ones."""
+
+    compute_dtype: str  # 4-bit: the dtype the dequantised weights multiply in
+    double_quant: bool  # 4-bit: the block scales quantised too
+    blocksize: int | None  # 4-bit: weights per scale (None without a quantised layer)
+    cpu_inference_repacking: bool  # 4-bit: bitsandbytes' AVX512-BF16 inference layout (off: one layout throughout)
+    inputs: str  # int8: how a product with an 8-bit weight runs on the device (training and evaluation)
+    outlier_threshold: float  # int8: input columns with a value beyond it are multiplied in float16
+
+
+class QuantizeFields(TypedDict):
+    """A run's ``--quantize`` settings as its RunSpec (and an estimate record) names them (:func:`run_fields`)."""
+
+    quantize: str
+    quantize_compute_dtype: str
+    quantize_double: bool
 
 
 @dataclass(frozen=True)
@@ -101,7 +131,7 @@ class Quantization:
         )
 
 
-def run_fields(quantize: str, compute_dtype: str, double_quant: bool) -> dict[str, Any]:
+def run_fields(quantize: str, compute_dtype: str, double_quant: bool) -> QuantizeFields:
     """The RunSpec fields of one run of a sweep's ``--quantize`` value: the 4-bit settings only where they act
     (an unquantised or int8 run keeps the defaults, so its run key does not depend on them)."""
     four_bit = quantize in FOUR_BIT
@@ -127,10 +157,10 @@ def kept_in_float(model) -> list[str]:
     return sorted({*get_keys_to_not_convert(model), *(getattr(model, "_keep_in_fp32_modules", None) or ())})
 
 
-def quantize_model(model, settings: Quantization, device: str) -> dict[str, Any]:
+def quantize_model(model, settings: Quantization, device: str) -> QuantizationInfo:
     """Quantise ``model``'s linear layers in place, on ``device``, as ``from_pretrained`` with
     ``settings.bnb_config()`` would (see the module's docstring); returns the record's
-    ``training.quantization`` (:class:`petlprof.results.records.QuantizationInfo`)."""
+    ``training.quantization``."""
     check_available(settings.method)
     # bitsandbytes: optional (petlprof[quantize]); torch, transformers: slow to import, loaded only when used
     import bitsandbytes as bnb
@@ -179,12 +209,14 @@ def _load_quantized(bnb, layer, source, settings: Quantization, device: str) -> 
         layer.bias = torch.nn.Parameter(bias, requires_grad=source.bias.requires_grad)
 
 
-def _describe(bnb, model, settings: Quantization, quantized: list[str], kept: list[str], device: str) -> dict[str, Any]:
+def _describe(
+    bnb, model, settings: Quantization, quantized: list[str], kept: list[str], device: str
+) -> QuantizationInfo:
     # kept out of petlprof --help's imports
     from petlprof.models.architecture import name_patterns
 
     layers = [model.get_submodule(name) for name in quantized]
-    info: dict[str, Any] = {
+    info: QuantizationInfo = {
         "method": settings.method,
         "library": f"bitsandbytes {bnb.__version__}",
         "quantized_layers": len(quantized),
@@ -195,15 +227,19 @@ def _describe(bnb, model, settings: Quantization, quantized: list[str], kept: li
     }
     if settings.four_bit:
         info.update(
-            compute_dtype=settings.compute_dtype,
-            double_quant=settings.double_quant,
-            blocksize=int(layers[0].weight.blocksize) if layers else None,
-            cpu_inference_repacking=False,
+            {
+                "compute_dtype": settings.compute_dtype,
+                "double_quant": settings.double_quant,
+                "blocksize": int(layers[0].weight.blocksize) if layers else None,
+                "cpu_inference_repacking": False,
+            }
         )
     else:
         info.update(
-            inputs=_int8_products(device),
-            outlier_threshold=float(settings.bnb_config().llm_int8_threshold),
+            {
+                "inputs": _int8_products(device),
+                "outlier_threshold": float(settings.bnb_config().llm_int8_threshold),
+            }
         )
     return info
 

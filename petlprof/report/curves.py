@@ -21,38 +21,34 @@ from typing import Any
 
 import pandas as pd
 
+from petlprof.report.plotkit import save_figure
 from petlprof.report.records import is_ok, run_label
+from petlprof.results.result import RunResult, results_of
 
 CURVE_STEM = "learning_curves"
 
 
-def _budget(record: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    train = record.get("train")
-    budget = train.get("budget") if isinstance(train, Mapping) else None
-    return budget if isinstance(budget, Mapping) and budget.get("checks") else None
-
-
-def curve_frame(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+def curve_frame(records: Sequence[RunResult | Mapping[str, Any]]) -> pd.DataFrame:
     """One row per target check of every ok run: task, backbone, configuration label, seed, step,
     value, the metric and its target, and the size of the slice it was scored on."""
     rows = []
-    for record in records:
-        budget = _budget(record)
-        if budget is None or not is_ok(record):
+    for record in results_of(records):
+        budget = record.budget
+        if budget is None or not budget.checks or not is_ok(record):
             continue
-        for check in budget["checks"]:
+        for check in budget.checks:
             rows.append(
                 {
-                    "task": record.get("task"),
-                    "backbone": record.get("backbone"),
+                    "task": record.task,
+                    "backbone": record.backbone,
                     "label": run_label(record),
-                    "seed": record.get("seed"),
-                    "step": int(check["step"]),
-                    "value": float(check["value"]),
-                    "metric": budget.get("target_metric"),
-                    "target": budget.get("target_value"),
-                    "slice": budget.get("check_eval_size"),
-                    "every": budget.get("eval_every_steps"),
+                    "seed": record.seed,
+                    "step": check.step,
+                    "value": check.value,
+                    "metric": budget.target_metric,
+                    "target": budget.target_value,
+                    "slice": budget.check_eval_size,
+                    "every": budget.eval_every_steps,
                 }
             )
     columns = ["task", "backbone", "label", "seed", "step", "value", "metric", "target", "slice", "every"]
@@ -124,7 +120,7 @@ def draw_curves(frame: pd.DataFrame, title: str):
     return fig
 
 
-def learning_curve_figures(records: Sequence[Mapping[str, Any]], out_dir: Path) -> list[CurvePlot]:
+def learning_curve_figures(records: Sequence[RunResult | Mapping[str, Any]], out_dir: Path) -> list[CurvePlot]:
     """``learning_curves[_task_backbone].{png,svg}`` for the records that carry target checks."""
     frame = curve_frame(records)
     if frame.empty:
@@ -135,7 +131,6 @@ def learning_curve_figures(records: Sequence[Mapping[str, Any]], out_dir: Path) 
         suffix = "" if len(groups) == 1 else f"_{task}_{backbone}".replace("/", "-")
         stem = Path(out_dir) / f"{CURVE_STEM}{suffix}"
         fig = draw_curves(group, f"{task} / {backbone}: {_title(group)}")
-        for ext in (".png", ".svg"):
-            fig.savefig(stem.with_suffix(ext))
+        save_figure(fig, [stem.with_suffix(ext) for ext in (".png", ".svg")], dpi="figure")
         plots.append(CurvePlot(str(task), str(backbone), stem, group["label"].nunique()))
     return plots

@@ -15,8 +15,7 @@ fixed evaluation set, so one seed), and the interval of that difference is the c
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
 
 import pandas as pd
 
@@ -31,12 +30,25 @@ REFERENCE = "full"
 NO_INTERVAL = "—"
 
 
-def configuration_values(runs: pd.DataFrame) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class ConfigValues:
+    """One configuration's finished seeds: its method, config label and their primary-metric values."""
+
+    method: str
+    config: str
+    values: list[float]
+
+    @property
+    def mean(self) -> float:
+        return math.fsum(self.values) / len(self.values)
+
+
+def configuration_values(runs: pd.DataFrame) -> list[ConfigValues]:
     """One entry per configuration of one task and backbone: method, config, and its seeds' ``quality``
     values (finished runs only), best mean first in the metric's direction."""
     ok = runs[(runs["status"] == "ok") & runs["quality"].notna()]
     entries = [
-        {"method": keys[2], "config": keys[3], "values": list(group["quality"])}
+        ConfigValues(keys[2], keys[3], [float(v) for v in group["quality"]])
         for keys, group in ok.groupby(CONFIG, sort=False, dropna=False)
     ]
     metric = text(ok["primary_metric"].iloc[0]) if len(ok) else MISSING
@@ -44,21 +56,19 @@ def configuration_values(runs: pd.DataFrame) -> list[dict[str, Any]]:
         higher = direction(metric) == HIGHER
     except KeyError:
         higher = True
-    for entry in entries:
-        entry["mean"] = math.fsum(entry["values"]) / len(entry["values"])
-    return sorted(entries, key=lambda e: (-e["mean"] if higher else e["mean"], e["method"], str(e["config"])))
+    return sorted(entries, key=lambda e: (-e.mean if higher else e.mean, e.method, str(e.config)))
 
 
-def compare(entry: Mapping[str, Any], other: Mapping[str, Any]) -> tuple[float, float, str]:
+def compare(entry: ConfigValues, other: ConfigValues) -> tuple[float, float, str]:
     """(difference of means, half-width of its 95% Welch interval, ``yes``/``no``/``—``: is the
     difference larger than its interval); with the single zero-shot score on one side, the interval is
     the other side's own."""
-    fixed = [e for e in (entry, other) if e["method"] == ZERO_SHOT and len(e["values"]) == 1]
+    fixed = [e for e in (entry, other) if e.method == ZERO_SHOT and len(e.values) == 1]
     if len(fixed) == 1:
         varying = other if fixed[0] is entry else entry
-        diff, half = entry["mean"] - other["mean"], ci_half_width(varying["values"])
+        diff, half = entry.mean - other.mean, ci_half_width(varying.values)
     else:
-        diff, half = welch_difference(entry["values"], other["values"])
+        diff, half = welch_difference(entry.values, other.values)
     if math.isnan(half):
         return diff, half, NO_INTERVAL
     return diff, half, "yes" if abs(diff) > half else "no"
@@ -74,8 +84,8 @@ def difference_table(runs: pd.DataFrame) -> str:
     entries = configuration_values(runs)
     metric = text(runs["primary_metric"].dropna().iloc[0]) if runs["primary_metric"].notna().any() else "metric"
     best = entries[0]
-    full = next((e for e in entries if e["method"] == REFERENCE), None)
-    zero_shot = next((e for e in entries if e["method"] == ZERO_SHOT), None)
+    full = next((e for e in entries if e.method == REFERENCE), None)
+    zero_shot = next((e for e in entries if e.method == ZERO_SHOT), None)
     headers = ["method", "config", "seeds", f"{metric} (mean)", "Δ vs best (95% CI, Welch)", "larger than its interval"]
     if full is not None:
         headers += [f"Δ vs {REFERENCE} (95% CI, Welch)", "larger than its interval"]
@@ -84,7 +94,7 @@ def difference_table(runs: pd.DataFrame) -> str:
     pairs = [best] + [other for other in (full, zero_shot) if other is not None]
     rows = []
     for entry in entries:
-        cells = [method_name(entry["method"]), text(entry["config"]), str(len(entry["values"])), f"{entry['mean']:.4f}"]
+        cells = [method_name(entry.method), text(entry.config), str(len(entry.values)), f"{entry.mean:.4f}"]
         for other, mark in zip(pairs, ["best"] + ["ref"] * (len(pairs) - 1)):
             if entry is other:
                 cells += [mark, NO_INTERVAL]

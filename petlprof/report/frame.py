@@ -29,10 +29,7 @@ from petlprof.report.pareto import pareto_front
 from petlprof.report.records import (
     config_key,
     config_label,
-    field,
     is_random_init,
-    mapping,
-    number,
     text,
 )
 from petlprof.results.figures import (
@@ -42,6 +39,7 @@ from petlprof.results.figures import (
     ENERGY_PER_TOKEN,
     ENERGY_SOURCE,
     LATENCY,
+    LATENCY_PER_SAMPLE,
     MEASURED_PHASES,
     MEMORY_SOURCE,
     PEAK_MEMORY,
@@ -53,12 +51,14 @@ from petlprof.results.figures import (
     Figure,
     frame_columns,
 )
+from petlprof.results.result import TARGET_FIGURES, JSONValue, RunResult, mapping, results_of
 from petlprof.tasks.metrics import METRIC_DIRECTIONS, direction
 from petlprof.vocabulary import LOCAL, ZERO_SHOT
 
+Row = dict[str, JSONValue]  # one run's row of the runs table: a column name -> its cell
 GROUP = ["task", "backbone"]  # a frontier is drawn within one task and backbone
 CONFIG = GROUP + ["method", "config", "config_key"]  # what identifies a configuration across seeds
-PHASE_FIGURES = {phase: frame_columns(phase) for phase in MEASURED_PHASES}  # column -> keys inside the phase
+PHASE_FIGURES = {phase: frame_columns(phase) for phase in MEASURED_PHASES}  # column -> the figure it shows
 PHASE_TEXT = (ENERGY_KIND, ENERGY_SOURCE, "energy_model", MEMORY_SOURCE)
 COSTS = (ENERGY.name, PEAK_MEMORY.name, TIME.name, "trainable_params")
 GENERATION_PHASES = ("generation", "generation_merged")  # the model as tuned, and merged (methods that merge)
@@ -73,14 +73,6 @@ GENERATION_FIGURES = (  # per batch size of a generation phase, columns named by
 )
 RUN_FACTS = ("random_init", "majority_rate")  # what a run is, not a figure to average over seeds
 GENERATION_COLUMN = re.compile(r"^(generation(?:_merged)?)\.batch_(\d+)\.(.+)$")
-TARGET_FIGURES = (  # the budget's cost-to-target figures (None when not reached; the last three are newer)
-    "time_to_target_s",
-    "energy_to_target_j",
-    "check_time_s",
-    "check_energy_j",
-    "time_to_target_without_checks_s",
-    "energy_to_target_without_checks_j",
-)
 
 
 def objective_direction(name: str) -> str:
@@ -89,87 +81,83 @@ def objective_direction(name: str) -> str:
     return direction(name if name in METRIC_DIRECTIONS else name.removeprefix("eval_"))
 
 
-def _knob(record: Mapping[str, Any]) -> Any:
-    knob = record.get("pareto_knob")
-    return field(record, "method_config", knob) if knob else None
-
-
 def _typed(value: Any, kind: type) -> Any:
     """``value`` when it is a ``kind``, else None (a hand-edited record's odd value is no figure)."""
     return value if isinstance(value, kind) else None
 
 
-def _row(record: Mapping[str, Any]) -> dict[str, Any]:
-    row: dict[str, Any] = {
-        "run_key": record.get("run_key"),
-        "status": record.get("status"),
-        "error": record.get("error"),
-        "task": record.get("task"),
-        "backbone": record.get("backbone"),
-        "method": record.get("method"),
+def _row(record: RunResult) -> Row:
+    budget = record.budget
+    row: Row = {
+        "run_key": record.run_key,
+        "status": record.status,
+        "error": record.error,
+        "task": record.task,
+        "backbone": record.backbone,
+        "method": record.method,
         "config": config_label(record, width=1000),
         "config_key": config_key(record),
-        "seed": record.get("seed"),
-        "pareto_knob": record.get("pareto_knob"),
-        "knob_value": _knob(record),
-        "primary_metric": record.get("primary_metric"),
+        "seed": record.seed,
+        "pareto_knob": record.pareto_knob,
+        "knob_value": record.knob_value,
+        "primary_metric": record.primary_metric,
         "random_init": is_random_init(record),  # on random weights (--random-init): its score is meaningless
-        "majority_rate": number(record, "task_info", "majority_rate"),
-        "trainable_params": number(record, "trainable_params"),
-        "total_params": number(record, "total_params"),
-        "checkpoint_bytes": number(record, "checkpoint_bytes"),
-        "stop_reason": field(record, "train", "budget", "stop_reason"),
-        "target_reached": _typed(field(record, "train", "budget", "reached"), bool),
-        "steps_to_target": number(record, "train", "budget", "reached_at_step"),
-        **{name: number(record, "train", "budget", name) for name in TARGET_FIGURES},
-        "target_metric": _typed(field(record, "train", "budget", "target_metric"), str),
-        "target_value": number(record, "train", "budget", "target_value"),
-        "diverged_at_step": number(record, "diverged_at", "step"),
-        "warnings": "; ".join(record["warnings"]) if isinstance(record.get("warnings"), list) else None,
+        "majority_rate": record.task_info.majority_rate,
+        "trainable_params": record.trainable_params,
+        "total_params": record.total_params,
+        "checkpoint_bytes": record.checkpoint_bytes,
+        "stop_reason": None if budget is None else budget.stop_reason,
+        "target_reached": None if budget is None else budget.reached,
+        "steps_to_target": None if budget is None else budget.reached_at_step,
+        **{name: None if budget is None else budget.costs[name] for name in TARGET_FIGURES},
+        "target_metric": None if budget is None else budget.target_metric,
+        "target_value": None if budget is None else budget.target_value,
+        "diverged_at_step": record.diverged_at_step,
+        "warnings": "; ".join(record.warnings) if record.warnings is not None else None,
     }
-    batch = field(record, "spec", "batch_size")
+    batch = _typed(mapping(record.spec).get("batch_size"), int)
+    inference, merged = record.windows("inference"), record.eval_merged
     row.update(
         {  # inference phase (batch 1 and the training batch) and the merged model's evaluation
-            "infer_b1_latency_p50_s": number(record, "inference", "batch_1", LATENCY.name, "p50"),
-            "infer_latency_per_sample_p50_s": number(
-                record, "inference", f"batch_{batch}", "latency_per_sample_s", "p50"
+            "infer_b1_latency_p50_s": inference["batch_1"][LATENCY] if "batch_1" in inference else None,
+            "infer_latency_per_sample_p50_s": (
+                inference[f"batch_{batch}"][LATENCY_PER_SAMPLE] if f"batch_{batch}" in inference else None
             ),
-            "merged_latency_p50_s": number(record, "eval_merged", LATENCY.name, "p50"),
+            "merged_latency_p50_s": None if merged is None else merged[LATENCY],
         }
     )
     row.update(
         {  # where it ran: its meters read this host's devices (petlprof.execution.executors)
-            "executor": field(record, "node", "executor") or LOCAL,
-            "hostname": field(record, "node", "hostname") or field(record, "env", "hostname"),
-            "world_size": number(record, "distributed", "world_size") or 1,
+            "executor": record.where.executor or LOCAL,
+            "hostname": record.where.hostname,
+            "world_size": record.where.world_size or 1,
         }
     )
     row.update(_generation_figures(record))
-    metrics = mapping(record.get("metrics"))
-    for name in metrics:
-        row[name] = number(record, "metrics", name)
-    if row["primary_metric"] in metrics:
-        row["quality"] = row[row["primary_metric"]]
-    for phase, columns in PHASE_FIGURES.items():
-        for column, keys in columns.items():
-            row[column] = number(record, phase, *keys)
-        prefix = "" if phase == "train" else f"{phase}_"
+    for name, value in record.metrics.items():
+        row[name] = value
+    if (primary := record.primary_metric) is not None and primary in record.metrics:
+        row["quality"] = record.metrics[primary]
+    for phase_name, columns in PHASE_FIGURES.items():
+        phase = record.phase(phase_name)
+        for column, figure in columns.items():
+            row[column] = None if phase is None else phase[figure]
+        prefix = "" if phase_name == "train" else f"{phase_name}_"
         for column in PHASE_TEXT:
-            row[prefix + column] = field(record, phase, column)
+            row[prefix + column] = None if phase is None else phase.raw(column)
     return row
 
 
-def _generation_figures(record: Mapping[str, Any]) -> dict[str, Any]:
+def _generation_figures(record: RunResult) -> Row:
     """``generation.batch_<n>.<figure>`` (and ``generation_merged...``) for every batch size a generation
     phase recorded, named by the record's own path; ``generation_energy_kind`` from its first batch."""
-    row: dict[str, Any] = {}
+    row: Row = {}
     for phase in GENERATION_PHASES:
-        figures = mapping(record.get(phase))
-        for key in (k for k in figures if re.fullmatch(r"batch_\d+", str(k))):
+        for key, window in record.windows(phase).items():
             for figure in GENERATION_FIGURES:
-                row[generation_column(phase, key, figure)] = number(figures, key, *figure.path)
+                row[generation_column(phase, key, figure)] = window[figure]
             if phase == "generation" and "generation_energy_kind" not in row:
-                row["generation_energy_kind"] = field(figures, key, ENERGY_KIND)
+                row["generation_energy_kind"] = window.raw(ENERGY_KIND)
     return row
 
 
@@ -185,15 +173,17 @@ def generation_batches(frame: pd.DataFrame, phase: str = "generation") -> list[i
     return sorted(s for s in sizes if frame[generation_column(phase, f"batch_{s}", TOKENS_PER_S)].notna().any())
 
 
-def runs_frame(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
-    """One row per run (every status), columns as the module docstring says."""
-    frame = pd.DataFrame([_row(r) for r in records])
+def runs_frame(records: Sequence[RunResult | Mapping[str, Any]]) -> pd.DataFrame:
+    """One row per run (every status), columns as the module docstring says; ``records`` are
+    :class:`~petlprof.results.result.RunResult` objects (or stored JSON objects, read as such)."""
+    results = results_of(records)
+    frame = pd.DataFrame([_row(r) for r in results])
     if frame.empty:
-        frame = pd.DataFrame(columns=list(_row({})))
+        frame = pd.DataFrame(columns=list(_row(RunResult.from_json({}))))
     for name in ("quality", *COSTS):
         if name not in frame:
             frame[name] = math.nan
-    metrics = {name for r in records if isinstance(r.get("metrics"), Mapping) for name in r["metrics"]}
+    metrics = {name for r in results for name in r.metrics}
     numeric = {
         "quality",
         "trainable_params",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,6 @@ from petlprof.report.records import (
     ZERO_SHOT_LABEL,
     config_label,
     distinct,
-    field,
     grouped_run_warnings,
     is_ok,
     is_zero_shot,
@@ -50,68 +49,71 @@ from petlprof.report.table import (
 from petlprof.report.target import NOT_RECORDED, target_tables
 from petlprof.report.target_plot import TargetPlot, cost_to_target_figures
 from petlprof.results.figures import ENERGY, ENERGY_KIND, ENERGY_SOURCE, MEMORY_SOURCE
-from petlprof.results.records import DIVERGED, overhead_line
+from petlprof.results.records import DIVERGED
+from petlprof.results.result import RunResult, overhead_line, results_of
 from petlprof.results.store import Rejected
+from petlprof.vocabulary import LOCAL
 
 REPORT_FILE = "report.md"
 PHASES = ("train", "eval")
 ERROR_LINES = 15  # the last lines of a failed run's error shown in report.md
 
 
-def _names(records: Sequence[Mapping[str, Any]], key: str) -> str:
-    """The distinct values of a top-level field, comma-separated."""
-    return ", ".join(str(v) for v in distinct(r.get(key) for r in records)) or "-"
+def _names(values: Iterable[str | None]) -> str:
+    """Distinct values, comma-separated."""
+    return ", ".join(str(v) for v in distinct(values)) or "-"
 
 
-def _describe_backbone(record: Mapping[str, Any]) -> str:
-    info = record.get("backbone_info") or {}
-    facts = [str(info["family"])] if info.get("family") else []
-    if info.get("num_layers"):
-        facts.append(f"{info['num_layers']} layers")
-    if info.get("hidden_size"):
-        facts.append(f"hidden size {info['hidden_size']}")
-    return f"`{text(record.get('backbone'))}`" + (f" ({', '.join(facts)})" if facts else "")
+def _describe_backbone(record: RunResult) -> str:
+    info = record.backbone_info
+    facts = [info.family] if info.family else []
+    if info.num_layers:
+        facts.append(f"{info.num_layers} layers")
+    if info.hidden_size:
+        facts.append(f"hidden size {info.hidden_size}")
+    return f"`{text(record.backbone)}`" + (f" ({', '.join(facts)})" if facts else "")
 
 
-def _describe_task(record: Mapping[str, Any]) -> str:
-    info = record.get("task_info") or {}
-    facts = [f"primary metric {text(record.get('primary_metric'))}"]
-    if info.get("num_labels"):
-        names = info.get("label_names")
-        facts.append(f"{info['num_labels']} labels" + (f" ({', '.join(map(str, names))})" if names else ""))
-    if info.get("train_samples") is not None and info.get("eval_samples") is not None:
-        facts.append(f"{info['train_samples']} train / {info['eval_samples']} eval samples")
-    described = f"`{text(record.get('task'))}` ({'; '.join(facts)})"
-    return described + (f": {info['description']}" if info.get("description") else "")
+def _describe_task(record: RunResult) -> str:
+    info = record.task_info
+    facts = [f"primary metric {text(record.primary_metric)}"]
+    if info.num_labels:
+        names = info.label_names
+        facts.append(f"{info.num_labels} labels" + (f" ({', '.join(names)})" if names else ""))
+    if info.train_samples is not None and info.eval_samples is not None:
+        facts.append(f"{info.train_samples} train / {info.eval_samples} eval samples")
+    described = f"`{text(record.task)}` ({'; '.join(facts)})"
+    return described + (f": {info.description}" if info.description else "")
 
 
-def _first_per(records: Sequence[Mapping[str, Any]], key: str) -> list[Mapping[str, Any]]:
-    """The first record for each distinct value of a top-level field."""
-    first: dict[str, Mapping[str, Any]] = {}
+def _first_per(records: Sequence[RunResult], key: Callable[[RunResult], str | None]) -> list[RunResult]:
+    """The first record for each distinct value of ``key``."""
+    first: dict[str, RunResult] = {}
     for record in records:
-        first.setdefault(text(record.get(key)), record)
+        first.setdefault(text(key(record)), record)
     return list(first.values())
 
 
-def _what_was_run(records: Sequence[Mapping[str, Any]]) -> list[str]:
-    statuses = Counter(text(r.get("status")) for r in records)
+def _what_was_run(records: Sequence[RunResult]) -> list[str]:
+    statuses = Counter(text(r.status) for r in records)
     counts = ", ".join(f"{n} {status}" for status, n in sorted(statuses.items()))
     lines = ["## What was run", "", f"{len(records)} run(s): {counts}.", ""]
-    lines.append("- **Backbones:** " + "; ".join(_describe_backbone(r) for r in _first_per(records, "backbone")))
-    lines.append("- **Tasks:** " + "; ".join(_describe_task(r) for r in _first_per(records, "task")))
+    backbones = _first_per(records, lambda r: r.backbone)
+    lines.append("- **Backbones:** " + "; ".join(_describe_backbone(r) for r in backbones))
+    lines.append("- **Tasks:** " + "; ".join(_describe_task(r) for r in _first_per(records, lambda r: r.task)))
     methods = []
-    for method in distinct(r.get("method") for r in records):
-        configs = distinct(config_label(r, width=1000) for r in records if r.get("method") == method)
+    for method in distinct(r.method for r in records):
+        configs = distinct(config_label(r, width=1000) for r in records if r.method == method)
         methods.append(f"{method} ({'; '.join(configs)})")
     lines.append("- **Methods (configurations):** " + ", ".join(methods or ["-"]))
-    seeds = sorted(distinct(r.get("seed") for r in records), key=str)
+    seeds = sorted(distinct(r.seed for r in records), key=str)
     lines.append("- **Seeds:** " + (", ".join(map(str, seeds)) or "-"))
     settings = []
-    for key in distinct(k for r in records for k in (r.get("training") or {})):
-        values = distinct(field(r, "training", key) for r in records)  # nulls (not set) are left out
+    for key in distinct(k for r in records for k in r.training):
+        values = distinct(r.training.get(key) for r in records)  # nulls (not set) are left out
         if key in ("lr", "lr_source") and len(values) > 1:  # per-method defaults: say whose is whose
             if key == "lr":
-                per_method = distinct(f"{r.get('method')}={_setting(field(r, 'training', 'lr'))}" for r in records)
+                per_method = distinct(f"{r.method}={_setting(r.training.get('lr'))}" for r in records)
                 settings.append("lr per method: " + ", ".join(per_method))
             continue  # each method's learning-rate source is in the table of defaults in docs/running.md
         if values:
@@ -176,7 +178,7 @@ def _sentence(caption: str) -> str:
     return (caption[0].upper() + caption[1:] + ".") if caption else ""
 
 
-def _differences(records: Sequence[Mapping[str, Any]], runs: pd.DataFrame) -> list[str]:
+def _differences(records: Sequence[RunResult], runs: pd.DataFrame) -> list[str]:
     tables = difference_tables(runs)
     if not tables:
         return []
@@ -232,7 +234,7 @@ def _cost_to_target(runs: pd.DataFrame, plots: Sequence[TargetPlot]) -> list[str
     return lines
 
 
-def _configurations(records: Sequence[Mapping[str, Any]], runs: pd.DataFrame) -> list[str]:
+def _configurations(records: Sequence[RunResult], runs: pd.DataFrame) -> list[str]:
     sections = configuration_sections(runs)
     lines = ["## Results per configuration", ""]
     if not sections:
@@ -282,30 +284,30 @@ TABLE_NOTES = {
 }
 
 
-def _provenance(records: Sequence[Mapping[str, Any]]) -> list[str]:
+def _provenance(records: Sequence[RunResult]) -> list[str]:
     lines = ["## How the figures were obtained", ""]
     for phase in PHASES:
-        runs = [r for r in records if isinstance(r.get(phase), Mapping)]
-        untrained = phase == "train" and any(is_zero_shot(r) for r in runs)
-        runs = [r for r in runs if not (phase == "train" and is_zero_shot(r))]
+        with_phase = [r for r in records if r.phase(phase) is not None]
+        untrained = phase == "train" and any(is_zero_shot(r) for r in with_phase)
+        windows = [w for r in with_phase if not (phase == "train" and is_zero_shot(r)) and (w := r.phase(phase))]
         lines += [f"### {phase.capitalize()} phase", ""]
         if untrained:
             lines.append(f"- The *{ZERO_SHOT_LABEL}* row trained nothing: its train time and energy are exactly 0.")
-        if not runs:
+        if not windows:
             lines += [f"No run recorded the {phase} phase.", ""]
             continue
         energy = Counter(
-            (field(r, phase, ENERGY_SOURCE), field(r, phase, ENERGY_KIND), field(r, phase, "energy_model"))
-            for r in runs
-            if field(r, phase, ENERGY.name) is not None
+            (w.raw(ENERGY_SOURCE), w.raw(ENERGY_KIND), w.raw("energy_model"))
+            for w in windows
+            if w.raw(ENERGY.name) is not None
         )
         for (source, kind, model), n in energy.items():
             line = f"- Energy (J): **{text(kind)}**, source `{text(source)}`, {n} run(s)"
             lines.append(line + (f"; estimate model: {model}" if kind == "estimated" and model else ""))
-        missing = sum(1 for r in runs if field(r, phase, ENERGY.name) is None)
+        missing = sum(1 for w in windows if w.raw(ENERGY.name) is None)
         if missing:
             lines.append(f"- Energy (J): no figure for {missing} run(s) (no meter could give one)")
-        for source, n in Counter(field(r, phase, MEMORY_SOURCE) for r in runs).items():
+        for source, n in Counter(w.raw(MEMORY_SOURCE) for w in windows).items():
             lines.append(f"- Peak memory (bytes, shown in MiB): source `{text(source)}`, {n} run(s)")
         lines.append(
             "- Latency (s per batch, shown in ms): percentiles p50/p90/p99 over the timed batches; "
@@ -315,23 +317,16 @@ def _provenance(records: Sequence[Mapping[str, Any]]) -> list[str]:
     return lines + _generation_provenance(records)
 
 
-def _generation_provenance(records: Sequence[Mapping[str, Any]]) -> list[str]:
+def _generation_provenance(records: Sequence[RunResult]) -> list[str]:
     """How the generation phases' figures were obtained (nothing when no run has one)."""
-    windows = [
-        figures
-        for r in records
-        for phase in ("generation", "generation_merged")
-        if isinstance(r.get(phase), Mapping)
-        for key, figures in r[phase].items()
-        if str(key).startswith("batch_") and isinstance(figures, Mapping)
-    ]
+    windows = [w for r in records for phase in ("generation", "generation_merged") for w in r.windows(phase).values()]
     if not windows:
         return []
     lines = ["### Generation phase", ""]
-    energy = Counter((w.get(ENERGY_SOURCE), w.get(ENERGY_KIND)) for w in windows if ENERGY.of(w) is not None)
+    energy = Counter((w.raw(ENERGY_SOURCE), w.raw(ENERGY_KIND)) for w in windows if w.raw(ENERGY.name) is not None)
     for (source, kind), n in energy.items():
         lines.append(f"- Energy (J, per token and response): **{text(kind)}**, source `{text(source)}`, {n} windows")
-    for source, n in Counter(w.get("latency_source") for w in windows).items():
+    for source, n in Counter(w.raw("latency_source") for w in windows).items():
         lines.append(f"- Time to first token and per-token latency: `{text(source)}`, {n} windows")
     lines.append(
         "- Each batch size is one window of whole greedy-decoding calls after unmeasured warm-up calls; "
@@ -341,24 +336,24 @@ def _generation_provenance(records: Sequence[Mapping[str, Any]]) -> list[str]:
     return lines + [""]
 
 
-def _failed(records: Sequence[Mapping[str, Any]]) -> list[str]:
+def _failed(records: Sequence[RunResult]) -> list[str]:
     lines = ["## Failed runs", ""]
     failed = sorted((r for r in records if not is_ok(r)), key=sort_key)
     if not failed:
         return lines + ["None: every run finished.", ""]
-    if any(r.get("status") == DIVERGED for r in failed):
+    if any(r.status == DIVERGED for r in failed):
         lines += [
             "A `diverged` run trained until its loss stopped being a finite number; it has no scores and "
             "appears in no table of results, frontier or plot.",
             "",
         ]
     for record in failed:
-        error = [line.rstrip() for line in str(record.get("error") or "(no error text)").splitlines()]
+        error = [line.rstrip() for line in (record.error or "(no error text)").splitlines()]
         if len(error) > ERROR_LINES:
             error = ["…"] + error[-ERROR_LINES:]
         lines += [
-            f"- **{run_label(record)}**, seed {text(record.get('seed'))}, "
-            f"{text(record.get('backbone'))} on {text(record.get('task'))}: status `{text(record.get('status'))}`",
+            f"- **{run_label(record)}**, seed {text(record.seed)}, "
+            f"{text(record.backbone)} on {text(record.task)}: status `{text(record.status)}`",
             "",
             "````text",  # not indented under the item: Python-Markdown (report.html) reads fences only at the margin
             *error,
@@ -368,7 +363,7 @@ def _failed(records: Sequence[Mapping[str, Any]]) -> list[str]:
     return lines
 
 
-def _warnings(records: Sequence[Mapping[str, Any]]) -> list[str]:
+def _warnings(records: Sequence[RunResult]) -> list[str]:
     lines = []
     results = result_warnings(records)
     if results:
@@ -398,10 +393,10 @@ def _rejected(rejected: Sequence[Rejected]) -> list[str]:
 ENV_CHARS = 300  # an environment value longer than this is cut in the report (the record keeps it whole)
 
 
-def _environment(records: Sequence[Mapping[str, Any]]) -> list[str]:
+def _environment(records: Sequence[RunResult]) -> list[str]:
     lines = ["## Environment", ""]
-    env = records[0].get("env") if records else None
-    if not isinstance(env, Mapping) or not env:
+    env = records[0].env if records else None
+    if not env:
         return lines + ["Not recorded.", ""]
     # values come from the machine's environment (allocator settings, paths): control characters escaped,
     # and cut past a few settings' length, so one cannot break the report's layout
@@ -411,7 +406,7 @@ def _environment(records: Sequence[Mapping[str, Any]]) -> list[str]:
         for key, value in env.items()
     ]
     # a key missing from some records (written before it was recorded) differs too
-    envs: list[Mapping[str, Any]] = [e if isinstance(e := r.get("env"), Mapping) else {} for r in records]
+    envs: list[Mapping[str, Any]] = [r.env or {} for r in records]
     keys = distinct(k for e in envs for k in e)
     differing = [k for k in keys if len({json.dumps(e.get(k), sort_keys=True, default=str) for e in envs}) > 1]
     if differing:
@@ -419,14 +414,14 @@ def _environment(records: Sequence[Mapping[str, Any]]) -> list[str]:
     return lines + [""] + _where_run(records)
 
 
-def _where_run(records: Sequence[Mapping[str, Any]]) -> list[str]:
+def _where_run(records: Sequence[RunResult]) -> list[str]:
     """Runs per executor and host (each run's meters read the devices of the host it ran on)."""
     places: Counter = Counter()
     for record in records:
-        host = field(record, "node", "hostname") or field(record, "env", "hostname") or "an unrecorded host"
-        where = f"{field(record, 'node', 'executor') or 'local'} executor on {host}"
-        ranks = field(record, "distributed", "world_size")
-        places[where + (f", {ranks} ranks per run" if isinstance(ranks, int) and ranks > 1 else "")] += 1
+        host = record.where.hostname or "an unrecorded host"
+        where = f"{record.where.executor or LOCAL} executor on {host}"
+        ranks = record.where.world_size
+        places[where + (f", {ranks} ranks per run" if ranks is not None and ranks > 1 else "")] += 1
     lines = ["Where the runs executed (each run's meters read the devices of its own host):", ""]
     return lines + [f"- {where}: {count} run(s)" for where, count in sorted(places.items())] + [""]
 
@@ -449,7 +444,7 @@ def _curves(plots: Sequence[CurvePlot]) -> list[str]:
 
 
 def render_report(
-    records: Sequence[Mapping[str, Any]],
+    records: Sequence[RunResult | Mapping[str, Any]],
     runs: pd.DataFrame,
     figures: Sequence[PlotResult],
     target_plots: Sequence[TargetPlot] = (),
@@ -462,7 +457,8 @@ def render_report(
     ``rejected`` lines of the store."""
     if not records:
         return "# petlprof report\n\nNo result records were given, so there is nothing to report.\n"
-    lines = [f"# petlprof report: {_names(records, 'backbone')} on {_names(records, 'task')}", ""]
+    records = results_of(records)
+    lines = [f"# petlprof report: {_names(r.backbone for r in records)} on {_names(r.task for r in records)}", ""]
     lines += _what_was_run(records)
     lines += _configurations(records, runs)
     lines += _differences(records, runs)
@@ -487,7 +483,9 @@ def render_report(
     return "\n".join(lines)
 
 
-def write_report(records: Sequence[Mapping[str, Any]], out_dir: Path, interval: str = DEFAULT_INTERVAL) -> list[Path]:
+def write_report(
+    records: Sequence[RunResult | Mapping[str, Any]], out_dir: Path, interval: str = DEFAULT_INTERVAL
+) -> list[Path]:
     """Write the Pareto and cost-to-target plots (PNG and SVG, bars of kind ``interval``), report.md
     and the self-contained report.html for ``records`` into ``out_dir``; return the written paths.
     Records from :func:`~petlprof.report.records.load_records` carry the store's rejected lines, which
@@ -495,12 +493,13 @@ def write_report(records: Sequence[Mapping[str, Any]], out_dir: Path, interval: 
     check_interval(interval)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    rejected = getattr(records, "rejected", ())
+    records = results_of(records)
     runs = runs_frame(records)  # the one table every plot and table of results reads
     figures = pareto_figures(runs, out_dir, interval)
     target_plots = cost_to_target_figures(runs, out_dir, interval)
     curve_plots = learning_curve_figures(records, out_dir)
     report = out_dir / REPORT_FILE
-    rejected = getattr(records, "rejected", ())
     text_md = render_report(records, runs, figures, target_plots, interval, curve_plots, rejected)
     report.write_text(text_md, encoding="utf-8")
     plots: list[PlotResult | TargetPlot | CurvePlot] = [*figures, *target_plots, *curve_plots]

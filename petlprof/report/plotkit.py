@@ -13,8 +13,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import matplotlib
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
@@ -191,3 +193,16 @@ def place_labels(fig: Figure, ax, items: list[tuple[float, float, str, str]], ri
                 break
         assert best is not None  # LABEL_OFFSETS is not empty
         taken.append((best[2].x0, best[2].y0, best[2].x1, best[2].y1))
+
+
+DPI = 120
+
+
+def save_figure(fig: Figure, paths: Sequence[Path], dpi: float | str = DPI) -> None:
+    """Write ``fig`` to each of ``paths`` (PNG, SVG by suffix) so that the same figure gives the same bytes: the
+    SVG without its creation date and with its element ids drawn from a fixed salt, so a re-rendered report
+    differs from the last one only where its figures do.  ``dpi``: the PNG's (``"figure"``: the figure's own)."""
+    with matplotlib.rc_context({"svg.hashsalt": "petlprof"}):
+        for path in paths:
+            metadata = {"Date": None} if Path(path).suffix == ".svg" else None
+            fig.savefig(path, dpi=dpi, metadata=metadata)

@@ -41,6 +41,7 @@ from petlprof.report.plotkit import (
     draw_bars,
     label_log_axis,
     place_labels,
+    save_figure,
 )
 from petlprof.report.records import (
     MISSING,
@@ -351,8 +352,7 @@ def pareto_plot(
         majority=majority,
         zero_shot=result.zero_shot,
     )
-    for path in result.paths:
-        fig.savefig(path, dpi=120)
+    save_figure(fig, result.paths)
     result.runs, result.configs = len(plotted), len(configs)
     front = configs[configs["on_front"]].sort_values(column)
     result.on_front = [f"{m} {c}".strip() if c != MISSING else m for m, c in zip(front["method"], front["config"])]

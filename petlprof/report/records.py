@@ -1,23 +1,22 @@
 """Reading result records from the run store, and the small views of them every report part shares.
 
-Records are plain dicts as written to ``results.jsonl`` (:class:`petlprof.results.records.RunRecord`, one
-schema version, :data:`petlprof.results.records.SCHEMA_VERSION`).  A failed run may lack
-``metrics``, ``train`` or ``eval`` and any figure may be ``null``; the accessors here answer
-``None`` for all of those instead of raising, so the table, plots and report.md never crash on an
-incomplete record.
+:func:`load_records` reads ``results.jsonl`` files into typed :class:`~petlprof.results.result.RunResult`
+objects (schema 1 on disk, unchanged); every part of the report reads their attributes.  A failed run has no
+phases and any figure may be missing: a RunResult answers ``None`` for those instead of raising, so the table,
+plots and report.md never crash on an incomplete record.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from petlprof.errors import UsageError
-from petlprof.results.records import OK, RESULTS_FILE, RunRecord
+from petlprof.results.records import RESULTS_FILE
+from petlprof.results.result import RunResult, results_of
 from petlprof.results.store import Rejected, read_store
 from petlprof.sweep.spec import spec_identity
 from petlprof.vocabulary import ZERO_SHOT
@@ -28,7 +27,7 @@ COST_ONLY = "accuracy of random-init runs is meaningless: cost-only"  # said whe
 ZERO_SHOT_LABEL = "zero-shot (before tuning)"
 
 
-class RecordList(list):
+class RecordList(list[RunResult]):
     """The records :func:`load_records` returns, with the lines it rejected (``rejected``), so that
     :func:`petlprof.report.markdown.write_report` can name them in report.md."""
 
@@ -45,11 +44,11 @@ def load_records(paths: Sequence[Path | str], skipped: list[str] | None = None) 
     ``petlprof run`` uses too) — is rejected: a message naming the file and line number is appended to
     ``skipped``, and the line is kept in the result's ``rejected``.
     """
-    records: list[RunRecord] = []
+    records: list[RunResult] = []
     rejected: list[Rejected] = []
     for path in paths:
         good, bad = read_store(_results_file(Path(path)))
-        records += good
+        records += results_of(good)
         rejected += bad
     if skipped is not None:
         skipped += [str(line) for line in rejected]
@@ -58,11 +57,11 @@ def load_records(paths: Sequence[Path | str], skipped: list[str] | None = None) 
     return result
 
 
-def latest_per_run(records: list[RunRecord]) -> list[RunRecord]:
+def latest_per_run(records: list[RunResult]) -> list[RunResult]:
     """One record per run key, the last one written: a run cancelled or failed and then resumed
     shows as its final outcome (the earlier attempts stay in the store)."""
-    last = {r.get("run_key") or id(r): i for i, r in enumerate(records)}
-    return [r for i, r in enumerate(records) if last[r.get("run_key") or id(r)] == i]
+    last = {r.run_key or id(r): i for i, r in enumerate(records)}
+    return [r for i, r in enumerate(records) if last[r.run_key or id(r)] == i]
 
 
 def _results_file(path: Path) -> Path:
@@ -74,38 +73,15 @@ def _results_file(path: Path) -> Path:
     return path
 
 
-def field(record: Mapping[str, Any], *keys: str) -> Any:
-    """``record[k1][k2]...``, or None where a level is missing, null or not a mapping."""
-    value: Any = record
-    for key in keys:
-        if not isinstance(value, Mapping):
-            return None
-        value = value.get(key)
-    return value
-
-
-def mapping(value: Any) -> Mapping[str, Any]:
-    """``value`` when it is a mapping, else an empty one (a failed run's missing or null phase)."""
-    return value if isinstance(value, Mapping) else {}
-
-
-def number(record: Mapping[str, Any], *keys: str) -> float | None:
-    """The finite number at ``keys`` as a float, or None when it is absent or not a finite number."""
-    value = field(record, *keys)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value)
-
-
-def is_ok(record: Mapping[str, Any]) -> bool:
+def is_ok(record: RunResult) -> bool:
     """True for a run that finished (status ``ok``)."""
-    return record.get("status") == OK
+    return record.ok
 
 
-def is_zero_shot(record: Mapping[str, Any]) -> bool:
+def is_zero_shot(record: RunResult) -> bool:
     """The model before any tuning (method ``zero_shot``): a reference score at no training cost, shown as
     a line on the plots and its own row in the tables, never a point or a member of a frontier."""
-    return record.get("method") == ZERO_SHOT
+    return record.method == ZERO_SHOT
 
 
 def method_name(method: Any) -> str:
@@ -113,14 +89,14 @@ def method_name(method: Any) -> str:
     return ZERO_SHOT_LABEL if method == ZERO_SHOT else text(method)
 
 
-def is_random_init(record: Mapping[str, Any]) -> bool:
+def is_random_init(record: RunResult) -> bool:
     """A run on random weights (``petlprof run --random-init``): its costs are measured, its score means nothing."""
-    return field(record, "backbone_info", "random_init") is True
+    return record.backbone_info.random_init
 
 
-def random_init_backbones(records: Sequence[Mapping[str, Any]]) -> list[str]:
+def random_init_backbones(records: Sequence[RunResult]) -> list[str]:
     """The backbones some of whose runs had random weights, in order of appearance."""
-    return [text(name) for name in distinct(r.get("backbone") for r in records if is_random_init(r))]
+    return [text(name) for name in distinct(r.backbone for r in records if is_random_init(r))]
 
 
 def text(value: Any) -> str:
@@ -137,64 +113,55 @@ def _knob_value(value: Any) -> str:
     return str(value)
 
 
-def config_label(record: Mapping[str, Any], width: int = 32) -> str:
+def config_label(record: RunResult, width: int = 32) -> str:
     """The method's Pareto knob and any non-default hyper-parameters as ``r=8 alpha=8``, then the
     backbone's quantisation and a reduced precision (``r=8 nf4``; ``-`` for none of these).
 
     Records name their knob (``pareto_knob``) and the fields changed from the method's defaults
     (``method_config_changed``); older or foreign records without them show every field.
     """
-    config = record.get("method_config")
-    parts = []
-    if isinstance(config, Mapping) and config:
-        knob, changed = record.get("pareto_knob"), record.get("method_config_changed")
-        keys = list(config) if changed is None else [k for k in config if k == knob or k in changed]
-        parts = [f"{key}={_knob_value(config[key])}" for key in keys]
+    config, knob, changed = record.method_config, record.pareto_knob, record.method_config_changed
+    keys = list(config) if changed is None else [k for k in config if k == knob or k in changed]
+    parts = [f"{key}={_knob_value(config[key])}" for key in keys]
     label = " ".join(parts + _numerics(record))
     if not label:
         return MISSING
     return label if len(label) <= width else label[: width - 1] + "…"
 
 
-def _numerics(record: Mapping[str, Any]) -> list[str]:
+SHORT_PRECISIONS = {"bfloat16": "bf16", "float16": "fp16", "bf16": "bf16", "fp16": "fp16"}
+
+
+def _numerics(record: RunResult) -> list[str]:
     """How the run's numbers differ from the float32 default, as label words: the backbone's
     quantisation (``nf4``, ``int8``; ``training.quantization``) and a reduced precision (``bf16``), so
     two configurations that differ only there are told apart in tables and plots."""
-    training = record.get("training")
-    if not isinstance(training, Mapping):
-        return []
-    words = []
-    quantization = training.get("quantization")
-    if isinstance(quantization, Mapping) and quantization.get("method"):
-        words.append(text(quantization["method"]))
-    precision = training.get("precision")
-    short = {"bfloat16": "bf16", "float16": "fp16", "bf16": "bf16", "fp16": "fp16"}
-    if isinstance(precision, str) and precision in short:
-        words.append(short[precision])
+    words = [record.quantization_method] if record.quantization_method else []
+    if record.precision in SHORT_PRECISIONS:
+        words.append(SHORT_PRECISIONS[record.precision])
     return words
 
 
-def run_label(record: Mapping[str, Any]) -> str:
+def run_label(record: RunResult) -> str:
     """``method config`` as one name for a configuration (its seeds share it)."""
     config = config_label(record)
-    method = text(record.get("method"))
+    method = text(record.method)
     return method if config == MISSING else f"{method} {config}"
 
 
-def config_key(record: Mapping[str, Any]) -> str:
+def config_key(record: RunResult) -> str:
     """What identifies a configuration across seeds: everything that defines the run (its run key's
     fields: backbone, task, method and its config, data, training budget, cache, meters that cost
     time) except the seed."""
-    spec = record.get("spec")
-    if isinstance(spec, Mapping):
-        return json.dumps(spec_identity(dict(spec), include_seed=False), sort_keys=True, default=str)
-    parts = {key: record.get(key) for key in ("backbone", "task", "method", "method_config", "training")}
+    if record.spec is not None:
+        return json.dumps(spec_identity(dict(record.spec), include_seed=False), sort_keys=True, default=str)
+    parts = {key: record.data.get(key) for key in ("backbone", "task", "method", "method_config", "training")}
     return json.dumps(parts, sort_keys=True, default=str)
 
 
-def short_error(record: Mapping[str, Any], width: int = 60) -> str:
+def short_error(record: RunResult, width: int = 60) -> str:
     """The last non-empty line of a run's error (a traceback's message), cut to ``width``."""
-    lines = [line.strip() for line in str(record.get("error") or "").splitlines() if line.strip()]
+    lines = [line.strip() for line in (record.error or "").splitlines() if line.strip()]
     if not lines:
         return MISSING if is_ok(record) else "(no error text)"
     message = lines[-1]
@@ -215,33 +182,33 @@ def _natural(label: str) -> tuple:
     return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", label) if part)
 
 
-def sort_key(record: Mapping[str, Any]) -> tuple:
+def sort_key(record: RunResult) -> tuple:
     """Order runs so that a configuration's seeds sit together: task, backbone, method, config, seed."""
-    seed = record.get("seed")
     return (
-        text(record.get("task")),
-        text(record.get("backbone")),
-        text(record.get("method")),
+        text(record.task),
+        text(record.backbone),
+        text(record.method),
         _natural(config_label(record, width=1000)),
-        seed if isinstance(seed, int) else -1,
+        record.seed if record.seed is not None else -1,
     )
 
 
-def _phase_warnings(record: Mapping[str, Any]) -> list[tuple[str, str]]:
+BATCHED_NAMES = {"inference": "inference", "generation": "generation", "generation_merged": "merged generation"}
+
+
+def _phase_warnings(record: RunResult) -> list[tuple[str, str]]:
     """(phase, warning) for every measurement warning of one run, and a failed merge's error."""
-    batched = (("inference", "inference"), ("generation", "generation"), ("generation_merged", "merged generation"))
-    phases = [("train", record.get("train")), ("eval", record.get("eval")), ("merged eval", record.get("eval_merged"))]
-    for key, name in batched:
-        windows = mapping(record.get(key))
-        phases += [(f"{name} {k.replace('_', ' ')}", v) for k, v in windows.items() if str(k).startswith("batch_")]
+    phases = [("train", record.train), ("eval", record.eval), ("merged eval", record.eval_merged)]
+    for key, name in BATCHED_NAMES.items():
+        phases += [(f"{name} {batch.replace('_', ' ')}", window) for batch, window in record.windows(key).items()]
     out = []
-    for phase, figures in phases:
-        if not isinstance(figures, Mapping):
+    for phase, window in phases:
+        if window is None:
             continue
-        notes = list(figures.get("warnings") or [])
-        if figures.get("error"):  # a merge that failed: the unmerged results stand
-            notes.append(f"failed: {figures['error']}")
-        out += [(phase, str(note)) for note in notes]
+        notes = list(window.warnings)
+        if window.error:  # a merge that failed: the unmerged results stand
+            notes.append(f"failed: {window.error}")
+        out += [(phase, note) for note in notes]
     return out
 
 
@@ -251,29 +218,29 @@ def _phase_order(phase: str) -> tuple:
     return (named.index(phase) if phase in named else len(named), _natural(phase))
 
 
-def run_warnings(records: Sequence[Mapping[str, Any]]) -> list[str]:
+def run_warnings(records: Sequence[RunResult]) -> list[str]:
     """Every measurement warning a run recorded, as ``<run>, seed N, <phase>: <warning>``."""
     return [
-        f"{run_label(record)}, seed {text(record.get('seed'))}, {phase}: {warning}"
+        f"{run_label(record)}, seed {text(record.seed)}, {phase}: {warning}"
         for record in sorted(records, key=sort_key)
         for phase, warning in _phase_warnings(record)
     ]
 
 
-def _runs_named(runs: Sequence[Mapping[str, Any]], total: int) -> str:
+def _runs_named(runs: Sequence[RunResult], total: int) -> str:
     """``every run (51 runs, 17 configurations)``, or ``lora r=8 (seeds 0, 1); read (seed 2)``."""
     seeds: dict[str, list[str]] = {}
     for record in runs:
-        seeds.setdefault(run_label(record), []).append(text(record.get("seed")))
+        seeds.setdefault(run_label(record), []).append(text(record.seed))
     if len(runs) == total > 1:
         return f"every run ({total} runs, {len(seeds)} configurations)"
     return "; ".join(f"{label} (seed{'s' if len(s) > 1 else ''} {', '.join(s)})" for label, s in seeds.items())
 
 
-def grouped_run_warnings(records: Sequence[Mapping[str, Any]]) -> list[str]:
+def grouped_run_warnings(records: Sequence[RunResult]) -> list[str]:
     """The measurement warnings, each distinct text once: with its phase and run when one run said it,
     else with how many times, in which phases and which runs (or configurations) said it."""
-    said: dict[str, list[tuple[Mapping[str, Any], str]]] = {}
+    said: dict[str, list[tuple[RunResult, str]]] = {}
     ordered = sorted(records, key=sort_key)
     for record in ordered:
         for phase, warning in _phase_warnings(record):
@@ -282,7 +249,7 @@ def grouped_run_warnings(records: Sequence[Mapping[str, Any]]) -> list[str]:
     for warning, places in said.items():
         if len(places) == 1:
             record, phase = places[0]
-            out.append(f"{run_label(record)}, seed {text(record.get('seed'))}, {phase}: {warning}")
+            out.append(f"{run_label(record)}, seed {text(record.seed)}, {phase}: {warning}")
             continue
         runs = [r for r in ordered if any(r is place for place, _ in places)]
         phases = ", ".join(sorted(distinct(phase for _, phase in places), key=_phase_order))
@@ -290,19 +257,14 @@ def grouped_run_warnings(records: Sequence[Mapping[str, Any]]) -> list[str]:
     return out
 
 
-def _listed(value: Any) -> list[Any]:
-    """``value`` when it is a list, else an empty one."""
-    return value if isinstance(value, list) else []
-
-
-def result_warnings(records: Sequence[Mapping[str, Any]]) -> list[str]:
+def result_warnings(records: Sequence[RunResult]) -> list[str]:
     """Every warning a run recorded about its result (``warnings``: e.g. every prediction one class), as
     ``<run>, seed N: <warning>``), after one line per backbone run with random weights."""
     cost_only = [
         f"backbone {name} (--random-init, random weights): {COST_ONLY}" for name in random_init_backbones(records)
     ]
     return cost_only + [
-        f"{run_label(record)}, seed {text(record.get('seed'))}: {warning}"
+        f"{run_label(record)}, seed {text(record.seed)}: {warning}"
         for record in sorted(records, key=sort_key)
-        for warning in _listed(record.get("warnings"))
+        for warning in record.warnings or ()
     ]

@@ -17,11 +17,9 @@ from petlprof.report.records import (
     ZERO_SHOT_LABEL,
     config_label,
     distinct,
-    field,
     is_ok,
     is_random_init,
     method_name,
-    number,
     short_error,
     sort_key,
     text,
@@ -44,6 +42,7 @@ from petlprof.results.figures import (
     TRAIN,
     Figure,
 )
+from petlprof.results.result import RunResult, results_of
 from petlprof.vocabulary import ZERO_SHOT
 
 if TYPE_CHECKING:  # pandas comes with the per-configuration tables, not with the summary table
@@ -57,7 +56,7 @@ class Column:
     """One table column: its header, how to get a cell from a record, and whether it is numeric."""
 
     header: str
-    cell: Callable[[Mapping[str, Any]], str]
+    cell: Callable[[RunResult], str]
     numeric: bool = False
 
 
@@ -66,63 +65,62 @@ def _fixed(value: float | None, decimals: int) -> str:
     return MISSING if value is None else f"{value:,.{decimals}f}"
 
 
-def _params(record: Mapping[str, Any]) -> str:
+def _params(record: RunResult) -> str:
     """Trainable parameters as ``148,226 (0.65%)``."""
-    trainable, total = number(record, "trainable_params"), number(record, "total_params")
+    trainable, total = record.trainable_params, record.total_params
     if trainable is None:
         return MISSING
     share = f" ({100.0 * trainable / total:.2f}%)" if total else ""
     return f"{int(trainable):,}{share}"
 
 
-def _scaled(*keys: str, factor: float, decimals: int) -> Callable[[Mapping[str, Any]], str]:
-    """A cell getter for the number at ``keys`` times ``factor``."""
-
-    def cell(record: Mapping[str, Any]) -> str:
-        value = number(record, *keys)
-        return _fixed(None if value is None else value * factor, decimals)
-
-    return cell
-
-
 def _phase_column(phase: str, figure: Figure) -> Column:
     """One phase's figure, in its declared unit and format, for every run."""
-    cell = _scaled(phase, figure.name, *figure.part, factor=figure.scale, decimals=figure.decimals)
+
+    def cell(record: RunResult) -> str:
+        window = record.phase(phase)
+        value = None if window is None else window[figure]
+        return _fixed(None if value is None else value * figure.scale, figure.decimals)
+
     return Column(f"{phase} {figure.header}", cell, numeric=True)
 
 
-def _metric(name: str) -> Callable[[Mapping[str, Any]], str]:
+def _metric(name: str) -> Callable[[RunResult], str]:
     """A cell getter for a quality metric, shown only on the runs whose primary metric it is (and
     marked cost-only on runs with random weights)."""
 
-    def cell(record: Mapping[str, Any]) -> str:
-        if record.get("primary_metric") != name:
+    def cell(record: RunResult) -> str:
+        if record.primary_metric != name:
             return MISSING
-        return _cost_only(_fixed(number(record, "metrics", name), 4), is_random_init(record))
+        return _cost_only(_fixed(record.metrics.get(name), 4), is_random_init(record))
 
     return cell
 
 
-def columns(records: Sequence[Mapping[str, Any]]) -> list[Column]:
+def _energy_kind(record: RunResult) -> str:
+    return text(None if record.train is None else record.train.text(ENERGY_KIND))
+
+
+def columns(records: Sequence[RunResult]) -> list[Column]:
     """The columns the summary table of ``records`` shows."""
     cols = []
-    if len(distinct(r.get("task") for r in records)) > 1:
-        cols.append(Column("task", lambda r: text(r.get("task"))))
-    if len(distinct(r.get("backbone") for r in records)) > 1:
-        cols.append(Column("backbone", lambda r: text(r.get("backbone"))))
+    if len(distinct(r.task for r in records)) > 1:
+        cols.append(Column("task", lambda r: text(r.task)))
+    if len(distinct(r.backbone for r in records)) > 1:
+        cols.append(Column("backbone", lambda r: text(r.backbone)))
     cols += [
-        Column("method", lambda r: method_name(r.get("method"))),
+        Column("method", lambda r: method_name(r.method)),
         Column("config", config_label),
-        Column("seed", lambda r: text(r.get("seed")), numeric=True),
-        Column("status", lambda r: text(r.get("status"))),
+        Column("seed", lambda r: text(r.seed), numeric=True),
+        Column("status", lambda r: text(r.status)),
     ]
-    cols += [Column(name, _metric(name), numeric=True) for name in distinct(r.get("primary_metric") for r in records)]
+    cols += [Column(name, _metric(name), numeric=True) for name in distinct(r.primary_metric for r in records)]
     cols += [
         Column("trainable params (count, % of total)", _params, numeric=True),
         _phase_column("train", TIME),
         _phase_column("train", PEAK_MEMORY),
         _phase_column("train", ENERGY),
-        Column("energy kind", lambda r: text(field(r, "train", ENERGY_KIND))),
+        Column("energy kind", _energy_kind),
         _phase_column("eval", LATENCY),
     ]
     if not all(is_ok(r) for r in records):
@@ -157,7 +155,7 @@ def render_markdown(headers: list[str], rows: list[list[str]], numeric: list[boo
     return "\n".join([line(headers), rule, *(line(row) for row in rows)])
 
 
-def summary_table(records: Sequence[Mapping[str, Any]], fmt: str = "text") -> str:
+def summary_table(records: Sequence[RunResult | Mapping[str, Any]], fmt: str = "text") -> str:
     """One row per run (seeds of a configuration together): method, config, seed, status, the
     primary metric, trainable parameters, train time/peak memory/energy (and whether the energy
     was measured or estimated), eval latency p50, and a short error for runs that did not finish.
@@ -166,6 +164,7 @@ def summary_table(records: Sequence[Mapping[str, Any]], fmt: str = "text") -> st
     """
     if fmt not in FORMATS:
         raise unknown_choice("table format", fmt, FORMATS)
+    records = results_of(records)
     cols = columns(records)
     headers = [c.header for c in cols]
     numeric = [c.numeric for c in cols]
@@ -260,7 +259,7 @@ def configuration_sections(runs: pd.DataFrame) -> list[ConfigTables]:
     ]
 
 
-def configuration_tables(records: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, str]]:
+def configuration_tables(records: Sequence[RunResult | Mapping[str, Any]]) -> list[tuple[str, str, str]]:
     """(task, backbone, Markdown table of quality and costs) per task and backbone of ``records``: the first
     table of :func:`configuration_sections`."""
     # petlprof.report.frame (pandas): slow to import, loaded only when used

@@ -18,7 +18,16 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from petlprof.report.intervals import caption, check_interval
-from petlprof.report.plotkit import COST, Bars, axis_limits, bar_legend, bounded_interval, clipped_caption, draw_bars
+from petlprof.report.plotkit import (
+    COST,
+    Bars,
+    axis_limits,
+    bar_legend,
+    bounded_interval,
+    clipped_caption,
+    draw_bars,
+    save_figure,
+)
 from petlprof.report.plots import FORMATS, CostAxis, cost_label, file_slug, new_axes, wants_log_scale
 from petlprof.report.records import text
 from petlprof.report.target import TARGET_COSTS, TARGET_GROUP, TargetPlot, by_cost, target_configs, target_phrase
@@ -97,8 +106,7 @@ def draw_cost_to_target(configs: pd.DataFrame, runs: pd.DataFrame, plot: TargetP
 def save(fig: Figure, plot: TargetPlot, stem: Path) -> None:
     """Write ``fig`` as ``stem``.png and .svg and record the paths in ``plot``."""
     plot.paths = [stem.parent / f"{stem.name}.{fmt}" for fmt in FORMATS]
-    for path in plot.paths:
-        fig.savefig(path, dpi=120)
+    save_figure(fig, plot.paths)
 
 
 def cost_to_target_figures(runs: pd.DataFrame, out_dir: Path, interval: str) -> list[TargetPlot]:

@@ -9,9 +9,8 @@ import platform
 import socket
 import subprocess
 from pathlib import Path
-from typing import Any
 
-_PACKAGES = ("petlprof", "torch", "transformers", "peft", "datasets", "nvidia-ml-py", "codecarbon")
+from petlprof.results.records import Environment
 
 
 def _version(package: str) -> str | None:
@@ -73,14 +72,21 @@ def startup_environment() -> dict[str, str]:
     return {name: value for name, _, value in pairs}
 
 
-def environment(device: str) -> dict[str, Any]:
-
+def environment(device: str) -> Environment:
+    """The record's ``env``: the versions of the packages a run's figures depend on (None: not installed), the
+    interpreter, the hardware and the source's commit."""
     # torch: slow to import, loaded only when used
     import torch
 
     gpu = torch.cuda.get_device_name(device) if device.startswith("cuda") and torch.cuda.is_available() else None
     return {
-        **{name: _version(name) for name in _PACKAGES},
+        "petlprof": _version("petlprof"),
+        "torch": _version("torch"),
+        "transformers": _version("transformers"),
+        "peft": _version("peft"),
+        "datasets": _version("datasets"),
+        "nvidia-ml-py": _version("nvidia-ml-py"),
+        "codecarbon": _version("codecarbon"),
         "python": platform.python_version(),
         "platform": platform.platform(),
         "device": device,

@@ -148,6 +148,11 @@ LATENCY = Figure(
     "latency_s", "s", LOWER, FROM_SLOWEST, "p50 latency", (TRAIN, EVAL, INFERENCE), "ms/batch", 1000.0,
     column="latency_p50_s", part=("p50",),
 )  # fmt: skip
+# the inference phase (petlprof.run.inference), per batch size: each timed batch's latency over its samples
+LATENCY_PER_SAMPLE = Figure(
+    "latency_per_sample_s", "s", LOWER, ONE_RANK, "p50 latency per sample", (INFERENCE,), "ms/sample", 1000.0, 2,
+    part=("p50",),
+)  # fmt: skip
 ENERGY_ABOVE_IDLE = Figure(
     "energy_above_idle_j", "J", LOWER, DEVICE_ENERGY, "energy above idle", ALL, "J",
     kind=ENERGY_KIND, column="energy_above_idle_j",
@@ -256,6 +261,7 @@ FIGURES: tuple[Figure, ...] = (
     ENERGY_WINDOW,
     STEPS,
     LATENCY,
+    LATENCY_PER_SAMPLE,
     ENERGY_ABOVE_IDLE,
     IDLE_POWER,
     MEAN_POWER,
@@ -324,10 +330,10 @@ def provenance_keys() -> tuple[str, ...]:
     return tuple(dict.fromkeys(keys))
 
 
-def frame_columns(phase: str) -> dict[str, tuple[str, ...]]:
+def frame_columns(phase: str) -> dict[str, Figure]:
     """The DataFrame API's columns for one measured phase: column name (``eval_`` prefixed for the
-    evaluation) -> the keys under the phase that hold its value."""
-    return {f.frame_column(phase): (f.name, *f.part) for f in FIGURES if f.column is not None and phase in f.phases}
+    evaluation) -> the figure it shows (its value at the figure's ``path`` under the phase)."""
+    return {f.frame_column(phase): f for f in FIGURES if f.column is not None and phase in f.phases}
 
 
 def directions() -> dict[str, str]:

@@ -10,11 +10,14 @@ may lack a field added since.  ``SCHEMA_VERSION`` and ``RESULTS_FILE`` are defin
 from __future__ import annotations
 
 import json
-import statistics
-from collections.abc import Mapping, Sequence
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from petlprof.results.figures import TIME
+
+if TYPE_CHECKING:  # shapes declared by the layers that build them, which this one may not import at run time
+    from petlprof.meters.idle import IdleBaseline
+    from petlprof.models.backbones import BackboneFacts
+    from petlprof.models.quantization import QuantizationInfo
 
 SCHEMA_VERSION = 1
 RESULTS_FILE = "results.jsonl"
@@ -36,8 +39,11 @@ class Latency(TypedDict):
 
 
 class Phase(TypedDict, total=False):
-    """A measured phase (train, eval, merged eval): window figures and the meters' readings (``energy_j``,
-    ``peak_memory_bytes``, their ``*_kind``/``*_source`` provenance, ...), which vary with the meters."""
+    """A measured phase (train, eval, merged eval): the fixed figures of its window and the meters' readings
+    (``energy_j``, ``peak_memory_bytes``, their ``*_kind``/``*_source`` provenance, ...), which vary with the
+    meters.  A reading's figures are keyed by their declarations (``FIGURE.name``, :mod:`petlprof.results.figures`),
+    which a TypedDict cannot list without spelling them a second time: a phase is built as a dict and cast to
+    its type at the one place where a reading (``Reading.record()``) joins its fixed fields."""
 
     time_s: float | None
     steps: int
@@ -47,6 +53,11 @@ class Phase(TypedDict, total=False):
     latency_s: Latency
     latency_source: str
     warnings: list[str]
+    energy_kind: str | None  # the energy reading's provenance (figures.ENERGY_KIND), which the run itself reads
+    # a data-parallel run's train and eval, combined over its ranks (petlprof.run.distributed)
+    latency_rank: int  # the slowest rank, whose latency percentiles the phase shows
+    per_rank: dict[str, list[Any]]  # rank, host, device and each per-rank figure, rank by rank
+    aggregation: dict[str, str]  # figure name -> how the ranks combined it
 
 
 class Divergence(TypedDict):
@@ -58,38 +69,154 @@ class Divergence(TypedDict):
     last_finite_loss: float | None  # the step before's (None when the first step diverged)
 
 
-class TrainPhase(Phase, total=False):
+class BudgetCheck(TypedDict):
+    """One target check of a budget (petlprof.run.budget.Budget): the metric on the held-out slice after a step."""
+
+    step: int
+    value: float
+    elapsed_s: float  # since training started
+
+
+class BudgetSummary(TypedDict):
+    """The train phase's ``budget`` (petlprof.run.budget.Budget.summary), with a target or a time limit: the
+    ``*_to_target`` figures are the phase's own when the target was reached, None otherwise; the
+    ``*_without_checks`` ones subtract the checks' own time and energy."""
+
+    target_metric: str | None
+    target_value: float | None
+    eval_every_steps: int
+    check_eval_size: int | None  # the held-out slice's examples (None without a target)
+    max_time_s: float | None
+    stop_reason: str | None  # target or max_time; None: training ran to its end
+    reached: bool | None  # None without a target
+    reached_at_step: int | None
+    time_to_target_s: float | None
+    energy_to_target_j: float | None
+    check_time_s: float
+    check_energy_j: float | None  # None without an energy meter around the checks
+    check_states_reused: bool  # --cache-hidden-states: the checks ran the side network on kept backbone states
+    time_to_target_without_checks_s: float | None
+    energy_to_target_without_checks_j: float | None
+    checks: list[BudgetCheck]
+
+
+class CacheSummary(TypedDict, total=False):
+    """The hidden-state cache's figures in the train phase (petlprof.run.cache.HiddenStateCache.summary), on a
+    run with ``--cache-hidden-states``."""
+
+    cache_bytes: int  # in memory and on disk
+    cache_memory_bytes: int
+    cache_disk_bytes: int
+    cache_budget_bytes: int  # in memory; the rest spills to disk
+    cache_dtype: str
+    cache_examples: int
+    cache_hit_rate: float | None  # examples served from the cache over examples looked up (None before any)
+
+
+class TrainPhase(Phase, CacheSummary, total=False):
+    """The training phase (petlprof.run.train.train), with its tokens and tokens per second keyed by their
+    declarations like the readings' figures."""
+
     epochs_run: float
     first_loss: float | None
     final_loss: float | None
     overflow_skipped_steps: int  # --precision fp16: steps skipped by the loss scaler (scaled gradients overflowed)
-    budget: dict[str, Any]  # petlprof.run.budget.Budget.summary, with a target or a time limit
+    budget: BudgetSummary  # with a target or a time limit
     diverged_at: Divergence  # only on a run that diverged
 
 
-class QuantizationInfo(TypedDict, total=False):
-    """``--quantize``: how the backbone's linear layers were quantised (petlprof.models.quantization)."""
+class Example(TypedDict):
+    """A generated evaluation response beside its prompt and reference (the LM objective's first few)."""
 
-    method: str  # int8, nf4 or fp4
-    library: str  # bitsandbytes and its version
-    quantized_layers: int
-    quantized_modules: list[str]  # layer indices as *
-    kept_in_float: list[str]  # linear layers left in float: the LM head, weights tied to it, T5's wo
-    packed_bytes: int  # the quantised weights as stored
-    state_bytes: int  # what dequantises them: block scales (and their own, double quantised), int8 row scales
-    compute_dtype: str  # 4-bit: the dtype the dequantised weights multiply in
-    double_quant: bool  # 4-bit: the block scales quantised too
-    blocksize: int  # 4-bit: weights per scale
-    cpu_inference_repacking: bool  # 4-bit: bitsandbytes' AVX512-BF16 inference layout (off: one layout throughout)
-    inputs: str  # int8: how a product with an 8-bit weight runs on the device (training and evaluation)
-    outlier_threshold: float  # int8: input columns with a value beyond it are multiplied in float16
+    prompt: str
+    generated: str
+    reference: str
+
+
+class EvalPhase(Phase, total=False):
+    """The evaluation phase (``eval``) and the merged model's (``eval_merged``)."""
+
+    eval_loss: float  # the LM objective: mean loss on the target tokens
+    perplexity: float | None  # exp(eval_loss); None past e**700, where a float overflows
+    target_tokens: int  # the LM objective: the target tokens the loss covers
+    examples: list[Example]  # the LM objective: the first generated responses and their references
+    predictions_agree_fraction: float | None  # eval_merged: predictions equal to the unmerged model's
+    measured_on: str  # eval_merged of a data-parallel run: rank 0 alone, a per-device figure
+    error: str  # eval_merged whose merge or evaluation failed: the phase holds this alone
+
+
+class InferenceBatch(TypedDict, total=False):
+    """The inference phase at one batch size (petlprof.run.inference.measure_inference): one fixed batch repeated
+    under the meters.  Beside these, keyed by their declarations: its window's time, latency percentiles per
+    batch and per sample, samples per second and the meters' readings."""
+
+    batch_size: int
+    repeats: int
+    latency_source: str
+    energy_per_sample_j: float | None
+    warnings: list[str]
+
+
+class Inference(TypedDict, total=False):
+    """The ``inference`` phase: its window target and input, and one :class:`InferenceBatch` per batch size under
+    ``batch_<size>`` (keys that come from the run's batch sizes, so a TypedDict cannot name them: the phase is
+    cast to this type where its batch sizes join it)."""
+
+    target_window_s: float
+    input: str
+    measured_on: str  # a data-parallel run: rank 0 alone, a per-device figure
+
+
+class SideNetworkShare(TypedDict, total=False):
+    """A side-tuning model's side network, timed with forward hooks over one unmetered generate call
+    (petlprof.run.generation.side_network_share); its time, the whole call's time and its shares of the call
+    and of the per-token steps are keyed by their declarations (figures.SIDE)."""
+
+    module: str  # the side network's class
+    calls: int  # its forward calls during the generate call
+    how: str
+
+
+class GenerationBatch(TypedDict, total=False):
+    """The generation phase at one batch size (petlprof.run.generation): counts of the window's calls.  Beside
+    these, keyed by their declarations: responses, generated tokens, the window's time, tokens and responses per
+    second, energy per token and per response, time to first token, per-token latency and the meters' readings."""
+
+    batch_size: int
+    batches: int  # generate calls in the window
+    prompt_tokens: int
+    response_tokens: int  # the responses' tokens without the EOS that ended them
+    decode_steps: int
+    latency_source: str
+    warnings: list[str]
+    side_network: SideNetworkShare  # a side-tuning model
+
+
+class Generation(TypedDict, total=False):
+    """The LM objective's ``generation`` phase (and ``generation_merged``): how it decoded, and one
+    :class:`GenerationBatch` per batch size under ``batch_<rows>`` (keys from the run's batch sizes, which a
+    TypedDict cannot name: the phase is cast to this type where they join it)."""
+
+    target_window_s: float
+    max_prompts: int
+    max_new_tokens: int
+    decoding: str
+    input: str
 
 
 class _TrainingExtras(TypedDict, total=False):
     quantization: QuantizationInfo  # only on a run with --quantize int8, nf4 or fp4
 
 
-class Training(_TrainingExtras):
+class RecipeDescription(TypedDict):
+    """The training recipe as the record states it (petlprof.run.recipe.TrainRecipe.describe)."""
+
+    optimizer: str
+    schedule: str
+    precision: str  # the parameters' dtype, and for mixed precision the autocast dtype and loss scaling
+
+
+class Training(_TrainingExtras, RecipeDescription):
     """How the run trained: the run's settings and the recipe's own description (petlprof.run.recipe)."""
 
     epochs: int
@@ -100,12 +227,13 @@ class Training(_TrainingExtras):
     max_length: int
     warmup_steps: int
     device: str
-    optimizer: str
-    schedule: str
-    precision: str
 
 
-class TaskInfo(TypedDict):
+class _TaskInfoExtras(TypedDict, total=False):
+    objective: str  # only on a language-modelling task's run (lm): classification records stay as they were
+
+
+class TaskInfo(_TaskInfoExtras):
     num_labels: int
     label_names: list[str] | None
     train_samples: int
@@ -123,6 +251,114 @@ class FailedAt(TypedDict, total=False):
     peak_rss_bytes: int | None
     cuda_allocated_bytes: int  # on CUDA
     cuda_peak_allocated_bytes: int
+
+
+class RankPlace(TypedDict):
+    """Where one rank of a data-parallel run ran (petlprof.run.ranks.RankContext.describe)."""
+
+    rank: int
+    local_rank: int
+    host: str
+    device: str
+    pid: int
+
+
+class RankPhases(RankPlace, total=False):
+    """One rank's own train and eval phases, as rank 0 gathers them (the record's ``distributed.ranks``)."""
+
+    train: TrainPhase
+    eval: EvalPhase  # absent when training diverged
+
+
+class RunPhases(TypedDict, total=False):
+    """A run's train and eval phases (petlprof.run.ranks' ``combine``): one process's own, or rank 0's
+    aggregation of every rank's (petlprof.run.distributed.aggregate_ranks) with its nodes and the ranks' own."""
+
+    train: TrainPhase
+    eval: EvalPhase  # absent when training diverged
+    nodes: int  # several ranks: the hosts they ran on
+    per_rank: list[RankPhases]  # several ranks: each rank's own phases, in rank order
+
+
+class DistributedSummary(TypedDict, total=False):
+    """The record's ``distributed``: how a data-parallel run was split and how its figures are to be read
+    (petlprof.run.distributed.summary), or a rank's place, or a failed run's ranks."""
+
+    world_size: int
+    backend: str | None  # gloo or nccl
+    nodes: int
+    batch: str
+    aggregation: str
+    not_counted: str
+    ranks: list[RankPhases]
+    rank: int  # the record of a rank other than rank 0 (not the run's): its place alone
+    failed_ranks: dict[str, str | None]  # a failed run (petlprof.execution.launch.failure): rank -> its error or exit
+
+
+class _FailureCause(TypedDict):
+    status: str  # one of STATUSES
+    error: str  # names the rank and its error or exit
+
+
+class LaunchFailure(_FailureCause, total=False):
+    """The cause of a failed data-parallel run, as record fields (petlprof.execution.launch.failure)."""
+
+    distributed: DistributedSummary  # world_size and failed_ranks
+    traceback: str  # the failed rank's own, when it wrote a record
+    failed_at: FailedAt
+
+
+class RayTask(TypedDict, total=False):
+    """Where a Ray task's run executed (petlprof.execution.executors.ray_node_fields)."""
+
+    node_id: str | None  # None: the node is not known (the task was lost, or raised on its node)
+    node_ip: str
+    gpu_ids: list[str]  # the GPUs Ray gave the task
+    cpus: float  # the CPUs the task asked for
+    omp_num_threads_per_rank: str | None
+    task_started_unix: float
+
+
+class RayNode(RayTask, total=False):
+    niceness: int  # the task's process's; above 0 the run's figures may be stretched
+    lost: bool  # the task's worker or node was lost
+
+
+class NodeFields(RayNode, total=False):
+    """The record's ``node``: where the run executed (petlprof.execution.executors.node_fields)."""
+
+    executor: str  # local or ray
+    hostname: str
+    cuda_visible_devices: str | None
+
+
+# The record's ``env`` (petlprof.results.environment.environment): package versions (None: not installed),
+# interpreter, hardware and the source's commit.  Declared as a call: a package name is not an identifier.
+Environment = TypedDict(
+    "Environment",
+    {
+        "petlprof": str | None,
+        "torch": str | None,
+        "transformers": str | None,
+        "peft": str | None,
+        "datasets": str | None,
+        "nvidia-ml-py": str | None,
+        "codecarbon": str | None,
+        "python": str,
+        "platform": str,
+        "device": str,
+        "cpu": str,
+        "cpu_count": int | None,
+        "torch_threads": int,
+        "allocator": str,
+        "gpu": str | None,
+        "cuda": str | None,
+        "git_commit": str | None,
+        "hostname": str,
+        "error": str,  # the only field when the environment could not be read (petlprof.run.execute)
+    },
+    total=False,
+)
 
 
 class RunRecord(TypedDict, total=False):
@@ -143,33 +379,33 @@ class RunRecord(TypedDict, total=False):
     started_at: str
     finished_at: str
     wall_time_s: float
-    backbone_info: dict[str, Any]
+    backbone_info: BackboneFacts
     task_info: TaskInfo
     primary_metric: str
     training: Training
     trainable_params: int
     total_params: int
     checkpoint_bytes: int  # the trainable state as one safetensors file: what the method must save
-    metrics: dict[str, float]  # only on a run with status ``ok``
+    metrics: dict[str, float | None]  # only on a run with status ``ok`` (perplexity None where it overflows)
     warnings: list[str]  # about the result itself, e.g. every evaluation prediction is one class
     diverged_at: Divergence  # status ``diverged``: the step and its loss (also in ``train``)
     train: TrainPhase
-    eval: Phase
-    inference: dict[str, Any]  # target_window_s, input, batch_<size>: Phase with per-sample figures
-    generation: dict[str, Any]  # the LM objective's, in place of inference: batch_<size>: per-token figures
-    generation_merged: dict[str, Any]  # the same on the merged model (methods that merge)
-    eval_merged: Phase
+    eval: EvalPhase
+    inference: Inference  # classification
+    generation: Generation  # the LM objective's, in place of inference
+    generation_merged: Generation  # the same on the merged model (methods that merge)
+    eval_merged: EvalPhase
     memory_breakdown: dict[str, int]
-    idle_baseline: dict[str, Any] | None
-    distributed: dict[str, Any]
+    idle_baseline: IdleBaseline | None
+    distributed: DistributedSummary
     traceback: str
     failed_at: FailedAt
-    env: dict[str, Any]
+    env: Environment
     process: str  # what the run executed in: a fresh interpreter, or a child of the sweep's warm worker
     process_wall_time_s: float  # from the start of the run's process (or execute) to its record read back
     overhead_s: float  # process_wall_time_s minus the measured phases (measured_phases_s): the harness's cost
     warm_worker_start_s: float  # the sweep's first warm-forked run: the warm worker's imports, in its wall time
-    node: dict[str, Any]  # where the run executed (petlprof.execution.executors.node_fields)
+    node: NodeFields
     stderr_tail: str  # a run whose process wrote no record: the last lines it wrote to stderr
     failed_unix_s: float  # a failed rank's own record (beside rank 0's): when it failed, to order the ranks
 
@@ -242,23 +478,3 @@ def add_overhead(record: RunRecord, process_wall_time_s: float) -> RunRecord:
     record["process_wall_time_s"] = process_wall_time_s
     record["overhead_s"] = max(0.0, process_wall_time_s - measured_phases_s(record))
     return record
-
-
-def overhead_line(records: Sequence[Mapping[str, Any]]) -> str | None:
-    """How much of the runs' wall time the harness spent outside the measured phases, as one sentence
-    (None when no record carries ``overhead_s``)."""
-    pairs = [
-        (r["overhead_s"], r["process_wall_time_s"])
-        for r in records
-        if isinstance(r.get("overhead_s"), (int, float)) and isinstance(r.get("process_wall_time_s"), (int, float))
-    ]
-    wall = sum(w for _, w in pairs)
-    if not pairs or wall <= 0:
-        return None
-    overhead = sum(o for o, _ in pairs)
-    median = statistics.median(o for o, _ in pairs)
-    return (
-        f"harness overhead: {overhead:,.1f} s of the {len(pairs)} runs' {wall:,.1f} s of wall time "
-        f"({overhead / wall:.0%}, measured) fell outside the measured phases, median {median:.1f} s a run: "
-        "process start, imports, loading the model and data, warm-up steps, writing the record"
-    )

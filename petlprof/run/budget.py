@@ -22,6 +22,7 @@ from typing import Any
 
 from petlprof.meters.base import synchronize
 from petlprof.results.figures import ENERGY, TIME
+from petlprof.results.records import BudgetCheck, BudgetSummary, TrainPhase
 from petlprof.run.recipe import autocast
 from petlprof.tasks.metrics import HIGHER, check_target, direction
 
@@ -53,7 +54,7 @@ class Budget:
         self.metric, self.target_value, self.eval_every = metric, target_value, eval_every
         self.score, self.model, self.max_time_s, self.eval_size = score, model, max_time_s, eval_size
         self.higher = direction(metric) == HIGHER if metric else True
-        self.checks: list[dict[str, float]] = []
+        self.checks: list[BudgetCheck] = []
         self.check_time_s = 0.0
         self.check_meter = check_meter
         self.check_energy_j: float | None = 0.0 if check_meter is not None else None
@@ -96,7 +97,7 @@ class Budget:
             self.check_energy_j = (self.check_energy_j or 0.0) + float(ENERGY.of(self.check_meter.end()))
         return value
 
-    def summary(self, train_phase: dict[str, Any]) -> dict[str, Any]:
+    def summary(self, train_phase: TrainPhase) -> BudgetSummary:
         """The ``budget`` entry of the train phase; ``*_to_target`` figures are the phase's own
         (window) figures when the target was reached, None otherwise; ``*_without_checks`` subtract
         the checks' own time and energy."""

@@ -33,6 +33,8 @@ from typing import Any, BinaryIO
 import numpy as np
 import torch
 
+from petlprof.results.records import CacheSummary
+
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 SPILL_FILE = "hidden-state-cache.bin"
 DEFAULT_BUDGET_BYTES = 2**30  # in memory; the rest spills to disk
@@ -138,7 +140,7 @@ class HiddenStateCache:
         raw = torch.from_numpy(self._mapped[offset : offset + nbytes])
         return raw.view(self.dtype).reshape(shape)
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> CacheSummary:
         """Figures for the run record's train phase."""
         looked_up = self.hits + self.misses
         return {

@@ -40,8 +40,8 @@ everything that ran on the node.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import torch
@@ -60,13 +60,13 @@ from petlprof.results.figures import (
     SAMPLES,
     TIME,
 )
+from petlprof.results.records import DistributedSummary, Phase, RankPhases, RunPhases
 
 COLLECTIVE_TIMEOUT_S = 600.0
 # how long the other ranks wait for rank 0's per-device phases (inference, merged evaluation) before the
 # group is torn down together; a rank 0 that dies ends them sooner (torchrun stops them)
 RANK0_PHASES_WAIT_S = 6 * 3600.0
 _GROUPS: dict[str, Any] = {}
-PHASES = ("train", "eval")
 RANK0_ONLY_PHASES = ("inference", "eval_merged")
 NODE_WIDE_ENERGY_METERS = frozenset({"rapl"})  # their counter covers the node, not one process or device
 ENERGY_FIELDS = figures.combined_by(figures.DEVICE_ENERGY)
@@ -177,7 +177,9 @@ def gather_in_order(
     return np.concatenate([p[1] for p in parts])[order], np.concatenate([p[2] for p in parts])[order]
 
 
-def summary(world_size: int, backend: str | None, batch_size: int, nodes: int, per_rank: list[dict]) -> dict[str, Any]:
+def summary(
+    world_size: int, backend: str | None, batch_size: int, nodes: int, per_rank: list[RankPhases]
+) -> DistributedSummary:
     """The record's ``distributed`` entry: how the run was split and how its figures are to be read."""
     return {
         "world_size": world_size,
@@ -197,7 +199,10 @@ def summary(world_size: int, backend: str | None, batch_size: int, nodes: int, p
 # --- aggregation at rank 0 -------------------------------------------------------------------------
 
 
-def aggregate_ranks(records: list[dict[str, Any]]) -> dict[str, Any]:
+_P = TypeVar("_P", bound=Phase)  # the train phase aggregates to a train phase, the evaluation to an evaluation
+
+
+def aggregate_ranks(records: list[RankPhases]) -> RunPhases:
     """One figure per phase from every rank's own: ``records`` holds, per rank, ``rank``, ``host``,
     ``device`` and its ``train``/``eval`` phase dicts; returns ``{"train": ..., "eval": ..., "nodes": n}``.
 
@@ -209,21 +214,22 @@ def aggregate_ranks(records: list[dict[str, Any]]) -> dict[str, Any]:
     Other fields are kept where every rank has the same value and left to the per-rank dicts otherwise.
     """
     records = sorted(records, key=lambda r: r["rank"])
-    hosts = [r["host"] for r in records]
-    out: dict[str, Any] = {"nodes": len(set(hosts))}
-    for phase in PHASES:
-        if all(isinstance(r.get(phase), dict) for r in records):
-            out[phase] = _aggregate_phase(
-                [r[phase] for r in records], [r["rank"] for r in records], hosts, [r.get("device") for r in records]
-            )
+    hosts, ranks = [r["host"] for r in records], [r["rank"] for r in records]
+    devices = [r.get("device") for r in records]
+    out: RunPhases = {"nodes": len(set(hosts))}
+    if all(isinstance(r.get("train"), dict) for r in records):
+        out["train"] = _aggregate_phase([r["train"] for r in records], ranks, hosts, devices)
+    if all(isinstance(r.get("eval"), dict) for r in records):
+        out["eval"] = _aggregate_phase([r["eval"] for r in records], ranks, hosts, devices)
     return out
 
 
-def _aggregate_phase(phases: list[dict[str, Any]], ranks: list[int], hosts: list[str], devices: list) -> dict[str, Any]:
+def _aggregate_phase(ranked: Sequence[_P], ranks: list[int], hosts: list[str], devices: list) -> _P:
     """One phase of the run from the ranks' (a :class:`~petlprof.results.records.Phase` with every meter's figures,
     which the aggregation reads by the figures' declared names)."""
+    phases: Sequence[Mapping[str, Any]] = ranked  # read by the figures' declared names, not by the TypedDict's keys
     warnings: list[str] = []
-    out = {
+    out: dict[str, Any] = {
         key: phases[0][key]
         for key in dict.fromkeys(k for p in phases for k in p)
         if key != "warnings" and all(key in p and p[key] == phases[0][key] for p in phases)
@@ -275,7 +281,7 @@ def _aggregate_phase(phases: list[dict[str, Any]], ranks: list[int], hosts: list
         LATENCY.name: f"rank {ranks[slowest]}, the slowest",
     }
     out["warnings"] = warnings + _merge_warnings([p.get("warnings") or [] for p in phases], ranks)
-    return out
+    return cast(_P, out)  # the figures' keys come from their declarations: the phase is cast to its type
 
 
 def _total(values: list, ranks: list[int], key: str, how, warnings: list[str]):
@@ -288,8 +294,8 @@ def _total(values: list, ranks: list[int], key: str, how, warnings: list[str]):
 
 
 def _energy(
-    out: dict,
-    phases: list[dict],
+    out: dict[str, Any],
+    phases: Sequence[Mapping[str, Any]],
     ranks: list[int],
     hosts: list[str],
     fields: tuple[str, ...],

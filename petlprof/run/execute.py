@@ -97,8 +97,7 @@ def execute(spec: RunSpec, max_memory_bytes: int | None = None) -> RunRecord:
     t0 = time.perf_counter()
     try:
         ctx = prepare(spec, ranks, progress, max_memory_bytes)
-        # status ok, or diverged; to_record builds the record's fields as a plain dict
-        record.update(cast(RunRecord, to_record(ctx, run_phases(ctx))))
+        record.update(to_record(ctx, run_phases(ctx)))  # status ok, or diverged
     except Exception as exc:  # a failed run is a result, not a crash of the sweep
         record.update(_failure(exc, progress, spec.device))
     if (

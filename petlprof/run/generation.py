@@ -29,7 +29,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -54,6 +54,7 @@ from petlprof.results.figures import (
     TOKENS_PER_S,
     rate,
 )
+from petlprof.results.records import Generation, GenerationBatch, SideNetworkShare
 from petlprof.run.recipe import autocast
 from petlprof.run.train import Progress, percentiles
 from petlprof.vocabulary import FP32
@@ -161,7 +162,7 @@ def _side_network(model) -> torch.nn.Module | None:
     return side if isinstance(side, torch.nn.Module) and hasattr(model, "side_forward") else None
 
 
-def side_network_share(decoding: Decoding, side: torch.nn.Module, inputs) -> dict[str, Any]:
+def side_network_share(decoding: Decoding, side: torch.nn.Module, inputs) -> SideNetworkShare:
     """Time ``side`` with forward hooks over one unmetered call: its time, calls and its share of the
     whole call and of the decode steps after the first token."""
     hooks = []
@@ -183,22 +184,26 @@ def side_network_share(decoding: Decoding, side: torch.nn.Module, inputs) -> dic
     side_s = sum(end - begin for begin, end in spans)
     decode_s = tokens[-1] - tokens[0] if len(tokens) > 1 else 0.0
     side_decode_s = sum(end - begin for begin, end in spans if tokens and begin >= tokens[0])
-    return {
-        "module": type(side).__name__,
-        "calls": len(spans),
-        TIME.name: side_s,
-        SIDE_CALL_TIME.name: call_s,
-        SIDE_SHARE_OF_CALL.name: side_s / call_s if call_s > 0 else None,
-        SIDE_SHARE_OF_PER_TOKEN.name: side_decode_s / decode_s if decode_s > 0 else None,
-        "how": "forward hooks on the side network over one unmetered call on the first batch, outside the window",
-    }
+    # its time and shares are keyed by their declarations (FIGURE.name): the entry is cast
+    return cast(
+        SideNetworkShare,
+        {
+            "module": type(side).__name__,
+            "calls": len(spans),
+            TIME.name: side_s,
+            SIDE_CALL_TIME.name: call_s,
+            SIDE_SHARE_OF_CALL.name: side_s / call_s if call_s > 0 else None,
+            SIDE_SHARE_OF_PER_TOKEN.name: side_decode_s / decode_s if decode_s > 0 else None,
+            "how": "forward hooks on the side network over one unmetered call on the first batch, outside the window",
+        },
+    )
 
 
 def _prompt_tokens(inputs: dict[str, torch.Tensor]) -> int:
     return int(inputs["attention_mask"].sum())
 
 
-def _figures(calls: list[tuple[list, list]], batches, window: Window, size: int) -> dict[str, Any]:
+def _figures(calls: list[tuple[list, list]], batches, window: Window, size: int) -> GenerationBatch:
     """The per-batch-size figures from each measured call's rows and timeline."""
     tokens = responses = response_tokens = steps = prompt_tokens = 0
     first_token_s: list[float] = []
@@ -214,23 +219,27 @@ def _figures(calls: list[tuple[list, list]], batches, window: Window, size: int)
             first_token_s.append(token_times[0])
             gaps += [b - a for a, b in zip(token_times, token_times[1:])]
     time_s, energy = window.time_s, window.reading.value(ENERGY)
-    return {
-        "batch_size": size,
-        "batches": len(calls),
-        RESPONSES.name: responses,
-        "prompt_tokens": prompt_tokens,
-        GENERATED_TOKENS.name: tokens,
-        "response_tokens": response_tokens,
-        "decode_steps": steps,
-        TIME.name: time_s,
-        TOKENS_PER_S.name: rate(tokens, time_s),
-        RESPONSES_PER_S.name: rate(responses, time_s),
-        ENERGY_PER_TOKEN.name: _per(energy, tokens),
-        ENERGY_PER_RESPONSE.name: _per(energy, responses),
-        TIME_TO_FIRST_TOKEN.name: statistics.median(first_token_s) if first_token_s else None,
-        TIME_TO_FIRST_TOKEN_PERCENTILES.name: percentiles(first_token_s),
-        PER_TOKEN_LATENCY.name: percentiles(gaps),
-    }
+    # the generation figures are keyed by their declarations (FIGURE.name): the entry is cast
+    return cast(
+        GenerationBatch,
+        {
+            "batch_size": size,
+            "batches": len(calls),
+            RESPONSES.name: responses,
+            "prompt_tokens": prompt_tokens,
+            GENERATED_TOKENS.name: tokens,
+            "response_tokens": response_tokens,
+            "decode_steps": steps,
+            TIME.name: time_s,
+            TOKENS_PER_S.name: rate(tokens, time_s),
+            RESPONSES_PER_S.name: rate(responses, time_s),
+            ENERGY_PER_TOKEN.name: _per(energy, tokens),
+            ENERGY_PER_RESPONSE.name: _per(energy, responses),
+            TIME_TO_FIRST_TOKEN.name: statistics.median(first_token_s) if first_token_s else None,
+            TIME_TO_FIRST_TOKEN_PERCENTILES.name: percentiles(first_token_s),
+            PER_TOKEN_LATENCY.name: percentiles(gaps),
+        },
+    )
 
 
 def _per(total: float | None, count: int) -> float | None:
@@ -254,7 +263,7 @@ def measure_generation(
     generate: Callable | None = None,
     progress: Progress | None = None,
     precision: str = FP32,
-) -> dict[str, Any]:
+) -> Generation:
     """``{"batch_1": {...}, "batch_8": {...}, ...}``: per batch size the tokens generated per second,
     energy per token and per response, time to first token (median over the calls), per-token latency
     percentiles, counts, and the window's meter readings (peak memory with the KV cache, energy and its
@@ -272,13 +281,14 @@ def measure_generation(
     progress = progress if progress is not None else Progress()
     model.eval()
     decoding = Decoding(generate, model, max_new_tokens, eos_token_id, device)
-    phase: dict[str, Any] = {
+    phase: Generation = {
         "target_window_s": min_window_s,
         "max_prompts": max_prompts,
         "max_new_tokens": max_new_tokens,
         "decoding": "greedy, KV cache kept",
         "input": INPUT,
     }
+    measured: dict[str, GenerationBatch] = {}
     side = _side_network(model)
     for size in dict.fromkeys(batch_sizes):
         limit = max(1, max_prompts // size)
@@ -291,16 +301,16 @@ def measure_generation(
             entry = _measure(decoding, batches, make_meters(rows), limit, min_window_s)
             if side is not None:
                 entry["side_network"] = side_network_share(decoding, side, batches[0])
-        if entry[TIME.name] is not None and entry[TIME.name] < min_window_s:
+        if (time_s := TIME.of(entry)) is not None and time_s < min_window_s:
             entry["warnings"].append(
-                f"the generation window lasted {entry[TIME.name]:.2f} s, under its {min_window_s:g} s target: "
+                f"the generation window lasted {time_s:.2f} s, under its {min_window_s:g} s target: "
                 f"it is capped at {limit * rows} prompt(s) per batch size (max_prompts={max_prompts})"
             )
-        phase[f"batch_{rows}"] = entry
-    return phase
+        measured[f"batch_{rows}"] = entry
+    return cast(Generation, {**phase, **measured})  # batch_<rows> keys: the rows each batch size had name them
 
 
-def _measure(decoding: Decoding, batches, meters: list[Meter], limit: int, min_window_s: float) -> dict[str, Any]:
+def _measure(decoding: Decoding, batches, meters: list[Meter], limit: int, min_window_s: float) -> GenerationBatch:
     """One batch size's window: batch after batch until the stopping rule, then its figures."""
     calls: list[tuple[list[list[int]], Timeline]] = []
     try:
@@ -314,7 +324,8 @@ def _measure(decoding: Decoding, batches, meters: list[Meter], limit: int, min_w
     warnings = phase_warnings(window.reading)
     resolved = [(out, timeline.resolve()) for out, timeline in calls]
     figures = _figures(resolved, batches, window, int(batches[0]["input_ids"].shape[0]))
-    if not figures[GENERATED_TOKENS.name]:
+    if not GENERATED_TOKENS.of(figures):
         warnings.append("no token was generated: the figures per token are missing")
     source = timing_source(decoding.device)
-    return {**figures, "latency_source": source, **window.reading.record(), "warnings": warnings}
+    # the reading's figures are keyed by their declarations (FIGURE.name): the entry is cast
+    return cast(GenerationBatch, {**figures, "latency_source": source, **window.reading.record(), "warnings": warnings})

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import cast
 
 import torch
 
@@ -22,7 +22,8 @@ from petlprof.meters import ESTIMATED, Meter, Window
 from petlprof.meters.base import phase_warnings
 from petlprof.meters.energy import SHORT_WINDOW_S
 from petlprof.meters.latency import StepTimer
-from petlprof.results.figures import ENERGY, LATENCY, SAMPLES_PER_S, TIME
+from petlprof.results.figures import ENERGY, LATENCY, LATENCY_PER_SAMPLE, SAMPLES_PER_S, TIME
+from petlprof.results.records import Inference, InferenceBatch
 from petlprof.run.recipe import autocast
 from petlprof.run.train import Batches, Progress, percentiles
 from petlprof.vocabulary import FP32
@@ -51,14 +52,15 @@ def measure_inference(
     warmup_steps: int,
     progress: Progress | None = None,
     precision: str = FP32,
-) -> dict[str, Any]:
+) -> Inference:
     """``{"batch_1": {...}, "batch_32": {...}}``: per batch size the repeats, window time, latency
     percentiles per batch and per sample, throughput, and the meters' readings (energy per sample).
     ``progress`` is told which batch size is measured (for the record of a run that fails); every
     forward pass runs at the run's ``precision`` (:func:`petlprof.run.recipe.autocast`)."""
     progress = progress if progress is not None else Progress()
     model.eval()
-    phase: dict[str, Any] = {"target_window_s": min_window_s, "input": "the first examples of the evaluation split"}
+    phase: Inference = {"target_window_s": min_window_s, "input": "the first examples of the evaluation split"}
+    measured: dict[str, InferenceBatch] = {}
     for size in dict.fromkeys(min(b, len(batches.encodings)) for b in batch_sizes):
         progress.at("inference", size)
         fixed = Batches(batches.encodings[:size], batches.labels[:size], size, batches.tokenizer)
@@ -81,16 +83,20 @@ def measure_inference(
         latencies = timer.latencies_s()
         warnings = phase_warnings(window.reading)
         energy = window.reading.value(ENERGY)
-        phase[f"batch_{size}"] = {
-            "batch_size": size,
-            "repeats": repeats,
-            TIME.name: window.time_s,
-            LATENCY.name: percentiles(latencies),
-            "latency_per_sample_s": percentiles([t / size for t in latencies]),
-            "latency_source": timer.source,
-            SAMPLES_PER_S.name: repeats * size / window.time_s if window.time_s else None,
-            "energy_per_sample_j": energy / (repeats * size) if energy is not None else None,
-            **window.reading.record(),
-            "warnings": warnings,
-        }
-    return phase
+        # the window's figures and its reading are keyed by their declarations (FIGURE.name): the entry is cast
+        measured[f"batch_{size}"] = cast(
+            InferenceBatch,
+            {
+                "batch_size": size,
+                "repeats": repeats,
+                TIME.name: window.time_s,
+                LATENCY.name: percentiles(latencies),
+                LATENCY_PER_SAMPLE.name: percentiles([t / size for t in latencies]),
+                "latency_source": timer.source,
+                SAMPLES_PER_S.name: repeats * size / window.time_s if window.time_s else None,
+                "energy_per_sample_j": energy / (repeats * size) if energy is not None else None,
+                **window.reading.record(),
+                "warnings": warnings,
+            },
+        )
+    return cast(Inference, {**phase, **measured})  # batch_<size> keys: the run's batch sizes name them

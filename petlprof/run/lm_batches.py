@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import torch
@@ -47,6 +47,13 @@ from petlprof.run.train import batch_indices
 from petlprof.vocabulary import IGNORE_INDEX
 
 _PROBE = ("Answer:", "yes")  # a prompt and a target, to learn how the tokenizer joins them
+
+
+class Row(TypedDict):
+    """One tokenised example: its prompt's ids and its target's ids, EOS included, after truncation."""
+
+    prompt: list[int]
+    target: list[int]
 
 
 def eos_id(tokenizer) -> int:
@@ -87,7 +94,7 @@ class LMBatches:
     """A tokenised LM split (``encodings``: per row its ``prompt`` ids and ``target`` ids, EOS included, after
     truncation), cut into dynamically padded batches; ``references`` are the target texts."""
 
-    encodings: list[dict[str, list[int]]]
+    encodings: list[Row]
     references: list[str]
     batch_size: int
     tokenizer: Any
@@ -222,7 +229,7 @@ def _prompt_ids(split, tokenizer, templated: bool) -> list[list[int]]:
     return tokenizer(texts, add_special_tokens=False)["input_ids"]
 
 
-def _fit(prompt: list[int], target: list[int], max_length: int, family: str, special: set[int]) -> dict:
+def _fit(prompt: list[int], target: list[int], max_length: int, family: str, special: set[int]) -> Row:
     """A row within ``max_length``: the prompt cut from the left (its leading special tokens kept); for a
     decoder the room the target leaves, for an encoder-decoder ``max_length`` itself."""
     room = max_length - len(target) if family == DECODER else max_length

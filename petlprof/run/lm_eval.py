@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Any
 
 import torch
 
 from petlprof.meters import Window
 from petlprof.meters.latency import StepTimer
+from petlprof.results.records import EvalPhase
 from petlprof.run.ranks import ONE_PROCESS
 from petlprof.run.recipe import autocast
 from petlprof.run.train import PhaseIO, phase_summary
@@ -67,7 +67,7 @@ def _generate_all(model, batches, io: PhaseIO, precision: str, generate, max_new
 @torch.no_grad()
 def evaluate_lm(
     model, batches, io: PhaseIO, *, warmup_steps: int, precision: str, max_new_tokens: int, generate
-) -> tuple[dict[str, Any], list[str], list[str]]:
+) -> tuple[EvalPhase, list[str], list[str]]:
     """Score ``model`` on the evaluation ``batches`` (:class:`petlprof.run.lm_batches.LMBatches`); returns
     (phase summary with ``eval_loss`` and ``perplexity``, generated texts, reference texts).
     ``generate`` is :func:`petlprof.models.classifier.greedy_generate` (a parameter, so a test can pass its own)."""
@@ -82,10 +82,10 @@ def evaluate_lm(
             rest_total, rest_tokens = _loss_pass(model, batches, io, precision, order, bar)
             texts = _generate_all(model, batches, io, precision, generate, max_new_tokens, timer, bar)
     mean = (total + rest_total) / max(tokens + rest_tokens, 1)
-    summary = phase_summary(window, timer, prompts, len(texts), warmup, warmup_steps)
-    summary.update(
-        eval_loss=mean,
-        perplexity=math.exp(mean) if mean < 700 else None,  # past e**700 a float overflows
-        target_tokens=tokens + rest_tokens,
-    )
+    summary: EvalPhase = {
+        **phase_summary(window, timer, prompts, len(texts), warmup, warmup_steps),
+        "eval_loss": mean,
+        "perplexity": math.exp(mean) if mean < 700 else None,  # past e**700 a float overflows
+        "target_tokens": tokens + rest_tokens,
+    }
     return summary, texts, list(batches.references)

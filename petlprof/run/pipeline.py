@@ -15,7 +15,7 @@ import dataclasses
 import resource
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from petlprof.errors import UsageError
 from petlprof.meters import (
@@ -31,7 +31,22 @@ from petlprof.models.backbones import check_shape, load_backbone
 from petlprof.models.quantization import Quantization, parameter_count
 from petlprof.registry import get_method
 from petlprof.results.figures import BREAKDOWN_GRADIENTS, BREAKDOWN_OPTIMIZER_STATE, BREAKDOWN_TOTAL, ENERGY, TIME
-from petlprof.results.records import DIVERGED, OK, safetensors_bytes
+from petlprof.results.records import (
+    DIVERGED,
+    OK,
+    Divergence,
+    EvalPhase,
+    Example,
+    Generation,
+    Inference,
+    Phase,
+    RunPhases,
+    RunRecord,
+    TaskInfo,
+    Training,
+    TrainPhase,
+    safetensors_bytes,
+)
 from petlprof.run.budget import make_budget
 from petlprof.run.libraries import import_runtime_libraries
 from petlprof.run.recipe import TrainRecipe
@@ -99,7 +114,7 @@ class RunContext:
     progress: Any  # petlprof.run.train.Progress
     method: Any  # petlprof.registry.MethodSpec
     method_config: Any
-    recipe: Any  # petlprof.run.recipe.TrainRecipe
+    recipe: TrainRecipe
     task: Any
     backbone: Any
     model: Any
@@ -292,23 +307,23 @@ def _hidden_state_cache(spec: RunSpec, method, ranks):
 class Phases:
     """What :func:`run_phases` measured (rank 0 of several: the ranks' train and eval combined)."""
 
-    train: dict[str, Any]
-    eval: dict[str, Any] | None  # None when training diverged
+    train: TrainPhase
+    eval: EvalPhase | None  # None when training diverged
     preds: Any
     golds: Any
-    combined: dict[str, Any]  # train and eval with, for several ranks, their aggregation's nodes and per-rank parts
-    inference: dict[str, Any] | None = None
-    generation: dict[str, Any] | None = None  # the LM objective's generation phase, in place of inference
-    merged: dict[str, Any] | None = None
-    generation_merged: dict[str, Any] | None = None  # the LM objective: generation again on the merged model
+    combined: RunPhases  # train and eval with, for several ranks, their aggregation's nodes and per-rank parts
+    inference: Inference | None = None
+    generation: Generation | None = None  # the LM objective's generation phase, in place of inference
+    merged: EvalPhase | None = None
+    generation_merged: Generation | None = None  # the LM objective: generation again on the merged model
 
     @property
-    def diverged(self) -> dict[str, Any] | None:
+    def diverged(self) -> Divergence | None:
         """Where training diverged (:class:`petlprof.results.records.Divergence`), or None."""
         return self.train.get("diverged_at")
 
     @property
-    def evaluated(self) -> dict[str, Any]:
+    def evaluated(self) -> EvalPhase:
         """The evaluation phase, which every run whose training did not diverge has."""
         if self.eval is None:
             raise ValueError("no evaluation phase: training diverged")
@@ -343,7 +358,7 @@ def run_phases(ctx: RunContext) -> Phases | None:
     return phases
 
 
-def _inference(ctx: RunContext, eval_phase: dict[str, Any]) -> dict[str, Any]:
+def _inference(ctx: RunContext, eval_phase: EvalPhase) -> Inference:
     # petlprof.run.inference (torch): kept off the sweep's driver, which imports this module
     from petlprof.run.inference import measure_inference, target_window_s
 
@@ -361,24 +376,28 @@ def _inference(ctx: RunContext, eval_phase: dict[str, Any]) -> dict[str, Any]:
     )
 
 
-def untrained_phase() -> dict[str, Any]:
+def untrained_phase() -> TrainPhase:
     """The training phase of a model with nothing to train (the zero-shot row): no step ran, so it took
     no time and no energy, exactly; there is no window to measure."""
-    return {
-        TIME.name: 0.0,
-        "steps": 0,
-        "samples": 0,
-        "warmup_steps": 0,
-        ENERGY.name: 0.0,  # its energy_kind is the evaluation's, so a sweep's kinds stay comparable
-        **({ENERGY.source: "no training step ran (zero-shot)"} if ENERGY.source else {}),  # ENERGY declares one
-        "epochs_run": 0.0,
-        "first_loss": None,
-        "final_loss": None,
-        "warnings": [],
-    }
+    # the time and the energy with its source are keyed by their declarations (FIGURE.name): the phase is cast
+    return cast(
+        TrainPhase,
+        {
+            TIME.name: 0.0,
+            "steps": 0,
+            "samples": 0,
+            "warmup_steps": 0,
+            ENERGY.name: 0.0,  # its energy_kind is the evaluation's, so a sweep's kinds stay comparable
+            **({ENERGY.source: "no training step ran (zero-shot)"} if ENERGY.source else {}),  # ENERGY declares one
+            "epochs_run": 0.0,
+            "first_loss": None,
+            "final_loss": None,
+            "warnings": [],
+        },
+    )
 
 
-def _generation(ctx: RunContext, model, eval_phase: dict[str, Any], label: str = "generation") -> dict[str, Any]:
+def _generation(ctx: RunContext, model, eval_phase: EvalPhase, label: str = "generation") -> Generation:
     """The LM objective's ``generation`` phase: greedy decoding of evaluation prompts at batch 1 and at
     the evaluation batch size (:func:`petlprof.run.generation.measure_generation`), its window as long as
     the inference phase's would be."""
@@ -425,8 +444,9 @@ def _train_and_evaluate(ctx: RunContext, train_meters: list, eval_meters: list) 
             stop=ranks.agreed(budget),
             ranks=ranks,
         )
-    phases: dict[str, Any] = {"train": train_phase}
-    preds = golds = None
+    phases: RunPhases = {"train": train_phase}
+    preds: Any = None  # the LM objective's generated texts and references, or a classifier's predictions and labels
+    golds: Any = None
     if "diverged_at" not in train_phase and ctx.task.objective == LM:
         phases["eval"], preds, golds = _evaluate_lm(ctx, ctx.model, ctx.io("eval", eval_meters))
     elif "diverged_at" not in train_phase:  # every rank agrees on a divergence
@@ -440,9 +460,10 @@ def _train_and_evaluate(ctx: RunContext, train_meters: list, eval_meters: list) 
         )
     if ctx.trainable_params == 0 and "eval" in phases:
         train_phase["energy_kind"] = phases["eval"].get("energy_kind")
-    for phase in phases.values():
+    measured: list[Phase] = [train_phase, *([phases["eval"]] if "eval" in phases else [])]
+    for phase in measured:
         phase["warnings"] = ctx.timeline_warnings + phase["warnings"]
-    combined = ranks.combine(phases, spec.device)
+    combined: RunPhases | None = ranks.combine(phases, spec.device)
     if combined is None:
         return None
     if budget is not None:
@@ -450,7 +471,7 @@ def _train_and_evaluate(ctx: RunContext, train_meters: list, eval_meters: list) 
     return Phases(combined["train"], combined.get("eval"), preds, golds, combined)
 
 
-def _evaluate_lm(ctx: RunContext, model, io) -> tuple:
+def _evaluate_lm(ctx: RunContext, model, io) -> tuple[EvalPhase, list[str], list[str]]:
     """(phase, generated texts, references) of a language-modelling run's evaluation (one process)."""
     # petlprof.run.lm_eval, petlprof.models.classifier (torch): kept off the sweep's driver, which imports this module
     from petlprof.models.language_model import greedy_generate
@@ -468,7 +489,7 @@ def _evaluate_lm(ctx: RunContext, model, io) -> tuple:
     )
 
 
-def _evaluate_merged(ctx: RunContext, preds) -> tuple[dict[str, Any], Any]:
+def _evaluate_merged(ctx: RunContext, preds) -> tuple[EvalPhase, Any]:
     """Phase ``eval_merged``: the same evaluation after the method folds its weights into the backbone,
     and the merged model (None when the merge or its evaluation failed).
 
@@ -481,6 +502,7 @@ def _evaluate_merged(ctx: RunContext, preds) -> tuple[dict[str, Any], Any]:
     from petlprof.run.train import evaluate
 
     meters = ctx.meters("eval_merged")
+    merged_preds: Any  # the LM objective's generated texts, or a classifier's predictions
     try:
         merged_model = ctx.method.build_merge()(ctx.model)
         if ctx.task.objective == LM:
@@ -498,6 +520,7 @@ def _evaluate_merged(ctx: RunContext, preds) -> tuple[dict[str, Any], Any]:
     finally:
         for meter in meters:
             meter.close()
+    same: Any
     if ctx.task.objective == LM:  # the same text, token for token
         same = [a == b for a, b in zip(merged_preds, preds)]
     else:
@@ -509,7 +532,7 @@ def _evaluate_merged(ctx: RunContext, preds) -> tuple[dict[str, Any], Any]:
 # --- step 3: the record ----------------------------------------------------------------------------
 
 
-def to_record(ctx: RunContext, phases: Phases | None) -> dict[str, Any]:
+def to_record(ctx: RunContext, phases: Phases | None) -> RunRecord:
     """The record's fields from a run's context and phases, ``status`` included: ``ok``, or ``diverged``
     without scores (a rank other than rank 0: only its place)."""
     # petlprof.meters.idle (numpy): kept off the sweep's driver, which imports this module
@@ -517,20 +540,28 @@ def to_record(ctx: RunContext, phases: Phases | None) -> dict[str, Any]:
 
     if phases is None:
         return {"status": OK, "distributed": {"rank": ctx.ranks.rank, "world_size": ctx.ranks.world_size}}
-    record = {"status": OK, **_described(ctx)}
+    record: RunRecord = {"status": OK, **_described(ctx)}
     if phases.diverged:
-        record.update(status=DIVERGED, error=_diverged_error(phases.diverged), diverged_at=phases.diverged)
+        record["status"] = DIVERGED
+        record["error"] = _diverged_error(phases.diverged)
+        record["diverged_at"] = phases.diverged
     else:
         record["metrics"] = _metrics(ctx.task, phases)
         warnings = [*ctx.task.warnings, *prediction_warnings(phases.preds, ctx.task)]
-        record.update({"warnings": warnings} if warnings else {})
+        if warnings:
+            record["warnings"] = warnings
     record["train"] = phases.train
     if not phases.diverged and ctx.task.objective == LM:
-        record.update(eval=phases.eval, generation=phases.generation)
+        record["eval"] = phases.evaluated
+        if phases.generation is not None:  # run_phases measured it after the evaluation
+            record["generation"] = phases.generation
         record["eval"]["examples"] = _examples(ctx.task, phases)
     elif not phases.diverged:
-        record.update(eval=phases.eval, inference=phases.inference)
-    record.update(memory_breakdown=ctx.breakdown, idle_baseline=sweep_idle() or None)
+        record["eval"] = phases.evaluated
+        if phases.inference is not None:  # run_phases measured it after the evaluation
+            record["inference"] = phases.inference
+    record["memory_breakdown"] = ctx.breakdown
+    record["idle_baseline"] = sweep_idle()
     if phases.merged is not None:
         record["eval_merged"] = phases.merged
     if phases.generation_merged is not None:
@@ -539,7 +570,7 @@ def to_record(ctx: RunContext, phases: Phases | None) -> dict[str, Any]:
     return record
 
 
-def _metrics(task, phases: Phases) -> dict[str, float]:
+def _metrics(task, phases: Phases) -> dict[str, float | None]:
     """The task's quality metrics; for the LM objective, of the generated texts, with the evaluation
     loss on the target tokens and its perplexity."""
     if task.objective != LM:
@@ -552,7 +583,7 @@ def _metrics(task, phases: Phases) -> dict[str, float]:
 EXAMPLES_KEPT = 3  # generated responses kept in the record beside their references, so a reader sees what scored
 
 
-def _examples(task, phases: Phases) -> list[dict[str, str]]:
+def _examples(task, phases: Phases) -> list[Example]:
     prompts = task.eval.texts
     return [
         {"prompt": prompts[i], "generated": phases.preds[i], "reference": phases.golds[i]}
@@ -560,34 +591,38 @@ def _examples(task, phases: Phases) -> list[dict[str, str]]:
     ]
 
 
-def _described(ctx: RunContext) -> dict[str, Any]:
+def _described(ctx: RunContext) -> RunRecord:
     """What ran: the method's config, backbone, task, training settings and recipe, parameter counts."""
     spec, method, task, lr = ctx.spec, ctx.method, ctx.task, ctx.recipe.lr
+    task_info: TaskInfo = {
+        "num_labels": task.num_labels,
+        "label_names": task.label_names,
+        "train_samples": len(task.train),
+        "eval_samples": len(task.eval),
+        "description": task.description,
+        "majority_rate": task.majority_rate(),
+    }
+    if task.objective == LM:  # classification records stay as they were
+        task_info["objective"] = LM
+    training: Training = {
+        "epochs": spec.epochs,
+        "max_steps": spec.max_steps,
+        "batch_size": spec.batch_size,
+        "lr": lr,
+        "lr_source": method.lr_source if lr == method.default_lr else "user",
+        "max_length": spec.max_length,
+        "warmup_steps": spec.warmup_steps,
+        "device": spec.device,
+        **ctx.recipe.describe(ctx.model),
+    }
+    if ctx.backbone.quantization:
+        training["quantization"] = ctx.backbone.quantization
     return {
         "method_config": dataclasses.asdict(ctx.method_config),
         "backbone_info": ctx.backbone.info(),
-        "task_info": {
-            "num_labels": task.num_labels,
-            "label_names": task.label_names,
-            "train_samples": len(task.train),
-            "eval_samples": len(task.eval),
-            "description": task.description,
-            "majority_rate": task.majority_rate(),
-            **({"objective": LM} if task.objective == LM else {}),  # classification records stay as they were
-        },
+        "task_info": task_info,
         "primary_metric": task.primary_metric,
-        "training": {
-            "epochs": spec.epochs,
-            "max_steps": spec.max_steps,
-            "batch_size": spec.batch_size,
-            "lr": lr,
-            "lr_source": method.lr_source if lr == method.default_lr else "user",
-            "max_length": spec.max_length,
-            "warmup_steps": spec.warmup_steps,
-            "device": spec.device,
-            **ctx.recipe.describe(ctx.model),
-            **({"quantization": ctx.backbone.quantization} if ctx.backbone.quantization else {}),
-        },
+        "training": training,
         "trainable_params": ctx.trainable_params,
         "total_params": ctx.total_params,
         "checkpoint_bytes": ctx.checkpoint_bytes,
@@ -602,7 +637,7 @@ def checkpoint_bytes(model) -> int:
     return safetensors_bytes({name: p for name, p in model.named_parameters() if p.requires_grad})
 
 
-def _diverged_error(diverged: dict[str, Any]) -> str:
+def _diverged_error(diverged: Divergence) -> str:
     last = diverged.get("last_finite_loss")
     before = f"; the step before, it was {last:.4g}" if last is not None else "; it was the first step"
     return (

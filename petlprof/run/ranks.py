@@ -12,12 +12,12 @@ import os
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 
 from petlprof.errors import UsageError
+from petlprof.results.records import EvalPhase, Inference, RankPhases, RankPlace, RunPhases, RunRecord
 from petlprof.run.distributed import (
     aggregate_ranks,
     agreed_stop,
@@ -78,15 +78,15 @@ class OneProcess:
     ) -> tuple[np.ndarray, np.ndarray]:
         return preds, golds
 
-    def combine(self, phases: dict[str, Any], device: str) -> dict[str, Any] | None:
+    def combine(self, phases: RunPhases, device: str) -> RunPhases | None:
         """The run's train and eval phases from every rank's (None on a rank that is not the main one)."""
         return phases
 
-    def record_fields(self, backend: str | None, batch_size: int, combined: dict[str, Any]) -> dict[str, Any]:
+    def record_fields(self, backend: str | None, batch_size: int, combined: RunPhases) -> RunRecord:
         """What the run's record says about its ranks."""
         return {}
 
-    def rank0_phases_done(self, inference: dict[str, Any] | None, merged: dict[str, Any] | None, device: str) -> None:
+    def rank0_phases_done(self, inference: Inference | None, merged: EvalPhase | None, device: str) -> None:
         """After rank 0's per-device phases (inference, merged evaluation): notes on them, and the ranks
         tear the group down together."""
 
@@ -131,7 +131,7 @@ class RankContext:
         """The device of this rank: ``cuda:LOCAL_RANK`` for a CUDA run, else ``requested``."""
         return f"cuda:{self.local_rank}" if requested.startswith("cuda") else requested
 
-    def describe(self, device: str) -> dict[str, Any]:
+    def describe(self, device: str) -> RankPlace:
         return {
             "rank": self.rank,
             "local_rank": self.local_rank,
@@ -172,17 +172,17 @@ class RankContext:
     ) -> tuple[np.ndarray, np.ndarray]:
         return gather_in_order(positions, preds, golds, size)
 
-    def combine(self, phases: dict[str, Any], device: str) -> dict[str, Any] | None:
-        per_rank = gather({**self.describe(device), **phases})
+    def combine(self, phases: RunPhases, device: str) -> RunPhases | None:
+        per_rank: list[RankPhases] = gather({**self.describe(device), **phases})
         if not self.is_main:  # rank 0 alone measures the per-device phases and writes the record
             done()
             return None
         return {**aggregate_ranks(per_rank), "per_rank": per_rank}
 
-    def record_fields(self, backend: str | None, batch_size: int, combined: dict[str, Any]) -> dict[str, Any]:
+    def record_fields(self, backend: str | None, batch_size: int, combined: RunPhases) -> RunRecord:
         return {"distributed": summary(self.world_size, backend, batch_size, combined["nodes"], combined["per_rank"])}
 
-    def rank0_phases_done(self, inference: dict[str, Any] | None, merged: dict[str, Any] | None, device: str) -> None:
+    def rank0_phases_done(self, inference: Inference | None, merged: EvalPhase | None, device: str) -> None:
         done()
         if inference is not None:  # None: training diverged
             inference["measured_on"] = f"rank 0 alone ({device}): a per-device figure"

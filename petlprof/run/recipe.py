@@ -20,8 +20,8 @@ import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
+from petlprof.results.records import RecipeDescription
 from petlprof.vocabulary import BF16, FP16, FP32
 
 DEFAULT_WEIGHT_DECAY = 0.01
@@ -130,7 +130,7 @@ class TrainRecipe:
 
         return torch.amp.GradScaler(torch_device_type(device), enabled=self.precision == FP16)
 
-    def describe(self, model) -> dict[str, Any]:
+    def describe(self, model) -> RecipeDescription:
         """The record's ``optimizer``, ``schedule`` and ``precision`` (the parameters' dtype, e.g. ``float32``,
         and for mixed precision the autocast dtype and loss scaling)."""
         return {

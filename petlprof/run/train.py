@@ -19,7 +19,7 @@ import itertools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -29,7 +29,7 @@ from petlprof.meters import Window
 from petlprof.meters.base import phase_warnings
 from petlprof.meters.latency import StepTimer
 from petlprof.results.figures import LATENCY, SAMPLES, SAMPLES_PER_S, TIME, TOKENS, TOKENS_PER_S, rate
-from petlprof.results.records import FailedAt
+from petlprof.results.records import Divergence, EvalPhase, FailedAt, Latency, Phase, TrainPhase
 from petlprof.run.ranks import ONE_PROCESS
 from petlprof.run.recipe import TrainRecipe, autocast
 from petlprof.vocabulary import FP32
@@ -90,31 +90,36 @@ def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(logits, labels)
 
 
-def percentiles(latencies: list[float]) -> dict[str, float | None]:
+def percentiles(latencies: list[float]) -> Latency:
     if not latencies:
         return {"p50": None, "p90": None, "p99": None, "mean": None}
     p50, p90, p99 = np.percentile(latencies, [50, 90, 99])
     return {"p50": float(p50), "p90": float(p90), "p99": float(p99), "mean": float(np.mean(latencies))}
 
 
-def phase_summary(window: Window, timer: StepTimer, steps, samples, warmup, requested_warmup) -> dict[str, Any]:
+def phase_summary(window: Window, timer: StepTimer, steps, samples, warmup, requested_warmup) -> Phase:
+    """A measured phase's fixed figures and its window's reading (:class:`petlprof.results.records.Phase`)."""
     warnings = phase_warnings(window.reading)
     if warmup < requested_warmup:
         warnings.append(
             f"only {warmup} of the {requested_warmup} requested warm-up steps were excluded: the "
             "phase is too short, so its figures include start-up costs"
         )
-    return {
-        TIME.name: window.time_s,
-        "steps": steps,
-        SAMPLES.name: samples,
-        "warmup_steps": warmup,
-        SAMPLES_PER_S.name: rate(samples, window.time_s),
-        LATENCY.name: percentiles(timer.latencies_s()),
-        "latency_source": timer.source,
-        **window.reading.record(),
-        "warnings": warnings,
-    }
+    # the reading's figures, and the phase's own, are keyed by their declarations (FIGURE.name): the phase is cast
+    return cast(
+        Phase,
+        {
+            TIME.name: window.time_s,
+            "steps": steps,
+            SAMPLES.name: samples,
+            "warmup_steps": warmup,
+            SAMPLES_PER_S.name: rate(samples, window.time_s),
+            LATENCY.name: percentiles(timer.latencies_s()),
+            "latency_source": timer.source,
+            **window.reading.record(),
+            "warnings": warnings,
+        },
+    )
 
 
 @dataclass(frozen=True)
@@ -224,7 +229,7 @@ class _Fit:
         return True
 
 
-def _divergence(step: int, loss: float, grad_norm: float, losses: list[float]) -> dict[str, Any]:
+def _divergence(step: int, loss: float, grad_norm: float, losses: list[float]) -> Divergence:
     """The ``diverged_at`` entry (:class:`petlprof.results.records.Divergence`): non-finite numbers as text (JSON has
     none); the last finite loss is the mean loss of the batch before, summed over ranks."""
     return {
@@ -237,7 +242,7 @@ def _divergence(step: int, loss: float, grad_norm: float, losses: list[float]) -
 
 def train(
     model, batches: Batches, recipe: TrainRecipe, steps: Steps, io: PhaseIO, *, cache=None, stop=None, ranks=ONE_PROCESS
-) -> dict[str, Any]:
+) -> TrainPhase:
     """Train ``model`` by ``recipe`` for ``steps``; returns the phase summary.
 
     ``cache``: a :class:`petlprof.run.cache.HiddenStateCache` for a side-tuning model; its size and hit
@@ -262,13 +267,12 @@ def train(
     del fit.optimizer
     losses = ranks.sum_over(fit.losses)
     measured = max(fit.steps - warmup, 0)
-    summary = phase_summary(window, fit.timer, measured, fit.samples, warmup, steps.warmup_steps)
-    summary.update({TOKENS.name: fit.tokens, TOKENS_PER_S.name: rate(fit.tokens, window.time_s)})
-    summary.update(
-        epochs_run=round(fit.steps / len(batches), 3),
-        first_loss=losses[0] if losses else None,
-        final_loss=float(np.mean(losses[-10:])) if losses else None,
-    )
+    phase = phase_summary(window, fit.timer, measured, fit.samples, warmup, steps.warmup_steps)
+    # the tokens and their rate are keyed by their declarations, like the reading's figures
+    summary = cast(TrainPhase, {**phase, TOKENS.name: fit.tokens, TOKENS_PER_S.name: rate(fit.tokens, window.time_s)})
+    summary["epochs_run"] = round(fit.steps / len(batches), 3)
+    summary["first_loss"] = losses[0] if losses else None
+    summary["final_loss"] = float(np.mean(losses[-10:])) if losses else None
     if fit.diverged is not None:
         summary["diverged_at"] = _divergence(*fit.diverged, losses)
     if fit.scaler.is_enabled():  # fp16: steps whose scaled gradients overflowed (not applied, scale lowered)
@@ -320,7 +324,7 @@ class _Predictions:
 @torch.no_grad()
 def evaluate(
     model, batches: Batches, io: PhaseIO, *, warmup_steps: int, ranks=ONE_PROCESS, precision: str = FP32
-) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
+) -> tuple[EvalPhase, np.ndarray, np.ndarray]:
     """Predict the whole split at ``precision`` (:func:`petlprof.run.recipe.autocast`); returns (phase summary,
     predictions, labels).  With several ranks this rank predicts its part of every batch (its summary
     counts only those) and the predictions and labels returned are the whole split's, gathered from
@@ -335,6 +339,7 @@ def evaluate(
         with window:
             for step, batch in order:
                 seen.batch(step, batch, bar, measured=True)
-    summary = phase_summary(window, seen.timer, len(batches) - warmup, seen.samples, warmup, warmup_steps)
+    phase = phase_summary(window, seen.timer, len(batches) - warmup, seen.samples, warmup, warmup_steps)
+    summary: EvalPhase = {**phase}  # a classifier's evaluation: its window's figures, nothing more
     mine = np.concatenate(seen.positions) if seen.positions else np.zeros(0, dtype=int)
     return (summary, *ranks.whole_split(mine, _as_array(seen.preds), _as_array(seen.golds), len(batches.encodings)))

@@ -160,12 +160,19 @@ def parse_method_grids(items: list[str]) -> dict[str, dict[str, list]]:
 
 def _merge_tables(file_values: dict[str, Any], cli_values: dict[str, Any], name: str) -> dict | None:
     """A table option (method_config, method_grid) of the file, with the command line's fields laid over it."""
-    if not cli_values.get(name):
+    given = cli_values.get(name)
+    if not given:
         return None
+    if not isinstance(given, dict):  # a Python caller's value (run_sweep): refused by the option's own check
+        return given
     file_table = file_values.get(name) or {}
-    merged = {m: dict(v) for m, v in file_table.items()} if isinstance(file_table, dict) else {}
-    for method, fields in cli_values[name].items():
-        merged.setdefault(method, {}).update(fields)
+    merged = dict(file_table) if isinstance(file_table, dict) else {}
+    for method, fields in given.items():
+        known = merged.get(method, {})
+        if isinstance(known, dict) and isinstance(fields, dict):
+            merged[method] = {**known, **fields}
+        elif isinstance(known, dict):  # a "table" that is not one is kept, for its check to refuse (validate)
+            merged[method] = fields
     return merged
 
 
@@ -529,11 +536,12 @@ def unsupported_pairs(options: RunOptions) -> list[str]:
     return list(pairs)
 
 
-def expand(options: RunOptions, device: str) -> list[RunSpec]:
+def expand(options: RunOptions, device: str, out_dir: Path | None = None) -> list[RunSpec]:
     """One :class:`RunSpec` per (backbone, quantization, task, method, grid point, seed), in that nesting order; a
     grid point that resolves to a configuration already listed runs once.  Each option fills its
     RunSpec field as declared (:class:`~petlprof.sweep.options.ToSpec`); the derived ones are set here: the
-    sweep axes, the method's full config and learning rate, the device (and, by the caller, the folders)."""
+    sweep axes, the method's full config and learning rate, the device, and the folders in the sweep's output
+    folder ``out_dir`` (none without it) where a hidden-state cache spills and memory snapshots go."""
     resolved = {}  # the full configs and learning rate, so an explicit default gives the same run key
     for method in options.methods:
         method_spec = get_method(method)
@@ -551,6 +559,7 @@ def expand(options: RunOptions, device: str) -> list[RunSpec]:
             lr=resolved[method][1],
             **quantize_fields(quantize, options.quantize_compute_dtype, options.quantize_double),
             **shared[method],
+            **_folders(options, out_dir, shared[method]["cache_hidden_states"]),
         )
         for backbone in options.backbone
         for quantize in options.quantize
@@ -560,11 +569,22 @@ def expand(options: RunOptions, device: str) -> list[RunSpec]:
         for seed in options.seeds
         if not (options.skip_unsupported and _unsupported(str(backbone), method, config))
     ]
-    specs = [*_zero_shot_runs(options, device, specs), *specs]
+    specs = [*_zero_shot_runs(options, specs, out_dir), *specs]
     return list({spec.run_key: spec for spec in specs}.values())
 
 
-def _zero_shot_runs(options: RunOptions, device: str, specs: list[RunSpec]) -> list[RunSpec]:
+def _folders(options: RunOptions, out_dir: Path | None, caching: bool) -> dict[str, Any]:
+    """The RunSpec fields naming folders of the sweep's output: where a cache that outgrows its budget spills
+    (next to the results) and where the CUDA allocator's snapshots go."""
+    if out_dir is None:
+        return {"cache_dir": None, "memory_snapshot_dir": None}
+    return {
+        "cache_dir": str(out_dir / "cache") if caching else None,
+        "memory_snapshot_dir": str(out_dir / "memory-snapshots") if options.memory_snapshot else None,
+    }
+
+
+def _zero_shot_runs(options: RunOptions, specs: list[RunSpec], out_dir: Path | None) -> list[RunSpec]:
     """One zero-shot run per backbone (as quantised) and language-modelling task of the sweep (the model before any
     tuning, at zero training energy; greedy decoding is deterministic, so the first seed alone), made
     from the sweep's first run of that pair with the method swapped."""
@@ -574,6 +594,7 @@ def _zero_shot_runs(options: RunOptions, device: str, specs: list[RunSpec]) -> l
         if spec.method != ZERO_SHOT and _is_lm(options, spec.task):
             first.setdefault((spec.backbone, spec.quantize, spec.task), spec)
     config = dataclasses.asdict(method.make_config({}))
+    copied = _copied(options, ZERO_SHOT)
     return [
         dataclasses.replace(
             spec,
@@ -581,7 +602,8 @@ def _zero_shot_runs(options: RunOptions, device: str, specs: list[RunSpec]) -> l
             method_config=config,
             lr=method.default_lr,
             seed=int(options.seeds[0]),
-            **_copied(options, ZERO_SHOT),
+            **copied,
+            **_folders(options, out_dir, copied["cache_hidden_states"]),
         )
         for spec in first.values()
     ]

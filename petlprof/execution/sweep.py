@@ -1,0 +1,272 @@
+"""A sweep, driven from its checked options to its last record: what ``petlprof run`` and
+:func:`petlprof.api.run_sweep` both run.
+
+:func:`drive` takes :class:`~petlprof.sweep.options.RunOptions` (built and validated by
+:func:`~petlprof.sweep.config.build_options`) and, in order: starts a local sweep's warm worker where CPU runs will
+fork from it (its imports overlap the checks), runs the preflight (its notes are status lines), resolves the device,
+locks the output folder, expands the options into runs and leaves out those already recorded, runs the rest on the
+executor with each record appended as it comes back, records the runs in flight ``cancelled`` on Ctrl-C or SIGTERM,
+and says what the harness cost.  A bad input is a :class:`~petlprof.errors.UsageError` before any executor starts
+or any file is written.  Status lines go to stderr.  The report is the caller's ``finish`` (the report layer stands
+above this one), called with the folder still locked.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from petlprof.errors import printable
+from petlprof.execution import executors
+from petlprof.execution.child import release_signals
+from petlprof.registry import get_method
+from petlprof.results import store as results_store
+from petlprof.results.records import measured_phases_s
+from petlprof.results.store import RESULTS_FILE, StoreLock, check_writable, finished_keys, lock_held
+from petlprof.run.execute import cancelled_record
+from petlprof.sweep.config import default_output_dir, expand, preflight, resolve_device, unsupported_pairs
+from petlprof.sweep.options import RunOptions
+from petlprof.values import parse_bytes
+from petlprof.vocabulary import LOCAL
+
+NVIDIA_DRIVER = Path("/proc/driver/nvidia/version")  # present where NVIDIA's kernel driver is loaded
+
+Finish = Callable[[Path, Path], None]  # (the results file, the output folder): the report of a finished sweep
+
+
+class StoreWriteError(Exception):
+    """The results file could not be written; the message has already been printed."""
+
+
+class Terminated(BaseException):
+    """Raised in the sweep process by SIGTERM, so the run in flight is stopped and recorded
+    (a BaseException, like KeyboardInterrupt, so no ``except Exception`` in a run swallows it)."""
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated()
+
+
+@dataclass(frozen=True)
+class SweepOutcome:
+    """What one :func:`drive` did."""
+
+    output: Path  # the output folder
+    results_file: Path  # its results.jsonl
+    runs: int  # the runs of the sweep
+    recorded: int  # of them, those in the results file before (skipped)
+    ran: int  # of the others, those run to a record (of any status) by this call
+    failed: int  # of those, the ones whose record's status is not ok
+    exit_code: int  # what `petlprof run` exits with: 0; 1 (a run failed, or a record could not be written);
+    # 130 (Ctrl-C) or 143 (SIGTERM): the runs in flight were recorded cancelled
+
+
+def say(line: str) -> None:
+    """A status line on stderr, with the control characters of the values it echoes escaped."""
+    print(printable(line), file=sys.stderr)
+
+
+def drive(options: RunOptions, finish: Finish | None = None) -> SweepOutcome:
+    """Run the sweep ``options`` describe into their output folder (a new ``petlprof-out/run-...`` unless given),
+    skipping the runs it holds already; ``finish`` writes the report once every run is recorded."""
+    out_dir = Path(options.output) if options.output else default_output_dir()
+    max_memory = parse_bytes(options.max_memory)
+
+    def make():
+        return executors.make_executor(
+            options.executor,
+            address=options.address,
+            in_process=options.in_process,
+            timeout_s=options.timeout,
+            max_memory_bytes=max_memory,
+            retries=options.retries,
+            cpus_per_run=options.cpus_per_run,
+        )
+
+    # every check of the input and the output folder before an executor starts: a bad data path or
+    # a folder another sweep holds is one error line, not a Ray start-up followed by one.  A local sweep's
+    # warm worker is the exception: it only imports, so it starts first and its imports overlap the checks
+    # (and it is killed at once if they fail)
+    local = options.executor == LOCAL
+    executor = make() if local and cpu_sweep_likely(options, out_dir) else None
+    try:
+        if executor is not None:
+            executor.prestart()
+        for note in preflight(options, meters_here=local):
+            say(f"petlprof: note: {note}")
+        # a local device is checked here, so a bad --device leaves no output folder; a cluster's needs Ray
+        device = (
+            resolve_device(options.device, options.nproc_per_run, memory_snapshot=options.memory_snapshot)
+            if local
+            else None
+        )
+        if executor is not None and device != "cpu":
+            executor.close()  # GPU runs never fork from its warm worker
+        check_writable(out_dir)
+        with StoreLock(out_dir) as lock:
+            if lock.taken_over is not None:
+                say(f"petlprof: took over the lock of a petlprof run that is gone ({lock.taken_over})")
+            if executor is None:
+                executor = make()
+            return _run_locked(options, executor, out_dir, device, finish)
+    finally:
+        if executor is not None:
+            executor.close()
+
+
+def cpu_sweep_likely(options: RunOptions, out_dir: Path) -> bool:
+    """Whether a local sweep will fork CPU runs from a warm worker, told without importing torch: one process
+    per run, ``--device cpu`` (or ``auto`` on a machine without NVIDIA's driver), and no other sweep holding
+    ``out_dir``.  Its worker then starts before the checks; where this guesses wrong, the worker is killed
+    unused (seconds of imports beside whatever else runs)."""
+    if options.nproc_per_run != 1 or options.device not in ("auto", "cpu"):
+        return False
+    if options.device == "auto" and NVIDIA_DRIVER.exists():
+        return False
+    return not lock_held(out_dir)
+
+
+@dataclass
+class _Tally:
+    """The runs of this call run to a record, and those of them not ok."""
+
+    ran: int = 0
+    failed: int = 0
+
+
+def _run_locked(options: RunOptions, executor, out_dir: Path, device: str | None, finish: Finish | None):
+    """The sweep, with ``out_dir`` locked: the device (``None``: check it against the Ray cluster's,
+    as a driver may have no GPU of its own), the runs not yet recorded, each record as it finishes."""
+    if device is None:
+        device = resolve_device(
+            options.device, options.nproc_per_run, executor.cluster_gpus(), memory_snapshot=options.memory_snapshot
+        )
+    specs = expand(options, device, out_dir)
+    store = out_dir / RESULTS_FILE
+    done = finished_keys(store)
+    todo = [s for s in specs if s.run_key not in done]
+    tally = _Tally()
+
+    def outcome(exit_code: int) -> SweepOutcome:
+        return SweepOutcome(out_dir, store, len(specs), len(specs) - len(todo), tally.ran, tally.failed, exit_code)
+
+    say(
+        f"petlprof: {len(specs)} run(s) on {device}; {len(specs) - len(todo)} already in {store}; "
+        f"writing to {out_dir}; runs execute on {executor.describe()}"
+    )
+    in_main = threading.current_thread() is threading.main_thread()  # a handler can be set in the main thread only
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main else None
+    try:
+        if todo:  # idle power before the first run (after the warm worker's imports), for energy above idle
+            say(f"petlprof: {executor.prepare_idle(device, options.energy_meter)}")
+        _sweep(todo, store, executor, tally, done=len(specs) - len(todo), total=len(specs))
+    except StoreWriteError:
+        return outcome(1)
+    except (KeyboardInterrupt, Terminated) as exc:
+        print(file=sys.stderr)
+        say(
+            f"petlprof: interrupted; finished runs are in {store}. Resume with the same command "
+            f"(with --output {out_dir}): recorded runs are skipped."
+        )
+        return outcome(130 if isinstance(exc, KeyboardInterrupt) else 143)
+    finally:
+        if in_main:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+    if finish is not None:
+        finish(store, out_dir)
+    for pair in unsupported_pairs(options) if options.skip_unsupported else ():  # left out before any run
+        say(f"petlprof: skipped (--skip-unsupported): {pair}")
+    return outcome(1 if tally.failed else 0)
+
+
+def _progress(spec, position: int, total: int, started: float, finished: int) -> str:
+    """``[7/24] lora r=8 on minilm / tweets, seed 1 (elapsed 3m10s, about 8m left)``."""
+    method = get_method(spec.method)
+    point = f" {method.pareto_knob}={spec.method_config.get(method.pareto_knob)}" if method.pareto_knob else ""
+    line = f"[{position}/{total}] {method.name}{point} on {spec.backbone} / {spec.task}, seed {spec.seed}"
+    if finished:
+        elapsed = time.monotonic() - started
+        left = elapsed / finished * (total - position + 1)
+        line += f" (elapsed {elapsed // 60:.0f}m{elapsed % 60:02.0f}s, about {left // 60:.0f}m{left % 60:02.0f}s left)"
+    return line
+
+
+def _sweep(todo, store: Path, executor, tally: _Tally, done: int = 0, total: int | None = None) -> None:
+    """Run ``todo`` on ``executor``, appending each record as it comes back (counted in ``tally``); ``done`` runs
+    of ``total`` were recorded before (a resumed sweep), so progress counts the whole sweep.  On an
+    interrupt the runs in flight are recorded ``cancelled`` and stopped."""
+    started, total = time.monotonic(), total if total is not None else len(todo)
+    position = iter(range(done + 1, total + 1))
+    span = _Span()
+
+    def on_start(spec) -> None:
+        span.start()
+        say(_progress(spec, next(position), total, started, tally.ran))
+
+    try:
+        for spec, record in executor.results(todo, on_start=on_start):
+            try:  # looked up at each record, not bound at import: tests replace append_record
+                results_store.append_record(store, record)
+            except OSError as exc:  # disk full, folder removed, ...: say so, and keep the result on the terminal
+                say(
+                    f"petlprof: error: could not write to {store}: {exc.strerror or exc}. Runs recorded before "
+                    "are intact; this run's record follows so it is not lost:"
+                )
+                print(json.dumps(record, default=str), file=sys.stderr)
+                raise StoreWriteError() from None
+            finally:
+                release_signals()  # a signal held while the finished run was stored is delivered now
+            tally.ran += 1
+            span.end(record)
+            if record["status"] != "ok":
+                tally.failed += 1
+                say(f"  {spec.method} seed {spec.seed} {record['status']}: {record['error']}")
+    except (KeyboardInterrupt, Terminated) as exc:
+        name = "SIGINT" if isinstance(exc, KeyboardInterrupt) else "SIGTERM"
+        in_flight = list(executor.in_flight)
+        executor.cancel()
+        for spec in in_flight:
+            try:
+                results_store.append_record(store, cancelled_record(spec, name))
+            except OSError as error:
+                say(f"petlprof: could not record the cancelled run in {store}: {error}")
+        raise
+    # local runs go one after another, so the span less their phases is the harness's (Ray's overlap)
+    if getattr(executor, "name", "") == LOCAL and (line := span.line()):
+        say(line)
+
+
+class _Span:
+    """The sweep's own figure of what the harness costs: from the first run's start to the last run's record
+    stored (monotonic clock, this invocation's runs), less every run's measured phases."""
+
+    def __init__(self) -> None:
+        self.first: float | None = None
+        self.last: float | None = None
+        self.phases_s, self.runs = 0.0, 0
+
+    def start(self) -> None:
+        if self.first is None:
+            self.first = time.monotonic()
+
+    def end(self, record) -> None:
+        self.last = time.monotonic()
+        self.phases_s += measured_phases_s(record)
+        self.runs += 1
+
+    def line(self) -> str | None:
+        if self.first is None or self.last is None or not self.runs:
+            return None
+        span = self.last - self.first
+        outside = max(span - self.phases_s, 0.0)
+        return (
+            f"petlprof: {self.runs} run(s) in {span:,.1f} s from the first start to the last record stored "
+            f"(measured, monotonic clock); {outside:,.1f} s of it, {outside / self.runs:,.1f} s a run, outside "
+            "their measured phases: process starts, imports, loading, warm-ups, writing and the gaps between runs"
+        )

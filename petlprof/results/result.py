@@ -1,0 +1,374 @@
+"""A stored record read back, typed: :class:`RunResult` and the parts every reader of results uses.
+
+The store holds JSON objects of schema version 1 (:class:`petlprof.results.records.RunRecord` names their
+fields for the code that writes them).  A reader — the report, the DataFrame API, ``petlprof run``'s summary —
+turns each one into a :class:`RunResult` with :meth:`RunResult.from_json` and reads attributes: ``result.status``,
+``result.task_info.majority_rate``, ``result.train[ENERGY]`` (a phase is keyed by its declared
+:class:`~petlprof.results.figures.Figure`), ``result.budget.reached``.  ``to_json`` gives back the object as
+it was read, so nothing on disk changes.
+
+A record may be incomplete (a failed run has no phases), older (a field added since is absent) or edited by
+hand (a number where text belongs): every attribute is then ``None`` (or empty), never an error, and a figure
+is a finite number or ``None`` — the report shows ``-`` for it.  ``dict[str, Any]`` stays at this boundary:
+``from_json`` is where the JSON object ends.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from petlprof.results.figures import FIGURES, Figure
+from petlprof.results.records import OK
+
+# a value as JSON holds it (a record's field, a method config's value, a cell of the runs table)
+JSONValue = str | int | float | bool | None | list["JSONValue"] | dict[str, "JSONValue"]
+BATCH_KEY = re.compile(r"batch_(\d+)")
+# the phases measured at each of several batch sizes (batch_<size>: one window each)
+BATCHED_PHASES = ("inference", "generation", "generation_merged")
+TARGET_FIGURES = (  # the budget's cost-to-target figures (None when not reached; the last three are newer)
+    "time_to_target_s",
+    "energy_to_target_j",
+    "check_time_s",
+    "check_energy_j",
+    "time_to_target_without_checks_s",
+    "energy_to_target_without_checks_j",
+)
+
+
+def finite(value: object) -> float | None:
+    """``value`` as a float when it is a finite number (not a bool), else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def mapping(value: object) -> Mapping[str, Any]:
+    """``value`` when it is a mapping, else an empty one (a failed run's missing or null part)."""
+    return value if isinstance(value, Mapping) else {}
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _strings(value: object) -> tuple[str, ...] | None:
+    """A list's items as text (None when ``value`` is not a list)."""
+    return tuple(str(v) for v in value) if isinstance(value, list) else None
+
+
+def _at(data: Mapping[str, Any], keys: Iterable[str]) -> Any:
+    """``data[k1][k2]...``, or None where a level is missing, null or not a mapping."""
+    value: Any = data
+    for key in keys:
+        if not isinstance(value, Mapping):
+            return None
+        value = value.get(key)
+    return value
+
+
+@dataclass(frozen=True)
+class PhaseResult:
+    """One measured window of a run (the train or eval phase, the merged evaluation, one batch size of the
+    inference or generation phase): its figures keyed by their declarations, how they were obtained, and
+    what went wrong in it."""
+
+    data: Mapping[str, Any]
+
+    @classmethod
+    def from_json(cls, value: object) -> PhaseResult | None:
+        return cls(value) if isinstance(value, Mapping) else None
+
+    def to_json(self) -> Mapping[str, Any]:
+        return self.data
+
+    def __getitem__(self, figure: Figure) -> float | None:
+        """The figure's value as shown (its declared path: a percentile's ``p50``, the side network's share),
+        a finite number or None."""
+        return finite(_at(self.data, figure.path))
+
+    @property
+    def figures(self) -> dict[Figure, float]:
+        """Every declared figure the window holds a number for."""
+        return {f: value for f in FIGURES if (value := self[f]) is not None}
+
+    def text(self, key: str) -> str | None:
+        """A provenance entry (``energy_kind``, ``energy_source``, ``memory_source``, ``energy_model``,
+        ``latency_source``) as text, None when absent."""
+        value = self.data.get(key)
+        return None if value is None else str(value)
+
+    def raw(self, key: str) -> Any:
+        """The entry ``key`` as stored (a value no declaration covers, e.g. a window's ``max_prompts``)."""
+        return self.data.get(key)
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        return _strings(self.data.get("warnings")) or ()
+
+    @property
+    def error(self) -> str | None:
+        """A merge that failed (the merged evaluation's error; the unmerged results stand)."""
+        value = self.data.get("error")
+        return str(value) if value else None
+
+
+@dataclass(frozen=True)
+class Check:
+    """One target check: the optimiser step after which the held-out slice was scored, and its score."""
+
+    step: int
+    value: float
+
+
+@dataclass(frozen=True)
+class BudgetResult:
+    """The train phase's ``budget``: the target, why training stopped and what reaching it cost."""
+
+    target_metric: str | None
+    target_value: float | None
+    stop_reason: str | None
+    reached: bool | None
+    reached_at_step: float | None
+    check_eval_size: int | None
+    eval_every_steps: int | None
+    costs: Mapping[str, float | None]  # TARGET_FIGURES by name
+    checks: tuple[Check, ...]
+
+    @classmethod
+    def from_json(cls, value: object) -> BudgetResult | None:
+        if not isinstance(value, Mapping):
+            return None
+        checks = value.get("checks")
+        return cls(
+            target_metric=_text(value.get("target_metric")),
+            target_value=finite(value.get("target_value")),
+            stop_reason=None if value.get("stop_reason") is None else str(value.get("stop_reason")),
+            reached=value.get("reached") if isinstance(value.get("reached"), bool) else None,
+            reached_at_step=finite(value.get("reached_at_step")),
+            check_eval_size=_int(value.get("check_eval_size")),
+            eval_every_steps=_int(value.get("eval_every_steps")),
+            costs={name: finite(value.get(name)) for name in TARGET_FIGURES},
+            checks=tuple(Check(int(c["step"]), float(c["value"])) for c in checks) if isinstance(checks, list) else (),
+        )
+
+
+@dataclass(frozen=True)
+class BackboneInfo:
+    """What the record says of its backbone (``backbone_info``)."""
+
+    family: str | None = None
+    num_layers: int | None = None
+    hidden_size: int | None = None
+    random_init: bool = False  # random weights (--random-init, the tiny presets): the score is meaningless
+
+    @classmethod
+    def from_json(cls, value: object) -> BackboneInfo:
+        info = mapping(value)
+        family = info.get("family")
+        return cls(
+            family=str(family) if family else None,
+            num_layers=_int(info.get("num_layers")),
+            hidden_size=_int(info.get("hidden_size")),
+            random_init=info.get("random_init") is True,
+        )
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    """What the record says of its task (``task_info``)."""
+
+    num_labels: int | None = None
+    label_names: tuple[str, ...] | None = None
+    train_samples: int | None = None
+    eval_samples: int | None = None
+    description: str | None = None
+    majority_rate: float | None = None  # the evaluation split's most common class's share
+
+    @classmethod
+    def from_json(cls, value: object) -> TaskInfo:
+        info = mapping(value)
+        description = info.get("description")
+        return cls(
+            num_labels=_int(info.get("num_labels")),
+            label_names=_strings(info.get("label_names")),
+            train_samples=_int(info.get("train_samples")),
+            eval_samples=_int(info.get("eval_samples")),
+            description=str(description) if description else None,
+            majority_rate=finite(info.get("majority_rate")),
+        )
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where the run executed: the executor, the host, and how many ranks it had."""
+
+    executor: str | None = None
+    hostname: str | None = None
+    world_size: int | None = None
+
+    @classmethod
+    def from_json(cls, node: object, env: object, distributed: object) -> Where:
+        host = mapping(node).get("hostname") or mapping(env).get("hostname")
+        return cls(
+            executor=mapping(node).get("executor") or None,
+            hostname=str(host) if host else None,
+            world_size=_int(mapping(distributed).get("world_size")),
+        )
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One run's record, read back (see the module docstring)."""
+
+    data: Mapping[str, Any]  # the JSON object as stored
+    run_key: str | None = None
+    status: str | None = None
+    error: str | None = None
+    method: str | None = None
+    backbone: str | None = None
+    task: str | None = None
+    seed: int | None = None
+    primary_metric: str | None = None
+    pareto_knob: str | None = None
+    method_config: Mapping[str, Any] = field(default_factory=dict)
+    method_config_changed: tuple[str, ...] | None = None  # None: an older record, which did not say
+    spec: Mapping[str, Any] | None = None
+    metrics: Mapping[str, float | None] = field(default_factory=dict)
+    warnings: tuple[str, ...] | None = None  # about the result itself (None: the record has no list)
+    trainable_params: float | None = None
+    total_params: float | None = None
+    checkpoint_bytes: float | None = None
+    backbone_info: BackboneInfo = BackboneInfo()
+    task_info: TaskInfo = TaskInfo()
+    training: Mapping[str, Any] = field(default_factory=dict)  # the settings, shown as key=value
+    train: PhaseResult | None = None
+    eval: PhaseResult | None = None
+    eval_merged: PhaseResult | None = None
+    batched: Mapping[str, Mapping[str, PhaseResult]] = field(default_factory=dict)  # BATCHED_PHASES' windows
+    budget: BudgetResult | None = None
+    diverged_at_step: float | None = None
+    where: Where = Where()
+    env: Mapping[str, Any] | None = None
+    overhead_s: float | None = None
+    process_wall_time_s: float | None = None
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RunResult:
+        """The typed view of one stored record (a JSON object of schema 1)."""
+        metrics = mapping(data.get("metrics"))
+        train = PhaseResult.from_json(data.get("train"))
+        env = data.get("env")
+        return cls(
+            data=data,
+            run_key=_text(data.get("run_key")),
+            status=_text(data.get("status")),
+            error=None if data.get("error") is None else str(data.get("error")),
+            method=_text(data.get("method")),
+            backbone=_text(data.get("backbone")),
+            task=_text(data.get("task")),
+            seed=_int(data.get("seed")),
+            primary_metric=_text(data.get("primary_metric")),
+            pareto_knob=_text(data.get("pareto_knob")),
+            method_config=mapping(data.get("method_config")),
+            method_config_changed=_strings(data.get("method_config_changed")),
+            spec=data["spec"] if isinstance(data.get("spec"), Mapping) else None,
+            metrics={str(name): finite(value) for name, value in metrics.items()},
+            warnings=_strings(data.get("warnings")),
+            trainable_params=finite(data.get("trainable_params")),
+            total_params=finite(data.get("total_params")),
+            checkpoint_bytes=finite(data.get("checkpoint_bytes")),
+            backbone_info=BackboneInfo.from_json(data.get("backbone_info")),
+            task_info=TaskInfo.from_json(data.get("task_info")),
+            training=mapping(data.get("training")),
+            train=train,
+            eval=PhaseResult.from_json(data.get("eval")),
+            eval_merged=PhaseResult.from_json(data.get("eval_merged")),
+            batched={phase: _windows(data.get(phase)) for phase in BATCHED_PHASES},
+            budget=BudgetResult.from_json(train.raw("budget")) if train is not None else None,
+            diverged_at_step=finite(mapping(data.get("diverged_at")).get("step")),
+            where=Where.from_json(data.get("node"), env, data.get("distributed")),
+            env=env if isinstance(env, Mapping) else None,
+            overhead_s=finite(data.get("overhead_s")),
+            process_wall_time_s=finite(data.get("process_wall_time_s")),
+        )
+
+    @classmethod
+    def of(cls, record: RunResult | Mapping[str, Any]) -> RunResult:
+        """``record`` itself when it is read already, else its typed view."""
+        return record if isinstance(record, RunResult) else cls.from_json(record)
+
+    def to_json(self) -> Mapping[str, Any]:
+        """The record as stored (schema 1, unchanged)."""
+        return self.data
+
+    @property
+    def ok(self) -> bool:
+        """A run that finished (status ``ok``): the only status with scores."""
+        return self.status == OK
+
+    def phase(self, name: str) -> PhaseResult | None:
+        """A measured phase by its record key: ``train``, ``eval`` or ``eval_merged``."""
+        return {"train": self.train, "eval": self.eval, "eval_merged": self.eval_merged}[name]
+
+    def windows(self, phase: str) -> Mapping[str, PhaseResult]:
+        """The ``batch_<size>`` windows of a batched phase (``inference``, ``generation``, ``generation_merged``)."""
+        return self.batched.get(phase, {})
+
+    @property
+    def knob_value(self) -> Any:
+        """The value of the method's Pareto knob in its configuration (None without one)."""
+        return self.method_config.get(self.pareto_knob) if self.pareto_knob else None
+
+    @property
+    def precision(self) -> str | None:
+        value = self.training.get("precision")
+        return value if isinstance(value, str) else None
+
+    @property
+    def quantization_method(self) -> str | None:
+        """The backbone's quantisation (``nf4``, ``int8``; ``training.quantization.method``), None unquantised."""
+        method = mapping(self.training.get("quantization")).get("method")
+        return str(method) if method else None
+
+
+def _windows(value: object) -> dict[str, PhaseResult]:
+    """A batched phase's ``batch_<size>`` windows, in the record's order."""
+    return {
+        str(key): window
+        for key, entry in mapping(value).items()
+        if BATCH_KEY.fullmatch(str(key)) and (window := PhaseResult.from_json(entry)) is not None
+    }
+
+
+def results_of(records: Iterable[RunResult | Mapping[str, Any]]) -> list[RunResult]:
+    """Typed views of records, whether read already or still JSON objects."""
+    return [RunResult.of(r) for r in records]
+
+
+def overhead_line(results: Sequence[RunResult]) -> str | None:
+    """How much of the runs' wall time the harness spent outside the measured phases, as one sentence
+    (None when no record carries ``overhead_s``)."""
+    pairs = [
+        (r.overhead_s, r.process_wall_time_s)
+        for r in results
+        if r.overhead_s is not None and r.process_wall_time_s is not None
+    ]
+    wall = sum(w for _, w in pairs)
+    if not pairs or wall <= 0:
+        return None
+    overhead = sum(o for o, _ in pairs)
+    median = statistics.median(o for o, _ in pairs)
+    return (
+        f"harness overhead: {overhead:,.1f} s of the {len(pairs)} runs' {wall:,.1f} s of wall time "
+        f"({overhead / wall:.0%}, measured) fell outside the measured phases, median {median:.1f} s a run: "
+        "process start, imports, loading the model and data, warm-up steps, writing the record"
+    )
