@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -28,6 +29,31 @@ def test_missing_entries_never_fail_and_save_round_trips(tmp_path):
     baseline.record("b", 2, 0.1)
     baseline.save()
     assert json.loads((tmp_path / "nope" / "b.json").read_text()) == {"figures": {"b": {"value": 2, "rtol": 0.1}}}
+
+
+def test_the_committed_baseline_saves_back_byte_for_byte(tmp_path):
+    committed = Path(__file__).parent / "benchmarks" / "petlprof-baseline.json"
+    copy = tmp_path / "b.json"
+    copy.write_bytes(committed.read_bytes())
+    Baseline(copy).save()
+    assert copy.read_bytes() == committed.read_bytes()
+
+
+def test_an_entry_keeps_its_int_value_and_unknown_keys(tmp_path):
+    path = tmp_path / "b.json"
+    path.write_text(json.dumps({"figures": {"n": {"value": 10**30, "rtol": 0, "why": "exact"}}}))
+    Baseline(path).save()
+    assert json.loads(path.read_text()) == {"figures": {"n": {"value": 10**30, "rtol": 0.0, "why": "exact"}}}
+
+
+@pytest.mark.parametrize(
+    "entry", [{"value": "1.5", "rtol": 0.1}, {"value": True, "rtol": 0.1}, {"rtol": 0.1}, {"value": 1}]
+)
+def test_a_malformed_entry_is_named(tmp_path, entry):
+    path = tmp_path / "b.json"
+    path.write_text(json.dumps({"figures": {"bad": entry}}))
+    with pytest.raises(ValueError, match=r"figure 'bad': a baseline entry needs a numeric value and rtol"):
+        Baseline(path)
 
 
 def test_rounds_vary_the_order_and_keep_rounds_aligned():

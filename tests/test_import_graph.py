@@ -196,11 +196,16 @@ def layer_breaks(edges: list[Edge]) -> list[Edge]:
 
 
 def _is_parent_package(e: Edge) -> bool:
-    """``from petlprof.results import figures`` reaches ``petlprof.results`` too: a subpackage's ``__init__`` is its
-    docstring (or, for ``petlprof.meters``, its own layer's), and the submodule import is the edge that counts."""
-    return (
-        e.target != "petlprof" and package_modules()[e.target].name == "__init__.py" and layer_of(e.target) != "front"
-    )
+    """``from petlprof.results import figures`` reaches ``petlprof.results`` too, whose ``__init__`` is only its
+    docstring: the submodule import is the edge that counts.  A package whose ``__init__`` holds code
+    (``petlprof.meters``, ``petlprof.report``) is a module like any other, and importing from it counts."""
+    return package_modules()[e.target].name == "__init__.py" and _docstring_only(e.target)
+
+
+@functools.cache
+def _docstring_only(package: str) -> bool:
+    body = ast.parse(package_modules()[package].read_text()).body
+    return all(isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) for node in body)
 
 
 def upward_imports(edges: list[Edge]) -> list[Edge]:
@@ -296,6 +301,8 @@ LAYER_REGRESSIONS = [
     ("petlprof.report.table", "def f():\n    from petlprof.run.pipeline import prepare\n"),
     ("petlprof.tasks.labelled", "from petlprof.models.backbones import load_backbone\n"),
     ("petlprof.values", "from petlprof.results.figures import TIME\n"),
+    ("petlprof.models.backbones", "from petlprof.meters import Window\n"),  # through a package with code
+    ("petlprof.run.train", "def f():\n    from petlprof.report import write_report\n"),
 ]
 
 

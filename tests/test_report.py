@@ -733,3 +733,42 @@ def test_log_axis_has_a_tick_label_at_or_left_of_its_leftmost_point(params):
     low, high = ax.get_xlim()
     ticks = [t for t in ax.xaxis.get_major_ticks() if low <= t.get_loc() <= high and t.label1.get_text()]
     assert ticks and min(t.get_loc() for t in ticks) <= min(params), [t.label1.get_text() for t in ticks]
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        (1, 1.0),
+        (0.5, 0.5),
+        (1e308, 1e308),
+        (10**30, 1e30),
+        (10**400, None),
+        (math.nan, None),
+        (math.inf, None),
+        (-math.inf, None),
+        (True, None),
+        ("0.9", None),
+        (None, None),
+        ([1], None),
+    ],
+)
+def test_a_figure_is_read_as_a_finite_float_or_none(value, expected):
+    from petlprof.results.result import finite
+
+    assert finite(value) == expected
+
+
+def test_a_budgets_malformed_checks_are_left_out_not_fatal():
+    from petlprof.results.result import BudgetResult, Check
+
+    checks = [
+        {"step": 2, "value": 0.5},
+        {"step": "3", "value": 0.6},
+        {"step": 4, "value": math.nan},
+        "x",
+        {"step": 5},
+        {"step": 6, "value": 10**400},
+        {"step": 7, "value": 1},
+    ]
+    budget = BudgetResult.from_json({"checks": checks})
+    assert budget is not None and budget.checks == (Check(2, 0.5), Check(7, 1.0))

@@ -63,12 +63,15 @@ class RMSNorm(nn.Module):
 class Shape:
     """What the side network takes from the backbone: widths, heads, norm, activation, placement."""
 
-    def __init__(self, backbone, family: str, reduction_factor: int):
+    def __init__(self, backbone, family: str, reduction_factor: int, kv_heads: int | None = None):
         config = backbone.config
         self.model_type = getattr(config, "model_type", "")
         self.width = int(config.hidden_size)
         self.heads = int(config.num_attention_heads)
-        self.kv_heads = int(getattr(config, "num_key_value_heads", None) or self.heads)
+        # the backbone's own key/value heads as its projections have them (the architecture description's
+        # kv_width): a config may not say (Falcon's multi-query before transformers 5.25 had no
+        # num_key_value_heads), and the pruned initialisation copies those projections' rows
+        self.kv_heads = kv_heads or int(getattr(config, "num_key_value_heads", None) or self.heads)
         self.r = reduction_factor
         self.side = self.width // reduction_factor
         if self.heads % self.kv_heads:
@@ -247,7 +250,10 @@ class LstModel(SideTunedModel):
     def __init__(self, classifier, config):
         super().__init__(classifier)
         backbone = classifier.backbone
-        self.shape = Shape(backbone, classifier.family, config.reduction_factor)
+        arch = classifier.architecture
+        self.shape = Shape(
+            backbone, classifier.family, config.reduction_factor, kv_heads=arch.kv_width // arch.head_dim
+        )
         self.init = config.init
         depth, decoder_depth = _depths(backbone.config)
         if self.encoder_decoder:

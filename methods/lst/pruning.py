@@ -81,8 +81,12 @@ def _attention(target, backbone, attention, kept, shape) -> None:
     """Prune one attention block to the side's per-head width; ``kept``: the residual dimensions."""
     if attention.fused_qkv:
         fused, fused_bias = _weight(backbone.get_submodule(attention.fused_qkv))
-        q, k, v = fused.chunk(3, dim=0)
-        qb, _, vb = (None, None, None) if fused_bias is None else fused_bias.chunk(3)
+        # [query; key; value] rows: the query as wide as the model, key and value narrower under grouped or
+        # multi-query attention (GPT-2's c_attn: thirds; Falcon's multi-query: hidden + 2 x head_dim)
+        kv = (fused.shape[0] - shape.width) // 2
+        sizes = [fused.shape[0] - 2 * kv, kv, kv]
+        q, k, v = fused.split(sizes, dim=0)
+        qb, _, vb = (None, None, None) if fused_bias is None else fused_bias.split(sizes)
     else:
         (q, qb), (k, _), (v, vb) = (
             _weight(backbone.get_submodule(getattr(attention, n))) for n in ("query", "key", "value")

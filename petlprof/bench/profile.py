@@ -27,7 +27,7 @@ import random
 import statistics
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -242,17 +242,22 @@ def paired_ratio(samples: dict[str, list[float]], name: str, reference: str) -> 
 
 @dataclass(frozen=True)
 class BaselineEntry:
-    """One committed figure: its value and the relative tolerance it is checked with."""
+    """One committed figure: its value (an exact count stays an int) and the relative tolerance it is checked
+    with; ``extra`` keeps any other key the file has for it, written back as it was."""
 
-    value: float
+    value: int | float
     rtol: float
+    extra: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> BaselineEntry:
-        return cls(float(data["value"]), float(data["rtol"]))
+        value, rtol = data.get("value"), data.get("rtol")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not isinstance(rtol, (int, float)):
+            raise ValueError(f"a baseline entry needs a numeric value and rtol, not {dict(data)!r}")
+        return cls(value, float(rtol), {k: v for k, v in data.items() if k not in ("value", "rtol")})
 
-    def to_json(self) -> dict[str, float]:
-        return {"value": self.value, "rtol": self.rtol}
+    def to_json(self) -> dict[str, Any]:
+        return {"value": self.value, "rtol": self.rtol, **self.extra}
 
 
 class Baseline:
@@ -268,7 +273,12 @@ class Baseline:
         self.path = Path(path)
         data = json.loads(self.path.read_text()) if self.path.exists() else {}
         self.extra = {k: v for k, v in data.items() if k != "figures"}  # kept as written (a comment, say)
-        self.figures = {key: BaselineEntry.from_json(entry) for key, entry in data.get("figures", {}).items()}
+        self.figures: dict[str, BaselineEntry] = {}
+        for key, entry in data.get("figures", {}).items():
+            try:
+                self.figures[key] = BaselineEntry.from_json(entry)
+            except ValueError as exc:
+                raise ValueError(f"{self.path}: figure {key!r}: {exc}") from None
 
     def check(self, key: str, value: float, rtol: float | None = None, two_sided: bool = False) -> str | None:
         """None when within tolerance (or no baseline yet); otherwise the failure message.

@@ -42,9 +42,13 @@ TARGET_FIGURES = (  # the budget's cost-to-target figures (None when not reached
 
 def finite(value: object) -> float | None:
     """``value`` as a float when it is a finite number (not a bool), else None."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an integer past float's range (10**400)
+        return None
+    return number if math.isfinite(number) else None
 
 
 def mapping(value: object) -> Mapping[str, Any]:
@@ -157,8 +161,15 @@ class BudgetResult:
             check_eval_size=_int(value.get("check_eval_size")),
             eval_every_steps=_int(value.get("eval_every_steps")),
             costs={name: finite(value.get(name)) for name in TARGET_FIGURES},
-            checks=tuple(Check(int(c["step"]), float(c["value"])) for c in checks) if isinstance(checks, list) else (),
+            checks=_checks(checks),
         )
+
+
+def _checks(value: object) -> tuple[Check, ...]:
+    """The target checks a record lists, each a step and a finite score; an entry that is not one is left out."""
+    entries = value if isinstance(value, list) else []
+    steps = [(_int(mapping(c).get("step")), finite(mapping(c).get("value"))) for c in entries]
+    return tuple(Check(step, score) for step, score in steps if step is not None and score is not None)
 
 
 @dataclass(frozen=True)
@@ -219,7 +230,7 @@ class Where:
     def from_json(cls, node: object, env: object, distributed: object) -> Where:
         host = mapping(node).get("hostname") or mapping(env).get("hostname")
         return cls(
-            executor=mapping(node).get("executor") or None,
+            executor=_text(mapping(node).get("executor")) or None,
             hostname=str(host) if host else None,
             world_size=_int(mapping(distributed).get("world_size")),
         )
