@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from petlprof import __version__
-from petlprof.errors import UsageError, printable
+from petlprof.errors import UsageError, printable, say
 from petlprof.estimate.command import add_estimate_parser, cmd_estimate
 from petlprof.report.intervals import DEFAULT_INTERVAL, INTERVALS
 from petlprof.sweep.options import add_run_arguments
@@ -86,11 +86,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     return drive(build_options(file_values, cli_values), finish=report_sweep).exit_code
 
 
-def _say(line: str) -> None:
-    """A status line on stderr, with the control characters of the values it echoes escaped."""
-    print(printable(line), file=sys.stderr)
-
-
 def report_sweep(store: Path, out_dir: Path) -> None:
     """After a sweep (``petlprof run`` and :func:`petlprof.api.run_sweep`): the summary of every run in ``store``
     on the terminal, and the report written into ``out_dir``."""
@@ -100,8 +95,8 @@ def report_sweep(store: Path, out_dir: Path) -> None:
     records = load_records([store], skipped)
     _print_summary(records, skipped)
     for path in write_report(records, out_dir):
-        _say(f"wrote {path}")
-    _say(f"wrote {store}")
+        say(f"wrote {path}")
+    say(f"wrote {store}")
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -187,21 +182,21 @@ def cmd_report(args: argparse.Namespace) -> int:
     check_writable(out_dir)  # before the summary: a folder that cannot take the report is one line
     _print_summary(records, skipped)
     for path in write_report(records, out_dir, interval=args.interval):
-        _say(f"wrote {path}")
+        say(f"wrote {path}")
     return 0
 
 
 def _print_summary(records: Sequence[RunResult], skipped: list[str]) -> None:
     # not for --help: the records bring the statistics module, the report pandas and matplotlib
-    from petlprof.meters.base import ESTIMATED
     from petlprof.report import run_warnings, summary_table
     from petlprof.results.figures import ENERGY_KIND
     from petlprof.results.result import overhead_line
+    from petlprof.vocabulary import ESTIMATED
 
     if skipped:
-        _say(f"petlprof: skipped {len(skipped)} unusable line(s) of the results:")
+        say(f"petlprof: skipped {len(skipped)} unusable line(s) of the results:")
         for line in skipped[:10]:
-            _say(f"  {line}")
+            say(f"  {line}")
     print(summary_table(records, fmt="text"))
     estimated = {r.train.text("energy_model") for r in records if r.train and r.train.text(ENERGY_KIND) == ESTIMATED}
     for model in sorted(m for m in estimated if m):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import sys
 from collections.abc import Iterable
 
 ECHO_CHARS = 60  # an echoed value longer than this is cut, so a 5 MB value is not a 5 MB error line
@@ -19,6 +20,11 @@ def printable(text: str) -> str:
     """``text`` with every control character written as its escape (``\\x1b``, ``\\n``), so a value
     echoed to a terminal cannot move the cursor, change its colours, clear it or ring its bell."""
     return _CONTROL.sub(lambda match: ascii(match.group())[1:-1], text)
+
+
+def say(line: str) -> None:
+    """A status line on stderr, with the control characters of the values it echoes escaped."""
+    print(printable(line), file=sys.stderr)
 
 
 def shown(value: object, quote: bool = True, limit: int = ECHO_CHARS) -> str:

@@ -116,11 +116,12 @@ class Registry(Generic[T]):
 
     def entry_points(self) -> dict[str, list[metadata.EntryPoint]]:
         """Installed plug-ins by entry-point name (a name two distributions declare has two), read once."""
-        if self._found is None:
-            self._found = {}
+        if self._found is None:  # built whole before it is kept, so a second thread never reads half of it
+            found: dict[str, list[metadata.EntryPoint]] = {}
             for ep in metadata.entry_points(group=self.group) if self.group else ():
-                if all(ep.value != other.value for other in self._found.get(ep.name, [])):  # one dist seen twice
-                    self._found.setdefault(ep.name, []).append(ep)
+                if all(ep.value != other.value for other in found.get(ep.name, [])):  # one dist seen twice
+                    found.setdefault(ep.name, []).append(ep)
+            self._found = found
         return self._found
 
     def forget(self) -> None:
@@ -274,4 +275,4 @@ def _distribution(ep: metadata.EntryPoint) -> str:
     return f"{dist.metadata['Name']} {dist.version}" if dist is not None else "an unknown distribution"
 
 
-__all__ = ["REFERENCE", "Registry", "UsageError", "resolve"]
+__all__ = ["REFERENCE", "Registry", "resolve"]

@@ -141,8 +141,6 @@ __all__ = [
     "BUILTIN_METHODS",
     "ENTRY_POINT_GROUP",
     "METHODS",
-    "MethodSpec",
-    "UsageError",
     "builtin_method_names",
     "config_field_help",
     "get_method",

@@ -28,3 +28,6 @@ FP32, BF16, FP16 = "fp32", "bf16", "fp16"
 PRECISIONS = (FP32, BF16, FP16)  # --precision (petlprof.run.recipe)
 
 IGNORE_INDEX = -100  # Hugging Face's label of a position that is not a target
+
+# how a figure was obtained (its ``*_kind`` provenance key): read from a counter or sensor, or computed by a model
+MEASURED, ESTIMATED = "measured", "estimated"

@@ -197,7 +197,8 @@ def test_careless_input_is_one_escaped_line_exit_2_nothing_written(
 
 
 def test_a_progress_line_escapes_what_it_echoes(capsys):
-    from petlprof.execution.sweep import _progress, say
+    from petlprof.errors import say
+    from petlprof.execution.sweep import _progress
 
     spec = SimpleNamespace(method="read", method_config={"hidden_size": 128}, backbone="b" + CSI, task="t\x07", seed=0)
     say(_progress(spec, 1, 2, 0.0, 0))

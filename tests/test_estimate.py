@@ -18,11 +18,11 @@ from petlprof.estimate.trace import example_batch
 from petlprof.meters import Window
 from petlprof.meters.memory import static_breakdown
 from petlprof.meters.tensors import CpuTensorMeter
-from petlprof.method_api import MethodConfig
+from petlprof.method_api import MethodConfig, MethodSpec
 from petlprof.models.backbones import load_backbone
 from petlprof.models.classifier import SequenceClassifier
 from petlprof.models.shapes import shape_names
-from petlprof.registry import MethodSpec, get_method, method_names
+from petlprof.registry import get_method, method_names
 from petlprof.run.recipe import TrainRecipe
 from petlprof.run.train import loss_fn
 

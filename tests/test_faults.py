@@ -21,11 +21,12 @@ import pytest
 from petlprof.errors import UsageError
 from petlprof.execution.child import execute_in_subprocess
 from petlprof.meters import Window
-from petlprof.meters.base import MEASURED, Meter, Provenance, Reading
+from petlprof.meters.base import Meter, Provenance, Reading
 from petlprof.results.figures import ENERGY, PEAK_MEMORY
 from petlprof.results.store import LOCK_FILE, StoreLock, append_record, check_writable, finished_keys
 from petlprof.run.execute import execute
 from petlprof.sweep.spec import RunSpec
+from petlprof.vocabulary import MEASURED
 
 pytestmark = pytest.mark.slow  # starts processes or whole sweeps: the full suite, not the inner loop
 

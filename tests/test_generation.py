@@ -1,7 +1,7 @@
 """Tests for the generation phase (:mod:`petlprof.run.generation`): greedy decoding of a tiny random LLaMA
 under the meters, with an energy counter faked like the hardware (it advances only at its updates).
 
-The decoding loop here is a stand-in with the signature of ``petlprof.models.classifier.greedy_generate``
+The decoding loop here is a stand-in with the signature of ``petlprof.models.language_model.greedy_generate``
 (left-padded prompts, the KV cache kept, ``on_token`` after each step, EOS not returned); the phase
 takes its generate function as a parameter.  One test runs the real one on a READ model, whose side
 network the phase times.
@@ -16,11 +16,12 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from petlprof.meters import MEASURED, Meter, memory_meter_for
+from petlprof.meters import Meter, memory_meter_for
 from petlprof.meters.base import Provenance, Reading
 from petlprof.results import figures
 from petlprof.results.figures import ENERGY
 from petlprof.run.generation import MIN_BATCHES, chosen_tokens, measure_generation
+from petlprof.vocabulary import MEASURED
 
 PAD, EOS, VOCAB = 0, 2, 96
 BATCH_FIGURES = (

@@ -800,8 +800,9 @@ def test_a_meter_writing_an_undeclared_key_fails_loudly():
 
 
 def test_a_window_merges_typed_readings_and_keeps_each_meters_warnings_in_order():
-    from petlprof.meters.base import MEASURED, Meter, Provenance, Reading, phase_warnings
+    from petlprof.meters.base import Meter, Provenance, Reading, phase_warnings
     from petlprof.results.figures import ENERGY, PEAK_MEMORY
+    from petlprof.vocabulary import MEASURED
 
     class Energy(Meter):
         name = "e"

@@ -19,8 +19,7 @@ import pytest
 import torch
 
 from petlprof.cli import main
-from petlprof.method_api import MethodConfig
-from petlprof.registry import MethodSpec
+from petlprof.method_api import MethodConfig, MethodSpec
 from petlprof.results.records import DIVERGED, FAILED, OK
 from petlprof.run.execute import execute
 from petlprof.sweep.spec import RunSpec

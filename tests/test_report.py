@@ -21,7 +21,7 @@ from petlprof.errors import UsageError
 from petlprof.report import load_records, summary_table, write_report
 from petlprof.report.frame import runs_frame
 from petlprof.report.pareto import pareto_front
-from petlprof.report.plots import ENERGY, MEMORY, cost_label, wants_log_scale
+from petlprof.report.plots import ENERGY_AXIS, MEMORY_AXIS, cost_label, wants_log_scale
 from petlprof.results.result import RunResult
 
 MIB = 2**20
@@ -252,10 +252,10 @@ def test_report_md_contents(tmp_path):
 def test_energy_axis_label_says_estimated(kinds, must, must_not):
     records = [record("full", {}, i, 0.9, 100.0, kind, 10) for i, kind in enumerate(kinds)]
     runs = runs_frame(records)
-    label = cost_label(ENERGY, runs)
+    label = cost_label(ENERGY_AXIS, runs)
     assert all(text in label for text in must), label
     assert not any(text in label for text in must_not), label
-    assert "estimated" not in cost_label(MEMORY, runs) and "MiB" in cost_label(MEMORY, runs)
+    assert "estimated" not in cost_label(MEMORY_AXIS, runs) and "MiB" in cost_label(MEMORY_AXIS, runs)
 
 
 @pytest.mark.parametrize(
@@ -434,7 +434,7 @@ from pathlib import Path  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from petlprof.api import frontier, load_results, plot_frontier, relative_to, summarise  # noqa: E402
-from petlprof.report.frame import ci_half_width  # noqa: E402
+from petlprof.report.intervals import ci_half_width  # noqa: E402
 from petlprof.report.markdown import render_report  # noqa: E402
 from petlprof.report.plots import pareto_figures  # noqa: E402
 from petlprof.report.table import (  # noqa: E402
@@ -723,13 +723,13 @@ def test_identical_measurement_warnings_are_listed_once(places, line):
 @pytest.mark.parametrize("params", [[8_835, 74_883, 296_067], [1_155, 22_566_531], [30_000, 800_000]])
 def test_log_axis_has_a_tick_label_at_or_left_of_its_leftmost_point(params):
     from petlprof.report.frame import frontier
-    from petlprof.report.plots import PARAMS, draw
+    from petlprof.report.plots import PARAMS_AXIS, draw
 
     records = [record(f"m{i}", {}, 0, 0.8 + i / 100, 100.0, "measured", 100) for i in range(len(params))]
     for rec, count in zip(records, params):
         rec["trainable_params"] = count
-    configs = frontier(runs_frame(records), x=PARAMS.column, y="accuracy")
-    ax = draw(configs, "accuracy", "accuracy", PARAMS, "params", "title").axes[0]
+    configs = frontier(runs_frame(records), x=PARAMS_AXIS.column, y="accuracy")
+    ax = draw(configs, "accuracy", "accuracy", PARAMS_AXIS, "params", "title").axes[0]
     low, high = ax.get_xlim()
     ticks = [t for t in ax.xaxis.get_major_ticks() if low <= t.get_loc() <= high and t.label1.get_text()]
     assert ticks and min(t.get_loc() for t in ticks) <= min(params), [t.label1.get_text() for t in ticks]
@@ -772,3 +772,10 @@ def test_a_budgets_malformed_checks_are_left_out_not_fatal():
     ]
     budget = BudgetResult.from_json({"checks": checks})
     assert budget is not None and budget.checks == (Check(2, 0.5), Check(7, 1.0))
+
+
+def test_records_load_from_one_path_as_from_a_list_of_it():
+    from petlprof.api import load_records
+
+    one, listed = load_records(FIXTURE), load_records([str(FIXTURE)])
+    assert [r.run_key for r in one] == [r.run_key for r in listed] and len(one) == 17

@@ -15,7 +15,7 @@ from petlprof.report.differences import difference_tables
 from petlprof.report.frame import frontier, runs_frame
 from petlprof.report.intervals import caption, half_width, standard_error, welch_difference
 from petlprof.report.plotkit import CARETS, axis_limits, bar_ends
-from petlprof.report.plots import ENERGY, draw_pareto
+from petlprof.report.plots import ENERGY_AXIS, draw_pareto
 
 T2 = 4.302652729911275  # Student's t, 97.5% quantile, 2 degrees of freedom
 T1 = 12.706204736174707  # ... 1 degree of freedom
@@ -137,7 +137,7 @@ SWEEP = {"full": [(0.80, 100.0), (0.82, 110.0)], "lora": [(0.60, 200.0), (0.61, 
 )
 def test_pareto_bars_run_off_the_axes_cut_and_marked(kind, clipped, legend):
     configs = frontier(runs_frame(sweep(SWEEP)), x="energy_j", y="accuracy")
-    fig, text, cut = draw_pareto(configs, "accuracy", "accuracy", ENERGY, "energy", "title", interval=kind)
+    fig, text, cut = draw_pareto(configs, "accuracy", "accuracy", ENERGY_AXIS, "energy", "title", interval=kind)
     ax = fig.axes[0]
     assert sorted(cut) == clipped
     assert ax.get_xlim() == pytest.approx((97.4, 207.6)) and ax.get_ylim() == pytest.approx((0.5886, 0.8264))

@@ -11,7 +11,7 @@ from petlprof.report import frame
 from petlprof.report.frame import runs_frame
 from petlprof.report.intervals import ci_half_width
 from petlprof.report.markdown import render_report, write_report
-from petlprof.report.target import ENERGY, TIME, TargetPlot, target_configs, target_tables
+from petlprof.report.target import ENERGY_TO_TARGET, TIME_TO_TARGET, TargetPlot, target_configs, target_tables
 from petlprof.report.target_plot import cost_to_target_figures, draw_cost_to_target, row_label
 
 NEW = ("check_energy_j", "time_to_target_without_checks_s", "energy_to_target_without_checks_j")
@@ -161,7 +161,7 @@ def test_cost_to_target_table(method, expected):
 )
 def test_cost_to_target_plot(kind, clipped, caption):
     configs = target_configs(runs_frame(sweep()))
-    plot = TargetPlot(title="t", cost=ENERGY, key=())
+    plot = TargetPlot(title="t", cost=ENERGY_TO_TARGET, key=())
     fig = draw_cost_to_target(configs, runs_frame(sweep()), plot, kind)
     ax = fig.axes[0]
     assert plot.order == ["read — reached 2 of 3", "full", "lora", "bitfit — did not reach it (0 of 2)"]
@@ -174,7 +174,7 @@ def test_cost_to_target_plot(kind, clipped, caption):
 
 def test_old_records_only_say_the_figures_without_checks_are_not_recorded():
     old = [r for r in sweep() if r["method"] == "lora"]
-    plot = TargetPlot(title="t", cost=TIME, key=())
+    plot = TargetPlot(title="t", cost=TIME_TO_TARGET, key=())
     fig = draw_cost_to_target(target_configs(runs_frame(old)), runs_frame(old), plot, "ci95")
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
     assert "without the checks' measured cost: not recorded (older records)" in legend

@@ -19,8 +19,7 @@ from petlprof.estimate.command import GIB, flops, size
 from petlprof.estimate.core import Settings, estimate
 from petlprof.estimate.model import resolve_backbone
 from petlprof.estimate.scaling import PAPER_READ_SAVING, write_report
-from petlprof.method_api import MethodConfig
-from petlprof.registry import MethodSpec
+from petlprof.method_api import MethodConfig, MethodSpec
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -224,6 +224,6 @@ def test_ctrl_c_while_a_worker_is_still_importing_prints_no_traceback(tmp_path):
     time.sleep(0.3)  # python has started; petlprof, torch and transformers are still importing
     proc.send_signal(signal.SIGINT)  # Ctrl-C: ignored until the imports are done ...
     time.sleep(0.3)
-    proc.terminate()  # ... and the sweep stops the process itself, as runner._stop does
+    proc.terminate()  # ... and the sweep stops the process itself, as petlprof.execution.child._stop does
     _, err = proc.communicate(timeout=60)
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-2000:]

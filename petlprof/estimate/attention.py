@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from petlprof.errors import UsageError
 from petlprof.values import Choice
+from petlprof.vocabulary import FP32
 
 EAGER, SDPA, FLASH = "eager", "sdpa", "flash"
 ATTENTIONS = (EAGER, SDPA, FLASH)
@@ -55,7 +56,7 @@ def check_attention(attention: str, precision: str, device: str) -> None:
     from petlprof.estimate.autocast import policy_device
 
     Choice(choices=ATTENTIONS, kind="attention").check("attention", attention)
-    if attention == FLASH and policy_device(device) == "cuda" and precision == "fp32":
+    if attention == FLASH and policy_device(device) == "cuda" and precision == FP32:
         raise UsageError(
             "--attention flash on cuda needs --precision bf16 or fp16: a GPU's flash attention runs in half "
             "precision only (at fp32 use --attention sdpa, which takes the memory-efficient kernel, or eager)"

@@ -20,7 +20,7 @@ from petlprof.models.quantization import NONE, Quantization
 from petlprof.results.figures import BREAKDOWN_GRADIENTS, BREAKDOWN_QUANTIZATION_STATE
 from petlprof.sweep.options import OPTIONS, default_of, help_of, kind_of
 from petlprof.values import Flag, Integer, flag, parse_bytes
-from petlprof.vocabulary import CLASSIFICATION, LM, ZERO_SHOT
+from petlprof.vocabulary import CLASSIFICATION, FP32, LM, ZERO_SHOT
 
 if TYPE_CHECKING:  # both import torch: not for --help
     from petlprof.estimate.core import Estimate, EstimateRecord, Settings
@@ -414,7 +414,7 @@ def _quantize_label(record: EstimateRecord) -> str:
 
 def _dtype_label(record: Estimate) -> str:
     """The weights' dtype, and the autocast dtype the step computes in where it differs."""
-    if record["precision"] == "fp32":
+    if record["precision"] == FP32:
         return record["dtype"]
     return f"{record['dtype']}+{record['precision']} autocast"
 
@@ -472,7 +472,7 @@ def _precision(settings) -> str:
     from petlprof.estimate.autocast import policy_device  # imports torch: not at the top, for a fast --help
 
     kernels = f"{policy_device(settings.device)} kernels"
-    if settings.precision == "fp32":
+    if settings.precision == FP32:
         return f"float32 (every backbone, whatever dtype its config names), {kernels}"
     return f"{settings.precision} autocast ({policy_device(settings.device)} rules), float32 weights, {kernels}"
 

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from petlprof.estimate.command import GIB, flops, size
+from petlprof.vocabulary import FP32
 
 FIT_GIB = (24, 80, 141)
 PAPER_READ_SAVING = -0.56  # READ (arXiv 2305.15348): 56% less training memory than full fine-tuning on T5-large
@@ -126,8 +127,8 @@ def read_vs_paper(records: list[dict]) -> list[str]:
 
 def _numerics(record: dict) -> str:
     """The dtype the step computes in and whose kernels it assumes, as the record says."""
-    precision = record.get("precision", "fp32")
-    dtype = record.get("dtype") if precision == "fp32" else f"{precision} autocast, float32 weights"
+    precision = record.get("precision", FP32)
+    dtype = record.get("dtype") if precision == FP32 else f"{precision} autocast, float32 weights"
     return f"{dtype}, {record.get('kernels', 'cuda')} kernels"
 
 

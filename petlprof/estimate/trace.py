@@ -46,7 +46,7 @@ from petlprof.estimate.kernels import DeviceKernels, UntraceableError, flop_coun
 from petlprof.meters.tensors import run_composite, runs_composite
 from petlprof.run.recipe import AUTOCAST_DTYPES, TrainRecipe
 from petlprof.run.train import loss_fn as classifier_loss
-from petlprof.vocabulary import FP16, FP32
+from petlprof.vocabulary import FP16, FP32, IGNORE_INDEX
 
 aten = torch.ops.aten
 _INDEX_OPS = {aten.index.Tensor, aten.index_put.default, aten.index_put_.default, aten._index_put_impl_.default}
@@ -267,9 +267,6 @@ def example_batch(batch_size: int, max_length: int, token_id: int) -> tuple[dict
     return inputs, torch.zeros(batch_size, dtype=torch.long)
 
 
-IGNORED = -100  # a label the loss skips (Hugging Face's convention)
-
-
 def lm_batch(
     batch_size: int, prompt_length: int, target_length: int, token_id: int, encoder_decoder: bool
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
@@ -284,7 +281,7 @@ def lm_batch(
     else:
         ids = torch.full((batch_size, prompt_length + target_length), token_id, dtype=torch.long)
         labels = ids.clone()
-        labels[:, :prompt_length] = IGNORED
+        labels[:, :prompt_length] = IGNORE_INDEX
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}, labels
 
 

@@ -25,7 +25,6 @@ gave the task and the CPUs it asked for.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import json
 import os
 import socket
@@ -506,14 +505,13 @@ def make_executor(
     cpus_per_run: float = 1.0,
 ):
     """The executor ``name`` (one of :data:`petlprof.vocabulary.EXECUTORS`), given the options it takes."""
-    cls = EXECUTOR_KINDS.get(name)
-    options = dict(
-        address=address,
-        in_process=in_process,
-        timeout_s=timeout_s,
-        max_memory_bytes=max_memory_bytes,
-        retries=retries,
-        cpus_per_run=cpus_per_run,
-    )
-    takes = inspect.signature(cls).parameters  # each executor takes the options it has a parameter for
-    return cls(**{key: value for key, value in options.items() if key in takes})
+    cls = EXECUTOR_KINDS.get(name)  # an unknown name: the registry's error, naming the choices
+    if cls is RayExecutor:  # a cluster's: where it is, what a run asks of it, how often a lost run is retried
+        return RayExecutor(
+            address=address,
+            timeout_s=timeout_s,
+            max_memory_bytes=max_memory_bytes,
+            cpus_per_run=cpus_per_run,
+            retries=retries,
+        )
+    return cls(in_process=in_process, timeout_s=timeout_s, max_memory_bytes=max_memory_bytes)

@@ -22,13 +22,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from petlprof.errors import printable
+from petlprof.errors import say
 from petlprof.execution import executors
 from petlprof.execution.child import release_signals
 from petlprof.registry import get_method
 from petlprof.results import store as results_store
-from petlprof.results.records import measured_phases_s
-from petlprof.results.store import RESULTS_FILE, StoreLock, check_writable, finished_keys, lock_held
+from petlprof.results.records import RESULTS_FILE, measured_phases_s
+from petlprof.results.store import StoreLock, check_writable, finished_keys, lock_held
 from petlprof.run.execute import cancelled_record
 from petlprof.sweep.config import default_output_dir, expand, preflight, resolve_device, unsupported_pairs
 from petlprof.sweep.options import RunOptions
@@ -65,11 +65,6 @@ class SweepOutcome:
     failed: int  # of those, the ones whose record's status is not ok
     exit_code: int  # what `petlprof run` exits with: 0; 1 (a run failed, or a record could not be written);
     # 130 (Ctrl-C) or 143 (SIGTERM): the runs in flight were recorded cancelled
-
-
-def say(line: str) -> None:
-    """A status line on stderr, with the control characters of the values it echoes escaped."""
-    print(printable(line), file=sys.stderr)
 
 
 def drive(options: RunOptions, finish: Finish | None = None) -> SweepOutcome:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from petlprof.errors import UsageError
 from petlprof.lookup import Registry
-from petlprof.meters.base import ESTIMATED, MEASURED, Meter, Window, synchronize
+from petlprof.meters.base import Meter, Window, synchronize
 from petlprof.meters.carbon import CodecarbonMeter
 from petlprof.meters.contention import ContentionMeter
 from petlprof.meters.cpu_power_model import EstimateEnergyMeter, cpu_power_per_core, estimate_model
@@ -147,8 +147,6 @@ def memory_meter_for(device: str, baseline_bytes: int | None = None, snapshot_pa
 __all__ = [
     "ENERGY_METERS",
     "EXTRA_METERS",
-    "ESTIMATED",
-    "MEASURED",
     "Meter",
     "Window",
     "check_energy_meter",

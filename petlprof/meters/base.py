@@ -16,8 +16,6 @@ from typing import Any, NamedTuple
 
 from petlprof.results.figures import FIGURES, Figure, provenance_keys
 
-MEASURED = "measured"
-ESTIMATED = "estimated"
 METER_ERRORS = "meter_errors"  # the warnings group of the meters that failed (each line names its meter)
 _OWN_WARNINGS = ""  # a meter's warnings before its window files them under the meter's name
 DECLARED_KEYS = frozenset({*(f.name for f in FIGURES), *provenance_keys()})
@@ -43,8 +41,8 @@ def source_key(figure: Figure) -> str:
 
 
 class Provenance(NamedTuple):
-    """How a figure was obtained: ``kind`` (:data:`MEASURED` or :data:`ESTIMATED`) and ``source`` (what gave
-    it), written under the keys its declaration names (None for both when its meter failed)."""
+    """How a figure was obtained: ``kind`` (``MEASURED`` or ``ESTIMATED``, :mod:`petlprof.vocabulary`) and ``source``
+    (what gave it), written under the keys its declaration names (None for both when its meter failed)."""
 
     kind: str | None
     source: str | None = None

@@ -15,8 +15,9 @@ import logging
 import warnings
 from typing import TYPE_CHECKING
 
-from petlprof.meters.base import ESTIMATED, Meter, Provenance, Reading
+from petlprof.meters.base import Meter, Provenance, Reading
 from petlprof.results.figures import CO2, CODECARBON_CPU, CODECARBON_ENERGY_J, CODECARBON_GPU, CODECARBON_RAM
+from petlprof.vocabulary import ESTIMATED
 
 if TYPE_CHECKING:
     from codecarbon import OfflineEmissionsTracker

@@ -35,6 +35,7 @@ from petlprof.meters.memory import CpuMemoryMeter
 from petlprof.meters.tensors import CpuTensorMeter
 from petlprof.meters.verdicts import FAIL, KNOWN_BYTES, PASS, REPEATS, WARN, Check, MeterReport, graded
 from petlprof.results.figures import CODECARBON_ENERGY_J, ENERGY, PEAK_MEMORY
+from petlprof.vocabulary import ESTIMATED
 
 SHORT_WINDOW_S = 0.25  # the repeated-window spread check
 SPREAD_PASS, SPREAD_WARN = 0.05, 0.20  # coefficient of variation of repeated identical windows
@@ -147,7 +148,7 @@ def estimate_checks(why_not_measured: list[str]) -> list[Check]:
     return [
         Check(
             "energy source",
-            "estimated",
+            ESTIMATED,
             None,
             WARN if why_not_measured else PASS,
             (f"no measured energy here ({measured}); " if why_not_measured else "")

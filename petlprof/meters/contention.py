@@ -19,7 +19,8 @@ import os
 import resource
 from pathlib import Path
 
-from petlprof.meters.base import MEASURED, Meter, Reading
+from petlprof.meters.base import Meter, Reading
+from petlprof.vocabulary import MEASURED
 
 CONTENDED_SHARE = 0.1  # of the machine's CPUs, used by other processes on average over the window
 _STAT = Path("/proc/stat")

@@ -17,10 +17,11 @@ from dataclasses import dataclass, replace
 from importlib.resources import files
 from pathlib import Path
 
-from petlprof.meters.base import ESTIMATED, Meter, Reading
+from petlprof.meters.base import Meter, Reading
 from petlprof.meters.energy import PROVENANCE_KEYS, provenance
 from petlprof.meters.memory import rss_bytes
 from petlprof.results.figures import CPU_CORES, CPU_TIME, ENERGY, ENERGY_WINDOW
+from petlprof.vocabulary import ESTIMATED
 
 CPU_WATTS_PER_CORE = 10.0  # a busy server core: ~4-7 W (EPYC/Xeon TDP / cores), desktop cores more
 MAX_PLAUSIBLE_WATTS_PER_CORE = 30.0  # above this, TDP / visible cores means a VM slice of a big chip

@@ -1,5 +1,5 @@
 """Energy of a window: the NVML energy counter on NVIDIA GPUs, RAPL on CPUs (the estimate is in
-:mod:`petlprof.meters.estimate`).
+:mod:`petlprof.meters.cpu_power_model`).
 
 * ``nvml`` — the total-energy counter (millijoules since driver load) read at both edges of the
   window on the GPU the run uses (matched by UUID, since CUDA and NVML number devices
@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
-from petlprof.meters.base import MEASURED, Meter, Provenance, Reading
+from petlprof.meters.base import Meter, Provenance, Reading
 from petlprof.meters.devices import nvml as nvml_dev
 from petlprof.meters.devices import rapl
 from petlprof.results.figures import (
@@ -39,6 +39,7 @@ from petlprof.results.figures import (
     IDLE_POWER,
     MEAN_POWER,
 )
+from petlprof.vocabulary import MEASURED
 
 if TYPE_CHECKING:
     from petlprof.meters.idle import IdleBaseline

@@ -18,7 +18,7 @@ import gc
 import re
 from pathlib import Path
 
-from petlprof.meters.base import MEASURED, Meter, Provenance, Reading
+from petlprof.meters.base import Meter, Provenance, Reading
 from petlprof.models.quantization import quantization_state
 from petlprof.results.figures import (
     BREAKDOWN_BUFFERS,
@@ -32,6 +32,7 @@ from petlprof.results.figures import (
     PEAK_RESERVED,
     STATIC_BREAKDOWN,
 )
+from petlprof.vocabulary import MEASURED
 
 _STATUS = "/proc/self/status"
 

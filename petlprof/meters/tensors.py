@@ -19,7 +19,8 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-from petlprof.meters.base import MEASURED, Meter, Reading
+from petlprof.meters.base import Meter, Reading
+from petlprof.vocabulary import MEASURED
 
 _COMPOSITES: dict = {}  # operation -> whether a dispatch mode runs its composite kernel (see runs_composite)
 

@@ -23,7 +23,8 @@ from petlprof.report.frame import CONFIG, GROUP
 from petlprof.report.intervals import ci_half_width, welch_difference
 from petlprof.report.records import MISSING, ZERO_SHOT_LABEL, method_name, text
 from petlprof.report.table import render_markdown
-from petlprof.tasks.metrics import HIGHER, direction
+from petlprof.results.figures import HIGHER
+from petlprof.tasks.metrics import direction
 from petlprof.vocabulary import ZERO_SHOT
 
 REFERENCE = "full"

@@ -53,7 +53,7 @@ from petlprof.results.figures import (
 )
 from petlprof.results.result import TARGET_FIGURES, JSONValue, RunResult, mapping, results_of
 from petlprof.tasks.metrics import METRIC_DIRECTIONS, direction
-from petlprof.vocabulary import LOCAL, ZERO_SHOT
+from petlprof.vocabulary import ESTIMATED, LOCAL, ZERO_SHOT
 
 Row = dict[str, JSONValue]  # one run's row of the runs table: a column name -> its cell
 GROUP = ["task", "backbone"]  # a frontier is drawn within one task and backbone
@@ -251,7 +251,7 @@ def summarise(runs: pd.DataFrame, ok_only: bool = True) -> pd.DataFrame:
             row[f"{column}_se"] = standard_error(values.tolist())
         for column in ("energy_kind", "eval_energy_kind", "generation_energy_kind"):
             kinds = set(group[column].dropna()) if column in group else set()
-            row[column] = "estimated" if "estimated" in kinds else (kinds.pop() if len(kinds) == 1 else None)
+            row[column] = ESTIMATED if ESTIMATED in kinds else (kinds.pop() if len(kinds) == 1 else None)
         for column in (ENERGY_SOURCE, "energy_model", MEMORY_SOURCE):
             if column in group:
                 row[column] = ", ".join(sorted({str(v) for v in group[column].dropna()})) or None
@@ -344,7 +344,6 @@ def knob_sort_value(value: Any) -> tuple:
 
 
 __all__ = [
-    "ci_half_width",
     "frontier",
     "generation_batches",
     "knob_sort_value",

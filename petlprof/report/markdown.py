@@ -52,7 +52,7 @@ from petlprof.results.figures import ENERGY, ENERGY_KIND, ENERGY_SOURCE, MEMORY_
 from petlprof.results.records import DIVERGED
 from petlprof.results.result import RunResult, overhead_line, results_of
 from petlprof.results.store import Rejected
-from petlprof.vocabulary import LOCAL
+from petlprof.vocabulary import ESTIMATED, LOCAL
 
 REPORT_FILE = "report.md"
 PHASES = ("train", "eval")
@@ -303,7 +303,7 @@ def _provenance(records: Sequence[RunResult]) -> list[str]:
         )
         for (source, kind, model), n in energy.items():
             line = f"- Energy (J): **{text(kind)}**, source `{text(source)}`, {n} run(s)"
-            lines.append(line + (f"; estimate model: {model}" if kind == "estimated" and model else ""))
+            lines.append(line + (f"; estimate model: {model}" if kind == ESTIMATED and model else ""))
         missing = sum(1 for w in windows if w.raw(ENERGY.name) is None)
         if missing:
             lines.append(f"- Energy (J): no figure for {missing} run(s) (no meter could give one)")

@@ -12,7 +12,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from petlprof.tasks.metrics import HIGHER, direction
+from petlprof.results.figures import HIGHER
+from petlprof.tasks.metrics import direction
 
 
 def _oriented(

@@ -51,7 +51,7 @@ from petlprof.report.records import (
 )
 from petlprof.results import figures
 from petlprof.tasks.metrics import METRIC_RANGES, direction
-from petlprof.vocabulary import ZERO_SHOT
+from petlprof.vocabulary import ESTIMATED, ZERO_SHOT
 
 MARKERS = "osD^vP*Xh<>p"
 LOG_SPREAD = 10.0  # a cost axis goes logarithmic when its largest value exceeds this times its smallest
@@ -73,7 +73,7 @@ class CostAxis:
     kind_column: str | None = None
 
 
-ENERGY = CostAxis(
+ENERGY_AXIS = CostAxis(
     "energy",
     "Train energy",
     figures.ENERGY.name,
@@ -82,7 +82,7 @@ ENERGY = CostAxis(
     figures.ENERGY.source,
     figures.ENERGY.kind,
 )
-MEMORY = CostAxis(
+MEMORY_AXIS = CostAxis(
     "memory",
     "Train peak memory",
     figures.PEAK_MEMORY.name,
@@ -90,9 +90,9 @@ MEMORY = CostAxis(
     figures.PEAK_MEMORY.scale,
     figures.PEAK_MEMORY.source,
 )
-TIME = CostAxis("time", "Train time", figures.TIME.name, "s, warm-up excluded", figures.TIME.scale)
-PARAMS = CostAxis("params", "Trainable parameters", "trainable_params", "count", 1.0)
-COST_AXES = (ENERGY, MEMORY, TIME, PARAMS)
+TIME_AXIS = CostAxis("time", "Train time", figures.TIME.name, "s, warm-up excluded", figures.TIME.scale)
+PARAMS_AXIS = CostAxis("params", "Trainable parameters", "trainable_params", "count", 1.0)
+COST_AXES = (ENERGY_AXIS, MEMORY_AXIS, TIME_AXIS, PARAMS_AXIS)
 
 
 def axis_for(column: str) -> CostAxis:
@@ -109,7 +109,7 @@ def axis_for(column: str) -> CostAxis:
                 a.source_column and f"eval_{a.source_column}",
                 a.kind_column and f"eval_{a.kind_column}",
             )
-            for a in (ENERGY, MEMORY, TIME)
+            for a in (ENERGY_AXIS, MEMORY_AXIS, TIME_AXIS)
         }
     )
     return known.get(column) or CostAxis(column, column, column, "as recorded", 1.0)
@@ -148,8 +148,8 @@ def cost_label(axis: CostAxis, runs: pd.DataFrame) -> str:
     label = f"{axis.title} ({axis.unit})"
     if axis.kind_column and axis.kind_column in runs:
         kinds = set(runs[axis.kind_column].dropna())
-        if "estimated" in kinds:
-            label += " (estimated)" if kinds == {"estimated"} else " (estimated: hollow markers)"
+        if ESTIMATED in kinds:
+            label += " (estimated)" if kinds == {ESTIMATED} else " (estimated: hollow markers)"
     if axis.source_column and axis.source_column in runs:
         sources = [str(s) for s in distinct(runs[axis.source_column].dropna())]
         if sources:
@@ -264,7 +264,7 @@ def draw_pareto(
         if len(rows) > 1:
             ax.plot(xs, ys, "-", color=colour, alpha=0.55, linewidth=1.2, zorder=1)
         for (_, row), x, y_mean in zip(rows.iterrows(), xs, ys):
-            hollow = mixed and row.get(axis.kind_column) == "estimated"
+            hollow = mixed and row.get(axis.kind_column) == ESTIMATED
             ax.plot(
                 x,
                 y_mean,

@@ -21,7 +21,6 @@ from petlprof.results.store import Rejected, read_store
 from petlprof.sweep.spec import spec_identity
 from petlprof.vocabulary import ZERO_SHOT
 
-BYTES_PER_MIB = 2**20
 MISSING = "-"
 COST_ONLY = "accuracy of random-init runs is meaningless: cost-only"  # said wherever such a run's score shows
 ZERO_SHOT_LABEL = "zero-shot (before tuning)"
@@ -34,9 +33,9 @@ class RecordList(list[RunResult]):
     rejected: list[Rejected]
 
 
-def load_records(paths: Sequence[Path | str], skipped: list[str] | None = None) -> RecordList:
-    """The valid records of one or more ``results.jsonl`` files (or folders holding one), in file
-    order, the last attempt of each run only.
+def load_records(paths: Path | str | Sequence[Path | str], skipped: list[str] | None = None) -> RecordList:
+    """The valid records of one or more ``results.jsonl`` files (or folders holding one; one path alone or a
+    list), in file order, the last attempt of each run only.
 
     A missing file, a folder in its place or an unreadable one raises :class:`~petlprof.errors.UsageError`.
     A line that cannot be used — torn by a crash, not a JSON object, of another schema version, missing
@@ -46,7 +45,7 @@ def load_records(paths: Sequence[Path | str], skipped: list[str] | None = None) 
     """
     records: list[RunResult] = []
     rejected: list[Rejected] = []
-    for path in paths:
+    for path in [paths] if isinstance(paths, (str, Path)) else paths:
         good, bad = read_store(_results_file(Path(path)))
         records += results_of(good)
         rejected += bad

@@ -25,7 +25,8 @@ import pandas as pd
 from petlprof.report.frame import summarise
 from petlprof.report.records import MISSING, text
 from petlprof.report.table import render_markdown
-from petlprof.tasks.metrics import HIGHER, direction
+from petlprof.results.figures import HIGHER
+from petlprof.tasks.metrics import direction
 
 REFERENCE = "full"
 NOT_RECORDED = "—"  # no figure: not reached, or a record older than the split-out check costs
@@ -45,7 +46,7 @@ class TargetCost:
     decimals: int
 
 
-ENERGY = TargetCost(
+ENERGY_TO_TARGET = TargetCost(
     "energy",
     "Train energy",
     "energy_to_target_j",
@@ -54,7 +55,7 @@ ENERGY = TargetCost(
     "J",
     1,
 )
-TIME = TargetCost(
+TIME_TO_TARGET = TargetCost(
     "time",
     "Train time",
     "time_to_target_s",
@@ -63,7 +64,7 @@ TIME = TargetCost(
     "s",
     1,
 )
-TARGET_COSTS = (ENERGY, TIME)
+TARGET_COSTS = (ENERGY_TO_TARGET, TIME_TO_TARGET)
 
 
 def _with_shares(runs: pd.DataFrame) -> pd.DataFrame:
@@ -149,7 +150,7 @@ def target_table(group: pd.DataFrame) -> str:
         if with_full:
             headers += [f"{cost.slug} vs {REFERENCE}", f"{cost.slug} without checks vs {REFERENCE}"]
     rows = []
-    for _, row in by_cost(group, ENERGY.with_checks).iterrows():
+    for _, row in by_cost(group, ENERGY_TO_TARGET.with_checks).iterrows():
         cells = [text(row["method"]), text(row["config"]), f"{row['reached']} of {int(row['n_seeds'])}"]
         for cost in TARGET_COSTS:
             cells += [_cell(row, cost.with_checks, cost.decimals), _share(row, cost)]

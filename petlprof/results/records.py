@@ -1,8 +1,9 @@
 """The result record of one run, typed: its fields, its statuses, its schema version and its file name.
 
-Records stay plain dicts (JSON objects in the run store, :mod:`petlprof.results.store`); the TypedDicts here
-name their fields and what each holds, for the runner that builds them, the store that writes them,
-the distributed aggregation that merges the ranks' phases and the reports that read them.  Every
+A record is a JSON object in the run store (:mod:`petlprof.results.store`); the TypedDicts here name its
+fields and what each holds for the side that writes: the runner that builds a record, the store that writes it
+and the distributed aggregation that merges the ranks' phases.  Reports and the API read records back typed,
+as :class:`petlprof.results.result.RunResult`.  Every
 field but the run's identity is optional (``total=False``): a failed run has no phases, an older one
 may lack a field added since.  ``SCHEMA_VERSION`` and ``RESULTS_FILE`` are defined here alone.
 """

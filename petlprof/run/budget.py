@@ -21,10 +21,11 @@ from collections.abc import Callable
 from typing import Any
 
 from petlprof.meters.base import synchronize
-from petlprof.results.figures import ENERGY, TIME
+from petlprof.results.figures import ENERGY, HIGHER, TIME
 from petlprof.results.records import BudgetCheck, BudgetSummary, TrainPhase
 from petlprof.run.recipe import autocast
-from petlprof.tasks.metrics import HIGHER, check_target, direction
+from petlprof.tasks.metrics import check_target, direction
+from petlprof.vocabulary import FP32
 
 TARGET = "target"
 MAX_TIME = "max_time"
@@ -138,7 +139,7 @@ class SliceScorer:
     and kept; later checks run the side network alone.  ``precision``: the run's, whose autocast the
     forward passes run under (:func:`petlprof.run.recipe.autocast`)."""
 
-    def __init__(self, task, batches, metric: str, device: str, reuse_states: bool = False, precision: str = "fp32"):
+    def __init__(self, task, batches, metric: str, device: str, reuse_states: bool = False, precision: str = FP32):
         self.task, self.batches, self.metric, self.device = task, batches, metric, device
         self.precision = precision
         self.reuses_states = reuse_states

@@ -48,7 +48,6 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from petlprof.meters.base import ESTIMATED, MEASURED
 from petlprof.results import figures
 from petlprof.results.figures import (
     ENERGY,
@@ -61,6 +60,7 @@ from petlprof.results.figures import (
     TIME,
 )
 from petlprof.results.records import DistributedSummary, Phase, RankPhases, RunPhases
+from petlprof.vocabulary import ESTIMATED, MEASURED
 
 COLLECTIVE_TIMEOUT_S = 600.0
 # how long the other ranks wait for rank 0's per-device phases (inference, merged evaluation) before the

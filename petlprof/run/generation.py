@@ -3,7 +3,7 @@ at the evaluation batch size, after evaluation (language-model runs only).
 
 Per batch size, the prompts are the evaluation split's first full batches (a last, partial batch is
 never used unless it is the only one), decoded with the backbone's KV cache by ``generate``
-(:func:`petlprof.models.classifier.greedy_generate` unless another is given).  ``warmup_steps`` unmeasured
+(:func:`petlprof.models.language_model.greedy_generate` unless another is given).  ``warmup_steps`` unmeasured
 calls come first (at most :data:`WARMUP_NEW_TOKENS` new tokens each: the first call's start-up costs
 are in its prefill and first steps).  Then one meter window holds batch after batch, cycling over
 those prompts, until it has run :data:`MIN_BATCHES` batches and lasted ``min_window_s`` (as the
@@ -272,7 +272,7 @@ def measure_generation(
     ``prompts`` has ``prompt_batches(device, batch_size)`` yielding ``(inputs, row_indices)`` with
     ``input_ids``/``attention_mask`` padded as the model decodes them (:class:`petlprof.run.lm_batches.LMBatches`:
     left for a decoder); ``generate`` has
-    the signature of :func:`petlprof.models.classifier.greedy_generate`.  A batch size is keyed by the rows it
+    the signature of :func:`petlprof.models.language_model.greedy_generate`.  A batch size is keyed by the rows it
     really had (``batch_<rows>``: the split may have fewer prompts than asked).  ``make_meters(rows)``
     makes a fresh window's meters; ``min_window_s`` as for inference
     (:func:`petlprof.run.inference.target_window_s`); every call runs at the run's ``precision``."""

@@ -18,7 +18,7 @@ from typing import cast
 
 import torch
 
-from petlprof.meters import ESTIMATED, Meter, Window
+from petlprof.meters import Meter, Window
 from petlprof.meters.base import phase_warnings
 from petlprof.meters.energy import SHORT_WINDOW_S
 from petlprof.meters.latency import StepTimer
@@ -26,7 +26,7 @@ from petlprof.results.figures import ENERGY, LATENCY, LATENCY_PER_SAMPLE, SAMPLE
 from petlprof.results.records import Inference, InferenceBatch
 from petlprof.run.recipe import autocast
 from petlprof.run.train import Batches, Progress, percentiles
-from petlprof.vocabulary import FP32
+from petlprof.vocabulary import ESTIMATED, FP32
 
 ESTIMATE_WINDOW_S = 0.5
 MIN_REPEATS = 10

@@ -23,8 +23,7 @@ from petlprof.results.records import EvalPhase
 from petlprof.run.ranks import ONE_PROCESS
 from petlprof.run.recipe import autocast
 from petlprof.run.train import PhaseIO, phase_summary
-
-IGNORED = -100  # the label of a position that is not a target token (Hugging Face's convention)
+from petlprof.vocabulary import IGNORE_INDEX
 
 
 def _loss_pass(model, batches, io: PhaseIO, precision: str, order, bar) -> tuple[float, int]:
@@ -36,7 +35,7 @@ def _loss_pass(model, batches, io: PhaseIO, precision: str, order, bar) -> tuple
         with autocast(precision, io.device):
             logits = model(**inputs)
             loss = batches.loss(logits, labels)
-        count = int((labels != IGNORED).sum())
+        count = int((labels != IGNORE_INDEX).sum())
         total, tokens = total + float(loss) * count, tokens + count
         bar.update(1)
     return total, tokens
@@ -70,7 +69,7 @@ def evaluate_lm(
 ) -> tuple[EvalPhase, list[str], list[str]]:
     """Score ``model`` on the evaluation ``batches`` (:class:`petlprof.run.lm_batches.LMBatches`); returns
     (phase summary with ``eval_loss`` and ``perplexity``, generated texts, reference texts).
-    ``generate`` is :func:`petlprof.models.classifier.greedy_generate` (a parameter, so a test can pass its own)."""
+    ``generate`` is :func:`petlprof.models.language_model.greedy_generate` (a parameter, so a test can pass its own)."""
     model.eval()
     warmup = min(warmup_steps, max(len(batches) - 1, 0))
     timer, window = StepTimer(io.device), Window(io.meters, io.device)

@@ -401,7 +401,8 @@ def _generation(ctx: RunContext, model, eval_phase: EvalPhase, label: str = "gen
     """The LM objective's ``generation`` phase: greedy decoding of evaluation prompts at batch 1 and at
     the evaluation batch size (:func:`petlprof.run.generation.measure_generation`), its window as long as
     the inference phase's would be."""
-    # petlprof.run.generation, .inference, .modeling (torch): kept off the sweep's driver, which imports this module
+    # petlprof.models.language_model, petlprof.run.generation, .inference (torch): kept off the sweep's driver,
+    # which imports this module
     from petlprof.models.language_model import greedy_generate
     from petlprof.run.generation import measure_generation
     from petlprof.run.inference import target_window_s

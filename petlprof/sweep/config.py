@@ -41,7 +41,7 @@ from petlprof.sweep.spec import RunSpec, spec_default, spec_fields
 from petlprof.tasks.labelled import generative_possible, load_task
 from petlprof.tasks.metrics import check_target
 from petlprof.values import check_file, flag
-from petlprof.vocabulary import CLASSIFICATION, LM, RAY, ZERO_SHOT
+from petlprof.vocabulary import AUTO, CLASSIFICATION, LM, RAY, ZERO_SHOT
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -612,7 +612,7 @@ def _zero_shot_runs(options: RunOptions, specs: list[RunSpec], out_dir: Path | N
 def _is_lm(options: RunOptions, task: str) -> bool:
     """Whether ``task`` runs on the language-modelling objective (read from the task itself unless the
     objective is named or the task is a labelled built-in)."""
-    if options.objective != "auto":
+    if options.objective != AUTO:
         return options.objective == LM
     return generative_possible(task, options.prompt_column) and sweep_task(options, task).objective == LM
 

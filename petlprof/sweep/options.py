@@ -32,7 +32,7 @@ from petlprof.values import (
     flag,
     parse_bytes,
 )
-from petlprof.vocabulary import CHAT_TEMPLATES, EXECUTORS, LOCAL, OBJECTIVE_CHOICES, PRECISIONS
+from petlprof.vocabulary import CHAT_TEMPLATES, EXECUTORS, FP32, LOCAL, OBJECTIVE_CHOICES, PRECISIONS
 
 DEVICES = ("auto", "cpu", "cuda")
 CACHE_DTYPES = ("float16", "bfloat16", "float32")  # petlprof.run.cache.DTYPES, named without importing torch
@@ -284,7 +284,7 @@ class RunOptions:
         spec=SAME,
     )
     precision: str = option(
-        "fp32",
+        FP32,
         "fp32 (default), bf16 or fp16: every forward pass and the loss (training, evaluation, inference) under "
         "autocast to that dtype, weights and optimiser state kept in float32; fp16 with dynamic loss scaling",
         Choice(choices=PRECISIONS, kind="precision"),

@@ -2,7 +2,7 @@
 
 :mod:`petlprof.tasks.labelled` (labelled tasks, and :func:`~petlprof.tasks.labelled.load_task` for every kind) and
 :mod:`petlprof.tasks.generative` (tasks for the language-modelling objective) both build these records; they stand
-here, below both, so that ``tasks`` may call ``lm_tasks`` without an import cycle.
+here, below both, so that ``labelled`` may call ``generative`` without an import cycle.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 
 from petlprof.errors import UsageError
 from petlprof.lookup import Registry
-from petlprof.tasks import generative as lm_tasks
+from petlprof.tasks import generative
 from petlprof.tasks.base import Split, TaskData
 from petlprof.tasks.files import (
     FILE_SUFFIXES,
@@ -164,7 +164,7 @@ def load_task(
         if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
             raise UsageError(f"{option} must be a positive whole number (or unset for all rows); got {size!r}")
     check_task(task)
-    lm_tasks.check_lm_options(
+    generative.check_lm_options(
         objective, prompt_column, target_column, chat_template, label_column, text_column, text_pair_column
     )
     columns = {"text_column": text_column, "text_pair_column": text_pair_column, "label_column": label_column}
@@ -180,19 +180,19 @@ def load_task(
         if task in GENERATIVE_TASKS:
             if data_dir is not None:
                 raise UsageError(f"data_dir '{data_dir}' applies only to GLUE tasks, not to '{task}'")
-            return lm_tasks.load_generative(task, objective, train_size, eval_size, split_seed)
+            return generative.load_generative(task, objective, train_size, eval_size, split_seed)
         data = _load_labelled(task, data_dir, train_size, eval_size, split_seed)
-        return lm_tasks.with_objective(data, objective, chat_template)
+        return generative.with_objective(data, objective, chat_template)
     if data_dir is not None:
         raise UsageError(
             f"data_dir '{data_dir}' applies only to GLUE tasks; the task '{task}' is already a path to your data"
         )
     sources = read_sources(task)
     labelled = any(value is not None for value in columns.values())
-    if lm_tasks.is_prompt_data(next(iter(sources.values())), objective, prompt_column, label_column, labelled):
-        return lm_tasks.load_user_lm(task, sources, train_size, eval_size, split_seed, prompt_column, target_column)
+    if generative.is_prompt_data(next(iter(sources.values())), objective, prompt_column, label_column, labelled):
+        return generative.load_user_lm(task, sources, train_size, eval_size, split_seed, prompt_column, target_column)
     data = _load_user(task, sources, train_size, eval_size, split_seed, **columns)
-    return lm_tasks.with_objective(data, objective, chat_template)
+    return generative.with_objective(data, objective, chat_template)
 
 
 def _load_labelled(
