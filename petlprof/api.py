@@ -32,10 +32,10 @@ from typing import Any
 
 import pandas as pd
 
-from petlprof.cli import report_sweep
 from petlprof.execution.sweep import SweepOutcome, drive
 from petlprof.report.frame import frontier, relative_to, runs_frame, summarise
 from petlprof.report.records import load_records
+from petlprof.report.terminal import report_sweep
 from petlprof.results.figures import ENERGY
 from petlprof.sweep.config import build_options, load_config_file
 

@@ -12,7 +12,6 @@ import os
 import sys
 import textwrap
 import warnings
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,7 +23,7 @@ from petlprof.sweep.options import add_run_arguments
 from petlprof.values import check_file
 
 if TYPE_CHECKING:
-    from petlprof.results.result import RunResult
+    pass
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_run(args: argparse.Namespace) -> int:
     # not for --help: the options' checks (the registry's entry points), the sweep's executors and store
     from petlprof.execution.sweep import drive
+    from petlprof.report.terminal import report_sweep
     from petlprof.sweep.config import build_options, load_config_file, parse_method_grids, parse_method_overrides
 
     cli_values = {k: v for k, v in vars(args).items() if k not in ("command", "config", "debug")}
@@ -84,19 +84,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     cli_values["method_grid"] = parse_method_grids(args.method_grid) if args.method_grid else None
     file_values = load_config_file(args.config) if args.config else {}
     return drive(build_options(file_values, cli_values), finish=report_sweep).exit_code
-
-
-def report_sweep(store: Path, out_dir: Path) -> None:
-    """After a sweep (``petlprof run`` and :func:`petlprof.api.run_sweep`): the summary of every run in ``store``
-    on the terminal, and the report written into ``out_dir``."""
-    from petlprof.report import load_records, write_report  # not for --help: pandas and matplotlib
-
-    skipped: list[str] = []
-    records = load_records([store], skipped)
-    _print_summary(records, skipped)
-    for path in write_report(records, out_dir):
-        say(f"wrote {path}")
-    say(f"wrote {store}")
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -167,6 +154,7 @@ def cmd_meters(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     # not for --help: the report brings pandas and matplotlib, the store (its records) the statistics module
     from petlprof.report import load_records, write_report
+    from petlprof.report.terminal import print_summary
     from petlprof.results.store import check_writable
 
     paths = [Path(d) for d in args.dirs]
@@ -180,48 +168,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     first = paths[0] if paths[0].is_dir() else paths[0].parent
     out_dir = Path(args.output) if args.output else first
     check_writable(out_dir)  # before the summary: a folder that cannot take the report is one line
-    _print_summary(records, skipped)
+    print_summary(records, skipped)
     for path in write_report(records, out_dir, interval=args.interval):
         say(f"wrote {path}")
     return 0
-
-
-def _print_summary(records: Sequence[RunResult], skipped: list[str]) -> None:
-    # not for --help: the records bring the statistics module, the report pandas and matplotlib
-    from petlprof.report import run_warnings, summary_table
-    from petlprof.results.figures import ENERGY_KIND
-    from petlprof.results.result import overhead_line
-    from petlprof.vocabulary import ESTIMATED
-
-    if skipped:
-        say(f"petlprof: skipped {len(skipped)} unusable line(s) of the results:")
-        for line in skipped[:10]:
-            say(f"  {line}")
-    print(summary_table(records, fmt="text"))
-    estimated = {r.train.text("energy_model") for r in records if r.train and r.train.text(ENERGY_KIND) == ESTIMATED}
-    for model in sorted(m for m in estimated if m):
-        print(f"energy marked 'estimated' is a model, not a measurement: {model}")
-    if overhead := overhead_line(records):
-        print(overhead)
-    for warning in _grouped(run_warnings(records)):
-        print(printable(f"warning: {warning}"))
-
-
-def _grouped(warnings: list[str], examples: int = 3) -> list[str]:
-    """``<run>, seed N, <phase>: <text>`` lines, one per distinct text: a text that many runs or phases
-    share (a warm-up too long for short phases) is said once, with how many and the first few."""
-    by_text: dict[str, list[str]] = {}
-    for line in warnings:
-        where, _, text = line.partition(": ")
-        by_text.setdefault(text or where, []).append(where if text else "")
-    out = []
-    for text, places in by_text.items():
-        if len(places) == 1:
-            out.append(f"{places[0]}: {text}" if places[0] else text)
-            continue
-        more = f", ... ({len(places) - examples} more)" if len(places) > examples else ""
-        out.append(f"{text} [{len(places)} phases: {'; '.join(places[:examples])}{more}]")
-    return out
 
 
 MAX_ERROR_CHARS = 2000  # an error line is cut here, whatever value it echoes

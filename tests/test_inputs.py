@@ -136,18 +136,6 @@ def test_text_column_error_names_the_flag(capsys, tmp_path):
     assert not (tmp_path / "o").exists()
 
 
-def test_one_warning_shared_by_many_runs_is_said_once():
-    from petlprof.cli import _grouped
-
-    lines = [f"lora r={r}, seed {s}, train: only 1 of the 2 requested warm-up steps" for r in (2, 8) for s in (0, 1)]
-    lines.append("bitfit, seed 0, eval: power sampled at 1 Hz")
-    assert _grouped(lines) == [
-        "only 1 of the 2 requested warm-up steps [4 phases: lora r=2, seed 0, train; lora r=2, seed 1, train; "
-        "lora r=8, seed 0, train, ... (1 more)]",
-        "bitfit, seed 0, eval: power sampled at 1 Hz",
-    ]
-
-
 @pytest.mark.parametrize(
     "text, expected_bytes",
     [("1e9B", 10**9), ("1.5e3MB", 1_500_000_000), ("2E1GiB", 20 * 2**30), ("2GiB", 2 * 2**30), ("1e0 kB", 1000)],

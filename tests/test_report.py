@@ -710,7 +710,10 @@ WARNING_CASES = [
 
 
 @pytest.mark.parametrize("places, line", [c[1:] for c in WARNING_CASES], ids=[c[0] for c in WARNING_CASES])
-def test_identical_measurement_warnings_are_listed_once(places, line):
+def test_identical_measurement_warnings_are_listed_once(places, line, capsys):
+    from petlprof.report.terminal import print_summary
+    from petlprof.results.result import results_of
+
     records = sweep()[:5]
     for index, phase_name in places:
         records[index][phase_name]["warnings"] = [WARNING]
@@ -718,6 +721,9 @@ def test_identical_measurement_warnings_are_listed_once(places, line):
         render_report(records, runs_frame(records), []).split("## Measurement warnings\n\n", 1)[1].split("\n\n", 1)[0]
     )
     assert section.splitlines() == [line]
+    print_summary(results_of(records), [])  # the terminal says each text once as report.md does
+    said = [s for s in capsys.readouterr().out.splitlines() if s.startswith("warning: ")]
+    assert said == [f"warning: {line.removeprefix('- ')}"]
 
 
 @pytest.mark.parametrize("params", [[8_835, 74_883, 296_067], [1_155, 22_566_531], [30_000, 800_000]])

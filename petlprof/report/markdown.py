@@ -29,6 +29,7 @@ from petlprof.report.records import (
     grouped_run_warnings,
     is_ok,
     is_zero_shot,
+    overhead_line,
     result_warnings,
     run_label,
     sort_key,
@@ -50,7 +51,7 @@ from petlprof.report.target import NOT_RECORDED, target_tables
 from petlprof.report.target_plot import TargetPlot, cost_to_target_figures
 from petlprof.results.figures import ENERGY, ENERGY_KIND, ENERGY_SOURCE, MEMORY_SOURCE
 from petlprof.results.records import DIVERGED
-from petlprof.results.result import RunResult, overhead_line, results_of
+from petlprof.results.result import RunResult, results_of
 from petlprof.results.store import Rejected
 from petlprof.vocabulary import ESTIMATED, LOCAL
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -267,3 +268,23 @@ def result_warnings(records: Sequence[RunResult]) -> list[str]:
         for record in sorted(records, key=sort_key)
         for warning in record.warnings or ()
     ]
+
+
+def overhead_line(results: Sequence[RunResult]) -> str | None:
+    """How much of the runs' wall time the harness spent outside the measured phases, as one sentence
+    (None when no record carries ``overhead_s``)."""
+    pairs = [
+        (r.overhead_s, r.process_wall_time_s)
+        for r in results
+        if r.overhead_s is not None and r.process_wall_time_s is not None
+    ]
+    wall = sum(w for _, w in pairs)
+    if not pairs or wall <= 0:
+        return None
+    overhead = sum(o for o, _ in pairs)
+    median = statistics.median(o for o, _ in pairs)
+    return (
+        f"harness overhead: {overhead:,.1f} s of the {len(pairs)} runs' {wall:,.1f} s of wall time "
+        f"({overhead / wall:.0%}, measured) fell outside the measured phases, median {median:.1f} s a run: "
+        "process start, imports, loading the model and data, warm-up steps, writing the record"
+    )

@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import math
 import re
-import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -363,23 +362,3 @@ def _windows(value: object) -> dict[str, PhaseResult]:
 def results_of(records: Iterable[RunResult | Mapping[str, Any]]) -> list[RunResult]:
     """Typed views of records, whether read already or still JSON objects."""
     return [RunResult.of(r) for r in records]
-
-
-def overhead_line(results: Sequence[RunResult]) -> str | None:
-    """How much of the runs' wall time the harness spent outside the measured phases, as one sentence
-    (None when no record carries ``overhead_s``)."""
-    pairs = [
-        (r.overhead_s, r.process_wall_time_s)
-        for r in results
-        if r.overhead_s is not None and r.process_wall_time_s is not None
-    ]
-    wall = sum(w for _, w in pairs)
-    if not pairs or wall <= 0:
-        return None
-    overhead = sum(o for o, _ in pairs)
-    median = statistics.median(o for o, _ in pairs)
-    return (
-        f"harness overhead: {overhead:,.1f} s of the {len(pairs)} runs' {wall:,.1f} s of wall time "
-        f"({overhead / wall:.0%}, measured) fell outside the measured phases, median {median:.1f} s a run: "
-        "process start, imports, loading the model and data, warm-up steps, writing the record"
-    )
