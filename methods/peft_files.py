@@ -49,7 +49,7 @@ def _load_json(path: str) -> tuple[dict[str, Any], str]:
     if not file.is_file():
         raise UsageError(f"--method-config-file '{shown(str(file), quote=False)}' does not exist")
     try:
-        data = json.loads(file.read_text())
+        data = json.loads(file.read_text(encoding="utf-8-sig"))
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError; RecursionError: deep nesting
         raise UsageError(f"--method-config-file '{file}' is not JSON: {first_line(exc)}") from None
     if not isinstance(data, dict):

@@ -16,7 +16,7 @@ from test_report import record
 
 from petlprof.report import write_report
 from petlprof.report.differences import difference_tables
-from petlprof.report.frame import frontier, runs_frame
+from petlprof.report.frame import COSTS, frontier, runs_frame
 from petlprof.report.plots import pareto_figures
 from petlprof.report.table import GENERATION_CAPTION, configuration_sections
 from petlprof.tasks.metrics import HIGHER, METRIC_DIRECTIONS, METRIC_RANGES
@@ -221,3 +221,28 @@ def test_the_dataframe_carries_the_record_paths_of_the_generation_figures():
     lora = runs[runs["method"] == "lora"]
     assert list(lora["generation.batch_8.tokens_per_s"]) == [100.0] * 3
     assert runs.loc[runs["method"] == "zero_shot", "energy_j"].tolist() == [0.0]
+
+
+@pytest.mark.parametrize("constant_seeds", [(0,), (0, 1, 2)], ids=["one of three seeds", "every seed"])
+def test_a_run_that_answers_every_prompt_alike_is_marked_and_on_no_frontier(constant_seeds, tmp_path):
+    """READ, cheapest of all, would be on the energy frontier; once a seed answered every prompt with one text its
+    configuration is on no frontier, its score is marked in the tables (with how many seeds), it is left out of
+    the differences, and report.md and report.html say why."""
+    records = sweep()
+    reads = [r for r in records if r["method"] == "read"]
+    for seed in constant_seeds:
+        reads[seed]["constant_output"] = True
+    for x in COSTS:
+        configs = frontier(runs_frame(records), x=x)
+        assert not configs.loc[configs["method"] == "read", "on_front"].any(), x
+    (read,) = [r for r in rows_of(tables(records)["Quality and costs"]) if r.startswith("| read |")]
+    assert f"(one answer to every prompt: {len(constant_seeds)} of 3 seeds)" in read
+    assert read.endswith("| - |")  # on no frontier
+    ((_, _, differences),) = difference_tables(runs_frame(records))
+    assert "| read |" not in differences
+    write_report(records, tmp_path)
+    for page in ("report.md", "report.html"):
+        text = (tmp_path / page).read_text()
+        assert "one answer to every prompt" in text and "constant_output" in text, page
+    write_report(sweep(), tmp_path)
+    assert "one answer to every prompt" not in (tmp_path / "report.md").read_text()

@@ -312,7 +312,7 @@ def _projected_output(config, width: int) -> int | None:
     return int(projected) if projected and int(projected) != width else None
 
 
-def describe_config(config, lm_head: bool = False) -> Architecture:
+def describe_config(config, lm_head: bool = False, spec: str = "this backbone") -> Architecture:
     """:func:`describe` of the model a config builds, built on the meta device (no weights, no memory);
     ``lm_head``: the model with its language-modelling head, as the LM objective loads it (module names
     then carry the wrapper's prefix, e.g. ``model.layers.0...``)."""
@@ -322,7 +322,7 @@ def describe_config(config, lm_head: bool = False) -> Architecture:
     hf_logging.set_verbosity_error()
     try:
         with torch.device("meta"):
-            model = model_from_config(config, lm_head)
+            model = model_from_config(config, lm_head, spec)
     finally:
         hf_logging.set_verbosity(verbosity)
     return describe(model)
@@ -441,7 +441,7 @@ def unsupported_reason(method: str, backbone, method_config: dict[str, Any] | No
     return None if arch is None else check(arch)
 
 
-def describe_any(backbone) -> Architecture | None:
+def describe_any(backbone, spec: str = "this backbone") -> Architecture | None:
     """An :class:`Architecture` as is, a model's, or a config's (built on the meta device); None for a
     config transformers cannot build without weights (its run's ``apply`` then checks the loaded model)."""
     if isinstance(backbone, Architecture):
@@ -449,7 +449,9 @@ def describe_any(backbone) -> Architecture | None:
     if isinstance(backbone, nn.Module):
         return describe(backbone)
     try:
-        return describe_config(backbone)
+        return describe_config(backbone, spec=spec)
+    except UsageError:  # a config the model refuses (model_from_config): the user's to fix, not a blind spot
+        raise
     except Exception:  # noqa: BLE001 - any failure to build the meta model: the preflight cannot tell
         return None
 

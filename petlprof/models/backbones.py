@@ -40,7 +40,16 @@ from petlprof.lookup import Registry
 from petlprof.models.families import family_of, model_class, model_from_config
 from petlprof.models.gguf import GgufProvenance, provenance, smollm2_weights
 from petlprof.models.quantization import quantize_model
-from petlprof.models.shapes import check_sizes, config_label, is_config_file, is_shape, shape_names, weightless_config
+from petlprof.models.shapes import (
+    check_heads,
+    check_sizes,
+    config_label,
+    is_config_file,
+    is_shape,
+    json_kind,
+    shape_names,
+    weightless_config,
+)
 from petlprof.values import check_file
 
 DEFAULT_BACKBONE = "minilm"
@@ -234,10 +243,16 @@ def pretrained_config(name: str):
     path, kwargs = pretrained_location(name)
     try:
         values, _ = PretrainedConfig.get_config_dict(path, **kwargs)
+        if not isinstance(values, dict):
+            raise UsageError(f"backbone '{name}': its config.json holds a JSON {json_kind(values)}, not an object")
         check_sizes(values, name)  # before the config class computes with them (a head count of 0 divides)
         if "gguf_file" in kwargs:  # what AutoConfig does with these values, without parsing the file again
-            return CONFIG_MAPPING[values["model_type"]].from_dict(values, name_or_path=path)
-        return AutoConfig.from_pretrained(path, **kwargs)
+            config = CONFIG_MAPPING[values["model_type"]].from_dict(values, name_or_path=path)
+            check_heads(config, name)
+            return config
+        config = AutoConfig.from_pretrained(path, **kwargs)
+        check_heads(config, name)
+        return config
     except UsageError:
         raise
     except (OSError, ValueError) as exc:

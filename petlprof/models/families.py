@@ -61,4 +61,9 @@ def model_from_config(config: Any, lm_head: bool = False, spec: str = "this back
     in, and a bf16 config.json must not change that silently."""
     import torch  # as in family_of
 
-    return model_class(config, lm_head, spec).from_config(config, dtype=torch.float32, **from_config)
+    auto_class = model_class(config, lm_head, spec)
+    try:
+        return auto_class.from_config(config, dtype=torch.float32, **from_config)
+    except ValueError as exc:  # the model's own check of its config, e.g. a width its heads do not divide
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise UsageError(f"backbone '{spec}' ({config.model_type}): transformers refuses its config: {first}") from None

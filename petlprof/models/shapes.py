@@ -58,7 +58,7 @@ def config_from_file(path: Path | str):
     """The transformers config a ``config.json`` describes; a UsageError if it is not one."""
     path = Path(path)
     try:
-        values = json.loads(path.read_text())
+        values = json.loads(path.read_text(encoding="utf-8-sig"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise UsageError(f"backbone config '{path}' is not a JSON file: {exc}") from None
     return config_from_dict(values, str(path))
@@ -70,7 +70,9 @@ def config_from_dict(values: Any, label: str):
     # transformers: slow to import, loaded only when used
     from transformers import AutoConfig
 
-    if not isinstance(values, dict) or "model_type" not in values:
+    if not isinstance(values, dict):
+        raise UsageError(f"backbone config '{label}' holds a JSON {json_kind(values)}, not an object of fields")
+    if "model_type" not in values:
         raise UsageError(f"backbone config '{label}' is not a transformers model config (it has no 'model_type')")
     check_sizes(values, label)
     values = dict(values)
@@ -80,7 +82,25 @@ def config_from_dict(values: Any, label: str):
     except (ValueError, KeyError, TypeError) as exc:
         raise UsageError(f"backbone config '{label}' is not a model config transformers knows: {exc}") from None
     config.source_url = source
+    check_heads(config, label)
     return config
+
+
+def json_kind(value: Any) -> str:
+    """What a JSON value is, in JSON's words (an array, a string, ...)."""
+    kinds = {list: "array", str: "string", bool: "boolean", int: "number", float: "number", type(None): "null"}
+    return kinds.get(type(value), type(value).__name__)
+
+
+def check_heads(config: Any, label: str) -> None:
+    """Key/value heads that divide the attention heads (grouped-query attention shares each key/value head among
+    a whole group of query heads); a config that breaks it builds but fails in its first forward pass."""
+    heads, kv_heads = getattr(config, "num_attention_heads", None), getattr(config, "num_key_value_heads", None)
+    if isinstance(heads, int) and isinstance(kv_heads, int) and heads % kv_heads:
+        raise UsageError(
+            f"backbone config '{label}': num_key_value_heads {kv_heads} does not divide num_attention_heads {heads} "
+            "(each key/value head serves a whole group of query heads); use a divisor of it"
+        )
 
 
 def check_sizes(values: dict[str, Any], label: str) -> None:

@@ -110,8 +110,15 @@ def difference_table(runs: pd.DataFrame) -> str:
 def difference_tables(runs: pd.DataFrame) -> list[tuple[str, str, str]]:
     """(task, backbone, Markdown table) for every task and backbone with a finished run, from the runs
     table (:func:`petlprof.report.frame.runs_frame`); runs on random weights (``--random-init``, cost-only)
-    are left out: their scores mean nothing."""
-    runs = runs[~runs["random_init"].astype(bool) & (runs["status"] == "ok") & runs["quality"].notna()]
+    and configurations with a run that answered every prompt with one text (``constant_output``) are left out:
+    their scores mean nothing."""
+    constant = set(runs.loc[runs["constant_output"].astype(bool), "config_key"])  # every seed of such a config
+    runs = runs[
+        ~runs["random_init"].astype(bool)
+        & ~runs["config_key"].isin(constant)
+        & (runs["status"] == "ok")
+        & runs["quality"].notna()
+    ]
     return [
         (text(task), text(backbone), difference_table(group))
         for (task, backbone), group in runs.groupby(GROUP, sort=True, dropna=False)

@@ -71,7 +71,7 @@ GENERATION_FIGURES = (  # per batch size of a generation phase, columns named by
     PEAK_MEMORY,
     SIDE_SHARE_OF_PER_TOKEN,
 )
-RUN_FACTS = ("random_init", "majority_rate")  # what a run is, not a figure to average over seeds
+RUN_FACTS = ("random_init", "constant_output", "majority_rate")  # what a run is, not a figure to average over seeds
 GENERATION_COLUMN = re.compile(r"^(generation(?:_merged)?)\.batch_(\d+)\.(.+)$")
 
 
@@ -102,6 +102,7 @@ def _row(record: RunResult) -> Row:
         "knob_value": record.knob_value,
         "primary_metric": record.primary_metric,
         "random_init": is_random_init(record),  # on random weights (--random-init): its score is meaningless
+        "constant_output": record.constant_output,  # one text for every prompt: its score is not the method's
         "majority_rate": record.task_info.majority_rate,
         "trainable_params": record.trainable_params,
         "total_params": record.total_params,
@@ -243,6 +244,7 @@ def summarise(runs: pd.DataFrame, ok_only: bool = True) -> pd.DataFrame:
             primary_metric=group["primary_metric"].iloc[0],
             target_metric=group["target_metric"].iloc[0],
             target_value=group["target_value"].iloc[0],
+            constant_output=int(group["constant_output"].astype(bool).sum()) if "constant_output" in group else 0,
         )
         for column in numeric:
             values = group[column].dropna()
@@ -264,7 +266,9 @@ def frontier(frame: pd.DataFrame, x: str = ENERGY.name, y: str = "quality", by: 
     no configuration of the same ``by`` group is at least as good on both ``x`` and ``y`` (seed means)
     and strictly better on one.  Equal configurations are both on the front; a configuration missing
     either figure is never on it, nor is the zero-shot row (the model before tuning: a reference, not a
-    choice of tuning; the report draws it as a line).  ``y="quality"`` means each run's primary metric."""
+    choice of tuning; the report draws it as a line), nor a configuration with a seed whose generated responses
+    were all one text (``constant_output``: the model ignored its prompts, so its score is no result).
+    ``y="quality"`` means each run's primary metric."""
     objective_direction(x)  # a KeyError naming the known ones, before any work
     configs = summarise(frame).copy()
     for name in (x, y):
@@ -276,7 +280,10 @@ def frontier(frame: pd.DataFrame, x: str = ENERGY.name, y: str = "quality", by: 
     names = [_objective_name(configs, y), x]
     for _, group in configs.groupby(list(by), sort=False, dropna=False):
         points = [
-            {names[0]: _nan_none(row[y]), names[1]: None if row["method"] == ZERO_SHOT else _nan_none(row[x])}
+            {
+                names[0]: None if row.get("constant_output") else _nan_none(row[y]),
+                names[1]: None if row["method"] == ZERO_SHOT else _nan_none(row[x]),
+            }
             for _, row in group.iterrows()
         ]
         front = _front(points, names)

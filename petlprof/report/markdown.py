@@ -36,6 +36,7 @@ from petlprof.report.records import (
     text,
 )
 from petlprof.report.table import (
+    CONSTANT_OUTPUT,
     COSTS_CAPTION,
     GENERATION_CAPTION,
     MAJORITY,
@@ -247,7 +248,8 @@ def _configurations(records: Sequence[RunResult], runs: pd.DataFrame) -> list[st
         "params) for which no other configuration is at least as good on both the metric and that cost and "
         "better on one."
         + (MAJORITY_NOTE if any(MAJORITY in s.tables[0][1] for s in sections) else "")
-        + (ZERO_SHOT_NOTE if any(is_zero_shot(r) and is_ok(r) for r in records) else ""),
+        + (ZERO_SHOT_NOTE if any(is_zero_shot(r) and is_ok(r) for r in records) else "")
+        + (CONSTANT_NOTE if any(r.constant_output and is_ok(r) for r in records) else ""),
         "",
     ]
     for section in sections:
@@ -258,6 +260,11 @@ def _configurations(records: Sequence[RunResult], runs: pd.DataFrame) -> list[st
     return lines
 
 
+CONSTANT_NOTE = (
+    f"  A score marked *{CONSTANT_OUTPUT}* is of a run that generated the same text for every evaluation prompt "
+    "(the records' `constant_output`): the model ignored its prompts, so the score is not the method's; such a "
+    "configuration is on no frontier."
+)
 MAJORITY_NOTE = (
     f"  The *{MAJORITY}* row is the accuracy of always answering the evaluation set's most common class "
     "(the records' `task_info.majority_rate`): a score near it is no sign of learning."

@@ -87,12 +87,12 @@ def _phase_column(phase: str, figure: Figure) -> Column:
 
 def _metric(name: str) -> Callable[[RunResult], str]:
     """A cell getter for a quality metric, shown only on the runs whose primary metric it is (and
-    marked cost-only on runs with random weights)."""
+    marked cost-only on runs with random weights, and where every generated response was one text)."""
 
     def cell(record: RunResult) -> str:
         if record.primary_metric != name:
             return MISSING
-        return _cost_only(_fixed(record.metrics.get(name), 4), is_random_init(record))
+        return _score(_fixed(record.metrics.get(name), 4), is_random_init(record), int(record.constant_output))
 
     return cell
 
@@ -128,9 +128,19 @@ def columns(records: Sequence[RunResult]) -> list[Column]:
     return cols
 
 
-def _cost_only(score: str, random_init: bool) -> str:
-    """A score as shown: marked when the run had random weights (--random-init), so it is not read as the method's."""
-    return f"{score} (cost-only)" if random_init and score != MISSING else score
+CONSTANT_OUTPUT = "one answer to every prompt"
+
+
+def _score(score: str, random_init: bool, constant: int = 0, seeds: int = 1) -> str:
+    """A score as shown: marked when the run had random weights (--random-init), so it is not read as the method's,
+    and when ``constant`` of its ``seeds`` generated one text for every prompt (kept off the frontiers)."""
+    if score == MISSING:
+        return score
+    if random_init:
+        score = f"{score} (cost-only)"
+    if constant:
+        score = f"{score} ({CONSTANT_OUTPUT}{f': {constant} of {seeds} seeds' if seeds > 1 else ''})"
+    return score
 
 
 def _render_text(headers: list[str], rows: list[list[str]], numeric: list[bool]) -> str:
@@ -308,6 +318,12 @@ def _tables(group, majority: float | None) -> list[tuple[str, str]]:
     return tables
 
 
+def _constant(row) -> int:
+    """Seeds of a configuration whose generated responses were all one text (0 for records that do not say)."""
+    value = row.get("constant_output")
+    return int(value) if isinstance(value, (int, float)) and value == value else 0
+
+
 def _names(row) -> list[str]:
     return [method_name(row["method"]), text(row["config"])]
 
@@ -336,7 +352,7 @@ def _costs_row(row, mixed: bool, reference: bool = False) -> list[str]:
     names = [f"*{ZERO_SHOT_LABEL}*", text(row["config"])] if reference else _names(row)
     cells = names + [
         str(int(row["n_seeds"])),
-        _cost_only(_mean_ci(row, "quality", 1.0, 4), row["random_init"]),
+        _score(_mean_ci(row, "quality", 1.0, 4), row["random_init"], _constant(row), int(row["n_seeds"])),
         *(_figure_ci(row, figure) for figure in (ENERGY, PEAK_MEMORY, TIME)),
         _fixed(row.get("trainable_params"), 0),
         "" if reference else ", ".join(row["fronts"]) or MISSING,
@@ -356,7 +372,9 @@ def _vs_row(row) -> list[str]:
     if row["method"] == REFERENCE:
         return _names(row) + ["ref"] * 5
     costs = (ENERGY.name, PEAK_MEMORY.name, TIME.name, "trainable_params")
-    quality = _cost_only(_signed(row.get(f"quality_vs_{REFERENCE}"), ".4f"), row["random_init"])
+    quality = _score(
+        _signed(row.get(f"quality_vs_{REFERENCE}"), ".4f"), row["random_init"], _constant(row), int(row["n_seeds"])
+    )
     return _names(row) + [quality] + [_signed(row.get(f"{cost}_vs_{REFERENCE}_pct"), ".0f", "%") for cost in costs]
 
 

@@ -389,6 +389,7 @@ class RunRecord(TypedDict, total=False):
     checkpoint_bytes: int  # the trainable state as one safetensors file: what the method must save
     metrics: dict[str, float | None]  # only on a run with status ``ok`` (perplexity None where it overflows)
     warnings: list[str]  # about the result itself, e.g. every evaluation prediction is one class
+    constant_output: bool  # LM objective: every generated evaluation response the same text (absent: not so)
     diverged_at: Divergence  # status ``diverged``: the step and its loss (also in ``train``)
     train: TrainPhase
     eval: EvalPhase

@@ -254,6 +254,7 @@ class RunResult:
     spec: Mapping[str, Any] | None = None
     metrics: Mapping[str, float | None] = field(default_factory=dict)
     warnings: tuple[str, ...] | None = None  # about the result itself (None: the record has no list)
+    constant_output: bool = False  # every generated evaluation response the same text: a non-result
     trainable_params: float | None = None
     total_params: float | None = None
     checkpoint_bytes: float | None = None
@@ -293,6 +294,7 @@ class RunResult:
             spec=data["spec"] if isinstance(data.get("spec"), Mapping) else None,
             metrics={str(name): finite(value) for name, value in metrics.items()},
             warnings=_strings(data.get("warnings")),
+            constant_output=data.get("constant_output") is True,
             trainable_params=finite(data.get("trainable_params")),
             total_params=finite(data.get("total_params")),
             checkpoint_bytes=finite(data.get("checkpoint_bytes")),

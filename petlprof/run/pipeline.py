@@ -551,6 +551,8 @@ def to_record(ctx: RunContext, phases: Phases | None) -> RunRecord:
         warnings = [*ctx.task.warnings, *prediction_warnings(phases.preds, ctx.task)]
         if warnings:
             record["warnings"] = warnings
+        if ctx.task.objective == LM and constant_output(phases.preds):
+            record["constant_output"] = True
     record["train"] = phases.train
     if not phases.diverged and ctx.task.objective == LM:
         record["eval"] = phases.evaluated
@@ -669,9 +671,15 @@ def prediction_warnings(preds, task) -> list[str]:
     ]
 
 
+def constant_output(texts: list[str]) -> bool:
+    """Every generated evaluation response is the same text: the model answers the same whatever the prompt, so
+    its score is not the method's (the record's ``constant_output``; the report keeps it off every frontier)."""
+    return len(texts) >= 2 and len(set(texts)) == 1
+
+
 def _generation_warnings(texts: list[str]) -> list[str]:
     """A warning when every generated response is the same text (the model ignores its prompt)."""
-    if len(texts) < 2 or len(set(texts)) != 1:
+    if not constant_output(texts):
         return []
     return [
         f"every one of the {len(texts)} generated evaluation responses is the same text ({texts[0][:40]!r}): "

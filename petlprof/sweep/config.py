@@ -86,9 +86,9 @@ def load_config_file(path: str) -> dict[str, Any]:
     suffix = file.suffix.lower()
     try:
         if suffix == ".toml":
-            data = tomllib.loads(file.read_text())
+            data = tomllib.loads(file.read_text(encoding="utf-8-sig"))
         elif suffix in (".yaml", ".yml"):
-            data = yaml_value(file.read_text()) or {}
+            data = yaml_value(file.read_text(encoding="utf-8-sig")) or {}
         else:
             raise UsageError(f"config file '{path}' must end in .toml, .yaml or .yml, not '{shown(suffix, False)}'")
     except UsageError:
@@ -409,6 +409,7 @@ def preflight(options: RunOptions, meters_here: bool = True) -> list[str]:
     for backbone in options.backbone:
         config = backbone_config(backbone)  # the config of a folder or hub id: a bad one fails here
         check_shape(backbone, config, num_layers=options.num_layers, max_length=options.max_length)
+        _architecture(backbone)  # built on the meta device: a config the model refuses is one line here
         if options.random_init:  # the weights are built on this machine unless the runs go to a cluster
             check_random_init(backbone, config, options.num_layers, memory=meters_here)
         for method in options.methods:
@@ -511,7 +512,7 @@ def _architecture(backbone: str):
     """The architecture description of a backbone by name (``petlprof.models.architecture``), built once per process."""
     from petlprof.models.architecture import describe_any  # torch (seconds): only the preflight of a backbone needs it
 
-    return describe_any(backbone_config(backbone))
+    return describe_any(backbone_config(backbone), spec=backbone)
 
 
 def _unsupported(backbone: str, method: str, method_config: dict[str, Any]) -> str | None:

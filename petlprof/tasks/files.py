@@ -57,7 +57,8 @@ def split_frames(
 
 
 def read_table(path: Path) -> pd.DataFrame:
-    """One CSV/TSV/JSON Lines/Parquet file as a frame; only empty cells count as missing."""
+    """One CSV/TSV/JSON Lines/Parquet file as a frame; only empty cells count as missing.  Text files are read as
+    UTF-8 with or without a byte-order mark (Windows editors write one)."""
     # pandas: slow to import, loaded only when used
     import pandas as pd
 
@@ -71,9 +72,10 @@ def read_table(path: Path) -> pd.DataFrame:
         if suffix == ".parquet":
             frame = pd.read_parquet(path)
         elif suffix == ".jsonl":
-            frame = pd.read_json(path, lines=True, dtype=False)
+            frame = pd.read_json(path, lines=True, dtype=False, encoding="utf-8-sig")
         else:
-            frame = pd.read_csv(path, sep="\t" if suffix == ".tsv" else ",", keep_default_na=False, na_values=[""])
+            sep = "\t" if suffix == ".tsv" else ","
+            frame = pd.read_csv(path, sep=sep, keep_default_na=False, na_values=[""], encoding="utf-8-sig")
     except (ValueError, OSError) as exc:
         raise UsageError(f"cannot read '{path}' as {suffix[1:].upper()}: {exc}") from exc
     if frame.empty:

@@ -319,20 +319,24 @@ def load_user_lm(
     prompt_column: str | None,
     target_column: str | None,
 ) -> TaskData:
-    """The user's prompt/target rows as an LM task (module docstring)."""
+    """The user's prompt/target rows as an LM task (module docstring); each file's rows are read into prompts and
+    targets and checked (text, not empty) by their data row before the rows are split."""
     layouts = {where: _layout(frame, where, prompt_column, target_column) for where, frame in sources.items()}
     first, layout = next(iter(layouts.items()))
     if layout is None:  # is_prompt_data found a layout in the first file, or --prompt-column names one
         raise UsageError(f"{first} has {NO_LAYOUT}. Its columns: {_columns_text(sources[first])}")
+    tables = {}
+    warnings: list[str] = []
     for where, frame in sources.items():
         if layouts[where] != layout:
             raise UsageError(
                 f"{where} is laid out as {_name(layouts[where])}, not as {layout.name} like the training file"
             )
         require_columns(frame, (layout.prompt, layout.target), where)
-    train_frame, eval_frame, how = split_frames(spec, sources, train_size, eval_size, split_seed)
-    places = iter(sources) if len(sources) == 2 else iter([spec, spec])
-    train, evaluation = (_split(frame, layout, place) for frame, place in zip((train_frame, eval_frame), places))
+        tables[where] = _rows(frame, layout, where)
+        warnings += _empty_targets(tables[where]["target"].tolist(), where)
+    train_frame, eval_frame, how = split_frames(spec, tables, train_size, eval_size, split_seed)
+    train, evaluation = (_split(frame) for frame in (train_frame, eval_frame))
     return TaskData(
         spec,
         train,
@@ -342,6 +346,7 @@ def load_user_lm(
         ("rouge_l", "exact_match"),
         f"your data {spec}: prompt/target ({layout.name}), {how} (train {len(train)}, eval {len(evaluation)}, "
         f"split seed {split_seed})",
+        warnings,
         objective=LM,
         answer="text",
         max_new_tokens=USER_MAX_NEW_TOKENS,
@@ -352,17 +357,73 @@ def _name(layout: _Layout | None) -> str:
     return layout.name if layout else "no prompt/target layout"
 
 
-def _split(frame: pd.DataFrame, layout: _Layout, where: str) -> Split:
+def _rows(frame: pd.DataFrame, layout: _Layout, where: str) -> pd.DataFrame:
+    """A file's rows as columns ``prompt``, ``target`` and (chat layouts) ``turns``, in file order; a prompt or
+    target that is not text (a number is taken as its text) refused with its data row."""
+    import pandas as pd  # as in the type hints: loaded with the frames
+
     if layout.kind == "messages":
         chats = [_chat(value, where, row) for row, value in enumerate(frame["messages"], start=1)]
-        return Split(
-            [_render(turns) for turns, _ in chats], None, [], [target for _, target in chats], [t for t, _ in chats]
+        return pd.DataFrame(
+            {
+                "prompt": [_render(turns) for turns, _ in chats],
+                "target": [t for _, t in chats],
+                "turns": [c for c, _ in chats],
+            }
         )
-    prompts = frame[layout.prompt].astype(str).tolist()
+    prompts = _texts(frame[layout.prompt], where, layout.prompt)
     if layout.kind == "alpaca" and "input" in frame.columns:
-        extra = frame["input"].fillna("").astype(str).tolist()
+        extra = _texts(frame["input"].fillna(""), where, "input")
         prompts = [f"{p}\n\n{x}" if x.strip() else p for p, x in zip(prompts, extra)]
-    return Split(prompts, None, [], frame[layout.target].astype(str).tolist())
+    return pd.DataFrame({"prompt": prompts, "target": _texts(frame[layout.target], where, layout.target)})
+
+
+def _texts(column: pd.Series, where: str, name: str) -> list[str]:
+    """A column's cells as text: strings as they are, numbers as their text; anything else (a JSON object or list
+    a JSONL file holds, say) refused, naming its data row, rather than trained on as its Python text."""
+    import numbers
+
+    texts = []
+    for row, value in enumerate(column, start=1):
+        if isinstance(value, str):
+            texts.append(value)
+        elif isinstance(value, numbers.Number) and not isinstance(value, bool):
+            texts.append(str(value))
+        else:
+            raise UsageError(
+                f"{where}: column '{name}' of data row {row} is {_kind(value)} ({shown(str(value)[:60])}), not text; "
+                "prompts and targets are text (or numbers)"
+            )
+    return texts
+
+
+def _kind(value: Any) -> str:
+    kinds = {dict: "an object", list: "a list", bool: "a boolean"}
+    return kinds.get(type(value), f"a {type(value).__name__}")
+
+
+# a file whose targets are empty at this share or more is refused: a model learns to answer nothing, and exact
+# match scores the empty answer 1.0 against an empty reference
+EMPTY_TARGETS_REFUSED = 0.9
+
+
+def _empty_targets(targets: list[str], where: str) -> list[str]:
+    """Refuse a file whose targets are (nearly) all empty; a warning that counts them where some are."""
+    empty = [row for row, target in enumerate(targets, start=1) if not target.strip()]
+    if not empty:
+        return []
+    counted = f"{len(empty)} of the {len(targets)} targets of {where} are empty (the first in data row {empty[0]})"
+    if len(empty) >= EMPTY_TARGETS_REFUSED * len(targets):
+        raise UsageError(
+            f"{counted}: a model trained on them learns to answer nothing, and exact match scores an empty answer "
+            "1.0; give each row its target text"
+        )
+    return [f"{counted}; those rows teach the model to answer nothing"]
+
+
+def _split(frame: pd.DataFrame) -> Split:
+    turns = frame["turns"].tolist() if "turns" in frame.columns else None
+    return Split(frame["prompt"].tolist(), None, [], frame["target"].tolist(), turns)
 
 
 def _chat(value: Any, where: str, row: int) -> tuple[list[dict[str, str]], str]:
