@@ -30,6 +30,32 @@ BERT = '"model_type": "bert", "num_hidden_layers": 2, "num_attention_heads": 4, 
 CONFIG = {"cfg.json": f'{{{BERT}, "hidden_size": -1, "vocab_size": 30522}}'}
 TOPICS = "topic,text,label\n" + "".join(f"{t},a headline number {i},{t}\n" for i, t in enumerate(["art", "war"] * 50))
 CSI = "\x1b[2J"
+BERT_7_HEADS = "{" + BERT.replace('"num_attention_heads": 4', '"num_attention_heads": 7') + ', "hidden_size": 64}'
+LLAMA_KV = (
+    '{"model_type": "llama", "hidden_size": 64, "num_attention_heads": 8, "num_key_value_heads": 3, '
+    '"num_hidden_layers": 2, "intermediate_size": 128}'
+)
+LM_RUN = ["run", "--methods", "lora", "--backbone", "tiny-gpt2", "--train-size", "16", "--eval-size", "4"]
+LM_RUN += ["--max-steps", "2", "--output", "{tmp}/out"]
+
+
+def _estimate(path: str) -> list[str]:
+    return [*ESTIMATE[:2], path, *ESTIMATE[3:]]
+
+
+def _run_random(path: str) -> list[str]:
+    return [*RUN, "--backbone", path, "--random-init"]
+
+
+def _jsonl(rows: list[dict]) -> str:
+    import json
+
+    return "".join(json.dumps(row) + "\n" for row in rows)
+
+
+def _chat(i: int, reply: str) -> dict:
+    return {"messages": [{"role": "user", "content": f"p{i}"}, {"role": "assistant", "content": reply}]}
+
 
 BAD = [
     # (id, command line, files (name: content), what the error line says)
@@ -138,6 +164,59 @@ BAD = [
         [*RUN, "--task", "{tmp}/d.csv", "--label-column", "text"],
         {"d.csv": TOPICS},
         "'text'",
+    ),
+    # round three (issue 41): configs transformers refuses, or that are no JSON object, in estimate and run alike
+    *(
+        (f"{what}, {where}", [*command(path)], {name: content}, expected)
+        for what, content, expected in (
+            ("a config that is a JSON array", f'[{{{BERT}, "hidden_size": 64}}]', "holds a JSON array, not an object"),
+            (
+                "7 heads for a width of 64",
+                BERT_7_HEADS,
+                "The hidden size (64) is not a multiple of the number of attention heads (7)",
+            ),
+            ("3 key/value heads for 8 heads", LLAMA_KV, "num_key_value_heads 3 does not divide num_attention_heads 8"),
+        )
+        for where, name, path, command in (
+            ("estimate a file", "c/config.json", "{tmp}/c/config.json", _estimate),
+            ("estimate a folder", "c/config.json", "{tmp}/c", _estimate),
+            ("run --random-init a file", "c/config.json", "{tmp}/c/config.json", _run_random),
+            ("run --random-init a folder", "c/config.json", "{tmp}/c", _run_random),
+        )
+    ),
+    # round three: the targets of prompt/target data
+    (
+        "a target that is a JSON object",
+        [*LM_RUN, "--task", "{tmp}/d.jsonl"],
+        {"d.jsonl": _jsonl([{"prompt": f"p{i}", "completion": {"a": i} if i == 3 else f"t{i}"} for i in range(20)])},
+        "column 'completion' of data row 4 is an object",
+    ),
+    (
+        "a target that is a list",
+        [*LM_RUN, "--task", "{tmp}/d.jsonl", "--prompt-column", "q", "--target-column", "a"],
+        {"d.jsonl": _jsonl([{"q": f"p{i}", "a": [i, i]} for i in range(20)])},
+        "column 'a' of data row 1 is a list",
+    ),
+    (
+        "a prompt that is a list in a folder's eval file",
+        [*LM_RUN, "--task", "{tmp}/data"],
+        {
+            "data/train.jsonl": _jsonl([{"prompt": f"p{i}", "completion": f"t{i}"} for i in range(20)]),
+            "data/test.jsonl": _jsonl([{"prompt": ["x"], "completion": "t"}]),
+        },
+        "test.jsonl: column 'prompt' of data row 1 is a list",
+    ),
+    (
+        "every target empty",
+        [*LM_RUN, "--task", "{tmp}/d.jsonl"],
+        {"d.jsonl": _jsonl([{"prompt": f"p{i}", "completion": ""} for i in range(20)])},
+        "20 of the 20 targets of {tmp}/d.jsonl are empty (the first in data row 1)",
+    ),
+    (
+        "nineteen of twenty targets blank, chat messages",
+        [*LM_RUN, "--task", "{tmp}/d.jsonl"],
+        {"d.jsonl": _jsonl([_chat(i, "ok" if i == 7 else "  ") for i in range(20)])},
+        "19 of the 20 targets",
     ),
 ]
 

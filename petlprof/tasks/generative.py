@@ -30,6 +30,7 @@ the data has no label column, so a labelled file keeps its classification head u
 from __future__ import annotations
 
 import json
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -381,8 +382,6 @@ def _rows(frame: pd.DataFrame, layout: _Layout, where: str) -> pd.DataFrame:
 def _texts(column: pd.Series, where: str, name: str) -> list[str]:
     """A column's cells as text: strings as they are, numbers as their text; anything else (a JSON object or list
     a JSONL file holds, say) refused, naming its data row, rather than trained on as its Python text."""
-    import numbers
-
     texts = []
     for row, value in enumerate(column, start=1):
         if isinstance(value, str):
