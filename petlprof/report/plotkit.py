@@ -31,6 +31,7 @@ CAP_SIZE = 4  # points: a small cap where a bar ends inside the axes
 CARET_SIZE = 5  # points: the caret where a bar is cut at the axes' edge
 CARETS = {("x", "low"): "<", ("x", "high"): ">", ("y", "low"): "v", ("y", "high"): "^"}
 CLIPPED_NOTE = "bar cut at the axes' edge (runs further): caret"
+LABEL_SIZE = 7  # points: the font of a point's label
 LABEL_OFFSETS = (
     *((7, 6), (7, -7), (-7, 6), (-7, -7), (0, 11), (0, -11), (12, 0), (-12, 0), (12, 12), (-12, -12)),
     *((12, -12), (-12, 12), (0, 18), (0, -18), (-20, -20), (20, -20), (-20, 20), (20, 20), (0, -28), (0, 28)),
@@ -144,8 +145,13 @@ def clipped_caption(caption: str, cut: int) -> str:
 
 def place_labels(fig: Figure, ax, items: list[tuple[float, float, str, str]], rings: list[tuple[float, float]]) -> None:
     """Annotate points so labels overlap neither each other nor any marker or frontier ring, trying
-    offsets in turn (the least-overlapping one when none is free)."""
-    fig.canvas.draw()  # lays the figure out, so display coordinates are final
+    offsets in turn (the least-overlapping one when none is free).
+
+    A label's box at each offset is computed from its size, measured once, rather than by drawing an annotation
+    at every offset (that took most of a report's plotting time).  The figure is laid out once, here, and then
+    keeps that layout (the saved files draw exactly what the labels were placed on)."""
+    fig.draw_without_rendering()  # lays the figure out, so display coordinates are final
+    fig.set_layout_engine("none")
     # every canvas that draws has a renderer (Agg, which new_axes attaches, and the interactive canvases built
     # on it); matplotlib's stubs declare get_renderer on none but FigureCanvasAgg's, and ``fig`` may be a user's
     renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
@@ -155,44 +161,56 @@ def place_labels(fig: Figure, ax, items: list[tuple[float, float, str, str]], ri
             px, py = ax.transData.transform((x, y))
             taken.append((px - half, py - half, px + half, py + half))
     frame = ax.get_window_extent(renderer)
+    pixels_per_point = fig.dpi / 72
 
-    def cost(box) -> float:
-        inside = box.x0 >= frame.x0 and box.x1 <= frame.x1 and box.y0 >= frame.y0 and box.y1 <= frame.y1
-        area = sum(
-            max(0.0, min(box.x1, b[2]) - max(box.x0, b[0])) * max(0.0, min(box.y1, b[3]) - max(box.y0, b[1]))
-            for b in taken
-        )
+    def cost(box: tuple[float, float, float, float]) -> float:
+        x0, y0, x1, y1 = box
+        inside = x0 >= frame.x0 and x1 <= frame.x1 and y0 >= frame.y0 and y1 <= frame.y1
+        area = sum(max(0.0, min(x1, b[2]) - max(x0, b[0])) * max(0.0, min(y1, b[3]) - max(y0, b[1])) for b in taken)
         return area + (0.0 if inside else 1e6)
 
     for x, y, label, colour in items:
-        best = None
+        probe = fig.text(0, 0, label, fontsize=LABEL_SIZE)  # its size, wherever it stands
+        extent = probe.get_window_extent(renderer)
+        probe.remove()
+        px, py = ax.transData.transform((x, y))
+        best: tuple[float, tuple[int, int], tuple[float, float, float, float]] | None = None
         for dx, dy in LABEL_OFFSETS:
-            ha = "left" if dx > 0 else "right" if dx < 0 else "center"
-            note = ax.annotate(
-                label,
-                (x, y),
-                xytext=(dx, dy),
-                textcoords="offset points",
-                fontsize=7,
-                color=colour,
-                ha=ha,
-                va="bottom" if dy >= 0 else "top",
-                zorder=4,
-                bbox={"boxstyle": "round,pad=0.1", "facecolor": "white", "edgecolor": "none", "alpha": 0.8},
-                arrowprops={"arrowstyle": "-", "color": colour, "linewidth": 0.6, "shrinkA": 0, "shrinkB": 4},
-            )  # a leader line ties a displaced label to its point
-            box = note.get_window_extent(renderer)
+            box = _label_box(px + dx * pixels_per_point, py + dy * pixels_per_point, dx, dy, extent)
             score = cost(box)
             if best is None or score < best[0]:
-                if best is not None:
-                    best[1].remove()
-                best = (score, note, box)
-            else:
-                note.remove()
+                best = (score, (dx, dy), box)
             if score == 0:
                 break
         assert best is not None  # LABEL_OFFSETS is not empty
-        taken.append((best[2].x0, best[2].y0, best[2].x1, best[2].y1))
+        (dx, dy), box = best[1], best[2]
+        ax.annotate(
+            label,
+            (x, y),
+            xytext=(dx, dy),
+            textcoords="offset points",
+            fontsize=LABEL_SIZE,
+            color=colour,
+            ha=_label_align(dx),
+            va="bottom" if dy >= 0 else "top",
+            zorder=4,
+            bbox={"boxstyle": "round,pad=0.1", "facecolor": "white", "edgecolor": "none", "alpha": 0.8},
+            arrowprops={"arrowstyle": "-", "color": colour, "linewidth": 0.6, "shrinkA": 0, "shrinkB": 4},
+        )  # a leader line ties a displaced label to its point
+        taken.append(box)
+
+
+def _label_align(dx: float) -> str:
+    return "left" if dx > 0 else "right" if dx < 0 else "center"
+
+
+def _label_box(ax_: float, ay: float, dx: float, dy: float, extent) -> tuple[float, float, float, float]:
+    """(x0, y0, x1, y1) in pixels of a label of ``extent``'s size anchored at (``ax_``, ``ay``), aligned as
+    :func:`place_labels` aligns a label at offset (``dx``, ``dy``)."""
+    width, height = extent.width, extent.height
+    x0 = {"left": ax_, "right": ax_ - width, "center": ax_ - width / 2}[_label_align(dx)]
+    y0 = ay if dy >= 0 else ay - height
+    return (x0, y0, x0 + width, y0 + height)
 
 
 DPI = 120
