@@ -6,6 +6,7 @@ padding), so an example meets different padded lengths and neighbours in every e
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import pytest
@@ -47,7 +48,9 @@ def run(preset: str, method: str, config: dict, cache: HiddenStateCache | None, 
     (both paths go through ``side_forward``) and the trained model."""
     torch.manual_seed(0)
     backbone = load_backbone(preset)
-    backbone.tokenizer.padding_side = padding_side
+    if padding_side != backbone.tokenizer.padding_side:  # a copy: the tokenizer is shared in this process
+        backbone.tokenizer = copy.deepcopy(backbone.tokenizer)
+        backbone.tokenizer.padding_side = padding_side
     spec = get_method(method)
     model = spec.build()(SequenceClassifier(backbone, 2), spec.make_config(config))
     enc = backbone.tokenizer(TEXTS)

@@ -8,6 +8,7 @@ both encoder-decoder wirings, and decoder-only models under left and right paddi
 
 from __future__ import annotations
 
+import copy
 import itertools
 
 import pytest
@@ -33,7 +34,9 @@ CASES = [
 def build(preset: str, num_layers: int | None = None, padding_side: str = "right", method: str = "read", **config):
     torch.manual_seed(0)
     backbone = load_backbone(preset, num_layers=num_layers)
-    backbone.tokenizer.padding_side = padding_side
+    if padding_side != backbone.tokenizer.padding_side:  # a copy: the tokenizer is shared in this process
+        backbone.tokenizer = copy.deepcopy(backbone.tokenizer)
+        backbone.tokenizer.padding_side = padding_side
     classifier = SequenceClassifier(backbone, 2)
     spec = get_method(method)
     model = spec.build()(classifier, spec.make_config(config))

@@ -32,6 +32,7 @@ from petlprof.models.backbones import (
     prepare_backbone_model,
     pretrained_config,
     set_depth,
+    shared_tokenizer,
 )
 from petlprof.models.families import model_from_config
 from petlprof.models.shapes import config_from_file, shape_config, shape_names
@@ -84,13 +85,10 @@ def resolve_backbone(backbone: str, num_layers: int | None = None) -> ResolvedBa
 
 
 def _preset(name: str) -> ResolvedBackbone:
-    # transformers: slow to import, loaded only when used
-    from transformers import AutoTokenizer
-
     config = backbone_config(name)
     if name != "minilm" and not is_tiny_preset(name):  # smollm2: its config (the pad id) is all an estimate reads
         return ResolvedBackbone(name, config, _stand_in(config), f"pretrained {name} config")
-    tokenizer = AutoTokenizer.from_pretrained(minilm_path())
+    tokenizer = shared_tokenizer(str(minilm_path()))
     source = "pretrained all-MiniLM-L6-v2 config" if name == "minilm" else f"{name} preset config"
     return ResolvedBackbone(name, config, tokenizer, source)
 

@@ -266,10 +266,7 @@ def pretrained_config(name: str):
 
 def _tiny_parts(name: str):
     """(tokenizer, config) of a tiny random preset: all-MiniLM-L6-v2's tokenizer and a small config."""
-    # transformers: slow to import, loaded only when used
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(minilm_path())
+    tokenizer = shared_tokenizer(str(minilm_path()))
     return tokenizer, _tiny_config(name, len(tokenizer), tokenizer)
 
 
@@ -311,9 +308,8 @@ def load_backbone(
     for the LM objective's :class:`petlprof.models.language_model.LanguageModel`; ``quantization``: its linear
     layers then quantised on ``device`` (:func:`petlprof.models.quantization.quantize_model`; the rest stays where it
     was built)."""
-    # torch, transformers: slow to import, loaded only when used
+    # torch: slow to import, loaded only when used
     import torch
-    from transformers import AutoTokenizer
 
     check_backbone_name(name)
     check_weights(name, random_init)
@@ -328,7 +324,7 @@ def load_backbone(
     else:
         path, kwargs = pretrained_location(name)
         config = pretrained_config(name)
-        tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
+        tokenizer = shared_tokenizer(path, kwargs.get("gguf_file"))
         check_shape(name, config, num_layers=num_layers)
         set_depth(config, num_layers)
         auto_class = model_class(config, lm_head, name)
@@ -339,14 +335,28 @@ def load_backbone(
         source = f"pretrained from {Path(path, *kwargs.values())}"
         source += f", first {num_layers} layers" if num_layers else ""
     family = family_of(model.config)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
     prepare_backbone_model(model, tokenizer.pad_token_id)
     weights = None if random_init else weights_provenance(name)
     quantized = None if quantization is None else quantize_model(model, quantization, device)
     return Backbone(
         name, model, tokenizer, family, source, random_init=random_init, weights=weights, quantization=quantized
     )
+
+
+@functools.cache
+def shared_tokenizer(path: str, gguf_file: str | None = None):
+    """The tokenizer at ``path`` (of the GGUF file ``gguf_file`` there), read once per process and shared by every
+    backbone of that source: parsing MiniLM's takes 50 ms, a GGUF file's seconds, and a process that loads the
+    same backbone again (a test, an in-process sweep) would pay it each time.  One without a pad token gets its
+    EOS (else UNK) as pad, here, once.  Nothing in a run changes a tokenizer; code that must (a padding side, a
+    template) changes a copy, or every later backbone of the source would see the change."""
+    # transformers: slow to import, loaded only when used
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path, **({"gguf_file": gguf_file} if gguf_file else {}))
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
+    return tokenizer
 
 
 def prepare_backbone_model(model: Any, pad_token_id: int | None) -> None:
@@ -362,14 +372,11 @@ def prepare_backbone_model(model: Any, pad_token_id: int | None) -> None:
 def _random_parts(name: str, num_layers: int | None, seed: int):
     """(tokenizer, config, source) of a backbone built with random weights: a tiny preset, or with
     --random-init any backbone's config (depth cut to ``num_layers``, checked by :func:`check_random_init`)."""
-    # transformers: slow to import, loaded only when used
-    from transformers import AutoTokenizer
-
     if is_tiny_preset(name):
         tokenizer, config = _tiny_parts(name)
         set_depth(config, num_layers)
         return tokenizer, config, f"random init ({name} preset, seed {seed}), tokenizer of all-MiniLM-L6-v2"
-    tokenizer = AutoTokenizer.from_pretrained(minilm_path())
+    tokenizer = shared_tokenizer(str(minilm_path()))
     config = backbone_config(name)
     check_shape(name, config, num_layers=num_layers)
     set_depth(config, num_layers)
@@ -404,10 +411,7 @@ def check_random_init(name: str, config, num_layers: int | None = None, memory: 
 @functools.cache
 def minilm_vocab_size() -> int:
     """Token ids of all-MiniLM-L6-v2's tokenizer (the one random-init backbones borrow)."""
-    # transformers: slow to import, loaded only when used
-    from transformers import AutoTokenizer
-
-    return len(AutoTokenizer.from_pretrained(minilm_path()))
+    return len(shared_tokenizer(str(minilm_path())))
 
 
 def weights_bytes(config) -> tuple[int, int]:
