@@ -11,6 +11,7 @@ The models run in eval mode (no dropout), so every number is deterministic.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import re
 import warnings
@@ -71,8 +72,8 @@ def _backbone(preset: str):
 
 
 def language_model(preset: str) -> LanguageModel:
-    backbone = copy.deepcopy(_backbone(preset))
-    backbone.placement = {}
+    loaded = _backbone(preset)  # a fresh copy of its weights; the tokenizer is the process's one (never changed)
+    backbone = dataclasses.replace(loaded, model=copy.deepcopy(loaded.model), placement={})
     return make_task_model(backbone, "lm", num_labels=0)
 
 

@@ -22,7 +22,7 @@ from petlprof.cli import main
 from petlprof.execution.child import FRESH_PROCESS, WARM_PROCESS, execute_in_subprocess, worker_env
 from petlprof.execution.executors import LocalExecutor
 from petlprof.execution.process import command
-from petlprof.execution.warm import WarmWorker, _runs, resident_file_pages
+from petlprof.execution.warm import WarmWorker, _runs, close_kept, resident_file_pages
 from petlprof.execution.worker import preload
 from petlprof.meters import idle
 from petlprof.results.records import add_overhead, measured_phases_s
@@ -88,6 +88,7 @@ def test_a_prestarted_worker_serves_the_runs_and_only_the_first_is_charged_its_w
     """``petlprof run`` starts the warm worker before checking its input, so the imports overlap the
     checks; the first run's overhead then holds what was left to wait for (before the idle baseline, read
     once the imports are done), and no later run's does."""
+    close_kept()  # none kept by an earlier test: this one starts its own
     executor = LocalExecutor(timeout_s=600)
     executor.prestart()
     worker = executor.warm_worker
@@ -106,7 +107,62 @@ def test_a_prestarted_worker_serves_the_runs_and_only_the_first_is_charged_its_w
     assert first["process"] == second["process"] == WARM_PROCESS and worker.broken is None
     assert first["warm_worker_start_s"] == worker.start_s >= 0 and "warm_worker_start_s" not in second
     assert first["overhead_s"] >= worker.start_s  # the wait is part of the first run's overhead
+    assert worker.proc.poll() is None  # kept for the next sweep of this process
+    close_kept()
     assert worker.proc.returncode == 0  # used: it ended at the end of its stream
+
+
+def test_a_later_sweep_of_the_process_forks_from_the_kept_worker_with_its_own_directory_and_environment(
+    tmp_path, monkeypatch
+):
+    """A second sweep in one process (a notebook's second ``run_sweep``) takes the first sweep's warm worker,
+    ready, and charges its first run no wait; its runs see the driver's working directory and environment of
+    their own moment.  A sweep whose workers would start with other settings gets a worker of its own."""
+    close_kept()
+    specs = [RunSpec(method="bitfit", seed=0, **TINY)]
+    first = LocalExecutor(timeout_s=600)
+    try:
+        first.prestart()
+        ((_, one),) = first.results(specs)
+        kept = first.warm_worker
+    finally:
+        first.close()
+    monkeypatch.chdir(tmp_path)  # a relative task file: resolved in the driver's directory of now
+    (tmp_path / "d.csv").write_text("text,label\n" + "".join(f"row {i} of words,{i % 2}\n" for i in range(40)))
+    monkeypatch.setenv("PETLPROF_TEST_MARK", "seen")  # read by no import: a variable of the run's own moment
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", "another test")
+    second = LocalExecutor(timeout_s=600)
+    try:
+        second.prestart()  # the mark is part of the environment a new worker would start with: not the kept one
+        assert second.warm_worker is not kept and second.warm_worker.start_s is None and kept.proc.poll() is not None
+    finally:
+        second.close()
+    close_kept()
+    monkeypatch.delenv("PETLPROF_TEST_MARK")
+    third = LocalExecutor(timeout_s=600)
+    try:
+        third.prestart()
+        assert third.warm_worker is not kept  # a new one
+        ((_, two),) = third.results([RunSpec(method="bitfit", seed=0, **{**TINY, "task": "d.csv"})])
+        again = third.warm_worker
+    finally:
+        third.close()
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "d.csv").rename(tmp_path / "elsewhere" / "e.csv")
+    monkeypatch.chdir(tmp_path / "elsewhere")  # after the worker started: its runs still resolve e.csv here
+    fourth = LocalExecutor(timeout_s=600)
+    try:
+        fourth.prestart()
+        assert fourth.warm_worker is again and again.start_s == 0.0  # adopted, ready: no wait to charge
+        (_, three), (_, four) = fourth.results([*specs, RunSpec(method="bitfit", seed=0, **{**TINY, "task": "e.csv"})])
+    finally:
+        fourth.close()
+    close_kept()
+    records = (one, two, three, four)
+    assert all(r["status"] == "ok" for r in records), [r["error"] for r in records]
+    assert three["process"] == WARM_PROCESS and three["warm_worker_start_s"] == 0.0
+    assert (two["task"], four["task"]) == ("d.csv", "e.csv")  # each found in the driver's directory of its moment
+    assert three["metrics"] == one["metrics"]  # the same run, forked from another worker
 
 
 def test_a_run_handed_to_a_worker_still_importing_waits_for_it_and_runs_once(tmp_path):

@@ -120,7 +120,7 @@ def _start(
     return proc, FRESH_PROCESS
 
 
-WARM_PROCESS = "forked from the sweep's warm worker (libraries imported once per sweep)"
+WARM_PROCESS = "forked from a warm worker (libraries imported once, not per run)"
 FRESH_PROCESS = "a fresh Python interpreter"
 
 

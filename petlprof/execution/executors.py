@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from petlprof.errors import UsageError
 from petlprof.execution.child import execute_in_subprocess, release_signals, worker_env
-from petlprof.execution.warm import WarmWorker, serves
+from petlprof.execution.warm import WarmWorker, adopt, keep, serves
 from petlprof.lookup import Registry
 from petlprof.results.records import add_overhead
 from petlprof.run.execute import failed_record
@@ -109,9 +109,11 @@ class LocalExecutor:
         return self.warm_worker
 
     def prestart(self) -> None:
-        """Start the warm worker's imports now, beside the driver's own checks, for CPU runs to come."""
+        """Start the warm worker's imports now, beside the driver's own checks, for CPU runs to come (or take the
+        one an earlier sweep of this process kept, ready at once)."""
         if self.use_warm and self.warm_worker is None:
-            self.warm_worker = WarmWorker(worker_env(), wait=False)
+            env = worker_env()
+            self.warm_worker = adopt(env) or WarmWorker(env, wait=False)
 
     def cluster_gpus(self) -> None:
         """None: devices are checked against what torch sees on this machine."""
@@ -156,7 +158,7 @@ class LocalExecutor:
 
     def close(self) -> None:
         if self.warm_worker is not None:
-            self.warm_worker.close()
+            keep(self.warm_worker)  # for a later sweep of this process; closed at exit (a broken one now)
             self.warm_worker = None
 
 

@@ -18,6 +18,13 @@ child (``pthread_atfork``): OpenBLAS's (numpy, scipy) and jemalloc's background 
 The warm worker serves one-process CPU runs; CUDA runs, torchrun runs and the warm worker's own
 failure fall back to a fresh interpreter (:func:`petlprof.execution.child.execute_in_subprocess` decides).
 
+A finished sweep's warm worker is kept for the next sweep of the same process (:func:`keep`, :func:`adopt`):
+a notebook or a script that runs several sweeps through :func:`petlprof.api.run_sweep` (or a test session)
+pays the imports once, not once per sweep.  It is reused only if it was started with the environment the next
+sweep would start it with (the variables read at import: thread counts, the allocator, ``PYTHONPATH``, ...) and
+still serves; it is closed when the process exits.  A child takes the driver's working directory and environment
+of the moment, as a fresh process started then would.
+
 Protocol over a Unix socket pair, one JSON line per message: the driver sends ``{"spec", "out"}`` paths
 and ``env`` (its environment at the run's start, which the child takes) with the write end of the run's
 stderr pipe attached (``SCM_RIGHTS``); the warm worker answers
@@ -26,6 +33,7 @@ stderr pipe attached (``SCM_RIGHTS``); the warm worker answers
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import json
 import os
@@ -43,6 +51,9 @@ from typing import BinaryIO
 from petlprof.execution.process import command, die_with_parent
 
 READY_TIMEOUT_S = 300.0  # the imports of a cold disk cache; past it the sweep uses fresh processes
+# variables that name the moment, not the process: pytest's name of the test in progress changes with every test and
+# is read by nothing the worker imports, so it does not stop a kept worker from serving the next sweep
+_MOMENTARY = frozenset({"PYTEST_CURRENT_TEST"})
 _MAX_MESSAGE = 65536
 
 
@@ -138,6 +149,7 @@ class WarmWorker:
     its first run (checking the options and data); :meth:`wait_ready` then waits for what is left."""
 
     def __init__(self, env: dict[str, str], wait: bool = True):
+        self.env = dict(env)  # what it started with: a later sweep reuses it only with the same (adopt)
         ours, theirs = socket.socketpair()
         cmd = command("--serve", str(theirs.fileno()))  # Ctrl-C ignored from its first import on
         self.proc = subprocess.Popen(cmd, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=env)
@@ -170,8 +182,9 @@ class WarmWorker:
         if self.broken is not None:
             raise OSError(f"warm worker: {self.broken}")
         read_end, write_end = os.pipe()
+        request = {"spec": str(spec_path), "out": str(out_path), "env": env, "cwd": os.getcwd()}
         try:
-            _send(self.sock, {"spec": str(spec_path), "out": str(out_path), "env": env}, (write_end,))
+            _send(self.sock, request, (write_end,))
         finally:
             os.close(write_end)
         stderr = os.fdopen(read_end, "rb")
@@ -186,6 +199,10 @@ class WarmWorker:
             raise OSError(f"warm worker: {self.broken}")
         return WarmChild(self, int(message["pid"]), stderr)
 
+    def serving(self) -> bool:
+        """Ready, not broken, and alive: it can fork the next run at once."""
+        return self.start_s is not None and self.broken is None and self.proc.poll() is None
+
     def close(self) -> None:
         if self.start_s is None:  # never waited for: still importing, perhaps for seconds, and never used
             self.proc.kill()
@@ -195,6 +212,47 @@ class WarmWorker:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+
+_kept: list[WarmWorker] = []  # at most one: a finished sweep's worker, for the next sweep of this process
+_owner = os.getpid()  # the process whose workers they are (a forked copy of the driver must not close them)
+
+
+def keep(worker: WarmWorker) -> None:
+    """After a sweep: keep ``worker`` for the next sweep of this process if it serves, else close it (a worker
+    still importing, never waited for, is killed); a worker kept before is closed."""
+    close_kept()
+    if worker.serving():
+        _kept.append(worker)
+    else:
+        worker.close()
+
+
+def adopt(env: dict[str, str]) -> WarmWorker | None:
+    """The kept worker (:func:`keep`) if it was started with ``env`` (but for :data:`_MOMENTARY` variables) and
+    still serves, ready at once: the sweep that adopts it waited for no import, so its first run is charged
+    none.  Otherwise None, and a kept worker that does not fit is closed."""
+    worker = _kept.pop() if _kept else None
+    if worker is None:
+        return None
+    if worker.serving() and _settings(worker.env) == _settings(env):
+        worker.start_s = 0.0
+        return worker
+    worker.close()
+    return None
+
+
+def _settings(env: dict[str, str]) -> dict[str, str]:
+    return {key: value for key, value in env.items() if key not in _MOMENTARY}
+
+
+@atexit.register
+def close_kept() -> None:
+    """Close the kept worker now (at exit this happens anyway): its memory back, its process ended."""
+    while _kept:
+        worker = _kept.pop()
+        if os.getpid() == _owner:
+            worker.close()
 
 
 # --- the warm worker's side ----------------------------------------------------------------------------
@@ -299,6 +357,7 @@ def _child(sock: socket.socket, stderr_fd: int, run_job, request: dict, resident
         die_with_parent(os.getppid())
         os.environ.clear()  # the driver's environment of now, not the one the warm worker started with
         os.environ.update(request["env"])
+        os.chdir(request["cwd"])  # and its working directory of now (relative paths in the spec resolve there)
         populate(resident)
         code = run_job(Path(request["spec"]), Path(request["out"]))
     except KeyboardInterrupt:

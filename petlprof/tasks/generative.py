@@ -376,6 +376,7 @@ def _rows(frame: pd.DataFrame, layout: _Layout, where: str) -> pd.DataFrame:
     if layout.kind == "alpaca" and "input" in frame.columns:
         extra = _texts(frame["input"].fillna(""), where, "input")
         prompts = [f"{p}\n\n{x}" if x.strip() else p for p, x in zip(prompts, extra)]
+    assert layout.target is not None  # only the messages layout keeps its targets in the turns
     return pd.DataFrame({"prompt": prompts, "target": _texts(frame[layout.target], where, layout.target)})
 
 
