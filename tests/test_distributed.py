@@ -438,7 +438,15 @@ def _workers():
 
 
 def _rank_pid(rank):
-    return next((pid for pid, environ in _workers() if f"RANK={rank}".encode() in environ), None)
+    """A rank's pid: a fresh rank's environment names it; a forked rank's keeps its launcher's, so it is the
+    launcher's child in the order torch elastic starts them (rank 0 first)."""
+    workers = _workers()
+    fresh = next((pid for pid, environ in workers if f"RANK={rank}".encode() in environ), None)
+    if fresh is not None:
+        return fresh
+    launchers = [pid for pid, _ in workers if b"--nproc" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    forked = sorted(pid for launcher in launchers for pid in _descendants(launcher) if pid in dict(workers))
+    return forked[rank] if len(forked) > rank else None
 
 
 def test_a_rank_raising_mid_run_fails_the_run_with_its_cause(monkeypatch):

@@ -1,22 +1,35 @@
 """The launch of a data-parallel run and the cause of its failure.
 
 :func:`launch` runs torch's elastic launcher (``torchrun --standalone --nproc-per-node N``) inside the worker
-process, so the ranks die with the sweep and a failed rank's exit code or signal reaches the record; each rank
-then runs ``python -m petlprof.execution.worker SPEC OUT`` (what a rank does is :mod:`petlprof.run.distributed`).
+process, so the ranks die with the sweep and a failed rank's exit code or signal reaches the record (what a rank
+does is :mod:`petlprof.run.distributed`).  A CPU run's ranks are forked from the launcher, which has imported the
+run's libraries first (torch elastic's function entrypoint, start method ``fork``), as the warm worker forks a
+one-process run (:mod:`petlprof.execution.warm`: the same resident library pages mapped again in each rank, the
+same signal handling): each rank starts in about a second instead of re-importing for several.  A CUDA run's
+ranks run ``python -m petlprof.execution.worker SPEC OUT`` in fresh interpreters (never fork where CUDA may have
+been touched).
 A rank whose run failed leaves its own record beside the run's (:func:`rank_record_path`), the launcher the
 failed ranks' exit codes (:func:`launch_failures_path`); :func:`failure` names the cause from both.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import signal
+import sys
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-from torch.distributed.run import parse_args, run
+from torch.distributed.launcher.api import elastic_launch
+from torch.distributed.run import config_from_args, parse_args, run
 
+from petlprof.execution.process import die_with_parent
+from petlprof.execution.warm import populate, resident_file_pages
 from petlprof.results.records import DistributedSummary, LaunchFailure, RunRecord
 
 COMMUNICATION_ERRORS = ("DistError", "DistBackendError", "DistNetworkError", "DistStoreError")
@@ -43,17 +56,27 @@ def launch_failures_path(out_path: str | Path) -> Path:
     return out_path.with_name(f"{out_path.stem}.launch.json")
 
 
-def launch(nproc: int, spec_path: str, out_path: str) -> int:
-    """Run ``python -m petlprof.execution.worker SPEC OUT`` on ``nproc`` local ranks with torch's elastic launcher
-    (``torchrun --standalone``) in this process; when a rank fails, torchrun stops the others and each
-    failed rank's exit code and signal go to :func:`launch_failures_path`.  Returns the exit code."""
+def forks_ranks(spec_path: str | Path) -> bool:
+    """Whether a run's ranks are forked from its launcher (a CPU run) rather than started fresh (CUDA)."""
+    return not json.loads(Path(spec_path).read_text())["spec"]["device"].startswith("cuda")
+
+
+def launch(nproc: int, spec_path: str, out_path: str, run_job: Callable[[Path, Path], int]) -> int:
+    """Run ``spec_path`` on ``nproc`` local ranks with torch's elastic launcher (``torchrun --standalone``) in this
+    process, each rank running ``run_job(SPEC, OUT)`` (forked, for a CPU run) or ``python -m
+    petlprof.execution.worker SPEC OUT``; when a rank fails, torchrun stops the others and each failed rank's exit
+    code and signal go to :func:`launch_failures_path`.  Returns the exit code."""
 
     os.environ["PETLPROF_PARENT_PID"] = str(os.getpid())  # the ranks' parent: they die with this launcher
     args = parse_args(
         ["--standalone", f"--nproc-per-node={nproc}", "-m", "petlprof.execution.worker", spec_path, out_path]
     )
     try:
-        run(args)
+        if forks_ranks(spec_path):
+            rank = functools.partial(_forked_rank, run_job, resident_file_pages())
+            _launch_forked(args, functools.update_wrapper(rank, _forked_rank), spec_path, out_path)  # named
+        else:
+            run(args)
     except ChildFailedError as error:
         failures = {
             rank: {"exitcode": f.exitcode, "signal": f.signal_name() if f.exitcode < 0 else None, "pid": f.pid}
@@ -64,6 +87,30 @@ def launch(nproc: int, spec_path: str, out_path: str) -> int:
     except SignalException as stop:  # the sweep stopped this run: torchrun has stopped the ranks
         return 128 + int(stop.sigval)
     return 0
+
+
+def _launch_forked(args, rank: Callable[[str, str], None], spec_path: str, out_path: str) -> None:
+    """What ``torchrun --standalone`` does with ``args`` (``torch.distributed.run.run``: a c10d rendezvous on this
+    host), with ``rank`` forked as each rank's function instead of a fresh interpreter per rank."""
+    args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
+    config, _, _ = config_from_args(args)
+    config.start_method = "fork"
+    elastic_launch(config=config, entrypoint=rank)(spec_path, out_path)
+
+
+def _forked_rank(run_job: Callable[[Path, Path], int], resident: list, spec_path: str, out_path: str) -> None:
+    """A forked rank: the launcher's signal handlers (torchrun's) replaced by a fresh worker's, dies with the
+    launcher, the library pages the launcher had resident mapped again (as a warm worker's child does), then the
+    run; an exit code other than 0 ends the process with it (torch elastic reads only exit codes)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    die_with_parent(os.getppid())
+    populate(resident)
+    code = run_job(Path(spec_path), Path(out_path))
+    if code:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 def read_failure(out_path: str | Path, world_size: int) -> LaunchFailure | None:

@@ -1,9 +1,9 @@
 """Entry point of the process a run executes in: ``python -m petlprof.execution.worker SPEC OUT``.
 
 A run of several ranks starts as ``python -m petlprof.execution.worker --nproc N SPEC OUT``: this process becomes
-torchrun's launcher (:func:`petlprof.execution.launch.launch`) and every rank runs ``petlprof.execution.worker SPEC
-OUT``; rank 0 writes OUT, and a rank whose run failed writes its own record beside it and exits with
-code 1, so torchrun stops the other ranks.
+torchrun's launcher (:func:`petlprof.execution.launch.launch`) and every rank runs :func:`run_job` (forked from it
+on the CPU, ``petlprof.execution.worker SPEC OUT`` in a fresh interpreter on CUDA); rank 0 writes OUT, and a rank
+whose run failed writes its own record beside it and exits with code 1, so torchrun stops the other ranks.
 
 ``python -m petlprof.execution.worker --serve FD`` is the sweep's warm worker (:mod:`petlprof.execution.warm`): it
 imports the run's libraries once and forks one child per run, which runs :func:`run_job` as a fresh worker does.
@@ -40,15 +40,18 @@ def main(argv: list[str]) -> int:
     if argv[0] == "--serve":
         die_with_parent(expected_parent())
         return serve(int(argv[1]), run_job, preload)
-    if argv[0] != "--nproc":  # a run (or a rank of one) imports as a warm worker does; torchrun's launcher need not
-        preload()
+    if argv[0] == "--nproc":
+        # torch's elastic launcher: the launcher's only; a run's libraries load in preload(), in order
+        from petlprof.execution.launch import forks_ranks, launch
+
+        if forks_ranks(argv[2]):  # its ranks are forked from this process: they find the imports done
+            preload()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        die_with_parent(expected_parent())
+        return launch(int(argv[1]), argv[2], argv[3], run_job)
+    preload()  # a run (or a fresh rank of one) imports as a warm worker does
     signal.signal(signal.SIGINT, signal.default_int_handler)  # the imports are done: Ctrl-C cancels the run
     die_with_parent(expected_parent())
-    if argv[0] == "--nproc":
-        # petlprof.run.distributed (torch): torchrun's launcher only; a run's libraries load in preload(), in order
-        from petlprof.execution.launch import launch
-
-        return launch(int(argv[1]), argv[2], argv[3])
     return run_job(*(Path(p) for p in argv))
 
 
