@@ -37,6 +37,11 @@ LLAMA_KV = (
 )
 LM_RUN = ["run", "--methods", "lora", "--backbone", "tiny-gpt2", "--train-size", "16", "--eval-size", "4"]
 LM_RUN += ["--max-steps", "2", "--output", "{tmp}/out"]
+BART_64 = (  # an encoder-decoder with learned positions (64 of them), built with random weights and MiniLM's tokens
+    '{"model_type": "bart", "vocab_size": 30522, "d_model": 64, "encoder_layers": 2, "decoder_layers": 2, '
+    '"encoder_attention_heads": 4, "decoder_attention_heads": 4, "encoder_ffn_dim": 128, "decoder_ffn_dim": 128, '
+    '"max_position_embeddings": 64}'
+)
 
 
 def _estimate(path: str) -> list[str]:
@@ -45,6 +50,17 @@ def _estimate(path: str) -> list[str]:
 
 def _run_random(path: str) -> list[str]:
     return [*RUN, "--backbone", path, "--random-init"]
+
+
+def _lm_run(backbone: str, *more: str) -> list[str]:
+    """:data:`LM_RUN` on ``backbone`` (a folder's with ``--random-init``), with ``more`` options."""
+    random_init = ["--random-init"] if backbone.startswith("{tmp}") else []
+    return [*LM_RUN[:4], backbone, *LM_RUN[5:], *random_init, *more]
+
+
+def _pairs(prompt: str, target: str) -> dict[str, str]:
+    """A prompt/target file of 20 rows, each prompt ending in its row number."""
+    return {"d.jsonl": _jsonl([{"prompt": f"{prompt} {i}".strip(), "completion": target} for i in range(20)])}
 
 
 def _jsonl(rows: list[dict]) -> str:
@@ -218,6 +234,91 @@ BAD = [
         {"d.jsonl": _jsonl([_chat(i, "ok" if i == 7 else "  ") for i in range(20)])},
         "19 of the 20 targets",
     ),
+    # round three: what the tokens decide, refused before the first run (not run by run)
+    (
+        "a target longer than --max-length, decoder",
+        _lm_run("tiny-llama", "--task", "{tmp}/d.jsonl", "--max-length", "16"),
+        _pairs("p", "word " * 20),
+        "task '{tmp}/d.jsonl' on backbone 'tiny-llama', training split: the target of row 1 has 21 tokens with its "
+        "end-of-text token, so --max-length 16 leaves no room for its prompt (targets are never truncated): raise "
+        "--max-length to at least 22",
+    ),
+    (
+        "--max-new-tokens 65536 past a decoder's positions",
+        _lm_run("tiny-gpt2", "--task", "{tmp}/d.jsonl", "--max-new-tokens", "65536"),
+        _pairs("question", "t"),
+        "--max-new-tokens 65536 does not fit the 512 positions of backbone 'tiny-gpt2': the longest evaluation prompt "
+        "of task '{tmp}/d.jsonl' (row 1) takes 4, and each new token but the last one more: use --max-new-tokens "
+        "509 or less",
+    ),
+    (
+        "the task's default new tokens past a decoder's positions",
+        _lm_run("tiny-gpt2", "--task", "{tmp}/d.jsonl", "--max-length", "512"),
+        _pairs("word " * 480, "t"),
+        "the 64 new tokens task '{tmp}/d.jsonl' generates by default does not fit the 512 positions of backbone "
+        "'tiny-gpt2': the longest evaluation prompt of task '{tmp}/d.jsonl' (row 1) takes 483, and each new token but "
+        "the last one more: use --max-new-tokens 30 or less",
+    ),
+    (
+        "--max-new-tokens past an encoder-decoder's decoder positions",
+        _lm_run("{tmp}/bart", "--task", "{tmp}/d.jsonl", "--max-new-tokens", "100"),
+        {"bart/config.json": BART_64, **_pairs("question", "t")},
+        "--max-new-tokens 100 does not fit the 64 decoder positions of backbone '{tmp}/bart': its start token takes "
+        "one, and each new token but the last one more: use --max-new-tokens 64 or less",
+    ),
+    (
+        "a target past an encoder-decoder's decoder positions",
+        _lm_run("{tmp}/bart", "--task", "{tmp}/d.jsonl", "--max-length", "32", "--max-new-tokens", "8"),
+        {"bart/config.json": BART_64, **_pairs("question", "word " * 80)},
+        "training split: the target of row 1 has 81 tokens with its end-of-text token, more than the 64 positions of "
+        "the model's decoder (targets are never truncated)",
+    ),
+    # round three: a built-in method's target modules that match no module of the backbone, on both objectives
+    (
+        "lora target_modules of another architecture, classification",
+        ["run", "--methods", "lora", *TINY, "--method-config", "lora.target_modules=[q_proj,v_proj]"],
+        {},
+        "lora on tiny-bert: target_modules 'q_proj', 'v_proj': no module of the bert model has these names (as its "
+        "name or its last parts); its modules include query, key, value, dense",
+    ),
+    (
+        "lora target_modules lm_head, classification",
+        [
+            "run",
+            "--methods",
+            "lora",
+            *TINY[2:],
+            "--backbone",
+            "tiny-gpt2",
+            "--method-config",
+            "lora.target_modules=[lm_head]",
+        ],
+        {},
+        "lora on tiny-gpt2: target_modules 'lm_head': no module of the gpt2 model has that name",
+    ),
+    (
+        "lora target_modules of another architecture, encoder-decoder LM",
+        _lm_run("tiny-t5", "--task", "{tmp}/d.jsonl", "--method-config", "lora.target_modules=[q_proj,v]"),
+        _pairs("question", "t"),
+        "lora on tiny-t5: target_modules 'q_proj': no module of the t5 model has that name (as its name or its last "
+        "parts); its modules include q, k, v, o, wo",
+    ),
+    (
+        "ia3 feedforward_modules outside its target_modules, decoder LM",
+        _lm_run(
+            "tiny-llama",
+            "--task",
+            "{tmp}/d.jsonl",
+            "--methods",
+            "ia3",
+            "--method-config",
+            "ia3.target_modules=[k_proj,v_proj]",
+            "--method-config",
+            "ia3.feedforward_modules=[down_proj]",
+        ),
+        _pairs("question", "t"),
+        "ia3 on tiny-llama: feedforward_modules 'down_proj' are not among target_modules 'k_proj', 'v_proj'",
+    ),
 ]
 
 
@@ -352,3 +453,36 @@ def test_the_reference_tweets_raise_no_leak():
 
     task = load_task("tweets", train_size=2000, eval_size=10)
     assert leak_warnings(task.train, task.label_names) == []
+
+
+# --- round three: what fits is not refused ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "backbone, values, files",
+    [
+        ("tiny-t5", {"max_new_tokens": 65536, "max_length": 16}, _pairs("p", "word " * 20)),
+        ("tiny-gpt2", {"max_new_tokens": 509}, _pairs("question", "t")),
+        ("tiny-gpt2", {"max_length": 22}, _pairs("p", "word " * 20)),
+        ("{tmp}/bart", {"max_new_tokens": 64, "random_init": True}, {"bart/config.json": BART_64, **_pairs("q", "t")}),
+        (
+            "tiny-gpt2",
+            {"method_config": {"lora": {"target_modules": ["lm_head", "transformer.h.0.attn.c_attn"]}}},
+            _pairs("question", "t"),
+        ),
+    ],
+    ids=[
+        "T5's relative positions, targets kept whole",
+        "the largest --max-new-tokens a decoder's refusal names",
+        "the --max-length a long target's refusal names",
+        "the largest --max-new-tokens an encoder-decoder's refusal names",
+        "the LM objective's module names, under the LM head's wrapper",
+    ],
+)
+def test_what_fits_passes_the_preflight(backbone, values, files, tmp_path):
+    from petlprof.sweep.config import build_options, preflight
+
+    make_files(tmp_path, files, [])
+    given = {"methods": "lora", "task": str(tmp_path / "d.jsonl"), "train_size": 16, "eval_size": 4, **values}
+    options = build_options({}, {**given, "backbone": backbone.replace("{tmp}", str(tmp_path))})
+    preflight(options)  # refuses nothing (its notes are about the small data)

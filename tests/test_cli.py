@@ -331,8 +331,8 @@ def test_sizes_the_data_cannot_give_are_noted_before_the_runs(tmp_path):
 
     data = tmp_path / "reviews.csv"
     data.write_text("text,label\n" + "".join(f"review number {i},{i % 2}\n" for i in range(10)))
-    options = build_options(
-        {}, {"methods": "bitfit", "backbone": "tiny-bert", "task": str(data), "train_size": 100, "eval_size": 2}
-    )
+    sizes = {"train_size": 100, "eval_size": 2, "batch_size": 1}  # 8 steps: enough to learn, so no note of that
+    options = build_options({}, {"methods": "bitfit", "backbone": "tiny-bert", "task": str(data), **sizes})
     assert preflight(options) == [f"task '{data}' has 8 training examples; --train-size 100 uses those"]
-    assert preflight(build_options({}, {"methods": "bitfit", "backbone": "tiny-bert", "train_size": 64})) == []
+    budget = {"train_size": 64, "batch_size": 8}
+    assert preflight(build_options({}, {"methods": "bitfit", "backbone": "tiny-bert", **budget})) == []

@@ -187,7 +187,7 @@ BAD = [
     (["--objective", "lm", "--target-length", str(2**26), "--batch-size", "2"], "+ --target-length 67108864"),
     (["--objective", "lm", "--target-length", "600"], "--target-length 600 (a decoder reads --max-length 16 + it)"),
     (["--objective", "lmm"], "did you mean 'lm'"),
-    (["--target-length", "5"], "--target-length is the language-modelling objective's: add --objective lm"),
+    (["--objective", "classification", "--target-length", "5"], "classifier head: use --objective lm"),
     (["--objective", "lm", "--backbone", "tiny-bert"], "'tiny-bert' is an encoder"),
 ]
 

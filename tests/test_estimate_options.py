@@ -60,8 +60,59 @@ def test_by_default_an_estimate_prices_the_batch_a_run_trains(tmp_path):
     assert main(["estimate", "--backbone", "tiny-bert", "--methods", "bitfit", "--output", str(tmp_path)]) == 0
     record = json.loads((tmp_path / "estimates.jsonl").read_text())
     assert (record["batch_size"], record["max_length"]) == (default_of("batch_size"), default_of("max_length"))
-    assert record["objective"] == "classification"  # auto, with no task: a labelled task's head
+    assert record["objective"] == "classification"  # auto on an encoder: a classification head
     assert record["kernels"] == "cuda"  # --device auto: a GPU's kernels
+
+
+DECODER_LINE = "objective: lm (the default for a decoder backbone; --objective classification for a classifier head)"
+ENCODER_DECODER_LINE = "objective: lm (the default for an encoder-decoder backbone; --objective classification for a "
+ENCODER_LINE = "objective: classification (the default for an encoder backbone, which has no LM head)"
+OBJECTIVES = [  # (--backbone, more options) -> (each record's objective and target length, lines the output starts)
+    ("tiny-llama", [], [("lm", 32)], [DECODER_LINE]),
+    ("tiny-t5", [], [("lm", 32)], [ENCODER_DECODER_LINE]),
+    ("tiny-bert", [], [("classification", None)], [ENCODER_LINE]),
+    ("tiny-llama", ["--target-length", "4"], [("lm", 4)], [DECODER_LINE]),
+    ("tiny-llama", ["--objective", "classification"], [("classification", None)], []),  # explicit wins, unannounced
+    ("tiny-t5", ["--objective", "lm"], [("lm", 32)], []),
+    ("tiny-bert,tiny-llama", [], [("classification", None), ("lm", 32)], [ENCODER_LINE, DECODER_LINE]),
+    (
+        "tiny-llama,tiny-bert",
+        ["--target-length", "4"],
+        [("lm", 4), ("classification", None)],
+        [DECODER_LINE, ENCODER_LINE],
+    ),
+]
+
+
+@pytest.mark.parametrize(("backbone", "more", "objectives", "lines"), OBJECTIVES)
+def test_auto_prices_the_objective_a_backbone_is_tuned_for_and_says_so(
+    tmp_path, capsys, backbone, more, objectives, lines
+):
+    argv = ["estimate", "--backbone", backbone, "--methods", "lora", "--batch-size", "2", "--max-length", "8"]
+    assert main([*argv, *more, "--output", str(tmp_path)]) == 0
+    records = [json.loads(line) for line in (tmp_path / "estimates.jsonl").read_text().splitlines()]
+    assert [(r["objective"], r.get("target_length")) for r in records] == objectives
+    assert [r["backbone"] for r in records] == backbone.split(",")
+    out = capsys.readouterr().out
+    announced = [line for line in out.splitlines() if line.startswith("objective: ")]
+    assert len(announced) == len(lines) and all(line.startswith(start) for line, start in zip(announced, lines))
+    if lines and lines[0].startswith("objective: lm"):
+        target = "--target-length 4 tokens after" if "4" in more else "--target-length 32 tokens (its default)"
+        assert target in announced[0] and "a prompt of --max-length 8" in announced[0]
+
+
+TARGET_LENGTH_REFUSED = [  # a target length that no backbone's objective reads: one line, exit 2
+    (["--backbone", "tiny-bert", "--target-length", "5"], "backbone 'tiny-bert' is an encoder, priced with a"),
+    (["--backbone", "tiny-llama", "--objective", "classification", "--target-length", "5"], "use --objective lm"),
+]
+
+
+@pytest.mark.parametrize(("args", "says"), TARGET_LENGTH_REFUSED)
+def test_a_target_length_no_objective_reads_is_one_line(tmp_path, capsys, args, says):
+    assert main(["estimate", "--methods", "lora", *args, "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0] and "--target-length is the language-modelling objective's" in err[0]
+    assert not (tmp_path / "out").exists()
 
 
 def _shapes(model) -> dict[str, tuple[int, ...]]:

@@ -28,14 +28,15 @@ MEMORY_LIMIT_BYTES = 2 * 1024**3
 _CHILD = """
 import json, resource, sys
 from petlprof.cli import main
-code = main(["estimate", "--backbone", sys.argv[1], "--output", sys.argv[2]])
+code = main(["estimate", "--backbone", sys.argv[1], "--objective", "classification", "--output", sys.argv[2]])
 usage = resource.getrusage(resource.RUSAGE_SELF)
 print(json.dumps({"code": code, "cpu_s": usage.ru_utime + usage.ru_stime, "peak_rss_bytes": usage.ru_maxrss * 1024}))
 """
 
 
 def run_estimate(backbone: str, out_dir) -> tuple[float, int, list[dict]]:
-    """(CPU seconds, peak RSS bytes, records) of ``petlprof estimate --backbone backbone`` in a fresh process."""
+    """(CPU seconds, peak RSS bytes, records) of ``petlprof estimate --backbone backbone --objective classification``
+    in a fresh process: the classifier heads the targets were set on (auto is the LM objective on t5-3b)."""
     done = subprocess.run(
         [sys.executable, "-c", _CHILD, backbone, str(out_dir)], check=True, capture_output=True, text=True
     )

@@ -17,7 +17,8 @@ import torch
 from petlprof.errors import UsageError
 from petlprof.models.backbones import minilm_path
 from petlprof.models.families import DECODER, ENCODER_DECODER
-from petlprof.run.lm_batches import LMBatches, eos_id
+from petlprof.models.lm_tokens import eos_id
+from petlprof.run.lm_batches import LMBatches
 from petlprof.sweep.spec import RunSpec
 from petlprof.tasks.labelled import Split, generative_possible, load_task
 from petlprof.tasks.metrics import METRIC_DIRECTIONS, METRIC_RANGES, canonical_number, normalise, score_generations

@@ -16,6 +16,7 @@ from petlprof.estimate import gpus
 from petlprof.estimate.attention import ATTENTIONS, DEFAULT_ATTENTION, FLASH, check_attention, check_flash_support
 from petlprof.estimate.lm import DEFAULT_TARGET_LENGTH, check_family
 from petlprof.method_api import check_objective
+from petlprof.models.families import ENCODER
 from petlprof.models.quantization import NONE, Quantization
 from petlprof.results.figures import BREAKDOWN_GRADIENTS, BREAKDOWN_QUANTIZATION_STATE
 from petlprof.sweep.options import OPTIONS, default_of, help_of, kind_of
@@ -60,18 +61,19 @@ def add_estimate_parser(sub: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--num-labels", type=_INTEGER.read, default=2, help="classes of the task head (default 2; classification)"
     )  # a run reads it from its task
-    # an estimate has no task for auto to read: auto prices a labelled task's head, as for the default task
+    # an estimate has no task for auto to read: auto prices what a backbone of its family is tuned for
     _add_run_option(
         parser,
         "objective",
-        "{run}. An estimate has no task: auto is classification (a pooled state and a linear head), lm the "
-        "backbone's own LM head: logits over the vocabulary at the target's positions, a prompt of --max-length and "
-        "a target of --target-length tokens, and the KV cache per generated token",
+        "{run}. An estimate has no task: auto is lm for a decoder or encoder-decoder backbone and classification "
+        "for an encoder (the output names the one it took); classification prices a pooled state and a linear "
+        "head, lm the backbone's own LM head: logits over the vocabulary at the target's positions, a prompt of "
+        "--max-length and a target of --target-length tokens, and the KV cache per generated token",
     )
     parser.add_argument(
         "--target-length",
         type=_INTEGER.read,
-        help=f"with --objective lm: target tokens per example (default {DEFAULT_TARGET_LENGTH}); a decoder reads "
+        help=f"the LM objective's target tokens per example (default {DEFAULT_TARGET_LENGTH}); a decoder reads "
         "prompt + target, an encoder-decoder's decoder only the target",
     )  # a run reads its targets from its task
     _add_run_option(parser, "precision", "{run}; bf16/fp16 follow --device's autocast rules")
@@ -160,18 +162,73 @@ def _batch_tokens(batch_size: int, max_length: int, target_length: int | None = 
         )
 
 
-def _objective(args: argparse.Namespace) -> tuple[str, int | None]:
-    """(objective, target length): ``auto`` is classification (no task to read), ``--target-length`` belongs to
-    ``--objective lm``, checked in one line."""
-    objective = CLASSIFICATION if args.objective == AUTO else args.objective
-    if objective != LM:
-        if args.target_length is not None:
-            raise UsageError("--target-length is the language-modelling objective's: add --objective lm")
-        return objective, None
+def _check_target_length(args: argparse.Namespace) -> None:
+    """``--target-length`` in its range, and not beside ``--objective classification``, in one line."""
     if args.target_length is None:
-        return LM, DEFAULT_TARGET_LENGTH
+        return
+    if args.objective == CLASSIFICATION:
+        raise UsageError(
+            "--target-length is the language-modelling objective's; --objective classification prices a classifier "
+            "head: use --objective lm"
+        )
     Integer(minimum=1, maximum=MAX_TOKENS, why="tokens an estimate builds").check("target_length", args.target_length)
-    return LM, args.target_length
+
+
+def _objective_of(args: argparse.Namespace, backbone_family: str) -> str:
+    """The objective an estimate prices a backbone of ``backbone_family`` on: ``--objective``, or for ``auto``
+    (an estimate has no task to read) the one such a backbone is tuned for: the LM objective for a decoder or an
+    encoder-decoder, a classifier head for an encoder (which has no LM head)."""
+    if args.objective != AUTO:
+        return args.objective
+    return CLASSIFICATION if backbone_family == ENCODER else LM
+
+
+def _with_objective(settings: Settings, objective: str, args: argparse.Namespace) -> Settings:
+    """``settings`` on ``objective``: the LM objective with its target length (``--target-length`` or its default)."""
+    if objective != LM:
+        return dataclasses.replace(settings, objective=objective, target_length=None)
+    target = DEFAULT_TARGET_LENGTH if args.target_length is None else args.target_length
+    _batch_tokens(settings.batch_size, settings.max_length, target)
+    return dataclasses.replace(settings, objective=LM, target_length=target)
+
+
+def _by_objective(args: argparse.Namespace, resolved: list[ResolvedBackbone]) -> dict[str, list[ResolvedBackbone]]:
+    """The backbones by the objective each is priced on (:func:`_objective_of`), in the order first named; with
+    ``auto``, a ``--target-length`` that no backbone's objective reads is refused in one line."""
+    # kept out of petlprof --help's imports
+    from petlprof.estimate.model import family
+
+    groups: dict[str, list[ResolvedBackbone]] = {}
+    for backbone in resolved:
+        groups.setdefault(_objective_of(args, family(backbone)), []).append(backbone)
+    if args.target_length is not None and LM not in groups:
+        names = ", ".join(f"'{backbone.name}'" for backbone in resolved)
+        what = "backbone {} is an encoder" if len(resolved) == 1 else "backbones {} are encoders"
+        raise UsageError(
+            f"--target-length is the language-modelling objective's; {what.format(names)}, priced with a "
+            "classification head (--objective auto), as an encoder has no LM head"
+        )
+    return groups
+
+
+def _objective_line(args: argparse.Namespace, settings: Settings, backbones: list[ResolvedBackbone]) -> str | None:
+    """What ``--objective auto`` took for ``backbones`` and why (None where ``--objective`` was given)."""
+    # kept out of petlprof --help's imports
+    from petlprof.estimate.model import family
+
+    if args.objective != AUTO:
+        return None
+    families = list(dict.fromkeys(family(backbone) for backbone in backbones))
+    if settings.objective == CLASSIFICATION:
+        return "objective: classification (the default for an encoder backbone, which has no LM head)"
+    kinds = " or ".join(families)
+    article = "an" if kinds.startswith("e") else "a"
+    target = " (its default)" if args.target_length is None else ""
+    return (
+        f"objective: lm (the default for {article} {kinds} backbone; --objective classification for a classifier "
+        f"head), a target of --target-length {settings.target_length} tokens{target} after a prompt of --max-length "
+        f"{settings.max_length}"
+    )
 
 
 def _configurations(methods: list[str], overrides: dict[str, dict], grid: bool) -> list[tuple[str, dict]]:
@@ -240,7 +297,8 @@ def _settings(args: argparse.Namespace):
     Integer(minimum=1).check("num_labels", args.num_labels)
     device = "cuda" if args.device == AUTO else args.device  # see --device: an estimate prices a GPU by default
     check_attention(args.attention, args.precision, device)
-    objective, target_length = _objective(args)
+    _check_target_length(args)
+    objective = CLASSIFICATION if args.objective == AUTO else args.objective  # auto: decided per backbone
     settings = Settings(
         batch_size=args.batch_size,
         max_length=args.max_length,
@@ -250,11 +308,10 @@ def _settings(args: argparse.Namespace):
         precision=args.precision,
         device=device,
         objective=objective,
-        target_length=target_length,
         attention=args.attention,
     )
-    _batch_tokens(settings.batch_size, settings.max_length, settings.target_length)
-    return settings
+    _batch_tokens(settings.batch_size, settings.max_length)
+    return _with_objective(settings, objective, args)
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
@@ -269,34 +326,63 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         print("\n".join(shape_names()))
         return 0
     settings = _settings(args)
-    left_out: list[str] = []
-    methods: list[str] = args.methods
-    if not methods:
-        methods, left_out = _default_methods(settings.objective, list(args.quantize))
-    quantizations = _quantizations(args, methods)
-    configurations = _configurations(methods, parse_method_overrides(args.method_config or []), args.grid)
     resolved = [resolve_backbone(backbone, args.num_layers) for backbone in args.backbone]
-    for backbone in resolved:
-        _check_applies(backbone, configurations, settings.objective, settings.attention)
-        _check_length(backbone, settings)
+    overrides = parse_method_overrides(args.method_config or [])
+    plans = [
+        _plan(args, settings, objective, backbones, overrides)
+        for objective, backbones in _by_objective(args, resolved).items()
+    ]
     out = Path(args.output or f"petlprof-out/estimate-{time.strftime('%Y%m%d-%H%M%S')}")
     check_writable(out)  # the check `petlprof run --output` makes, before any estimate is traced
     records: list[EstimateRecord] = []
+    tables = []
     with open(out / "estimates.jsonl", "w") as fh:
-        for backbone in resolved:
-            for quantization in quantizations:
-                swept = dataclasses.replace(settings, quantization=quantization)
-                for name, overrides in configurations:
-                    record = estimate(backbone, name, overrides, swept)
-                    fh.write(json.dumps(record) + "\n")
-                    fh.flush()
-                    records.append(record)
-    print(format_table(records, settings, left_out))
+        for plan in plans:
+            priced: list[EstimateRecord] = []
+            for backbone in plan.backbones:
+                for quantization in plan.quantizations:
+                    swept = dataclasses.replace(plan.settings, quantization=quantization)
+                    for name, method_overrides in plan.configurations:
+                        record = estimate(backbone, name, method_overrides, swept)
+                        fh.write(json.dumps(record) + "\n")
+                        fh.flush()
+                        priced.append(record)
+            line = _objective_line(args, plan.settings, plan.backbones)
+            tables.append("\n".join([*([line] if line else []), format_table(priced, plan.settings, plan.left_out)]))
+            records += priced
+    print("\n\n".join(tables))
     print()
     print(printable(f"wrote {out / 'estimates.jsonl'}"))
     if len(resolved) > 1:
         print(printable(f"wrote {plot_memory_vs_size(records, out / 'peak_train_memory.png')}"))
     return 0
+
+
+@dataclasses.dataclass
+class _Plan:
+    """What an estimate prices on one objective: its settings, backbones, quantisations and method configurations
+    (``left_out``: the default methods a quantised backbone refuses)."""
+
+    settings: Settings
+    backbones: list[ResolvedBackbone]
+    quantizations: list
+    configurations: list[tuple[str, dict]]
+    left_out: list[str]
+
+
+def _plan(args, settings: Settings, objective: str, backbones: list[ResolvedBackbone], overrides: dict) -> _Plan:
+    """The :class:`_Plan` of ``backbones`` on ``objective``, every configuration checked to apply to each."""
+    settings = _with_objective(settings, objective, args)
+    left_out: list[str] = []
+    methods: list[str] = args.methods
+    if not methods:
+        methods, left_out = _default_methods(objective, list(args.quantize))
+    quantizations = _quantizations(args, methods)
+    configurations = _configurations(methods, overrides, args.grid)
+    for backbone in backbones:
+        _check_applies(backbone, configurations, objective, settings.attention)
+        _check_length(backbone, settings)
+    return _Plan(settings, backbones, quantizations, configurations, left_out)
 
 
 def _check_length(backbone: ResolvedBackbone, settings: Settings) -> None:

@@ -3,22 +3,24 @@
 
 :func:`drive` takes :class:`~petlprof.sweep.options.RunOptions` (built and validated by
 :func:`~petlprof.sweep.config.build_options`) and, in order: starts a local sweep's warm worker where CPU runs will
-fork from it (its imports overlap the checks), runs the preflight (its notes are status lines), resolves the device,
-locks the output folder, expands the options into runs and leaves out those already recorded, runs the rest on the
-executor with each record appended as it comes back, records the runs in flight ``cancelled`` on Ctrl-C or SIGTERM,
-and says what the harness cost.  A bad input is a :class:`~petlprof.errors.UsageError` before any executor starts
-or any file is written.  Status lines go to stderr.  The report is the caller's ``finish`` (the report layer stands
-above this one), called with the folder still locked.
+fork from it (its imports overlap the checks), runs the preflight, resolves the device, locks the output folder
+(then says the preflight's notes as status lines, so a refused command prints its one error line alone), expands
+the options into runs and leaves out those already recorded, runs the rest on the executor with each record appended
+as it comes back, records the runs in flight ``cancelled`` on Ctrl-C or SIGTERM, and says what the harness cost.
+A bad input is a :class:`~petlprof.errors.UsageError` before any executor starts or any file is written.  Status
+lines go to stderr.  The report is the caller's ``finish`` (the report layer stands above this one), called with
+the folder still locked.
 """
 
 from __future__ import annotations
 
 import json
 import signal
+import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,10 +32,12 @@ from petlprof.results import store as results_store
 from petlprof.results.records import RESULTS_FILE, measured_phases_s
 from petlprof.results.store import StoreLock, check_writable, finished_keys, lock_held
 from petlprof.run.execute import cancelled_record
-from petlprof.sweep.config import default_output_dir, expand, preflight, resolve_device, unsupported_pairs
+from petlprof.sweep.config import default_output_dir, expand, preflight, resolve_device, sweep_task, unsupported_pairs
 from petlprof.sweep.options import RunOptions
+from petlprof.sweep.resources import trained_examples
+from petlprof.sweep.spec import RunSpec
 from petlprof.values import parse_bytes
-from petlprof.vocabulary import LOCAL
+from petlprof.vocabulary import LOCAL, ZERO_SHOT
 
 NVIDIA_DRIVER = Path("/proc/driver/nvidia/version")  # present where NVIDIA's kernel driver is loaded
 
@@ -93,8 +97,7 @@ def drive(options: RunOptions, finish: Finish | None = None) -> SweepOutcome:
     try:
         if executor is not None:
             executor.prestart()
-        for note in preflight(options, meters_here=local):
-            say(f"petlprof: note: {note}")
+        notes = preflight(options, meters_here=local)  # said once the output folder is ours: a refusal is one line
         # a local device is checked here, so a bad --device leaves no output folder; a cluster's needs Ray
         device = (
             resolve_device(options.device, options.nproc_per_run, memory_snapshot=options.memory_snapshot)
@@ -105,6 +108,8 @@ def drive(options: RunOptions, finish: Finish | None = None) -> SweepOutcome:
             executor.close()  # GPU runs never fork from its warm worker
         check_writable(out_dir)
         with StoreLock(out_dir) as lock:
+            for note in notes:
+                say(f"petlprof: note: {note}")
             if lock.taken_over is not None:
                 say(f"petlprof: took over the lock of a petlprof run that is gone ({lock.taken_over})")
             if executor is None:
@@ -160,7 +165,7 @@ def _run_locked(options: RunOptions, executor, out_dir: Path, device: str | None
     try:
         if todo:  # idle power before the first run (after the warm worker's imports), for energy above idle
             say(f"petlprof: {executor.prepare_idle(device, options.energy_meter)}")
-        _sweep(todo, store, executor, tally, done=len(specs) - len(todo), total=len(specs))
+        _sweep(todo, store, executor, tally, done=len(specs) - len(todo), total=len(specs), work=_work(options))
     except StoreWriteError:
         return outcome(1)
     except (KeyboardInterrupt, Terminated) as exc:
@@ -180,29 +185,104 @@ def _run_locked(options: RunOptions, executor, out_dir: Path, device: str | None
     return outcome(1 if tally.failed else 0)
 
 
-def _progress(spec, position: int, total: int, started: float, finished: int) -> str:
-    """``[7/24] lora r=8 on minilm / tweets, seed 1 (elapsed 3m10s, about 8m left)``."""
+def _progress(spec, position: int, total: int, started: float, finished: int, left_s: float | None = None) -> str:
+    """``[7/24] lora r=8 on minilm / tweets, seed 1 (elapsed 3m10s, about 8m00s left)``: the time left, once
+    ``finished`` runs of this call have a record, is ``left_s`` (:func:`expected_left_s`)."""
     method = get_method(spec.method)
     point = f" {method.pareto_knob}={spec.method_config.get(method.pareto_knob)}" if method.pareto_knob else ""
     line = f"[{position}/{total}] {method.name}{point} on {spec.backbone} / {spec.task}, seed {spec.seed}"
-    if finished:
-        elapsed = time.monotonic() - started
-        left = elapsed / finished * (total - position + 1)
-        line += f" (elapsed {elapsed // 60:.0f}m{elapsed % 60:02.0f}s, about {left // 60:.0f}m{left % 60:02.0f}s left)"
+    if finished and left_s is not None:
+        line += f" (elapsed {_clock(time.monotonic() - started)}, about {_clock(left_s)} left)"
     return line
 
 
-def _sweep(todo, store: Path, executor, tally: _Tally, done: int = 0, total: int | None = None) -> None:
+def _clock(seconds: float) -> str:
+    """``3m10s``: whole seconds, rounded once (59.7 s is ``1m00s``, not ``0m60s``)."""
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes}m{rest:02d}s"
+
+
+Work = Callable[[RunSpec], int]  # the training examples a run passes through (0 for a run that trains nothing)
+
+
+@dataclass(frozen=True)
+class CostKey:
+    """What a run's expected wall time is read by (:func:`expected_left_s`): its configuration (every field of
+    the run key but the seed: method, method config, backbone, task, the budget), its method and backbone, and
+    the training examples it passes through."""
+
+    configuration: str
+    method: str
+    backbone: str
+    work: int
+
+    @classmethod
+    def of(cls, spec: RunSpec, work: Work) -> CostKey:
+        configuration = json.dumps(spec.identity(include_seed=False), sort_keys=True, default=str)
+        return cls(configuration, spec.method, spec.backbone, work(spec))
+
+
+def expected_left_s(remaining: Sequence[CostKey], finished: Sequence[tuple[CostKey, float]]) -> float | None:
+    """Seconds the ``remaining`` runs are expected to take: the sum of each one's expected wall time, read from the
+    ``finished`` runs (each with its wall time in seconds): the mean over those of its configuration, else over
+    those of its method on its backbone, else the mean over all of them scaled by its work relative to their mean
+    work (unscaled where theirs is 0).  None before any run has finished."""
+    if not finished:
+        return None
+    configurations: dict[str, list[float]] = {}
+    methods: dict[tuple[str, str], list[float]] = {}
+    for key, wall_s in finished:
+        configurations.setdefault(key.configuration, []).append(wall_s)
+        methods.setdefault((key.method, key.backbone), []).append(wall_s)
+    mean_s = statistics.fmean(wall_s for _, wall_s in finished)
+    mean_work = statistics.fmean(key.work for key, _ in finished)
+    left_s = 0.0
+    for key in remaining:
+        same = configurations.get(key.configuration) or methods.get((key.method, key.backbone))
+        if same:
+            left_s += statistics.fmean(same)
+        else:
+            left_s += mean_s * key.work / mean_work if mean_work else mean_s
+    return left_s
+
+
+def _work(options: RunOptions) -> Work:
+    """The training examples a run of the sweep ``options`` describe passes through (its task's training split as
+    the sweep loads it, :func:`~petlprof.sweep.resources.trained_examples`); none for the zero-shot row."""
+
+    def work(spec: RunSpec) -> int:
+        if spec.method == ZERO_SHOT:
+            return 0
+        examples = len(sweep_task(options, spec.task).train)
+        return trained_examples(examples, spec.batch_size, spec.epochs, spec.max_steps)
+
+    return work
+
+
+def _wall_s(record) -> float:
+    """A finished run's wall time: its process's, from its start to its record (the run's own where there is none),
+    less the warm worker's start the sweep's first forked run carries (paid once, not by the runs to come)."""
+    wall_s = record.get("process_wall_time_s") or record.get("wall_time_s") or 0.0
+    return max(float(wall_s) - float(record.get("warm_worker_start_s") or 0.0), 0.0)
+
+
+def _sweep(
+    todo, store: Path, executor, tally: _Tally, done: int = 0, total: int | None = None, work: Work | None = None
+) -> None:
     """Run ``todo`` on ``executor``, appending each record as it comes back (counted in ``tally``); ``done`` runs
-    of ``total`` were recorded before (a resumed sweep), so progress counts the whole sweep.  On an
+    of ``total`` were recorded before (a resumed sweep), so progress counts the whole sweep; ``work``: the training
+    examples of a run, for the time left (:func:`expected_left_s`; without it every run counts alike).  On an
     interrupt the runs in flight are recorded ``cancelled`` and stopped."""
     started, total = time.monotonic(), total if total is not None else len(todo)
     position = iter(range(done + 1, total + 1))
     span = _Span()
+    pending = {spec.run_key: CostKey.of(spec, work or (lambda spec: 1)) for spec in todo}  # not yet recorded
+    finished: list[tuple[CostKey, float]] = []
 
     def on_start(spec) -> None:
         span.start()
-        say(_progress(spec, next(position), total, started, tally.ran))
+        left_s = expected_left_s(list(pending.values()), finished)
+        say(_progress(spec, next(position), total, started, tally.ran, left_s))
 
     try:
         for spec, record in executor.results(todo, on_start=on_start):
@@ -219,6 +299,8 @@ def _sweep(todo, store: Path, executor, tally: _Tally, done: int = 0, total: int
                 release_signals()  # a signal held while the finished run was stored is delivered now
             tally.ran += 1
             span.end(record)
+            if spec.run_key in pending:
+                finished.append((pending.pop(spec.run_key), _wall_s(record)))
             if record["status"] != "ok":
                 tally.failed += 1
                 say(f"  {spec.method} seed {spec.seed} {record['status']}: {record['error']}")

@@ -31,7 +31,7 @@ from typing import Any, TypedDict
 import torch
 from torch import nn
 
-from petlprof.errors import UsageError
+from petlprof.errors import UsageError, shown
 from petlprof.models.families import model_from_config
 
 # model_type -> (attention block's output projection, feed-forward block's output projection), full names
@@ -431,25 +431,67 @@ REQUIREMENTS = {
 
 def unsupported_reason(method: str, backbone, method_config: dict[str, Any] | None = None) -> str | None:
     """One line on why built-in ``method`` cannot apply to ``backbone`` (an :class:`Architecture`, a
-    model or a transformers config), or None.  Explicit ``target_modules`` lift LoRA's and IA3's need
-    for discovered projections.  Methods without requirements here (plug-ins too) give None, and so
-    does a config that cannot be built without weights: the run's ``apply`` then checks the loaded model."""
+    model or a transformers config), or None.  LoRA's and IA3's explicit ``target_modules`` replace their need
+    for discovered projections by :func:`unmatched_targets`.  Methods without requirements here (plug-ins too)
+    give None, and so does a config that cannot be built without weights: the run's ``apply`` then checks the
+    loaded model."""
     check = REQUIREMENTS.get(method)
-    if check is None or (method in ("lora", "ia3") and (method_config or {}).get("target_modules")):
+    if check is None:
         return None
     arch = describe_any(backbone)
-    return None if arch is None else check(arch)
+    if arch is None:
+        return None
+    fields = method_config or {}
+    if method in ("lora", "ia3") and fields.get("target_modules"):
+        return unmatched_targets(arch, fields["target_modules"], fields.get("feedforward_modules"))
+    return check(arch)
 
 
-def describe_any(backbone, spec: str = "this backbone") -> Architecture | None:
-    """An :class:`Architecture` as is, a model's, or a config's (built on the meta device); None for a
-    config transformers cannot build without weights (its run's ``apply`` then checks the loaded model)."""
+def unmatched_targets(arch: Architecture, targets: list[str], feedforward: list[str] | None = None) -> str | None:
+    """Why PEFT would adapt fewer modules than ``targets`` name: a name that matches no module of ``arch`` (PEFT's
+    rule: a module's full name is the name or ends with ``.`` and the name), or (IA3) a feed-forward module that
+    is not one of the targets (PEFT refuses those); None when every name matches."""
+    missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n in arch.module_names)]
+    if missing:
+        return (
+            f"target_modules {_listed_names(missing)}: no module of the {arch.model_type} model has "
+            f"{'that name' if len(missing) == 1 else 'these names'} (as its name or its last parts); its modules "
+            f"include {', '.join(_module_examples(arch))}"
+        )
+    outside = [name for name in feedforward or () if name not in targets]
+    if outside:
+        return (
+            f"feedforward_modules {_listed_names(outside)} are not among target_modules {_listed_names(targets)}; "
+            "each feed-forward module must also be a target (IA3 rescales its input instead of its output)"
+        )
+    return None
+
+
+def _listed_names(names: list[str]) -> str:
+    return ", ".join(shown(name) for name in names)
+
+
+def _module_examples(arch: Architecture) -> list[str]:
+    """A few names a user may target: the last part of the first block's projections (attention, then
+    feed-forward output), or the first modules of the model where no block was found."""
+    if not arch.blocks:
+        return [name for name in arch.module_names if name][:5]
+    block = arch.blocks[0]
+    roles = ("query", "key", "value", "fused_qkv", "output")
+    names = [getattr(a, role) for a in block.attentions[:1] for role in roles] + [block.ffn_output]
+    return list(dict.fromkeys(name.rsplit(".", 1)[-1] for name in names if name))
+
+
+def describe_any(backbone, spec: str = "this backbone", lm_head: bool = False) -> Architecture | None:
+    """An :class:`Architecture` as is, a model's, or a config's (built on the meta device, with its LM head if
+    ``lm_head``: :func:`describe_config`); None for a config transformers cannot build without weights (its run's
+    ``apply`` then checks the loaded model)."""
     if isinstance(backbone, Architecture):
         return backbone
     if isinstance(backbone, nn.Module):
         return describe(backbone)
     try:
-        return describe_config(backbone, spec=spec)
+        return describe_config(backbone, lm_head, spec=spec)
     except UsageError:  # a config the model refuses (model_from_config): the user's to fix, not a blind spot
         raise
     except Exception:  # noqa: BLE001 - any failure to build the meta model: the preflight cannot tell

@@ -242,7 +242,10 @@ def pretrained_config(name: str):
 
     path, kwargs = pretrained_location(name)
     try:
-        values, _ = PretrainedConfig.get_config_dict(path, **kwargs)
+        if "gguf_file" in kwargs:  # parsed once per process (seconds); each caller gets its own copy
+            values = copy.deepcopy(_gguf_config_values(path, kwargs["gguf_file"]))
+        else:
+            values, _ = PretrainedConfig.get_config_dict(path, **kwargs)
         if not isinstance(values, dict):
             raise UsageError(f"backbone '{name}': its config.json holds a JSON {json_kind(values)}, not an object")
         check_sizes(values, name)  # before the config class computes with them (a head count of 0 divides)
@@ -262,6 +265,16 @@ def pretrained_config(name: str):
             f"({', '.join(BACKBONES)}), a local model folder or a Hugging Face id, or with --random-init a bundled "
             "shape (`petlprof estimate --list-shapes`) or a config.json."
         ) from None
+
+
+@functools.cache
+def _gguf_config_values(path: str, gguf_file: str) -> Any:
+    """The config values of the GGUF file ``gguf_file`` at ``path``: its parser reads every field of the file's
+    metadata, the tokenizer's vocabulary too (5 s for SmolLM2's here), and a preflight asks for a config several
+    times."""
+    from transformers import PretrainedConfig  # transformers: slow to import, loaded only when used
+
+    return PretrainedConfig.get_config_dict(path, gguf_file=gguf_file)[0]
 
 
 def _tiny_parts(name: str):
@@ -324,7 +337,7 @@ def load_backbone(
     else:
         path, kwargs = pretrained_location(name)
         config = pretrained_config(name)
-        tokenizer = shared_tokenizer(path, kwargs.get("gguf_file"))
+        tokenizer = backbone_tokenizer(name)
         check_shape(name, config, num_layers=num_layers)
         set_depth(config, num_layers)
         auto_class = model_class(config, lm_head, name)
@@ -341,6 +354,15 @@ def load_backbone(
     return Backbone(
         name, model, tokenizer, family, source, random_init=random_init, weights=weights, quantization=quantized
     )
+
+
+def backbone_tokenizer(name: str, random_init: bool = False):
+    """The tokenizer a run of backbone ``name`` uses, without loading weights: all-MiniLM-L6-v2's for a tiny preset
+    or with ``random_init``, else the pretrained one's (a GGUF file's for ``smollm2``); :func:`shared_tokenizer`."""
+    if random_init or is_tiny_preset(name):
+        return shared_tokenizer(str(minilm_path()))
+    path, kwargs = pretrained_location(name)
+    return shared_tokenizer(path, kwargs.get("gguf_file"))
 
 
 @functools.cache
@@ -376,7 +398,7 @@ def _random_parts(name: str, num_layers: int | None, seed: int):
         tokenizer, config = _tiny_parts(name)
         set_depth(config, num_layers)
         return tokenizer, config, f"random init ({name} preset, seed {seed}), tokenizer of all-MiniLM-L6-v2"
-    tokenizer = shared_tokenizer(str(minilm_path()))
+    tokenizer = backbone_tokenizer(name, random_init=True)
     config = backbone_config(name)
     check_shape(name, config, num_layers=num_layers)
     set_depth(config, num_layers)

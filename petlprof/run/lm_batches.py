@@ -13,18 +13,9 @@ conventions (-100: not a target):
 language model given labels puts its LM head only on the positions the loss reads
 (:class:`petlprof.models.language_model.TargetLogits`), which :meth:`LMBatches.loss` takes as they come.
 
-Tokenisation: the prompt with the tokenizer's special tokens (a BOS, or BERT's ``[CLS] ... [SEP]``), the
-target without them, then the EOS (the tokenizer's EOS, else its SEP token, which the tiny presets' configs
-name as EOS).  With ``chat_template`` on and a tokenizer that has one, the prompt is rendered as the user's
-turn (or the chat layout's turns) with ``add_generation_prompt=True`` and the target follows as the assistant's
-reply, ended by the EOS (the template's end of turn for chat-tuned tokenizers).  Without a template a decoder's
-target is joined to its prompt with a space where the tokenizer marks word starts by a space (byte-level BPE:
-``"Answer:" + " 12"``), so that the target tokens are those the joined text would have.
-
-Truncation never cuts a target: a decoder's prompt is cut from the left (its leading special tokens kept) to
-fit ``max_length`` with the target and EOS; an encoder-decoder's prompt is cut from the left to ``max_length``
-and its target kept whole.  ``max_target_length`` (optional) caps the target and EOS first, the only cut a
-target ever gets.  A decoder target longer than ``max_length - 1`` is refused, naming the row.
+Tokenisation and truncation are :mod:`petlprof.models.lm_tokens`' (shared with the sweep's preflight, which
+refuses what they would refuse before any run): a target is never cut, a prompt is cut from the left, and a
+decoder target longer than ``max_length - 1`` is refused, naming the row.
 
 :meth:`LMBatches.prompt_batches` yields the prompts alone for greedy generation: left-padded for a decoder
 (the last position of every row is real), right-padded for an encoder-decoder.
@@ -35,7 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import Any
 
 import numpy as np
 import torch
@@ -43,50 +34,9 @@ import torch
 from petlprof.errors import UsageError
 from petlprof.models.families import DECODER, ENCODER_DECODER
 from petlprof.models.language_model import lm_loss
+from petlprof.models.lm_tokens import Row, encode, eos_id
 from petlprof.run.train import batch_indices
 from petlprof.vocabulary import IGNORE_INDEX
-
-_PROBE = ("Answer:", "yes")  # a prompt and a target, to learn how the tokenizer joins them
-
-
-class Row(TypedDict):
-    """One tokenised example: its prompt's ids and its target's ids, EOS included, after truncation."""
-
-    prompt: list[int]
-    target: list[int]
-
-
-def eos_id(tokenizer) -> int:
-    """The id that ends a target: the tokenizer's EOS, else its SEP (the tiny presets' configs' EOS)."""
-    for token_id in (tokenizer.eos_token_id, getattr(tokenizer, "sep_token_id", None)):
-        if token_id is not None:
-            return int(token_id)
-    raise UsageError(f"tokenizer {type(tokenizer).__name__} has no end-of-text token (EOS or SEP) to end a target")
-
-
-def has_chat_template(tokenizer) -> bool:
-    return bool(getattr(tokenizer, "chat_template", None))
-
-
-def _target_prefix(tokenizer) -> str:
-    """``" "`` when the tokenizer marks word starts with a space (byte-level BPE: ``"Answer: yes"`` tokenises as
-    ``"Answer:"`` then ``" yes"``), else ``""`` (WordPiece and SentencePiece add the word start themselves)."""
-    prompt, target = _PROBE
-
-    def ids(text: str) -> list[int]:
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-    joined = ids(f"{prompt} {target}")
-    if ids(prompt) + ids(target) == joined:
-        return ""
-    return " "
-
-
-def _leading_specials(ids: list[int], special: set[int]) -> int:
-    count = 0
-    while count < len(ids) and ids[count] in special:
-        count += 1
-    return count
 
 
 @dataclass
@@ -115,29 +65,23 @@ class LMBatches:
         max_target_length: int | None = None,
         eos_token_id: int | None = None,
     ) -> LMBatches:
-        """Tokenise ``split`` (module docstring); ``eos_token_id`` overrides :func:`eos_id`."""
+        """Tokenise ``split`` (:func:`petlprof.models.lm_tokens.encode`); ``eos_token_id`` overrides
+        :func:`~petlprof.models.lm_tokens.eos_id`."""
         if family not in (DECODER, ENCODER_DECODER):
             raise UsageError(f"the LM objective needs a decoder or an encoder-decoder backbone, not an {family}")
         if split.targets is None:
             raise ValueError("the split has no targets: it is not a language-modelling task's split")
         eos = eos_id(tokenizer) if eos_token_id is None else int(eos_token_id)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
-        templated = chat_template and has_chat_template(tokenizer)
-        prompts = _prompt_ids(split, tokenizer, templated)
-        prefix = "" if templated or family != DECODER else _target_prefix(tokenizer)
-        texts = [
-            prefix + target if prefix and not prompt[-1:].isspace() and not target[:1].isspace() else target
-            for prompt, target in zip(split.texts, split.targets)
-        ]
-        targets = [ids + [eos] for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
-        if max_target_length is not None:
-            if max_target_length < 1:
-                raise ValueError(f"max_target_length must be at least 1, got {max_target_length}")
-            targets = [target[:max_target_length] for target in targets]
-        if family == DECODER:
-            _check_room(targets, max_length)
-        special = set(tokenizer.all_special_ids)
-        rows = [_fit(p, t, max_length, family, special) for p, t in zip(prompts, targets)]
+        rows = encode(
+            split,
+            tokenizer,
+            max_length,
+            family,
+            chat_template=chat_template,
+            eos=eos,
+            max_target_length=max_target_length,
+        )
         return cls(rows, list(split.targets), batch_size, tokenizer, family, int(pad), eos)
 
     def __len__(self) -> int:
@@ -217,35 +161,3 @@ def _padded(ids: list[list[int]], value: int, left: bool) -> tuple[torch.Tensor,
         out[i, span] = torch.tensor(row, dtype=torch.long)
         mask[i, span] = 1
     return out, mask
-
-
-def _prompt_ids(split, tokenizer, templated: bool) -> list[list[int]]:
-    """Each prompt's ids: rendered by the chat template (the chat layout's turns, else one user turn) and
-    tokenised as it is, or tokenised with the tokenizer's special tokens."""
-    if not templated:
-        return tokenizer(list(split.texts), add_special_tokens=True)["input_ids"]
-    chats = split.messages or [[{"role": "user", "content": text}] for text in split.texts]
-    texts = [tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True) for turns in chats]
-    return tokenizer(texts, add_special_tokens=False)["input_ids"]
-
-
-def _fit(prompt: list[int], target: list[int], max_length: int, family: str, special: set[int]) -> Row:
-    """A row within ``max_length``: the prompt cut from the left (its leading special tokens kept); for a
-    decoder the room the target leaves, for an encoder-decoder ``max_length`` itself."""
-    room = max_length - len(target) if family == DECODER else max_length
-    if len(prompt) > room >= 1:
-        keep = min(_leading_specials(prompt, special), room - 1)
-        prompt = prompt[:keep] + prompt[len(prompt) - (room - keep) :]
-    return {"prompt": list(prompt), "target": list(target)}
-
-
-def _check_room(targets: list[list[int]], max_length: int) -> None:
-    """A decoder row holds at least one prompt token besides its target and EOS."""
-    longest = max(range(len(targets)), key=lambda i: len(targets[i]), default=None)
-    if longest is not None and len(targets[longest]) > max_length - 1:
-        need = len(targets[longest]) + 1
-        raise UsageError(
-            f"the target of row {longest + 1} has {len(targets[longest])} tokens with its end-of-text token, so "
-            f"--max-length {max_length} leaves no room for its prompt (targets are never truncated): raise "
-            f"--max-length to at least {need}"
-        )

@@ -36,7 +36,9 @@ from petlprof.registry import (
     peft_unsupported_reason,
     read_peft_config_file,
 )
+from petlprof.sweep.lengths import check_lm_lengths
 from petlprof.sweep.options import OPTIONS, RunOptions, default_of, kind_of
+from petlprof.sweep.resources import check_resources
 from petlprof.sweep.spec import RunSpec, spec_default, spec_fields
 from petlprof.tasks.labelled import generative_possible, load_task
 from petlprof.tasks.metrics import check_target
@@ -430,6 +432,8 @@ def preflight(options: RunOptions, meters_here: bool = True) -> list[str]:
             check_objective(get_method(method), LM if task.objective == LM else CLASSIFICATION)
         if task.objective == LM:
             _check_lm_options(options, name)
+            for backbone in options.backbone:
+                check_lm_lengths(options, name, task, backbone)
         elif options.max_new_tokens is not None:
             raise UsageError(
                 f"--max-new-tokens {options.max_new_tokens} sets how long generated answers may be; task '{name}' "
@@ -448,6 +452,8 @@ def preflight(options: RunOptions, meters_here: bool = True) -> list[str]:
                     f"task '{name}' has {len(split)} {'training' if split is task.train else 'evaluation'} "
                     f"examples; {option} {asked} uses those"
                 )
+    points = {method: grid_points(options, method) for method in options.methods}  # each one's grid points
+    notes += check_resources(options, {name: sweep_task(options, name) for name in options.task}, points, meters_here)
     return notes
 
 
@@ -508,31 +514,35 @@ def default_output_dir() -> Path:
 
 
 @functools.cache
-def _architecture(backbone: str):
-    """The architecture description of a backbone by name (``petlprof.models.architecture``), built once per process."""
+def _architecture(backbone: str, lm_head: bool = False):
+    """The architecture description of a backbone by name (``petlprof.models.architecture``), built once per process;
+    ``lm_head``: with its LM head, as the LM objective's runs build it (module names under the wrapper's prefix)."""
     from petlprof.models.architecture import describe_any  # torch (seconds): only the preflight of a backbone needs it
 
-    return describe_any(backbone_config(backbone), spec=backbone)
+    return describe_any(backbone_config(backbone), spec=backbone, lm_head=lm_head)
 
 
-def _unsupported(backbone: str, method: str, method_config: dict[str, Any]) -> str | None:
+def _unsupported(backbone: str, method: str, method_config: dict[str, Any], lm: bool) -> str | None:
+    """Why ``method`` cannot apply to ``backbone`` with ``method_config`` (on the LM objective if ``lm``), or None."""
     from petlprof.models.architecture import unsupported_reason  # torch (seconds): as in _architecture
 
     if is_peft_tuner(method):  # PEFT's own reason, from the tuner applied to the backbone without weights
         return peft_unsupported_reason(method, backbone, method_config)
-    arch = _architecture(backbone)
+    arch = _architecture(backbone, lm)
     return None if arch is None else unsupported_reason(method, arch, method_config)
 
 
 def unsupported_pairs(options: RunOptions) -> list[str]:
-    """``<method> on <backbone>: <why>`` for each method that cannot apply to a backbone of the sweep
-    (:func:`petlprof.models.architecture.unsupported_reason`, from the config alone), once per pair."""
+    """``<method> on <backbone>: <why>`` for each method that cannot apply to a backbone of the sweep on an objective
+    of its tasks (:func:`petlprof.models.architecture.unsupported_reason`, from the config alone), once per pair."""
+    objectives = sorted({_is_lm(options, task) for task in options.task})
     pairs = {
         f"{method} on {backbone}: {reason}": None
         for backbone in options.backbone
         for method in options.methods
         for point in grid_points(options, method)
-        if (reason := _unsupported(backbone, method, point))
+        for lm in objectives
+        if (reason := _unsupported(backbone, method, point, lm))
     }
     return list(pairs)
 
@@ -568,7 +578,7 @@ def expand(options: RunOptions, device: str, out_dir: Path | None = None) -> lis
         for method in options.methods
         for config in resolved[method][0]
         for seed in options.seeds
-        if not (options.skip_unsupported and _unsupported(str(backbone), method, config))
+        if not (options.skip_unsupported and _unsupported(str(backbone), method, config, _is_lm(options, str(task))))
     ]
     specs = [*_zero_shot_runs(options, specs, out_dir), *specs]
     return list({spec.run_key: spec for spec in specs}.values())

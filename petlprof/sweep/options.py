@@ -413,6 +413,13 @@ class RunOptions:
         spec=WHEN_CACHING,
         only_with="cache_hidden_states",
     )
+    skip_memory_check: bool = option(
+        False,
+        "run a configuration whose float32 weights, gradients and AdamW state alone (counted before the sweep on the "
+        "model built without weights) exceed the memory this machine can give a run (CPU: MemAvailable; CUDA: the "
+        "device's total) or --max-memory; without it such a sweep stops before any run, naming the figure",
+        Flag(),
+    )
     grid: bool = option(False, "sweep each method's default grid of its Pareto knob (see `petlprof list`)", Flag())
     skip_unsupported: bool = option(
         False,

@@ -1,0 +1,78 @@
+"""What the tokens of a language-modelling task decide before any run, read as its runs tokenise them
+(:mod:`petlprof.models.lm_tokens`): every target within ``--max-length`` (a decoder's), and within the model's
+positions every target (an encoder-decoder's) and the tokens generated after every evaluation prompt.  The
+preflight (:func:`petlprof.sweep.config.preflight`) calls :func:`check_lm_lengths` once per LM task and backbone."""
+
+from __future__ import annotations
+
+from petlprof.errors import UsageError
+from petlprof.models.backbones import backbone_config, backbone_tokenizer
+from petlprof.models.families import DECODER, family_of
+from petlprof.models.lm_tokens import Row, encode, eos_id, generation_room, longest, positions
+from petlprof.sweep.options import RunOptions
+
+
+def check_lm_lengths(options: RunOptions, name: str, task, backbone: str) -> None:
+    """What the tokens of LM task ``name`` decide on ``backbone``, read as its runs tokenise them
+    (:mod:`petlprof.models.lm_tokens`): every target within --max-length (a decoder's), and within the model's
+    positions every target (an encoder-decoder's) and the tokens generated after every evaluation prompt."""
+    config = backbone_config(backbone)
+    family = family_of(config)
+    tokenizer = backbone_tokenizer(backbone, options.random_init)
+    where = f"task '{name}' on backbone '{backbone}'"
+    encoded = {}
+    for what, split in (("training", task.train), ("evaluation", task.eval)):
+        try:
+            encoded[what] = encode(
+                split,
+                tokenizer,
+                options.max_length,
+                family,
+                chat_template=options.chat_template != "none",
+                eos=eos_id(tokenizer),
+            )
+        except UsageError as exc:  # a target longer than --max-length (lm_tokens.check_room): which split it is in
+            raise UsageError(f"{where}, {what} split: {exc}") from None
+    limit = positions(config, family)
+    if limit is None:
+        return
+    if family != DECODER:
+        for what, rows in encoded.items():
+            _check_decoder_room(rows, limit, f"{where}, {what} split")
+    new_tokens = options.max_new_tokens or task.max_new_tokens
+    if new_tokens is not None:
+        _check_new_tokens(options, name, backbone, encoded["evaluation"], family, limit, new_tokens)
+
+
+def _check_decoder_room(rows: list[Row], limit: int, where: str) -> None:
+    """An encoder-decoder's every target (its start token shifted in, its EOS out) within its decoder's positions."""
+    row, length = longest(rows, "target")
+    if length > limit:
+        raise UsageError(
+            f"{where}: the target of row {row + 1} has {length} tokens with its end-of-text token, more than the "
+            f"{limit} positions of the model's decoder (targets are never truncated): shorten the targets, or use a "
+            "backbone whose decoder holds more positions"
+        )
+
+
+def _check_new_tokens(
+    options: RunOptions, name: str, backbone: str, rows: list[Row], family: str, limit: int, new_tokens: int
+) -> None:
+    """The tokens generated after every evaluation prompt within the model's ``limit`` positions."""
+    room = generation_room(rows, family, limit)
+    if new_tokens <= room:
+        return
+    asked = (
+        f"--max-new-tokens {new_tokens}"
+        if options.max_new_tokens
+        else f"the {new_tokens} new tokens task '{name}' generates by default"
+    )
+    if family == DECODER:
+        row, length = longest(rows, "prompt")
+        held, kind = f"the longest evaluation prompt of task '{name}' (row {row + 1}) takes {length}", ""
+    else:
+        held, kind = "its start token takes one", "decoder "
+    raise UsageError(
+        f"{asked} does not fit the {limit} {kind}positions of backbone '{backbone}': {held}, and each new token but "
+        f"the last one more: use --max-new-tokens {room} or less"
+    )
