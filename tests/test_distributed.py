@@ -350,7 +350,8 @@ def _free_port():
 @pytest.fixture(scope="module")
 def two_rank_loops(tmp_path_factory):
     out = tmp_path_factory.mktemp("loops")
-    torch.multiprocessing.spawn(_rank_main, args=(_free_port(), str(out)), nprocs=2)
+    # forked, as a CPU run's ranks are from their launcher: this process has imported everything they need
+    torch.multiprocessing.start_processes(_rank_main, args=(_free_port(), str(out)), nprocs=2, start_method="fork")
     return {(name, r): json.loads((out / f"{name}-{r}.json").read_text()) for name in LOOP_METHODS for r in (0, 1)}
 
 
