@@ -117,8 +117,18 @@ def run_sweep(
     the sweep with the runs in flight recorded ``cancelled``, as on the command line."""
     values = {"methods": methods, "output": output, **options}
     file_values = load_config_file(os.fspath(config)) if config else {}
-    outcome = drive(build_options(file_values, {k: _as_given(v) for k, v in values.items()}), finish=report_sweep)
+    run_options = build_options(file_values, {k: _as_given(v) for k, v in values.items()})
+    outcome = drive(run_options, finish=report_sweep, peak=estimated_peak)
     return Sweep(**vars(outcome))
+
+
+def estimated_peak(*args: Any) -> int | None:
+    """:func:`petlprof.estimate.core.lm_training_peak`, for the sweep's preflight, which cannot import the estimate
+    (the layers above it may)."""
+    # petlprof.estimate (torch, seconds): only a preflight that must price a batch its data decides imports it
+    from petlprof.estimate.core import lm_training_peak
+
+    return lm_training_peak(*args)
 
 
 def _as_given(value: Any) -> Any:

@@ -202,6 +202,16 @@ BAD = [
     ),
     # round three: the targets of prompt/target data
     (
+        "a target of 3000 tokens on an encoder-decoder, whose targets no position limit cuts",
+        [*LM_RUN[:4], "tiny-t5", *LM_RUN[5:], "--task", "{tmp}/d.jsonl", "--max-memory", "1GiB"],
+        {
+            "d.jsonl": _jsonl(
+                [{"prompt": f"p{i}", "completion": "word " * 3000 if i == 5 else f"t{i}"} for i in range(20)]
+            )
+        },
+        "(petlprof estimate's prediction), more than --max-memory gives a run (1.0 GiB)",
+    ),
+    (
         "a target that is a JSON object",
         [*LM_RUN, "--task", "{tmp}/d.jsonl"],
         {"d.jsonl": _jsonl([{"prompt": f"p{i}", "completion": {"a": i} if i == 3 else f"t{i}"} for i in range(20)])},

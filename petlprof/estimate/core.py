@@ -42,7 +42,7 @@ from petlprof.estimate.autocast import policy_device
 from petlprof.estimate.fallback import extrapolated_figures
 from petlprof.estimate.gpus import Headroom
 from petlprof.estimate.lm import LmFigures, lm_figures
-from petlprof.estimate.model import ResolvedBackbone, build, family, weight_breakdown
+from petlprof.estimate.model import ResolvedBackbone, build, family, resolve_backbone, weight_breakdown
 from petlprof.estimate.quantized import check_traceable
 from petlprof.estimate.trace import UntraceableError, example_batch, inference_batch, lm_batch, train_steps
 from petlprof.models.language_model import lm_loss
@@ -333,3 +333,29 @@ def _verdicts(peak_train_bytes: int, train_flops: int, figures: TraceFigures, se
             "kind": "bound: FLOPs / the GPU's peak dense throughput in the dtype the products run in",
         },
     }
+
+
+def lm_training_peak(
+    backbone: str,
+    num_layers: int | None,
+    method: str,
+    overrides: dict,
+    batch: tuple[int, int, int],
+    precision: str,
+    device: str,
+) -> int | None:
+    """The predicted training peak in bytes of ``method`` (with ``overrides``) on ``backbone`` for the LM objective at
+    a ``batch`` of (rows, prompt tokens, target tokens) every row padded to, at ``precision`` on ``device``'s kernels
+    (``cpu`` or ``cuda``); None where the step cannot be traced.  The sweep's preflight asks it where the data's
+    own lengths decide the size (:func:`petlprof.sweep.lengths.check_lm_lengths`)."""
+    rows, prompt_length, target_length = batch
+    settings = Settings(
+        batch_size=rows,
+        max_length=prompt_length,
+        objective=LM,
+        target_length=target_length,
+        precision=precision,
+        device=device,
+    )
+    record = estimate(resolve_backbone(backbone, num_layers), method, overrides, settings)
+    return record["memory"]["peak_train_bytes"] if record["status"] == "ok" else None

@@ -33,6 +33,7 @@ from petlprof.results.records import RESULTS_FILE, measured_phases_s
 from petlprof.results.store import StoreLock, check_writable, finished_keys, lock_held
 from petlprof.run.execute import cancelled_record
 from petlprof.sweep.config import default_output_dir, expand, preflight, resolve_device, sweep_task, unsupported_pairs
+from petlprof.sweep.lengths import PeakEstimate
 from petlprof.sweep.options import RunOptions
 from petlprof.sweep.resources import trained_examples
 from petlprof.sweep.spec import RunSpec
@@ -71,9 +72,10 @@ class SweepOutcome:
     # 130 (Ctrl-C) or 143 (SIGTERM): the runs in flight were recorded cancelled
 
 
-def drive(options: RunOptions, finish: Finish | None = None) -> SweepOutcome:
+def drive(options: RunOptions, finish: Finish | None = None, peak: PeakEstimate | None = None) -> SweepOutcome:
     """Run the sweep ``options`` describe into their output folder (a new ``petlprof-out/run-...`` unless given),
-    skipping the runs it holds already; ``finish`` writes the report once every run is recorded."""
+    skipping the runs it holds already; ``finish`` writes the report once every run is recorded; ``peak`` predicts
+    a training peak for the preflight (:func:`petlprof.sweep.config.preflight`)."""
     out_dir = Path(options.output) if options.output else default_output_dir()
     max_memory = parse_bytes(options.max_memory)
 
@@ -97,7 +99,9 @@ def drive(options: RunOptions, finish: Finish | None = None) -> SweepOutcome:
     try:
         if executor is not None:
             executor.prestart()
-        notes = preflight(options, meters_here=local)  # said once the output folder is ours: a refusal is one line
+        notes = preflight(
+            options, meters_here=local, peak=peak
+        )  # said once the output folder is ours: a refusal is one line
         # a local device is checked here, so a bad --device leaves no output folder; a cluster's needs Ray
         device = (
             resolve_device(options.device, options.nproc_per_run, memory_snapshot=options.memory_snapshot)

@@ -24,6 +24,8 @@ Imports nothing heavy: the tokenizer comes from the caller.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any, Literal, TypedDict
 
 from petlprof.errors import UsageError
@@ -64,13 +66,14 @@ def encode(
     """Each example of ``split`` as a :class:`Row` within ``max_length`` (module docstring), its target ended by
     the id ``eos``; a decoder target that leaves no room for a prompt is refused (:func:`check_room`)."""
     templated = chat_template and has_chat_template(tokenizer)
-    prompts = _prompt_ids(split, tokenizer, templated)
-    prefix = "" if templated or family != DECODER else _target_prefix(tokenizer)
-    texts = [
-        prefix + target if prefix and not prompt[-1:].isspace() and not target[:1].isspace() else target
-        for prompt, target in zip(split.texts, split.targets)
-    ]
-    targets = [ids + [eos] for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    with _quiet_lengths():
+        prompts = _prompt_ids(split, tokenizer, templated)
+        prefix = "" if templated or family != DECODER else _target_prefix(tokenizer)
+        texts = [
+            prefix + target if prefix and not prompt[-1:].isspace() and not target[:1].isspace() else target
+            for prompt, target in zip(split.texts, split.targets)
+        ]
+        targets = [ids + [eos] for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
     if max_target_length is not None:
         if max_target_length < 1:
             raise ValueError(f"max_target_length must be at least 1, got {max_target_length}")
@@ -79,6 +82,21 @@ def encode(
         check_room(targets, max_length)
     special = set(tokenizer.all_special_ids)
     return [_fit(p, t, max_length, family, special) for p, t in zip(prompts, targets)]
+
+
+@contextlib.contextmanager
+def _quiet_lengths() -> Iterator[None]:
+    """Without transformers' warning that a text is longer than the tokenizer's model maximum: lengths are this
+    module's to cut (:func:`_fit`) and the preflight's to refuse, each naming the row and the way out."""
+    # transformers: slow to import, loaded only when used (the tokenizer passed in has loaded it)
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
 
 
 def check_room(targets: list[list[int]], max_length: int) -> None:

@@ -36,7 +36,7 @@ from petlprof.registry import (
     peft_unsupported_reason,
     read_peft_config_file,
 )
-from petlprof.sweep.lengths import check_lm_lengths
+from petlprof.sweep.lengths import PeakEstimate, check_lm_lengths
 from petlprof.sweep.options import OPTIONS, RunOptions, default_of, kind_of
 from petlprof.sweep.resources import check_resources
 from petlprof.sweep.spec import RunSpec, spec_default, spec_fields
@@ -397,12 +397,13 @@ def _resolve_device(device: str, nproc: int, cluster_gpus: float | None) -> str:
     return device
 
 
-def preflight(options: RunOptions, meters_here: bool = True) -> list[str]:
+def preflight(options: RunOptions, meters_here: bool = True, peak: PeakEstimate | None = None) -> list[str]:
     """Checks that need the libraries (a named meter, a hub backbone, the data itself), run once in
     the parent before any run or executor starts, so a bad value is one error line and nothing is
     written.  ``meters_here``: the runs measure on this machine (not on a cluster's nodes), so a
-    named energy meter must work here.  Returns notes for the user: sizes asked for that the data
-    cannot give."""
+    named energy meter must work here (and its memory bounds the runs').  ``peak``: a predicted LM training peak
+    (``petlprof estimate``'s, which this layer cannot import: the front passes it in) for the sizes only the data
+    decides.  Returns notes for the user: sizes asked for that the data cannot give."""
     if meters_here:
         check_energy_meter(options.energy_meter)
     notes: list[str] = []
@@ -432,8 +433,9 @@ def preflight(options: RunOptions, meters_here: bool = True) -> list[str]:
             check_objective(get_method(method), LM if task.objective == LM else CLASSIFICATION)
         if task.objective == LM:
             _check_lm_options(options, name)
+            points = {method: grid_points(options, method) for method in options.methods}
             for backbone in options.backbone:
-                check_lm_lengths(options, name, task, backbone)
+                check_lm_lengths(options, name, task, backbone, peak if meters_here else None, points)
         elif options.max_new_tokens is not None:
             raise UsageError(
                 f"--max-new-tokens {options.max_new_tokens} sets how long generated answers may be; task '{name}' "
