@@ -113,6 +113,17 @@ def _forked_rank(run_job: Callable[[Path, Path], int], resident: list, spec_path
         os._exit(code)
 
 
+# a rank whose collective failed because a peer ended waits this long before it exits, so that the launcher, which
+# reports the first rank it sees end, sees the peer (killed, say) first: the cause, not its echo
+PEER_GONE_GRACE_S = 2.0
+
+
+def communication_error(error: str | None) -> bool:
+    """Whether a rank's error is a collective that failed because a peer is gone (an echo of another rank's end)."""
+    text = error or ""
+    return text.split(":")[0] in COMMUNICATION_ERRORS or any(m in text for m in COMMUNICATION_MARKERS)
+
+
 def read_failure(out_path: str | Path, world_size: int) -> LaunchFailure | None:
     """:func:`failure` of the run whose record was to be ``out_path``, from the files its ranks and
     launcher left beside it."""
@@ -142,8 +153,7 @@ def failure(world_size: int, rank_records: dict[int, RunRecord], launched: dict[
         return rank in rank_records
 
     def communication(rank: int) -> bool:
-        error = rank_records[rank].get("error") or ""
-        return error.split(":")[0] in COMMUNICATION_ERRORS or any(m in error for m in COMMUNICATION_MARKERS)
+        return communication_error(rank_records[rank].get("error"))
 
     def first(ranks) -> list[int]:
         return sorted(ranks, key=lambda r: (rank_records[r].get("failed_unix_s", float("inf")), r))

@@ -79,13 +79,15 @@ def run_job(spec_path: Path, out_path: Path) -> int:
         return 130
     if record["spec"]["nproc"] > 1:
         # petlprof.run.distributed (torch): after preload(), which imports the run's libraries in their order
-        from petlprof.execution.launch import rank_record_path
+        from petlprof.execution.launch import PEER_GONE_GRACE_S, communication_error, rank_record_path
 
         rank = int(os.environ["RANK"])
         if record["status"] not in FINAL_STATUSES:  # the time orders the ranks' failures: the first is the cause
             _write(rank_record_path(out_path, rank), {**record, "failed_unix_s": time.time()})
             sys.stderr.flush()
-            os._exit(1)  # at once, without tearing down the process group its peers may still block in
+            if communication_error(record.get("error")):  # a peer ended: let the launcher see that end first
+                time.sleep(PEER_GONE_GRACE_S)
+            os._exit(1)  # without tearing down the process group its peers may still block in
         if rank != 0:
             return 0
     _write(out_path, record)
