@@ -94,6 +94,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     from petlprof.models.backbones import BACKBONES
     from petlprof.models.shapes import shape_names
     from petlprof.registry import config_field_help, get_method, method_names
+    from petlprof.sweep.options import DEFAULT_TUNE_POINTS
+    from petlprof.sweep.tuning import lr_space
     from petlprof.tasks.labelled import TASKS
 
     print("Methods (name: what trains; Pareto knob; default learning rate; objectives; options for --method-config):")
@@ -104,10 +106,16 @@ def cmd_list(args: argparse.Namespace) -> int:
             knob += f" (grid {', '.join(str(v) for v in method.default_grid)})"
         side = "; side-tuning (no backbone autograd)" if method.side_tuning else ""
         objectives = "+".join(method.objectives)
-        print(f"  {name:<13} {method.description}; {knob}; lr {method.default_lr:g}; {objectives}{side}")
+        space = lr_space(method.default_lr, DEFAULT_TUNE_POINTS) if method.default_lr else None
+        searched = f" (--tune lr: {space[0]:g}..{space[-1]:g})" if space else ""
+        print(f"  {name:<13} {method.description}; {knob}; lr {method.default_lr:g}{searched}; {objectives}{side}")
         for field_name, default, text in config_field_help(method.config_cls):
             print(f"  {'':<15}{name}.{field_name}={default}  {text}")
     # not the names themselves: they come from PEFT's registry, seconds of imports for one line
+    print(
+        f"  --tune lr searches {DEFAULT_TUNE_POINTS} learning rates (--tune-points) log-spaced over each method's "
+        "default x 10^[-1, 1] by successive halving on the validation split"
+    )
     print(
         f"  {PEFT_PREFIX + 'TYPE':<13} PEFT's tuners by their PeftType in lower case ({PEFT_PREFIX}vera, "
         f"{PEFT_PREFIX}loha, ...; {PEFT_PREFIX}dora is LoRA with use_dora); options under the PEFT config's own "

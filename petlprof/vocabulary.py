@@ -31,3 +31,7 @@ IGNORE_INDEX = -100  # Hugging Face's label of a position that is not a target
 
 # how a figure was obtained (its ``*_kind`` provenance key): read from a counter or sensor, or computed by a model
 MEASURED, ESTIMATED = "measured", "estimated"
+
+# what ``--tune`` may search (petlprof.sweep.tuning): the learning rate
+LR = "lr"
+TUNE_TARGETS = (LR,)

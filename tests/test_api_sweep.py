@@ -55,7 +55,7 @@ def raised(capsys, **values) -> str:
             {"methods": "read", "method_config": {"read": {"cell": "transformer"}}},
             ["--methods", "read", "--method-config", "read.cell=transformer"],
         ),
-        ({"methods": "read", "eval_every": 5}, ["--methods", "read", "--eval-every", "5"]),
+        ({"methods": "read", "target_eval_size": 5}, ["--methods", "read", "--target-eval-size", "5"]),
         ({"methods": "read", "device": "tpu"}, ["--methods", "read", "--device", "tpu"]),
         ({}, []),  # no method
     ],

@@ -161,7 +161,12 @@ BAD = [
     ("--cache-budget at its default", [*RUN, "--cache-budget", "1GiB"], {}, "--cache-budget acts only with"),
     ("cache_budget in a file", [*RUN, "--config", "{tmp}/s.toml"], {"s.toml": 'cache_budget = "1GiB"\n'}, "acts only"),
     ("--cache-dtype at its default", [*RUN, "--cache-dtype", "float16"], {}, "--cache-dtype acts only with"),
-    ("--eval-every at its default", [*RUN, "--eval-every", "10"], {}, "--eval-every acts only with --target-value"),
+    (
+        "--target-eval-size at its default",
+        [*RUN, "--target-eval-size", "all"],
+        {},
+        "--target-eval-size acts only with --target-value or --eval-every, which were not given",
+    ),
     # D12: the model must not read the column it is scored on
     (
         "text column is the label column",

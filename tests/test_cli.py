@@ -77,7 +77,7 @@ def run_cli(args, capsys):
             ["--methods", "read", "--backbone", "tiny-gpt2", "--max-length", "100000"],
             "--max-length 100000 exceeds the 512 positions of backbone 'tiny-gpt2'",
         ),
-        (["--methods", "read", "--eval-every", "5"], "--eval-every acts only with --target-value, which was not given"),
+        (["--methods", "read", "--val-size", "0"], "--val-size must be an integer >= 1"),
         (["--methods", "read", "--target-eval-size", "all"], "--target-eval-size acts only with --target-value"),
         (["--methods", "read", "--cache-budget", "2GiB"], "--cache-budget acts only with --cache-hidden-states"),
         (["--methods", "read", "--cache-dtype", "float32"], "--cache-dtype acts only with --cache-hidden-states"),
@@ -147,11 +147,11 @@ def test_toml_and_yaml_give_the_same_options_and_cli_wins(tmp_path):
             ["--train-size", "all", "--eval-size", "ALL", "--target-value", "0.8", "--target-eval-size", "all"],
             (None, None, None),
         ),
-        (None, ["--train-size", "64"], (64, 1000, 200)),
-        (None, [], (2000, 1000, 200)),
+        (None, ["--train-size", "64"], (64, 1000, None)),
+        (None, [], (2000, 1000, None)),
         ('train_size = "all"\neval_size = 50\ntarget_value = 0.8\ntarget_eval_size = "all"\n', [], (None, 50, None)),
-        ('train_size = "all"\n', ["--train-size", "64"], (64, 1000, 200)),  # the command line wins over the file
-        ("train_size = 64\n", ["--train-size", "all"], (None, 1000, 200)),
+        ('train_size = "all"\n', ["--train-size", "64"], (64, 1000, None)),  # the command line wins over the file
+        ("train_size = 64\n", ["--train-size", "all"], (None, 1000, None)),
     ],
 )
 def test_sizes_take_all_on_the_command_line_and_in_files(tmp_path, file_text, argv, expected):

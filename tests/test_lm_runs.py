@@ -85,7 +85,6 @@ def test_default_options_leave_every_classification_run_key_as_it_was():
 @pytest.mark.parametrize(
     "argv, words",
     [
-        (["--task", "arith", "--target-value", "0.5"], "--target-value"),
         (["--task", "tweets", "--max-new-tokens", "8"], "--max-new-tokens"),
         (["--task", "arith", "--nproc-per-run", "2"], "--nproc-per-run 2"),
         (["--task", "arith", "--methods", "lm_normtune:SPEC"], "does not support the 'lm' objective"),

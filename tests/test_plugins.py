@@ -142,7 +142,10 @@ def test_a_plugin_runs_as_ray_tasks_by_name_and_by_reference(plugin_ray):
 def test_list_shows_an_installed_plugin_with_its_options(example_installed, capsys):
     assert main(["list"]) == 0
     out = capsys.readouterr().out
-    line = r"^  normtune +LayerNorm/RMSNorm gains and biases .*; knob last \(grid 1, 4, 0\); lr 0.001; classification$"
+    line = (
+        r"^  normtune +LayerNorm/RMSNorm gains and biases .*; knob last \(grid 1, 4, 0\); "
+        r"lr 0.001 \(--tune lr: 0.0001\.\.0\.01\); classification$"
+    )
     assert re.search(line, out, re.M)
     assert "normtune.parts=both  which parameters of each norm layer train; one of gain, bias, both" in out
     assert "normtune.last=0  train only the last N norm layers (0: all of them); a non-negative integer" in out

@@ -64,9 +64,10 @@ def test_a_file_without_the_block_is_refused(tmp_path):
 
 
 def test_a_field_whose_default_is_none_admits_none():
-    # eval_every is an int option, but its field is None unless --target-value is given
-    assert spec_type("eval_every", ToSpec(default=None)) == "int | None"
-    assert spec_type("eval_every", ToSpec()) == "int"
+    # epochs is an int option: a field of it that defaults to None admits None
+    assert spec_type("epochs", ToSpec(default=None)) == "int | None"
+    assert spec_type("epochs", ToSpec()) == "int"
+    assert spec_type("eval_every", ToSpec()) == "int | None"
     assert spec_type("num_layers", ToSpec(default=None)) == "int | None"
     assert spec_type("methods", ToSpec("method", str)) == "str"
     assert spec_type("method_config", ToSpec(type=dict[str, object])) == "dict[str, object]"

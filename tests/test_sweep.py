@@ -127,7 +127,8 @@ def test_grid_points_keep_the_run_keys_of_the_same_single_runs():
 def test_budget_fields_join_the_run_key_only_when_set():
     plain = RunSpec(method="read")
     identity = {k: v for k, v in plain.to_dict().items() if k not in petlprof.sweep.spec.BUDGET_FIELDS}
-    assert plain.run_key == RunSpec(method="read", **{k: None for k in petlprof.sweep.spec.BUDGET_FIELDS}).run_key
+    unset = {k: None for k in petlprof.sweep.spec.BUDGET_FIELDS}  # as a record from before budgets reads
+    assert plain.run_key == RunSpec(method="read", **unset).run_key
     assert json.dumps(identity)  # a key from before budgets existed is computed from the same fields
     keys = {
         plain.run_key,
@@ -244,7 +245,7 @@ def test_budget_stops_at_the_target(metric, target, scores, every, steps, stop_a
 
 def test_budget_max_time():
     budget = Budget(
-        metric=None, target_value=None, eval_every=1, score=None, model=None, max_time_s=1e-9, eval_size=None
+        metric=None, target_value=None, eval_every=None, score=None, model=None, max_time_s=1e-9, eval_size=None
     )
     budget.start()
     assert budget(1) == MAX_TIME and budget.summary({})["reached"] is None

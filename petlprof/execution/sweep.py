@@ -20,12 +20,12 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from petlprof.errors import say
-from petlprof.execution import executors
+from petlprof.execution import executors, tune
 from petlprof.execution.child import release_signals
 from petlprof.registry import get_method
 from petlprof.results import store as results_store
@@ -37,6 +37,7 @@ from petlprof.sweep.lengths import PeakEstimate
 from petlprof.sweep.options import RunOptions
 from petlprof.sweep.resources import trained_examples
 from petlprof.sweep.spec import RunSpec
+from petlprof.sweep.tuning import TRIAL_KIND
 from petlprof.values import parse_bytes
 from petlprof.vocabulary import LOCAL, ZERO_SHOT
 
@@ -156,20 +157,45 @@ def _run_locked(options: RunOptions, executor, out_dir: Path, device: str | None
     done = finished_keys(store)
     todo = [s for s in specs if s.run_key not in done]
     tally = _Tally()
+    tuning: dict[str, dict] = {}
+
+    def run_trials(trials: list[RunSpec], trials_store: Path) -> None:
+        recorded = finished_keys(trials_store)
+        left = [t for t in trials if t.run_key not in recorded]
+        _sweep(left, trials_store, executor, tally, len(trials) - len(left), len(trials), _work(options), TRIAL_KIND)
 
     def outcome(exit_code: int) -> SweepOutcome:
         return SweepOutcome(out_dir, store, len(specs), len(specs) - len(todo), tally.ran, tally.failed, exit_code)
 
-    say(
-        f"petlprof: {len(specs)} run(s) on {device}; {len(specs) - len(todo)} already in {store}; "
-        f"writing to {out_dir}; runs execute on {executor.describe()}"
-    )
+    def announce() -> None:
+        say(
+            f"petlprof: {len(specs)} run(s) on {device}; {len(specs) - len(todo)} already in {store}; "
+            f"writing to {out_dir}; runs execute on {executor.describe()}"
+        )
+
+    if options.tune:  # the final runs are known once each configuration's search has chosen its learning rate
+        say(f"petlprof: searching the learning rate of each configuration first; writing to {out_dir}")
+    else:
+        announce()
     in_main = threading.current_thread() is threading.main_thread()  # a handler can be set in the main thread only
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main else None
     try:
-        if todo:  # idle power before the first run (after the warm worker's imports), for energy above idle
+        if todo or options.tune:  # idle power before the first run (after the warm worker's imports)
             say(f"petlprof: {executor.prepare_idle(device, options.energy_meter)}")
-        _sweep(todo, store, executor, tally, done=len(specs) - len(todo), total=len(specs), work=_work(options))
+        if options.tune:  # each configuration's learning rate, then its final runs at the chosen value
+            specs, tuning = tune.search(options, specs, out_dir, run_trials)
+            todo = [s for s in specs if s.run_key not in done]
+            announce()
+        _sweep(
+            todo,
+            store,
+            executor,
+            tally,
+            done=len(specs) - len(todo),
+            total=len(specs),
+            work=_work(options),
+            tuning=tuning,
+        )
     except StoreWriteError:
         return outcome(1)
     except (KeyboardInterrupt, Terminated) as exc:
@@ -271,11 +297,20 @@ def _wall_s(record) -> float:
 
 
 def _sweep(
-    todo, store: Path, executor, tally: _Tally, done: int = 0, total: int | None = None, work: Work | None = None
+    todo,
+    store: Path,
+    executor,
+    tally: _Tally,
+    done: int = 0,
+    total: int | None = None,
+    work: Work | None = None,
+    kind: str | None = None,
+    tuning: Mapping[str, dict] | None = None,
 ) -> None:
     """Run ``todo`` on ``executor``, appending each record as it comes back (counted in ``tally``); ``done`` runs
     of ``total`` were recorded before (a resumed sweep), so progress counts the whole sweep; ``work``: the training
-    examples of a run, for the time left (:func:`expected_left_s`; without it every run counts alike).  On an
+    examples of a run, for the time left (:func:`expected_left_s`; without it every run counts alike); ``kind``:
+    what each record is (``trial``: a search's pilot); ``tuning``: run key -> the search its record carries.  On an
     interrupt the runs in flight are recorded ``cancelled`` and stopped."""
     started, total = time.monotonic(), total if total is not None else len(todo)
     position = iter(range(done + 1, total + 1))
@@ -290,6 +325,10 @@ def _sweep(
 
     try:
         for spec, record in executor.results(todo, on_start=on_start):
+            if kind is not None:
+                record["kind"] = kind
+            if tuning and spec.run_key in tuning:
+                record["tuning"] = tuning[spec.run_key]
             try:  # looked up at each record, not bound at import: tests replace append_record
                 results_store.append_record(store, record)
             except OSError as exc:  # disk full, folder removed, ...: say so, and keep the result on the terminal

@@ -1,15 +1,19 @@
-"""Learning curves from the target checks: the held-out metric against optimiser steps.
+"""Learning curves from the validation checks: the validation metric against optimiser steps, training energy
+and training time.
 
-A run trained with ``--target-value`` scores a held-out slice every ``--eval-every`` steps and keeps
-each score in its record (``train.budget.checks``).  Those scores trace how the metric rose during
-training; with a target no run reaches (e.g. accuracy 1.0) they cover the whole budget, which is
-how a study shows that its budget is long enough (the curve has stopped rising).
+A run trained with ``--eval-every`` (or ``--target-value``) scores its validation split every ``--eval-every``
+steps and keeps each score in its record (``train.budget.checks``) with the training time and energy spent by
+then (the checks left out).  Those points show how quality grew with what was spent -- a method that learns the
+answer format fast and then drifts, another that keeps climbing -- and, with a target no run reaches, whether the
+budget was long enough (the curve has stopped rising).
 
-:func:`curve_frame` gathers the checks of every ok run, :func:`learning_curve_figures` draws one
-plot per task and backbone: a line per configuration through the mean over its seeds at each
-checked step (thin lines for the single seeds when there are several) and the target as a dashed
-line.  A seed that stopped at its target has no later checks, so a mean is over the seeds still
-training at that step; the legend says how many seeds a configuration has.
+:func:`curve_frame` gathers the checks of every ok run, :func:`learning_curve_figures` draws one figure per task
+and backbone: a panel per axis (steps; training energy where it was measured; training time), each with a line per
+configuration through the mean over its seeds at each checked step (thin lines for the single seeds when there are
+several), the target as a dashed line and the zero-shot row's evaluation score as a dotted one.  A seed that
+stopped at its target has no later checks, so a mean is over the seeds still training at that step; the legend says
+how many seeds a configuration has.  Records written before validation splits scored the first examples of the
+evaluation split; their curves say so.
 """
 
 from __future__ import annotations
@@ -23,19 +27,42 @@ import pandas as pd
 
 from petlprof.report.plotkit import save_figure
 from petlprof.report.records import is_ok, run_label
+from petlprof.results.figures import ENERGY_KIND
 from petlprof.results.result import RunResult, results_of
+from petlprof.vocabulary import ZERO_SHOT
 
 CURVE_STEM = "learning_curves"
 
 
+CURVE_COLUMNS = [
+    "task",
+    "backbone",
+    "label",
+    "seed",
+    "step",
+    "value",
+    "train_energy_j",
+    "train_time_s",
+    "metric",
+    "target",
+    "slice",
+    "every",
+    "split",
+    "energy_kind",
+]
+
+
 def curve_frame(records: Sequence[RunResult | Mapping[str, Any]]) -> pd.DataFrame:
-    """One row per target check of every ok run: task, backbone, configuration label, seed, step,
-    value, the metric and its target, and the size of the slice it was scored on."""
+    """One row per validation check of every ok run: task, backbone, configuration label, seed, step, value,
+    training energy and time by then, the metric and its target, the size of the slice it was scored on, and that
+    slice's split (``validation``; ``evaluation`` for a record written before validation splits)."""
     rows = []
     for record in results_of(records):
         budget = record.budget
         if budget is None or not budget.checks or not is_ok(record):
             continue
+        split = "validation" if (record.spec or {}).get("val_size") else "evaluation"
+        kind = None if record.train is None else record.train.text(ENERGY_KIND)  # measured, or estimated
         for check in budget.checks:
             rows.append(
                 {
@@ -45,20 +72,41 @@ def curve_frame(records: Sequence[RunResult | Mapping[str, Any]]) -> pd.DataFram
                     "seed": record.seed,
                     "step": check.step,
                     "value": check.value,
+                    "train_energy_j": check.train_energy_j,
+                    "train_time_s": check.train_time_s,
                     "metric": budget.target_metric,
                     "target": budget.target_value,
                     "slice": budget.check_eval_size,
                     "every": budget.eval_every_steps,
+                    "split": split,
+                    "energy_kind": kind,
                 }
             )
-    columns = ["task", "backbone", "label", "seed", "step", "value", "metric", "target", "slice", "every"]
-    return pd.DataFrame(rows, columns=columns)
+    return pd.DataFrame(rows, columns=CURVE_COLUMNS)
+
+
+def zero_shot_levels(records: Sequence[RunResult | Mapping[str, Any]]) -> dict[tuple[str, str, str], float]:
+    """(task, backbone, metric) -> the zero-shot row's evaluation score: the level a tuned method must pass."""
+    levels: dict[tuple[str, str, str], float] = {}
+    for record in results_of(records):
+        if record.method != ZERO_SHOT or not is_ok(record):
+            continue
+        for metric, value in record.metrics.items():
+            if value is not None:
+                levels[(str(record.task), str(record.backbone), metric)] = float(value)
+    return levels
 
 
 def mean_curve(group: pd.DataFrame) -> pd.DataFrame:
-    """Per checked step of one configuration: the mean value over the seeds checked there and their count."""
-    out = group.groupby("step")["value"].agg(["mean", "count"]).reset_index()
-    return out.rename(columns={"mean": "value", "count": "seeds"})
+    """Per checked step of one configuration: the mean value, training energy and time over the seeds checked
+    there, and their count."""
+    out = group.groupby("step").agg(
+        value=("value", "mean"),
+        train_energy_j=("train_energy_j", "mean"),
+        train_time_s=("train_time_s", "mean"),
+        seeds=("value", "count"),
+    )
+    return out.reset_index()
 
 
 @dataclass
@@ -81,8 +129,17 @@ def _title(frame: pd.DataFrame) -> str:
     metric = frame["metric"].iloc[0]
     slices = sorted({int(s) for s in frame["slice"].dropna()})
     every = sorted({int(e) for e in frame["every"].dropna()})
-    on = f"the first {'/'.join(map(str, slices))} evaluation examples" if slices else "the held-out slice"
-    return f"{metric} on {on}, checked every {'/'.join(map(str, every))} steps (target checks)"
+    splits = "/".join(sorted(set(frame["split"])))
+    on = f"{'/'.join(map(str, slices))} {splits} examples" if slices else f"the {splits} slice"
+    return f"{metric} on {on}, checked every {'/'.join(map(str, every))} steps"
+
+
+# the panels of a curve figure: the frame's column on the x axis, and its label
+AXES = (
+    ("step", "optimiser steps"),
+    ("train_energy_j", "training energy (J, checks left out)"),
+    ("train_time_s", "training time (s, checks left out)"),
+)
 
 
 def target_lines(frame: pd.DataFrame) -> list[float]:
@@ -93,44 +150,54 @@ def target_lines(frame: pd.DataFrame) -> list[float]:
     return [t for t in sorted({float(t) for t in frame["target"].dropna()}) if low - pad <= t <= high + pad]
 
 
-def draw_curves(frame: pd.DataFrame, title: str):
-    """The figure of one task and backbone's curves."""
+def draw_curves(frame: pd.DataFrame, title: str, zero_shot: float | None = None):
+    """The figure of one task and backbone's curves: a panel per axis with values (energy only where measured)."""
     # matplotlib: slow to import, loaded only when used
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(8, 5), dpi=110)
-    ax = fig.add_subplot()
+    axes = [(column, text) for column, text in AXES if frame[column].notna().any()]
+    fig = Figure(figsize=(5.2 * len(axes), 4.6), dpi=110)
     colours = [f"C{i % 10}" for i in range(frame["label"].nunique())]
-    for colour, (label, group) in zip(colours, frame.groupby("label", sort=True)):
-        seeds = group["seed"].nunique()
-        if seeds > 1:
-            for _, one in group.groupby("seed"):
-                ax.plot(one["step"], one["value"], color=colour, linewidth=0.6, alpha=0.35)
-        mean = mean_curve(group)
-        name = f"{label} (mean of {seeds} seeds)" if seeds > 1 else f"{label} (1 seed)"
-        ax.plot(mean["step"], mean["value"], color=colour, marker="o", markersize=3, linewidth=1.6, label=name)
-    for target in target_lines(frame):
-        ax.axhline(target, color="0.3", linestyle="--", linewidth=1, label=f"target {target:g}")
-    ax.set_xlabel("optimiser steps")
-    ax.set_ylabel(f"{frame['metric'].iloc[0]} (held-out slice)")
-    ax.set_title(title, fontsize=10)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
+    for index, (column, text) in enumerate(axes):
+        ax = fig.add_subplot(1, len(axes), index + 1)
+        for colour, (label, group) in zip(colours, frame.groupby("label", sort=True)):
+            seeds = group["seed"].nunique()
+            if seeds > 1:
+                for _, one in group.groupby("seed"):
+                    ax.plot(one[column], one["value"], color=colour, linewidth=0.6, alpha=0.35)
+            mean = mean_curve(group)
+            name = f"{label} (mean of {seeds} seeds)" if seeds > 1 else f"{label} (1 seed)"
+            ax.plot(mean[column], mean["value"], color=colour, marker="o", markersize=3, linewidth=1.6, label=name)
+        for target in target_lines(frame):
+            ax.axhline(target, color="0.3", linestyle="--", linewidth=1, label=f"target {target:g}")
+        if zero_shot is not None:
+            ax.axhline(
+                zero_shot, color="0.45", linestyle=":", linewidth=1.2, label=f"zero-shot {zero_shot:.3g} (eval split)"
+            )
+        kinds = "/".join(sorted({str(k) for k in frame["energy_kind"].dropna()})) or "unknown kind"
+        ax.set_xlabel(text.replace("(J,", f"(J, {kinds},"))
+        ax.set_ylabel(f"{frame['metric'].iloc[0]} ({frame['split'].iloc[0]} slice)")
+        ax.grid(True, alpha=0.3)
+        if index == 0:
+            ax.legend(fontsize=7, loc="best")
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig
 
 
 def learning_curve_figures(records: Sequence[RunResult | Mapping[str, Any]], out_dir: Path) -> list[CurvePlot]:
-    """``learning_curves[_task_backbone].{png,svg}`` for the records that carry target checks."""
+    """``learning_curves[_task_backbone].{png,svg}`` for the records that carry validation checks."""
     frame = curve_frame(records)
     if frame.empty:
         return []
+    levels = zero_shot_levels(records)
     groups = list(frame.groupby(["task", "backbone"], sort=True))
     plots = []
     for (task, backbone), group in groups:
         suffix = "" if len(groups) == 1 else f"_{task}_{backbone}".replace("/", "-")
         stem = Path(out_dir) / f"{CURVE_STEM}{suffix}"
-        fig = draw_curves(group, f"{task} / {backbone}: {_title(group)}")
+        zero_shot = levels.get((str(task), str(backbone), str(group["metric"].iloc[0])))
+        fig = draw_curves(group, f"{task} / {backbone}: {_title(group)}", zero_shot)
         save_figure(fig, [stem.with_suffix(ext) for ext in (".png", ".svg")], dpi="figure")
         plots.append(CurvePlot(str(task), str(backbone), stem, group["label"].nunique()))
     return plots

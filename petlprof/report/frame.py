@@ -39,15 +39,21 @@ from petlprof.results.figures import (
     ENERGY_PER_RESPONSE,
     ENERGY_PER_TOKEN,
     ENERGY_SOURCE,
+    ENERGY_WITH_SEARCH,
     LATENCY,
     LATENCY_PER_SAMPLE,
     MEASURED_PHASES,
     MEMORY_SOURCE,
     PEAK_MEMORY,
     PER_TOKEN_LATENCY,
+    SEARCH_COSTS,
+    SEARCH_ENERGY,
+    SEARCH_TIME,
+    SEARCH_TRIALS,
     SIDE_SHARE_OF_PER_TOKEN,
     TIME,
     TIME_TO_FIRST_TOKEN,
+    TIME_WITH_SEARCH,
     TOKENS_PER_S,
     Figure,
     frame_columns,
@@ -115,6 +121,7 @@ def _row(record: RunResult) -> Row:
         "target_metric": None if budget is None else budget.target_metric,
         "target_value": None if budget is None else budget.target_value,
         "diverged_at_step": record.diverged_at_step,
+        **_search_figures(record),
         "warnings": "; ".join(record.warnings) if record.warnings is not None else None,
     }
     batch = _typed(mapping(record.spec).get("batch_size"), int)
@@ -148,6 +155,22 @@ def _row(record: RunResult) -> Row:
         for column in PHASE_TEXT:
             row[prefix + column] = None if phase is None else phase.raw(column)
     return row
+
+
+def _search_figures(record: RunResult) -> Row:
+    """A tuned run's search (``--tune lr``): its energy and time, and the run's train phase plus its search."""
+    tuning, train = record.tuning, record.train
+    search_j = None if tuning is None else tuning.energy_j
+    search_s = None if tuning is None else tuning.time_s
+    train_j = None if train is None else train[ENERGY]
+    train_s = None if train is None else train[TIME]
+    return {
+        SEARCH_ENERGY: search_j,
+        SEARCH_TIME: search_s,
+        ENERGY_WITH_SEARCH: None if search_j is None or train_j is None else train_j + search_j,
+        TIME_WITH_SEARCH: None if search_s is None or train_s is None else train_s + search_s,
+        SEARCH_TRIALS: None if tuning is None else tuning.trials,
+    }
 
 
 def _generation_figures(record: RunResult) -> Row:
@@ -196,6 +219,7 @@ def runs_frame(records: Sequence[RunResult | Mapping[str, Any]]) -> pd.DataFrame
         *TARGET_FIGURES,
         "target_value",
         "diverged_at_step",
+        *SEARCH_COSTS,
         *metrics,
         *(column for columns in PHASE_FIGURES.values() for column in columns),
         *(column for column in frame.columns if GENERATION_COLUMN.match(column)),

@@ -35,6 +35,7 @@ from petlprof.report.records import (
     sort_key,
     text,
 )
+from petlprof.report.search import search_section
 from petlprof.report.table import (
     CONSTANT_OUTPUT,
     COSTS_CAPTION,
@@ -435,15 +436,18 @@ def _where_run(records: Sequence[RunResult]) -> list[str]:
 
 
 def _curves(plots: Sequence[CurvePlot]) -> list[str]:
-    """The learning-curve section: the target checks' scores against steps (none without checks)."""
+    """The learning-curve section: the validation checks' scores against steps, training energy and time (none
+    without checks)."""
     if not plots:
         return []
     lines = [
         "## Learning curves",
         "",
-        "The target checks' scores on the held-out slice against optimiser steps: the mean over the seeds "
-        "still training at each step (thick), single seeds (thin), the target (dashed) where it is near "
-        "the curves. A run stops at its first check at or past its target.",
+        "Each check's score on the validation split (carved from the training pool, never the evaluation split "
+        "the tables report) against optimiser steps and against the training energy and time spent by then, the "
+        "checks' own left out: the mean over the seeds still training at each step (thick), single seeds (thin), "
+        "the target (dashed) where it is near the curves, the zero-shot row's evaluation score (dotted). A run "
+        "with a target stops at its first check at or past it.",
         "",
     ]
     for plot in plots:
@@ -472,6 +476,7 @@ def render_report(
     lines += _differences(records, runs)
     lines += _cost_to_target(runs, target_plots)
     lines += _curves(curve_plots)
+    lines += search_section(records)
     lines += _figures(figures, interval)
     lines += [
         "## All runs",

@@ -92,6 +92,15 @@ MEMORY_AXIS = CostAxis(
 )
 TIME_AXIS = CostAxis("time", "Train time", figures.TIME.name, "s, warm-up excluded", figures.TIME.scale)
 PARAMS_AXIS = CostAxis("params", "Trainable parameters", "trainable_params", "count", 1.0)
+SEARCH_AXIS = CostAxis(  # drawn for a sweep with --tune lr: each configuration charged its learning-rate search
+    "energy_with_search",
+    "Train energy including the learning-rate search",
+    figures.ENERGY_WITH_SEARCH,
+    figures.ENERGY.shown_unit,
+    1.0,
+    None,
+    figures.ENERGY.kind,
+)
 COST_AXES = (ENERGY_AXIS, MEMORY_AXIS, TIME_AXIS, PARAMS_AXIS)
 
 
@@ -377,7 +386,9 @@ def pareto_figures(runs: pd.DataFrame, out_dir: Path, interval: str = DEFAULT_IN
             f"_{file_slug(backbone)}" if several_backbones else ""
         )
         majority = majority_rate(of_task(runs, task, backbone)) if metric == "accuracy" else None
-        for axis in COST_AXES:
+        column = figures.ENERGY_WITH_SEARCH
+        searched = column in plotted and plotted.loc[index, column].notna().any()
+        for axis in (*COST_AXES, *([SEARCH_AXIS] if searched else [])):
             stem = out_dir / f"pareto_{file_slug(metric)}_vs_{axis.slug}{suffix}"
             result = PlotResult(task, backbone, metric, axis)
             results.append(pareto_plot(plotted.loc[index], result, stem, interval, majority))

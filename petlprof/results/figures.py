@@ -339,3 +339,11 @@ def frame_columns(phase: str) -> dict[str, Figure]:
 def directions() -> dict[str, str]:
     """Figure name -> ``higher``/``lower`` is better, for the metric-direction table."""
     return {f.name: f.better for f in FIGURES if f.better is not None}
+
+
+# a tuned run's learning-rate search (--tune lr; the record's ``tuning``): what the search cost, and the run's train
+# phase with it; columns of the report's runs table, costs (lower is better)
+SEARCH_ENERGY, SEARCH_TIME = "search_energy_j", "search_time_s"
+ENERGY_WITH_SEARCH, TIME_WITH_SEARCH = "energy_with_search_j", "time_with_search_s"
+SEARCH_TRIALS = "search_trials"
+SEARCH_COSTS = (SEARCH_ENERGY, SEARCH_TIME, ENERGY_WITH_SEARCH, TIME_WITH_SEARCH, SEARCH_TRIALS)

@@ -70,12 +70,15 @@ class Divergence(TypedDict):
     last_finite_loss: float | None  # the step before's (None when the first step diverged)
 
 
-class BudgetCheck(TypedDict):
-    """One target check of a budget (petlprof.run.budget.Budget): the metric on the held-out slice after a step."""
+class BudgetCheck(TypedDict, total=False):
+    """One validation check of a budget (petlprof.run.budget.Budget): the metric on the validation slice after a
+    step, and what training had cost by then (a record written before learning curves has no ``train_*``)."""
 
     step: int
     value: float
-    elapsed_s: float  # since training started
+    elapsed_s: float  # since training started, the checks included
+    train_time_s: float  # since training started (warm-up included), the checks left out
+    train_energy_j: float | None  # the same span's energy by the run's energy meter; None unmeasured
 
 
 class BudgetSummary(TypedDict):
@@ -85,8 +88,8 @@ class BudgetSummary(TypedDict):
 
     target_metric: str | None
     target_value: float | None
-    eval_every_steps: int
-    check_eval_size: int | None  # the held-out slice's examples (None without a target)
+    eval_every_steps: int | None  # None: no validation checks (a time limit alone)
+    check_eval_size: int | None  # the validation slice's examples (None without checks)
     max_time_s: float | None
     stop_reason: str | None  # target or max_time; None: training ran to its end
     reached: bool | None  # None without a target

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from petlprof.results.figures import FIGURES, Figure
+from petlprof.results.figures import ENERGY, ENERGY_KIND, FIGURES, TIME, Figure
 from petlprof.results.records import OK
 
 # a value as JSON holds it (a record's field, a method config's value, a cell of the runs table)
@@ -126,10 +126,13 @@ class PhaseResult:
 
 @dataclass(frozen=True)
 class Check:
-    """One target check: the optimiser step after which the held-out slice was scored, and its score."""
+    """One validation check: the optimiser step after which the slice was scored, its score, and the training
+    time and energy spent by then (the checks left out; None in a record written before learning curves)."""
 
     step: int
     value: float
+    train_time_s: float | None = None
+    train_energy_j: float | None = None
 
 
 @dataclass(frozen=True)
@@ -165,10 +168,52 @@ class BudgetResult:
 
 
 def _checks(value: object) -> tuple[Check, ...]:
-    """The target checks a record lists, each a step and a finite score; an entry that is not one is left out."""
-    entries = value if isinstance(value, list) else []
-    steps = [(_int(mapping(c).get("step")), finite(mapping(c).get("value"))) for c in entries]
-    return tuple(Check(step, score) for step, score in steps if step is not None and score is not None)
+    """The validation checks a record lists, each a step and a finite score; an entry that is not one is left out."""
+    entries = [mapping(c) for c in (value if isinstance(value, list) else [])]
+    checks = [
+        Check(step, score, finite(c.get("train_time_s")), finite(c.get("train_energy_j")))
+        for c in entries
+        if (step := _int(c.get("step"))) is not None and (score := finite(c.get("value"))) is not None
+    ]
+    return tuple(checks)
+
+
+@dataclass(frozen=True)
+class TuningResult:
+    """What a tuned run's search cost and chose (``tuning``, written by ``petlprof run --tune lr``): the trials
+    (pilot runs, in the output folder's trials.jsonl), their train phases' energy and time, the space searched, the
+    chosen learning rate and the validation score that chose it."""
+
+    chosen: float | None
+    space: tuple[float, ...]
+    trials: int | None
+    failed_trials: int | None
+    energy_j: float | None  # the trials' train phases, their validation checks included; None: a trial unmeasured
+    energy_kind: str | None
+    time_s: float | None
+    wall_time_s: float | None
+    metric: str | None
+    validation_score: float | None
+    strategy: str | None
+
+    @classmethod
+    def from_json(cls, value: object) -> TuningResult | None:
+        if not isinstance(value, Mapping):
+            return None
+        space = value.get("space")
+        return cls(
+            chosen=finite(value.get("chosen")),
+            space=tuple(v for v in (finite(x) for x in (space if isinstance(space, list) else [])) if v is not None),
+            trials=_int(value.get("trials")),
+            failed_trials=_int(value.get("failed_trials")),
+            energy_j=finite(value.get(ENERGY.name)),
+            energy_kind=_text(value.get(ENERGY_KIND)),
+            time_s=finite(value.get(TIME.name)),
+            wall_time_s=finite(value.get("wall_time_s")),
+            metric=_text(value.get("metric")),
+            validation_score=finite(value.get("validation_score")),
+            strategy=_text(value.get("strategy")),
+        )
 
 
 @dataclass(frozen=True)
@@ -266,6 +311,7 @@ class RunResult:
     eval_merged: PhaseResult | None = None
     batched: Mapping[str, Mapping[str, PhaseResult]] = field(default_factory=dict)  # BATCHED_PHASES' windows
     budget: BudgetResult | None = None
+    tuning: TuningResult | None = None  # the learning-rate search that chose this run's lr (--tune lr)
     diverged_at_step: float | None = None
     where: Where = Where()
     env: Mapping[str, Any] | None = None
@@ -306,6 +352,7 @@ class RunResult:
             eval_merged=PhaseResult.from_json(data.get("eval_merged")),
             batched={phase: _windows(data.get(phase)) for phase in BATCHED_PHASES},
             budget=BudgetResult.from_json(train.raw("budget")) if train is not None else None,
+            tuning=TuningResult.from_json(data.get("tuning")),
             diverged_at_step=finite(mapping(data.get("diverged_at")).get("step")),
             where=Where.from_json(data.get("node"), env, data.get("distributed")),
             env=env if isinstance(env, Mapping) else None,

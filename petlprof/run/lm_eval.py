@@ -41,13 +41,17 @@ def _loss_pass(model, batches, io: PhaseIO, precision: str, order, bar) -> tuple
     return total, tokens
 
 
-def _generate_all(model, batches, io: PhaseIO, precision: str, generate, max_new_tokens: int, timer, bar):
-    """Every evaluation prompt's greedy response as text, in the split's order."""
+def generate_texts(
+    model, batches, device: str, precision: str, generate, max_new_tokens: int, timer=None, bar=None
+) -> list[str]:
+    """Every prompt's greedy response of ``batches`` as text, in the split's order; ``timer`` (a
+    :class:`~petlprof.meters.latency.StepTimer`) times each prompt batch, ``bar`` counts it."""
     tokenizer = batches.tokenizer
     texts: dict[int, str] = {}
-    for inputs, rows in batches.prompt_batches(io.device):
-        timer.start()
-        with autocast(precision, io.device):
+    for inputs, rows in batches.prompt_batches(device):
+        if timer is not None:
+            timer.start()
+        with autocast(precision, device):
             new_ids = generate(
                 model,
                 inputs["input_ids"],
@@ -56,10 +60,12 @@ def _generate_all(model, batches, io: PhaseIO, precision: str, generate, max_new
                 eos_token_id=batches.eos_token_id,
                 use_cache=True,
             )
-        timer.stop()
+        if timer is not None:
+            timer.stop()
         for row, ids in zip(rows, new_ids):
             texts[int(row)] = tokenizer.decode(ids, skip_special_tokens=True)
-        bar.update(1)
+        if bar is not None:
+            bar.update(1)
     return [texts[i] for i in range(len(texts))]
 
 
@@ -79,7 +85,7 @@ def evaluate_lm(
         total, tokens = _loss_pass(model, batches, io, precision, itertools.islice(order, warmup), bar)
         with window:
             rest_total, rest_tokens = _loss_pass(model, batches, io, precision, order, bar)
-            texts = _generate_all(model, batches, io, precision, generate, max_new_tokens, timer, bar)
+            texts = generate_texts(model, batches, io.device, precision, generate, max_new_tokens, timer, bar)
     mean = (total + rest_total) / max(tokens + rest_tokens, 1)
     summary: EvalPhase = {
         **phase_summary(window, timer, prompts, len(texts), warmup, warmup_steps),

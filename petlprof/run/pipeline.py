@@ -186,18 +186,21 @@ def prepare(spec: RunSpec, ranks, progress, max_memory_bytes: int | None = None)
         timeline=timeline,
         timeline_warnings=timeline_warnings,
         cache=_hidden_state_cache(spec, method, ranks),
-        budget=make_budget(spec, task, model, make_batches, _check_meter(spec, timeline)),  # stop at a target or time
+        budget=make_budget(spec, task, model, make_batches, _budget_meter(spec, timeline)),  # checks, target, time
     )
 
 
-def _check_meter(spec: RunSpec, timeline):
-    """The energy meter of the target checks alone: the same kind as the phases' (None without a target)."""
-    if spec.target_value is None:
-        return None
-    # petlprof.meters.idle (numpy): kept off the sweep's driver, which imports this module
-    from petlprof.meters.idle import sweep_idle
+def _budget_meter(spec: RunSpec, timeline) -> Callable[[], Any]:
+    """What makes the budget's energy meters (around the checks, around the training between them): the same
+    kind as the phases'."""
 
-    return energy_meter_for(spec.device, spec.energy_meter, timeline, idle=sweep_idle())
+    def make():
+        # petlprof.meters.idle (numpy): kept off the sweep's driver, which imports this module
+        from petlprof.meters.idle import sweep_idle
+
+        return energy_meter_for(spec.device, spec.energy_meter, timeline, idle=sweep_idle())
+
+    return make
 
 
 def _recipe(spec: RunSpec, method):
@@ -222,6 +225,7 @@ def _load(spec: RunSpec) -> tuple:
         spec.task,
         train_size=spec.train_size,
         eval_size=spec.eval_size,
+        val_size=spec.val_size,
         data_dir=spec.data_dir,
         text_column=spec.text_column,
         text_pair_column=spec.text_pair_column,
@@ -338,7 +342,9 @@ def run_phases(ctx: RunContext) -> Phases | None:
     train_meters, eval_meters = ctx.meters("train"), ctx.meters("eval")
     try:
         phases = _train_and_evaluate(ctx, train_meters, eval_meters)
-        if phases is not None and not phases.diverged and ctx.task.objective == LM:
+        if phases is None or phases.eval is None:  # training alone (--train-only), or another rank
+            pass
+        elif not phases.diverged and ctx.task.objective == LM:
             phases.generation = _generation(ctx, ctx.model, phases.evaluated)
         elif phases is not None and not phases.diverged:
             phases.inference = _inference(ctx, phases.evaluated)
@@ -347,7 +353,7 @@ def run_phases(ctx: RunContext) -> Phases | None:
             meter.close()
         if ctx.cache is not None:
             ctx.cache.close()
-    if phases is not None and not phases.diverged and ctx.method.merge:
+    if phases is not None and phases.eval is not None and not phases.diverged and ctx.method.merge:
         phases.merged, merged_model = _evaluate_merged(ctx, phases.preds)
         if merged_model is not None and ctx.task.objective == LM:
             phases.generation_merged = _generation(ctx, merged_model, phases.evaluated, "generation-merged")
@@ -448,7 +454,9 @@ def _train_and_evaluate(ctx: RunContext, train_meters: list, eval_meters: list) 
     phases: RunPhases = {"train": train_phase}
     preds: Any = None  # the LM objective's generated texts and references, or a classifier's predictions and labels
     golds: Any = None
-    if "diverged_at" not in train_phase and ctx.task.objective == LM:
+    if spec.train_only:  # a search's trial: its validation checks are its score, the evaluation split stays unseen
+        pass
+    elif "diverged_at" not in train_phase and ctx.task.objective == LM:
         phases["eval"], preds, golds = _evaluate_lm(ctx, ctx.model, ctx.io("eval", eval_meters))
     elif "diverged_at" not in train_phase:  # every rank agrees on a divergence
         phases["eval"], preds, golds = evaluate(
@@ -546,6 +554,8 @@ def to_record(ctx: RunContext, phases: Phases | None) -> RunRecord:
         record["status"] = DIVERGED
         record["error"] = _diverged_error(phases.diverged)
         record["diverged_at"] = phases.diverged
+    elif phases.eval is None:  # --train-only: no evaluation, no scores; the validation checks are in the budget
+        record["metrics"] = {}
     else:
         record["metrics"] = _metrics(ctx.task, phases)
         warnings = [*ctx.task.warnings, *prediction_warnings(phases.preds, ctx.task)]
@@ -554,7 +564,9 @@ def to_record(ctx: RunContext, phases: Phases | None) -> RunRecord:
         if ctx.task.objective == LM and constant_output(phases.preds):
             record["constant_output"] = True
     record["train"] = phases.train
-    if not phases.diverged and ctx.task.objective == LM:
+    if phases.eval is None:
+        pass
+    elif not phases.diverged and ctx.task.objective == LM:
         record["eval"] = phases.evaluated
         if phases.generation is not None:  # run_phases measured it after the evaluation
             record["generation"] = phases.generation
@@ -583,6 +595,7 @@ def _metrics(task, phases: Phases) -> dict[str, float | None]:
     return {**scores, "eval_loss": evaluation["eval_loss"], "perplexity": evaluation["perplexity"]}
 
 
+TUNED_LR = "searched on the validation split (--tune lr)"  # a tuned run's lr_source, its trials' too
 EXAMPLES_KEPT = 3  # generated responses kept in the record beside their references, so a reader sees what scored
 
 
@@ -612,7 +625,7 @@ def _described(ctx: RunContext) -> RunRecord:
         "max_steps": spec.max_steps,
         "batch_size": spec.batch_size,
         "lr": lr,
-        "lr_source": method.lr_source if lr == method.default_lr else "user",
+        "lr_source": TUNED_LR if spec.tune else method.lr_source if lr == method.default_lr else "user",
         "max_length": spec.max_length,
         "warmup_steps": spec.warmup_steps,
         "device": spec.device,

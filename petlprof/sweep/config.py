@@ -37,9 +37,9 @@ from petlprof.registry import (
     read_peft_config_file,
 )
 from petlprof.sweep.lengths import PeakEstimate, check_lm_lengths
-from petlprof.sweep.options import OPTIONS, RunOptions, default_of, kind_of
+from petlprof.sweep.options import OPTIONS, RunOptions, default_of, kind_of, resolved_eval_every, resolved_val_size
 from petlprof.sweep.resources import check_resources
-from petlprof.sweep.spec import RunSpec, spec_default, spec_fields
+from petlprof.sweep.spec import UNTRAINED_DEFAULTS, RunSpec, spec_default, spec_fields
 from petlprof.tasks.labelled import generative_possible, load_task
 from petlprof.tasks.metrics import check_target
 from petlprof.values import check_file, flag
@@ -286,15 +286,25 @@ def _validate_methods(options: RunOptions) -> None:
             get_method(method).make_config(point)
 
 
+def _given(value: Any) -> bool:
+    """Whether an option's value gives it: not None, False or an empty list (a target of 0 is given)."""
+    return value is not None and value is not False and value != [] and value != {}
+
+
 def _validate_relations(options: RunOptions, given: AbstractSet[str]) -> None:
     """Options that act only with another (declared ``only_with``), and the other pairs that cannot go together."""
     for name, f in OPTIONS.items():
         needed = f.metadata["only_with"]
-        value = getattr(options, needed) if needed else True
-        if value is not None and value is not False:  # a target of 0 is given
+        needed = (needed,) if isinstance(needed, str) else needed or ()
+        if not needed or any(_given(getattr(options, other)) for other in needed):
             continue
         if name in given or getattr(options, name) != default_of(name):
-            raise UsageError(f"{flag(name)} acts only with {flag(needed)}, which was not given")
+            alternatives = " or ".join(flag(other) for other in needed)
+            raise UsageError(
+                f"{flag(name)} acts only with {alternatives}, which {'was' if len(needed) == 1 else 'were'} not given"
+            )
+    if options.train_only and options.eval_every is None:
+        raise UsageError("--train-only scores nothing but the validation checks: give --eval-every N with it")
     if options.target_metric is not None and options.target_value is None:
         raise UsageError(f"--target-metric {options.target_metric} needs --target-value")
     if options.cache_hidden_states and not any(get_method(m).side_tuning for m in options.methods):
@@ -463,12 +473,6 @@ def _check_lm_options(options: RunOptions, task: str) -> None:
     """Options a language-modelling run cannot honour yet, and backbones with no LM head, refused before any run."""
     for backbone in options.backbone:
         model_class(backbone_config(backbone), True, backbone)  # an encoder: one line naming it
-    if options.target_value is not None:
-        raise UsageError(
-            f"--target-value stops training at a score the classification evaluation checks; task '{task}' is "
-            "a language-modelling task, whose evaluation generates text: train for --max-steps, --epochs or "
-            "--max-train-time instead"
-        )
     if options.nproc_per_run > 1:
         raise UsageError(
             f"task '{task}' is a language-modelling task, which runs in one process; "
@@ -491,15 +495,19 @@ def sweep_task(options: RunOptions, name: str):
         options.prompt_column,
         options.target_column,
         options.chat_template,
+        resolved_val_size(options),
     )
 
 
 @functools.cache
-def _sweep_task(name, train_size, eval_size, data_dir, text, pair, label, objective, prompt, target, chat_template):
+def _sweep_task(
+    name, train_size, eval_size, data_dir, text, pair, label, objective, prompt, target, chat_template, val_size
+):
     return load_task(
         name,
         train_size=train_size,
         eval_size=eval_size,
+        val_size=val_size,
         data_dir=data_dir,
         text_column=text,
         text_pair_column=pair,
@@ -570,6 +578,8 @@ def expand(options: RunOptions, device: str, out_dir: Path | None = None) -> lis
             device=device,
             method_config=config,
             lr=resolved[method][1],
+            eval_every=resolved_eval_every(options),
+            val_size=resolved_val_size(options),
             **quantize_fields(quantize, options.quantize_compute_dtype, options.quantize_double),
             **shared[method],
             **_folders(options, out_dir, shared[method]["cache_hidden_states"]),
@@ -608,6 +618,7 @@ def _zero_shot_runs(options: RunOptions, specs: list[RunSpec], out_dir: Path | N
             first.setdefault((spec.backbone, spec.quantize, spec.task), spec)
     config = dataclasses.asdict(method.make_config({}))
     copied = _copied(options, ZERO_SHOT)
+    untrained = {name: spec_default(*spec_fields()[name]) for name in UNTRAINED_DEFAULTS}  # no checks or search
     return [
         dataclasses.replace(
             spec,
@@ -615,7 +626,7 @@ def _zero_shot_runs(options: RunOptions, specs: list[RunSpec], out_dir: Path | N
             method_config=config,
             lr=method.default_lr,
             seed=int(options.seeds[0]),
-            **copied,
+            **{**copied, **untrained},
             **_folders(options, out_dir, copied["cache_hidden_states"]),
         )
         for spec in first.values()

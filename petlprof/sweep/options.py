@@ -32,7 +32,7 @@ from petlprof.values import (
     flag,
     parse_bytes,
 )
-from petlprof.vocabulary import CHAT_TEMPLATES, EXECUTORS, FP32, LOCAL, OBJECTIVE_CHOICES, PRECISIONS
+from petlprof.vocabulary import CHAT_TEMPLATES, EXECUTORS, FP32, LOCAL, OBJECTIVE_CHOICES, PRECISIONS, TUNE_TARGETS
 
 DEVICES = ("auto", "cpu", "cuda")
 CACHE_DTYPES = ("float16", "bfloat16", "float32")  # petlprof.run.cache.DTYPES, named without importing torch
@@ -86,13 +86,13 @@ def option(
     kind: Kind,
     *,
     spec: ToSpec | None = None,
-    only_with: str | None = None,
+    only_with: str | tuple[str, ...] | None = None,
     ray_only: bool = False,
     cli: dict[str, Any] | None = None,
 ) -> Any:
     """One option (a field of :class:`RunOptions`): ``help`` may show ``{default}``; ``only_with``: it acts
-    only when that option is given; ``ray_only``: it applies to ``--executor ray`` only; ``cli``: argparse
-    arguments beyond the kind's (e.g. ``action``, ``metavar``)."""
+    only when that option (or one of those options) is given; ``ray_only``: it applies to ``--executor ray``
+    only; ``cli``: argparse arguments beyond the kind's (e.g. ``action``, ``metavar``)."""
     meta = {"help": help, "kind": kind, "spec": spec, "only_with": only_with, "ray_only": ray_only, "cli": cli or {}}
     if isinstance(default, (list, dict)):
         return dataclasses.field(default_factory=lambda: type(default)(default), metadata=meta)
@@ -103,8 +103,36 @@ def _budget(options, method: str) -> bool:
     return options.target_value is not None or options.max_train_time is not None
 
 
-def _target(options, method: str) -> bool:
-    return options.target_value is not None
+def _checks(options, method: str = "") -> bool:
+    """Whether runs decide on the validation split (a target, a learning curve, a search)."""
+    return options.target_value is not None or options.eval_every is not None or bool(options.tune)
+
+
+def _tuning(options, method: str) -> bool:
+    return bool(options.tune)
+
+
+DEFAULT_TUNE_POINTS = 5  # learning rates in a search space
+MAX_TUNE_POINTS = 81  # four rungs of successive halving at eta 3
+
+
+DEFAULT_EVAL_EVERY = 10  # optimiser steps between target checks when --eval-every is not given
+DEFAULT_VAL_SIZE = 200  # validation examples when a check needs a split and --val-size is not given
+
+
+def resolved_eval_every(options) -> int | None:
+    """The steps between a run's validation checks: the option, else the default with a target, else none."""
+    if options.eval_every is not None:
+        return int(options.eval_every)
+    return DEFAULT_EVAL_EVERY if options.target_value is not None else None
+
+
+def resolved_val_size(options) -> int | None:
+    """A run's validation examples: the option, else the default where checks need a split, else none (the run
+    loads the data it loaded before validation splits existed)."""
+    if options.val_size is not None:
+        return int(options.val_size)
+    return DEFAULT_VAL_SIZE if _checks(options) else None
 
 
 def _cache(options, method: str) -> bool:  # the cache serves side-tuning methods; the others run as usual
@@ -164,7 +192,6 @@ SAME = ToSpec()
 TEXT = Text(optional=True)
 PATH = Text(optional=True, path=True)
 WHEN_BUDGET = ToSpec(identity=WHEN_SET, copy_if=_budget)
-WHEN_TARGET = ToSpec(default=None, identity=WHEN_SET, copy_if=_target)
 WHEN_CACHING = ToSpec(identity=_caching, copy_if=_cache)
 
 
@@ -434,6 +461,29 @@ class RunOptions:
         Table(),
         cli={"action": "append", "metavar": "METHOD.FIELD=V1,V2,..."},
     )
+    train_only: bool = option(
+        False,
+        "train and record the validation checks (--eval-every) alone: no evaluation, inference or generation phase "
+        "and no scores on the evaluation split (what a search's trials run)",
+        Flag(),
+        spec=ToSpec(identity=WHEN_CHANGED),  # runs that evaluate keep their keys
+    )
+    tune: list[str] = option(
+        [],
+        "search each configuration's learning rate before its runs (lr): successive halving over short pilots, "
+        "each scored on the validation split (--val-size), then the chosen value trained at the full budget on "
+        "every seed; every pilot is a real run recorded in the output folder's trials.jsonl, and its energy and "
+        "time are charged to the configuration (`petlprof list` states each method's space)",
+        Names(item=Choice(choices=TUNE_TARGETS, kind="tuning target")),
+        spec=ToSpec(identity=WHEN_CHANGED, convert=list),  # untuned runs keep their keys
+    )
+    tune_points: int | None = option(
+        DEFAULT_TUNE_POINTS,
+        "learning rates in each method's search space, log-spaced over its default x 10^[-1, 1] (default {default})",
+        Integer(2, MAX_TUNE_POINTS, "points in a search space"),
+        spec=ToSpec(default=None, identity=WHEN_SET, copy_if=_tuning),
+        only_with="tune",
+    )
     target_value: float | None = option(
         None,
         "stop each run's training once the target metric reaches this value (time-to-accuracy), checked every "
@@ -447,19 +497,30 @@ class RunOptions:
         Text(optional=True, known=_metric),
         spec=WHEN_BUDGET,
     )
-    eval_every: int = option(
-        10,
-        "optimiser steps between target checks (default {default})",
-        Integer(1, MAX_STEPS),
-        spec=WHEN_TARGET,
-        only_with="target_value",
+    eval_every: int | None = option(
+        None,
+        f"optimiser steps between validation checks: each check scores the validation split (--val-size) and "
+        f"adds a point (step, training time and energy so far, metric) to the run's learning curve; with "
+        f"--target-value it is also the target check (default: {DEFAULT_EVAL_EVERY} with --target-value, "
+        "else no checks)",
+        Integer(1, MAX_STEPS, optional=True),
+        spec=ToSpec(default=None, identity=WHEN_SET, derived=True),  # resolved_eval_every
     )
     target_eval_size: int | None = option(
-        200,
-        "first N eval examples scored at each target check (default {default}; 'all')",
+        None,
+        "first N validation examples scored at each check (default: all of them)",
         Examples(optional=True),
-        spec=WHEN_TARGET,
-        only_with="target_value",
+        spec=ToSpec(default=None, identity=WHEN_SET, copy_if=_checks),
+        only_with=("target_value", "eval_every"),
+    )
+    val_size: int | None = option(
+        None,
+        "validation examples carved from the training pool with the split seed, disjoint from the training and "
+        "evaluation examples: the split every decision reads (target checks, learning curves); the evaluation "
+        f"split is scored once, for the record (default: none; {DEFAULT_VAL_SIZE} when --target-value or "
+        "--eval-every checks)",
+        Integer(1, 10**9, "examples", optional=True),
+        spec=ToSpec(identity=WHEN_SET, derived=True),  # resolved_val_size
     )
     max_train_time: float | None = option(
         None,

@@ -131,10 +131,14 @@ class RunSpec:
     cache_hidden_states: bool = False
     cache_budget_bytes: int | None = None  # --cache-budget
     cache_dtype: str = "float16"
+    train_only: bool = False
+    tune: list[str] = dataclasses.field(default_factory=list)
+    tune_points: int | None = None
     target_value: float | None = None
     target_metric: str | None = None
     eval_every: int | None = None
     target_eval_size: int | None = None
+    val_size: int | None = None
     max_train_time_s: float | None = None  # --max-train-time
     extra_meters: list[str] = dataclasses.field(default_factory=list)  # --meters
     country_code: str | None = None
@@ -157,8 +161,10 @@ class RunSpec:
 BUDGET_FIELDS = tuple(
     name
     for name, (option, _) in spec_fields().items()
-    if option in ("target_value", "target_metric", "eval_every", "target_eval_size", "max_train_time")
+    if option in ("target_value", "target_metric", "eval_every", "target_eval_size", "val_size", "max_train_time")
 )
+# what a run that trains nothing (the zero-shot row) leaves at its defaults: its budget and any search
+UNTRAINED_DEFAULTS = (*BUDGET_FIELDS, "tune", "tune_points")
 
 
 def spec_identity(spec: dict[str, Any], include_seed: bool = True) -> dict[str, Any]:

@@ -40,9 +40,15 @@ class Split:
         return Split(self.texts[:size], cut(self.pairs), self.labels[:size], cut(self.targets), cut(self.messages))
 
 
+def sizes_text(train: Split, val: Split | None, evaluation: Split) -> str:
+    """The sizes a task's description states: ``train N, eval M``, with ``val K`` between them when it has one."""
+    return f"train {len(train)}, " + (f"val {len(val)}, " if val is not None else "") + f"eval {len(evaluation)}"
+
+
 @dataclass
 class TaskData:
-    """A loaded task: the data of both splits and how to score predictions on it.
+    """A loaded task: the data of its splits and how to score predictions on it.  ``val``, when a run asks for
+    one (``val_size``), is disjoint from both ``train`` and ``eval``.
 
     ``objective``: ``classification``, ``regression`` (worked out from ``num_labels`` when not given) or
     ``lm``.  An LM task has ``num_labels`` 0 (no classification head: the backbone's own LM head), is scored
@@ -61,6 +67,14 @@ class TaskData:
     objective: str = ""  # "": worked out from num_labels (regression for one, else classification)
     answer: str = "text"
     max_new_tokens: int | None = None
+    val: Split | None = None  # the validation split, carved from the training pool: what every decision reads
+
+    def checked_split(self) -> Split:
+        """The split a run's decisions (target checks, learning curves, tuning) score: validation, never the
+        evaluation split the run is reported on."""
+        if self.val is None:
+            raise ValueError(f"task '{self.name}' was loaded without a validation split (val_size)")
+        return self.val
 
     def __post_init__(self) -> None:
         if not self.objective:

@@ -33,15 +33,21 @@ def read_sources(data_path: str) -> dict[str, pd.DataFrame]:
 
 
 def split_frames(
-    data_path: str, sources: dict[str, pd.DataFrame], train_size: int | None, eval_size: int | None, split_seed: int
-) -> tuple[pd.DataFrame, pd.DataFrame, str]:
-    """(train frame, eval frame, how they were split) of the user's data: a folder's files each subsampled,
-    or one file split EVAL_FRACTION with ``split_seed``."""
+    data_path: str,
+    sources: dict[str, pd.DataFrame],
+    train_size: int | None,
+    eval_size: int | None,
+    split_seed: int,
+    val_size: int | None = None,
+) -> tuple[pd.DataFrame, pd.DataFrame | None, pd.DataFrame, str]:
+    """(train frame, validation frame or None, eval frame, how they were split) of the user's data: a folder's
+    files each subsampled, or one file split EVAL_FRACTION with ``split_seed``; the validation rows come out of
+    the training pool (:func:`take_train`)."""
     if len(sources) == 2:
         train, evaluation = sources.values()
         train_name, eval_name = (Path(where).name for where in sources)
         return (
-            subsample(train, train_size, split_seed),
+            *take_train(train, train_size, val_size, split_seed, data_path),
             subsample(evaluation, eval_size, split_seed),
             f"{train_name}/{eval_name}",
         )
@@ -53,7 +59,11 @@ def split_frames(
         )
     train_pool, eval_pool = pool_split(first, split_seed)
     how = f"{1 - EVAL_FRACTION:.0%}/{EVAL_FRACTION:.0%} split"
-    return train_pool.iloc[:train_size], eval_pool.iloc[:eval_size], how
+    return (
+        *take_train(train_pool, train_size, val_size, split_seed, data_path, shuffled=True),
+        eval_pool.iloc[:eval_size],
+        how,
+    )
 
 
 def read_table(path: Path) -> pd.DataFrame:
@@ -123,6 +133,38 @@ def pool_split(frame: pd.DataFrame, seed: int) -> tuple[pd.DataFrame, pd.DataFra
     n_eval = max(1, round(len(frame) * EVAL_FRACTION))
     shuffled = frame.iloc[order].reset_index(drop=True)
     return shuffled.iloc[:-n_eval], shuffled.iloc[-n_eval:]
+
+
+def check_val_size(val_size: int, pool: int, task: str) -> None:
+    """A validation split must leave at least one training example in the pool it is carved from."""
+    if val_size >= pool:
+        raise UsageError(
+            f"--val-size {val_size} leaves no training data: the training pool of '{task}' has {pool} "
+            f"example{'s' if pool != 1 else ''}" + (f"; give at most {pool - 1}" if pool > 1 else "")
+        )
+
+
+def take_train(
+    pool: pd.DataFrame, size: int | None, val_size: int | None, seed: int, task: str, shuffled: bool = False
+) -> tuple[pd.DataFrame, pd.DataFrame | None]:
+    """(training rows, validation rows or None) of a training ``pool``.  Without ``val_size`` the training rows
+    are those of today: ``subsample``'s, or the first ``size`` of a pool already ``shuffled``.  With it, the
+    validation rows are the last ``val_size`` of the pool's ``seed``-seeded order (a shuffled pool's own order),
+    and the training rows the first ``size`` of the rest: the same rows as without a validation split whenever
+    the pool holds both, so a run that adds one trains on the data it trained on before."""
+    # numpy: slow to import, loaded only when used
+    import numpy as np
+
+    if not val_size:
+        return (pool.iloc[:size] if shuffled else subsample(pool, size, seed)), None
+    check_val_size(val_size, len(pool), task)
+    keep = len(pool) - val_size
+    order = np.arange(len(pool)) if shuffled else np.random.default_rng(seed).permutation(len(pool))
+    if size is not None and size <= keep:
+        train = pool.iloc[order[:size]]
+    else:  # all the rest, in the pool's order (as subsample keeps every row in file order)
+        train = pool.iloc[np.sort(order[:keep])]
+    return train.reset_index(drop=True), pool.iloc[order[keep:]].reset_index(drop=True)
 
 
 def subsample(frame: pd.DataFrame, size: int | None, seed: int) -> pd.DataFrame:

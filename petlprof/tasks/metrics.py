@@ -20,7 +20,7 @@ import re
 from decimal import Decimal, InvalidOperation
 
 from petlprof.errors import UsageError
-from petlprof.results.figures import HIGHER, LOWER, directions
+from petlprof.results.figures import HIGHER, LOWER, SEARCH_COSTS, directions
 
 METRIC_DIRECTIONS: dict[str, str] = {
     # task quality
@@ -41,6 +41,7 @@ METRIC_DIRECTIONS: dict[str, str] = {
     "infer_b1_latency_p50_s": LOWER,
     "infer_latency_per_sample_p50_s": LOWER,
     "merged_latency_p50_s": LOWER,
+    **{name: LOWER for name in SEARCH_COSTS},
 }
 
 

@@ -1,0 +1,190 @@
+"""The learning-rate search (``--tune lr``, issue 37): its space, rungs and choice; its trials are real runs, one
+record each in trials.jsonl, never results; it resumes like a sweep; the final runs carry what it cost."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import petlprof.run.execute
+from petlprof.cli import main
+from petlprof.execution.tune import TRIALS_FILE
+from petlprof.report.markdown import write_report
+from petlprof.report.records import load_records
+from petlprof.sweep.tuning import choose, lr_space, ranked, rungs, space_text
+
+TINY = ["--backbone", "tiny-bert", "--train-size", "48", "--eval-size", "16", "--batch-size", "8", "--val-size", "16"]
+TRIALS_PER_SEARCH = 7  # 5 points: 5 pilots of 2 steps, the best 2 at the full 6 steps
+
+
+@pytest.mark.parametrize(
+    "default, points, expected",
+    [
+        (2e-3, 5, [2e-4, 6.32e-4, 2e-3, 6.32e-3, 2e-2]),
+        (1e-3, 2, [1e-4, 1e-2]),
+        (5e-5, 3, [5e-6, 5e-5, 5e-4]),
+    ],
+)
+def test_the_space_is_log_spaced_around_the_default(default, points, expected):
+    assert lr_space(default, points) == pytest.approx(expected)
+    assert str(points) in space_text(default, points)
+
+
+def test_a_space_of_one_point_is_no_search():
+    with pytest.raises(ValueError, match="at least 2 points"):
+        lr_space(1e-3, 1)
+
+
+@pytest.mark.parametrize(
+    "budget, points, expected",
+    [
+        (6, 5, [(2, 5), (6, 2)]),  # a third of the points go on, trained three times longer
+        (63, 9, [(21, 9), (63, 3)]),  # the last rung keeps more than one point, at the full budget
+        (10, 2, [(10, 2)]),  # two points: one rung at the full budget
+        (1, 5, [(1, 5), (1, 2)]),  # a pilot is never shorter than one step
+        (100, 27, [(12, 27), (34, 9), (100, 3)]),
+    ],
+)
+def test_successive_halving_rungs(budget, points, expected):
+    assert rungs(budget, points) == expected
+
+
+@pytest.mark.parametrize(
+    "scores, metric, default, best_first",
+    [
+        ({1e-3: 0.5, 1e-2: 0.7, 1e-4: 0.6}, "accuracy", 1e-3, [1e-2, 1e-4, 1e-3]),
+        ({1e-3: 0.5, 1e-2: 0.5, 1e-4: 0.5}, "accuracy", 1e-3, [1e-3, 1e-4, 1e-2]),  # a tie: nearest the default
+        ({1e-3: None, 1e-2: 0.1}, "accuracy", 1e-3, [1e-2, 1e-3]),  # a failed trial ranks last
+        ({1e-3: 2.0, 1e-2: 1.0}, "eval_loss", 1e-3, [1e-2, 1e-3]),  # lower is better
+    ],
+)
+def test_the_choice_ranks_by_the_validation_score(scores, metric, default, best_first):
+    assert ranked(scores, metric, default) == best_first
+    assert choose(scores, metric, default) == best_first[0]
+
+
+RUN = ["run", "--methods", "bitfit", *TINY, "--in-process"]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--tune", "lrate"], "unknown tuning target 'lrate'"),
+        (["--tune", "lr", "--tune-points", "1"], "--tune-points must be an integer >= 2"),
+        (["--tune", "lr", "--tune-points", "nan"], "--tune-points must be"),
+        (["--tune", "lr", "--tune-points", str(10**30)], "--tune-points must be at most"),
+        (["--tune-points", "5"], "--tune-points acts only with --tune"),
+        (["--tune", "lr", "--val-size", "1000000"], "--val-size 1000000 leaves no training data"),
+        (["--train-only"], "--train-only scores nothing but the validation checks"),
+    ],
+    ids=["unknown target", "one point", "nan", "10**30", "points without a search", "no training left", "train only"],
+)
+def test_bad_tuning_input_is_one_line_exit_2_nothing_written(tmp_path, capsys, args, message):
+    out = tmp_path / "out"
+    code = main([*RUN, *args, "--output", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err, err[-1500:]
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_a_search_runs_its_trials_as_runs_and_charges_them_to_the_final_runs(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main([*RUN, "--methods", "bitfit,lora", "--tune", "lr", "--seeds", "0,1", "--output", str(out)]) == 0
+    trials, results = _lines(out / TRIALS_FILE), _lines(out / "results.jsonl")
+    assert len(trials) == 2 * TRIALS_PER_SEARCH and {t["kind"] for t in trials} == {"trial"}
+    assert all(t["status"] == "ok" and t["metrics"] == {} and "eval" not in t for t in trials), "no eval split"
+    assert all(len(t["train"]["budget"]["checks"]) == 1 for t in trials), "one validation check, at the end"
+    assert sorted(t["spec"]["max_steps"] for t in trials) == [2] * 10 + [6] * 4
+    assert len(results) == 4 and all("kind" not in r for r in results)
+    for record in results:
+        tuning = record["tuning"]
+        mine = [t for t in trials if t["method"] == record["method"]]
+        assert tuning["trials"] == TRIALS_PER_SEARCH and sorted(tuning["trial_keys"]) == sorted(
+            t["run_key"] for t in mine
+        )
+        assert tuning["chosen"] in tuning["space"] and record["training"]["lr"] == tuning["chosen"]
+        assert tuning["energy_j"] == pytest.approx(sum(t["train"]["energy_j"] for t in mine))
+        assert tuning["time_s"] == pytest.approx(sum(t["train"]["time_s"] for t in mine))
+        last_rung = [t for t in mine if t["spec"]["max_steps"] == 6]
+        best = max(t["train"]["budget"]["checks"][-1]["value"] for t in last_rung)
+        assert tuning["validation_score"] == best
+        assert record["training"]["lr_source"].startswith("searched on the validation split")
+    err = capsys.readouterr().err
+    assert "lr " in err and "chosen by 7 trial(s)" in err
+    written = write_report(load_records(out / "results.jsonl"), out)
+    text = (out / "report.md").read_text()
+    assert "## Learning-rate search" in text and "search share of energy" in text
+    assert any(p.name == "pareto_accuracy_vs_energy_with_search.png" for p in written)
+
+
+def test_an_interrupted_search_repeats_no_finished_trial_and_loses_none(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "out"
+    args = [*RUN, "--tune", "lr", "--output", str(out)]
+    real_execute, executed = petlprof.run.execute.execute, []
+
+    def interrupted_on_the_fourth(spec, **kwargs):
+        if len(executed) == 3:
+            raise KeyboardInterrupt  # Ctrl-C while the fourth trial trains
+        executed.append(spec.run_key)
+        return real_execute(spec, **kwargs)
+
+    monkeypatch.setattr(petlprof.run.execute, "execute", interrupted_on_the_fourth)
+    assert main(args) == 130
+    assert "Resume with the same command" in capsys.readouterr().err
+    first = list(executed)
+
+    def counted(spec, **kwargs):
+        executed.append(spec.run_key)
+        return real_execute(spec, **kwargs)
+
+    monkeypatch.setattr(petlprof.run.execute, "execute", counted)
+    assert main(args) == 0
+    trials = _lines(out / TRIALS_FILE)
+    ok = collections.Counter(t["run_key"] for t in trials if t["status"] == "ok")
+    assert len(ok) == TRIALS_PER_SEARCH and set(ok.values()) == {1}, "every trial recorded ok exactly once"
+    assert [t["status"] for t in trials].count("cancelled") == 1
+    assert len(first) == 3 and not set(first) & set(executed[3:]), "no finished trial ran again"
+    assert main(args) == 0 and "1 run(s) on cpu; 1 already in" in capsys.readouterr().err
+
+
+def test_a_search_killed_with_sigkill_resumes_where_it_stopped(tmp_path, monkeypatch, capsys):
+    """kill -9 of the sweep (its trials in processes of their own) after two trials are recorded; the same command
+    then runs only the trials and runs not yet recorded."""
+    out = tmp_path / "out"
+    args = ["run", "--methods", "bitfit", *TINY, "--tune", "lr", "--output", str(out)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "petlprof.cli", *args], stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    deadline = time.time() + 120
+    while len(_lines(out / TRIALS_FILE)) < 2 and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    os.killpg(proc.pid, 9)
+    proc.wait()
+    before = {t["run_key"] for t in _lines(out / TRIALS_FILE) if t["status"] == "ok"}
+    assert 2 <= len(before) < TRIALS_PER_SEARCH, "killed mid-search"
+    executed = []
+    real_execute = petlprof.run.execute.execute
+
+    def counted(spec, **kwargs):
+        executed.append(spec.run_key)
+        return real_execute(spec, **kwargs)
+
+    monkeypatch.setattr(petlprof.run.execute, "execute", counted)
+    assert main([*args, "--in-process"]) == 0, capsys.readouterr().err[-2000:]
+    trials = _lines(out / TRIALS_FILE)
+    ok = collections.Counter(t["run_key"] for t in trials if t["status"] == "ok")
+    assert len(ok) == TRIALS_PER_SEARCH and set(ok.values()) == {1}
+    assert not before & set(executed), "no trial recorded before the kill ran again"
+    assert len(_lines(out / "results.jsonl")) == 1
