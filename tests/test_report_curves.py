@@ -91,3 +91,98 @@ def test_the_report_shows_the_curves_only_for_runs_with_checks(tmp_path):
     assert tmp_path / "with" / "learning_curves.png" in written
     write_report(RECORDS[-1:], tmp_path / "without")
     assert "## Learning curves" not in (tmp_path / "without" / "report.md").read_text()
+
+
+def curve(method, seed, points, metric="accuracy", val_size=200, kind="measured"):
+    """A record of a run with a learning curve: (step, value, training energy so far, training time so far)."""
+    return {
+        "status": "ok",
+        "method": method,
+        "method_config": {},
+        "method_config_changed": [],
+        "task": "arith",
+        "backbone": "smollm2",
+        "seed": seed,
+        "spec": {"val_size": val_size} if val_size else {},
+        "train": {
+            "energy_kind": kind,
+            "budget": {
+                "target_metric": metric,
+                "target_value": None,
+                "check_eval_size": val_size,
+                "eval_every_steps": 10,
+                "checks": [
+                    {"step": s, "value": v, "elapsed_s": t + 1.0, "train_time_s": t, "train_energy_j": e}
+                    for s, v, e, t in points
+                ],
+            },
+        },
+    }
+
+
+LEVEL_CASES = [
+    # (id, records, metric, expected level, expected (label, step, energy, time) to it)
+    (
+        "drifts, then the other climbs past: the level is the worse of the two bests",
+        [
+            curve("read", 0, [(10, 0.30, 5.0, 1.0), (20, 0.38, 10.0, 2.0), (30, 0.06, 15.0, 3.0)]),
+            curve("lora", 0, [(10, 0.10, 8.0, 1.5), (20, 0.20, 16.0, 3.0), (30, 0.44, 24.0, 4.5)]),
+        ],
+        "exact_match",
+        0.38,
+        [("lora", 30, 24.0, 4.5), ("read", 20, 10.0, 2.0)],
+    ),
+    (
+        "means over seeds at each step",
+        [
+            curve("full", 0, [(10, 0.5, 4.0, 1.0), (20, 0.7, 8.0, 2.0)]),
+            curve("full", 1, [(10, 0.7, 6.0, 1.2), (20, 0.9, 10.0, 2.2)]),
+            curve("bitfit", 0, [(10, 0.55, 1.0, 0.5), (20, 0.6, 2.0, 1.0)]),
+        ],
+        "accuracy",
+        0.6,
+        [("bitfit", 20, 2.0, 1.0), ("full", 10, 5.0, 1.1)],
+    ),
+    (
+        "lower is better",
+        [
+            curve("full", 0, [(10, 3.0, 4.0, 1.0), (20, 2.0, 8.0, 2.0)], metric="eval_loss"),
+            curve("read", 0, [(10, 2.5, 1.0, 0.5), (20, 2.4, 2.0, 1.0)], metric="eval_loss"),
+        ],
+        "eval_loss",
+        2.4,
+        [("full", 20, 8.0, 2.0), ("read", 20, 2.0, 1.0)],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "records, metric, level, expected", [c[1:] for c in LEVEL_CASES], ids=[c[0] for c in LEVEL_CASES]
+)
+def test_the_cost_to_a_common_level_is_read_from_the_curves(records, metric, level, expected):
+    from petlprof.report.curves import common_level, costs_to_level
+
+    frame = curve_frame(records)
+    assert common_level(frame) == pytest.approx(level)
+    costs = {c.label: (c.step, c.energy_j, c.time_s) for c in costs_to_level(frame, common_level(frame))}
+    assert costs == {label: (step, pytest.approx(energy), pytest.approx(t)) for label, step, energy, t in expected}
+
+
+def test_one_configuration_has_no_common_level_and_old_records_say_their_split():
+    from petlprof.report.curves import common_level
+
+    frame = curve_frame([curve("read", 0, [(10, 0.3, 1.0, 1.0)], val_size=None)])
+    assert common_level(frame) is None
+    assert set(frame["split"]) == {"evaluation"}, "a record from before validation splits scored the eval split"
+    assert set(curve_frame([curve("read", 0, [(10, 0.3, 1.0, 1.0)])])["split"]) == {"validation"}
+
+
+def test_the_report_gives_each_configurations_cost_to_the_common_level(tmp_path):
+    from petlprof.report.markdown import write_report
+
+    records = LEVEL_CASES[1][1]
+    written = write_report(records, tmp_path)
+    text = (tmp_path / "report.md").read_text()
+    assert "first step at 0.6" in text and "training energy to it (J, measured)" in text
+    assert "| bitfit | 0.6000 | 20 | 2.0 | 1.00 |" in text
+    assert any(p.name == "learning_curves.png" for p in written)

@@ -27,8 +27,9 @@ import pandas as pd
 
 from petlprof.report.plotkit import save_figure
 from petlprof.report.records import is_ok, run_label
-from petlprof.results.figures import ENERGY_KIND
+from petlprof.results.figures import ENERGY_KIND, HIGHER
 from petlprof.results.result import RunResult, results_of
+from petlprof.tasks.metrics import direction
 from petlprof.vocabulary import ZERO_SHOT
 
 CURVE_STEM = "learning_curves"
@@ -109,12 +110,64 @@ def mean_curve(group: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index()
 
 
+@dataclass(frozen=True)
+class LevelCost:
+    """What one configuration's mean curve spent to reach a level: the first checked step whose mean score is at or
+    past it, with the mean training energy and time by then (None: the curve never reached it)."""
+
+    label: str
+    best: float  # the mean curve's best score
+    step: int | None
+    energy_j: float | None
+    time_s: float | None
+
+
+def common_level(frame: pd.DataFrame) -> float | None:
+    """The best score every configuration's mean curve reaches: the worst of their best mean scores (None for one
+    configuration, which has nothing to be compared with)."""
+    if frame["label"].nunique() < 2:
+        return None
+    higher = direction(str(frame["metric"].iloc[0])) == HIGHER
+    bests = [_best(mean_curve(group)["value"], higher) for _, group in frame.groupby("label", sort=True)]
+    return min(bests) if higher else max(bests)
+
+
+def _best(values: pd.Series, higher: bool) -> float:
+    return float(values.max() if higher else values.min())
+
+
+def costs_to_level(frame: pd.DataFrame, level: float) -> list[LevelCost]:
+    """Each configuration's cost to reach ``level``, read from its mean curve at the checks (no interpolation: the
+    first check at or past it)."""
+    higher = direction(str(frame["metric"].iloc[0])) == HIGHER
+    out = []
+    for label, group in frame.groupby("label", sort=True):
+        mean = mean_curve(group)
+        reached = mean[mean["value"] >= level] if higher else mean[mean["value"] <= level]
+        first = reached.iloc[0] if len(reached) else None
+        out.append(
+            LevelCost(
+                str(label),
+                _best(mean["value"], higher),
+                None if first is None else int(first["step"]),
+                None if first is None or pd.isna(first["train_energy_j"]) else float(first["train_energy_j"]),
+                None if first is None or pd.isna(first["train_time_s"]) else float(first["train_time_s"]),
+            )
+        )
+    return out
+
+
 @dataclass
 class CurvePlot:
     task: str
     backbone: str
     stem: Path
     configurations: int
+    metric: str = ""
+    split: str = "validation"
+    energy_kind: str = "unknown kind"
+    level: float | None = None  # common_level: the score every configuration's mean curve reaches
+    costs: tuple[LevelCost, ...] = ()  # each configuration's cost to reach it
 
     @property
     def path(self) -> Path:
@@ -199,5 +252,18 @@ def learning_curve_figures(records: Sequence[RunResult | Mapping[str, Any]], out
         zero_shot = levels.get((str(task), str(backbone), str(group["metric"].iloc[0])))
         fig = draw_curves(group, f"{task} / {backbone}: {_title(group)}", zero_shot)
         save_figure(fig, [stem.with_suffix(ext) for ext in (".png", ".svg")], dpi="figure")
-        plots.append(CurvePlot(str(task), str(backbone), stem, group["label"].nunique()))
+        level = common_level(group)
+        plots.append(
+            CurvePlot(
+                str(task),
+                str(backbone),
+                stem,
+                group["label"].nunique(),
+                str(group["metric"].iloc[0]),
+                "/".join(sorted(set(group["split"]))),
+                "/".join(sorted({str(k) for k in group["energy_kind"].dropna()})) or "unknown kind",
+                level,
+                tuple(costs_to_level(group, level)) if level is not None else (),
+            )
+        )
     return plots

@@ -452,7 +452,37 @@ def _curves(plots: Sequence[CurvePlot]) -> list[str]:
     ]
     for plot in plots:
         lines += [f"![learning curves, {plot.task} / {plot.backbone}]({plot.path.name})", ""]
+        lines += _level_table(plot)
     return lines
+
+
+def _level_table(plot: CurvePlot) -> list[str]:
+    """Each configuration's cost to the score every configuration's mean curve reaches, read from the curves."""
+    if plot.level is None or not plot.costs:
+        return []
+
+    def number(value: float | None, fmt: str) -> str:
+        return "-" if value is None else format(value, fmt)
+
+    headers = [
+        "configuration",
+        f"best {plot.metric} (mean curve)",
+        f"first step at {plot.level:.4g}",
+        f"training energy to it (J, {plot.energy_kind})",
+        "training time to it (s)",
+    ]
+    rows = [
+        [c.label, f"{c.best:.4f}", number(c.step, "d"), number(c.energy_j, ",.1f"), number(c.time_s, ",.2f")]
+        for c in plot.costs
+    ]
+    return [
+        f"To the {plot.metric} every configuration's mean curve reaches on the {plot.split} split "
+        f"({plot.level:.4g}): the first check at or past it, with the training spent by then (checks left out; "
+        "means over the seeds checked there).",
+        "",
+        render_markdown(headers, rows, [False, True, True, True, True]),
+        "",
+    ]
 
 
 def render_report(
