@@ -123,6 +123,7 @@ def test_a_search_runs_its_trials_as_runs_and_charges_them_to_the_final_runs(tmp
         assert record["training"]["lr_source"].startswith("searched on the validation split")
     err = capsys.readouterr().err
     assert "lr " in err and "chosen by 7 trial(s)" in err
+    assert "bitfit on tiny-bert / tweets, seed 0 (trial: lr 0.0001, 2 steps)" in err, "a trial says what it tries"
     written = write_report(load_records(out / "results.jsonl"), out)
     text = (out / "report.md").read_text()
     assert "## Learning-rate search" in text and "search share of energy" in text

@@ -220,7 +220,8 @@ def _progress(spec, position: int, total: int, started: float, finished: int, le
     ``finished`` runs of this call have a record, is ``left_s`` (:func:`expected_left_s`)."""
     method = get_method(spec.method)
     point = f" {method.pareto_knob}={spec.method_config.get(method.pareto_knob)}" if method.pareto_knob else ""
-    line = f"[{position}/{total}] {method.name}{point} on {spec.backbone} / {spec.task}, seed {spec.seed}"
+    trial = f" (trial: lr {spec.lr:g}, {spec.max_steps} steps)" if spec.train_only and spec.lr else ""
+    line = f"[{position}/{total}] {method.name}{point} on {spec.backbone} / {spec.task}, seed {spec.seed}{trial}"
     if finished and left_s is not None:
         line += f" (elapsed {_clock(time.monotonic() - started)}, about {_clock(left_s)} left)"
     return line
