@@ -220,7 +220,9 @@ def _progress(spec, position: int, total: int, started: float, finished: int, le
     ``finished`` runs of this call have a record, is ``left_s`` (:func:`expected_left_s`)."""
     method = get_method(spec.method)
     point = f" {method.pareto_knob}={spec.method_config.get(method.pareto_knob)}" if method.pareto_knob else ""
-    trial = f" (trial: lr {spec.lr:g}, {spec.max_steps} steps)" if spec.train_only and spec.lr else ""
+    trial = ""
+    if getattr(spec, "train_only", False) and spec.lr:  # a search's pilot: what it tries
+        trial = f" (trial: lr {spec.lr:g}, {spec.max_steps} steps)"
     line = f"[{position}/{total}] {method.name}{point} on {spec.backbone} / {spec.task}, seed {spec.seed}{trial}"
     if finished and left_s is not None:
         line += f" (elapsed {_clock(time.monotonic() - started)}, about {_clock(left_s)} left)"
