@@ -3,11 +3,12 @@ frontiers and plots.
 
 ```python
 from petlprof.api import load_results, run_sweep, summarise, frontier, plot_frontier
+from petlprof.results.figures import ENERGY, PEAK_MEMORY  # each figure's key, declared once
 
 sweep = run_sweep(methods=["read", "lora"], output="my-sweep", seeds=[0, 1])  # any run option by its config name
 runs = load_results("reports/tweets3-study/budget")     # one row per run (every status)
-configs = frontier(runs, x="energy_j", y="accuracy")   # one row per configuration, seeds merged, on_front
-fig = plot_frontier(runs, x="peak_memory_bytes")       # the report's plot, as a matplotlib Figure
+configs = frontier(runs, x=ENERGY.name, y="accuracy")  # one row per configuration, seeds merged, on_front
+fig = plot_frontier(runs, x=PEAK_MEMORY.name)          # the report's plot, as a matplotlib Figure
 records = load_records("my-sweep")                     # the runs as typed RunResult objects
 records[0].train[ENERGY], records[0].task_info.majority_rate, records[0].budget  # a phase keyed by its Figure
 ```

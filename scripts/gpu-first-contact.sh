@@ -50,12 +50,14 @@ try:
     records = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
 except OSError as error:
     sys.exit(f"no run records: {error}")
-fields = [
-    ("energy_j", "J"), ("energy_counter_j", "J"), ("energy_integrated_j", "J"), ("energy_integrated_vs_counter", "x"),
-    ("energy_sources_disagree", ""), ("power_field", ""), ("power_sample_rate_hz", "Hz"),
-    ("counter_update_period_s", "s"), ("power_update_period_s", "s"), ("energy_window_s", "s"), ("time_s", "s"),
-    ("energy_above_idle_j", "J"), ("idle_power_w", "W"), ("idle_power_source", ""), ("energy_low_confidence", ""),
-    ("peak_memory_bytes", "B"), ("peak_reserved_bytes", "B"), ("nvml_peak_process_memory_bytes", "B"),
+from petlprof.results.figures import FIGURES
+
+# every declared figure with its unit, then the meters' diagnostics that are not figures
+fields = [(f.name, f" {f.unit}") for f in FIGURES] + [
+    ("energy_integrated_vs_counter", " x"), ("energy_sources_disagree", ""), ("power_field", ""),
+    ("power_sample_rate_hz", " Hz"), ("counter_update_period_s", " s"), ("power_update_period_s", " s"),
+    ("idle_power_source", ""), ("energy_low_confidence", ""), ("nvml_peak_process_memory_bytes", " B"),
+    ("energy_kind", ""), ("energy_source", ""), ("memory_source", ""),
 ]
 for record in records:
     print(f"{record.get('method')} seed {record.get('seed')}: status {record.get('status')} {record.get('error') or ''}")
