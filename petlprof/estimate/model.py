@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from petlprof.estimate.attention import DEFAULT_ATTENTION, attn_implementation
@@ -33,6 +32,7 @@ from petlprof.models.backbones import (
     pretrained_config,
     set_depth,
     shared_tokenizer,
+    tokenizer_stand_in,
 )
 from petlprof.models.families import model_from_config
 from petlprof.models.shapes import config_from_file, shape_config, shape_names
@@ -63,7 +63,7 @@ def resolve_backbone(backbone: str, num_layers: int | None = None) -> ResolvedBa
     if backbone in shape_names():
         config = shape_config(backbone)
         resolved = ResolvedBackbone(
-            backbone, config, _stand_in(config), f"bundled shape {backbone} ({config.source_url})"
+            backbone, config, tokenizer_stand_in(config), f"bundled shape {backbone} ({config.source_url})"
         )
     elif backbone in BACKBONES:
         resolved = _preset(backbone)
@@ -77,7 +77,7 @@ def resolve_backbone(backbone: str, num_layers: int | None = None) -> ResolvedBa
             backbone, also=shape_names(), extra="Or give a config.json, a model folder or a hub id."
         )
     if resolved.tokenizer is None:
-        resolved.tokenizer = _stand_in(resolved.config)
+        resolved.tokenizer = tokenizer_stand_in(resolved.config)
     resolved.config_dtype = _asked_dtype(resolved.config)
     if num_layers is not None:
         _cut_depth(resolved, num_layers)
@@ -87,7 +87,7 @@ def resolve_backbone(backbone: str, num_layers: int | None = None) -> ResolvedBa
 def _preset(name: str) -> ResolvedBackbone:
     config = backbone_config(name)
     if name != "minilm" and not is_tiny_preset(name):  # smollm2: its config (the pad id) is all an estimate reads
-        return ResolvedBackbone(name, config, _stand_in(config), f"pretrained {name} config")
+        return ResolvedBackbone(name, config, tokenizer_stand_in(config), f"pretrained {name} config")
     tokenizer = shared_tokenizer(str(minilm_path()))
     source = "pretrained all-MiniLM-L6-v2 config" if name == "minilm" else f"{name} preset config"
     return ResolvedBackbone(name, config, tokenizer, source)
@@ -97,18 +97,6 @@ def _asked_dtype(config) -> str | None:
     """The dtype a config names (a downloaded ``config.json``'s ``torch_dtype: bfloat16``), as text; None if none."""
     dtype = getattr(config, "dtype", None)
     return None if dtype is None else str(dtype).removeprefix("torch.")
-
-
-def _stand_in(config) -> SimpleNamespace:
-    """What a task model reads from a tokenizer: the pad id (the config's, else its EOS, else 0), the EOS id
-    (a language model's) and a path for prompt tuning's text initialisation (all-MiniLM-L6-v2's tokenizer:
-    its ids fit every bundled vocabulary)."""
-    eos = getattr(config, "eos_token_id", None)
-    eos = eos[0] if isinstance(eos, list) else eos
-    pad = getattr(config, "pad_token_id", None)
-    pad = eos if pad is None else pad
-    pad = pad[0] if isinstance(pad, list) else pad
-    return SimpleNamespace(pad_token_id=0 if pad is None else pad, eos_token_id=eos, name_or_path=str(minilm_path()))
 
 
 def _cut_depth(resolved: ResolvedBackbone, num_layers: int) -> None:

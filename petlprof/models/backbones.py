@@ -33,6 +33,7 @@ import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from petlprof.errors import UsageError
@@ -579,3 +580,15 @@ def _tiny_config(name: str, vocab_size: int, tokenizer):
             eos_token_id=eos,
         )
     raise AssertionError(name)
+
+
+def tokenizer_stand_in(config) -> SimpleNamespace:
+    """What a task model reads from a tokenizer: the pad id (the config's, else its EOS, else 0), the EOS id
+    (a language model's) and a path for prompt tuning's text initialisation (all-MiniLM-L6-v2's tokenizer:
+    its ids fit every bundled vocabulary)."""
+    eos = getattr(config, "eos_token_id", None)
+    eos = eos[0] if isinstance(eos, list) else eos
+    pad = getattr(config, "pad_token_id", None)
+    pad = eos if pad is None else pad
+    pad = pad[0] if isinstance(pad, list) else pad
+    return SimpleNamespace(pad_token_id=0 if pad is None else pad, eos_token_id=eos, name_or_path=str(minilm_path()))

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from petlprof.errors import say
-from petlprof.models.gguf import GgufWeights, provenance
+from petlprof.models.gguf import GgufWeights, file_sha256, provenance
 
 CACHE_ENV = "PETLPROF_CACHE_DIR"
 FORMAT = 1  # of the converted folder (its files, its manifest); a change converts again
@@ -74,7 +74,7 @@ def valid(folder: Path, source_sha256: str, files: bool = True) -> bool:
         listed = manifest["files"]
         for name, facts in listed.items():
             path = folder / name
-            if path.stat().st_size != facts["size"] or (files and _sha256(path) != facts["sha256"]):
+            if path.stat().st_size != facts["size"] or (files and file_sha256(path) != facts["sha256"]):
                 return False
         return bool(listed)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
@@ -117,7 +117,7 @@ def _replace(tmp: Path, folder: Path, source_sha256: str) -> None:
 
 def _facts(path: Path) -> dict[str, Any]:
     _fsync(path)
-    return {"size": path.stat().st_size, "sha256": _sha256(path)}
+    return {"size": path.stat().st_size, "sha256": file_sha256(path)}
 
 
 def _write_synced(path: Path, value: dict[str, Any]) -> None:
@@ -132,14 +132,6 @@ def _fsync(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 22), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def say_once(why: str) -> None:

@@ -91,7 +91,7 @@ def provenance(weights: GgufWeights) -> GgufProvenance:
 
 @functools.cache
 def _provenance(path: Path, distribution: str | None) -> GgufProvenance:
-    sha256 = _sha256(path)
+    sha256 = file_sha256(path)
     tensor_types = KNOWN_TENSOR_TYPES.get(sha256) or _tensor_types(path)
     quantised = sorted(name for name in tensor_types if name not in ("F32", "F16", "BF16"))
     facts: GgufProvenance = {
@@ -118,7 +118,8 @@ def _tensor_types(path: Path) -> dict[str, int]:
     return dict(sorted(Counter(tensor.tensor_type.name for tensor in GGUFReader(path).tensors).items()))
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """A file's SHA-256, read in 4 MiB chunks."""
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 22), b""):

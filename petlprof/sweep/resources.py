@@ -17,7 +17,6 @@ import itertools
 import json
 import math
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Any
 
 from petlprof.errors import UsageError
@@ -26,9 +25,9 @@ from petlprof.models.backbones import (
     Backbone,
     available_memory_bytes,
     backbone_config,
-    minilm_path,
     prepare_backbone_model,
     set_depth,
+    tokenizer_stand_in,
 )
 from petlprof.models.families import family_of, model_from_config
 from petlprof.models.quantization import NONE, Quantization, kept_in_float
@@ -199,7 +198,7 @@ def count_memory(
     config = copy.deepcopy(backbone_config(backbone))
     set_depth(config, num_layers)
     spec = get_method(method)
-    tokenizer = _tokenizer(config)
+    tokenizer = tokenizer_stand_in(config)
     with torch.device("meta"):
         model = model_from_config(config, objective == LM, backbone)
         prepare_backbone_model(model, tokenizer.pad_token_id)
@@ -212,17 +211,6 @@ def count_memory(
         sum(p.numel() for p in params),
         sum(p.numel() for p in params if p.requires_grad),
     )
-
-
-def _tokenizer(config) -> SimpleNamespace:
-    """What a task model reads from a tokenizer: the pad and EOS ids (the config's) and a path for prompt tuning's
-    text initialisation (all-MiniLM-L6-v2's, whose ids fit every bundled vocabulary), as ``petlprof estimate`` has."""
-    eos = getattr(config, "eos_token_id", None)
-    eos = eos[0] if isinstance(eos, list) else eos
-    pad = getattr(config, "pad_token_id", None)
-    pad = eos if pad is None else pad
-    pad = pad[0] if isinstance(pad, list) else pad
-    return SimpleNamespace(pad_token_id=0 if pad is None else pad, eos_token_id=eos, name_or_path=str(minilm_path()))
 
 
 def _packing_saves(model, quantization: Quantization) -> int:
