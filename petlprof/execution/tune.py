@@ -103,7 +103,7 @@ def search(
             f"petlprof: {found.spec.method} on {found.spec.backbone} / {found.spec.task}: lr {summary['chosen']:g} "
             f"chosen by {summary['trials']} trial(s) (validation {found.metric} {_score(summary['validation_score'])}"
             f"; search {_joules(summary[ENERGY.name], summary[ENERGY_KIND])}, {summary[TIME.name]:.1f} s of "
-            "training)"
+            "training, measured)"
         )
     return list({s.run_key: s for s in final}.values()), tuning
 

@@ -191,7 +191,7 @@ def _title(frame: pd.DataFrame) -> str:
 AXES = (
     ("step", "optimiser steps"),
     ("train_energy_j", "training energy (J, checks left out)"),
-    ("train_time_s", "training time (s, checks left out)"),
+    ("train_time_s", "training time (s, measured, checks left out)"),
 )
 
 

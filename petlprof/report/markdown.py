@@ -469,7 +469,7 @@ def _level_table(plot: CurvePlot) -> list[str]:
         f"best {plot.metric} (mean curve)",
         f"first step at {plot.level:.4g}",
         f"training energy to it (J, {plot.energy_kind})",
-        "training time to it (s)",
+        "training time to it (s, measured)",
     ]
     rows = [
         [c.label, f"{c.best:.4f}", number(c.step, "d"), number(c.energy_j, ",.1f"), number(c.time_s, ",.2f")]

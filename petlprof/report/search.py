@@ -62,7 +62,7 @@ def search_section(records: Sequence[RunResult]) -> list[str]:
         "validation score",
         "trials",
         "search energy (J)",
-        "search train time (s)",
+        "search train time (s, measured)",
         "seeds",
         "search share of energy",
     ]

@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from petlprof.results.figures import ENERGY, ENERGY_KIND, HIGHER, TIME
+from petlprof.results.result import RunResult
 from petlprof.sweep.spec import RunSpec
 from petlprof.tasks.metrics import direction
 from petlprof.vocabulary import LR
@@ -84,12 +85,11 @@ def trial_spec(spec: RunSpec, lr: float, steps: int, seed: int) -> RunSpec:
 
 def trial_score(record: Mapping[str, Any]) -> float | None:
     """A finished trial's validation score: its last check's (None for a run that failed, diverged or never
-    checked, which the choice ranks last)."""
-    if record.get("status") != "ok":
+    checked, which the choice ranks last), read through the typed record."""
+    result = RunResult.of(record)
+    if not result.ok or result.budget is None or not result.budget.checks:
         return None
-    checks = ((record.get("train") or {}).get("budget") or {}).get("checks") or []
-    value = checks[-1].get("value") if checks else None
-    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+    return result.budget.checks[-1].value
 
 
 def ranked(scores: Mapping[float, float | None], metric: str, default: float) -> list[float]:
@@ -148,37 +148,27 @@ class Search:
             self.chosen = choose(self.scores[-1], self.metric, self.default)
 
     def summary(self) -> dict[str, Any]:
-        """What the final runs' records carry as ``tuning``: the search's trials, its energy and time (the trials'
-        train phases, their checks included; and their processes' wall time), the space, the strategy, the chosen
-        value and the validation score that chose it."""
-        energies = [_train(r).get(ENERGY.name) for r in self.records]
-        known = [float(e) for e in energies if isinstance(e, (int, float))]
+        """What the final runs' records carry as ``tuning``: the search's trials, its energy (with how it was
+        obtained) and time, both the trials' train phases' with their checks, and their processes' wall time
+        (measured), the space, the strategy, the chosen value and the validation score that chose it."""
+        results = [RunResult.of(r) for r in self.records]
+        trains = [r.train for r in results]
+        energies = [None if t is None else t[ENERGY] for t in trains]
+        known = [float(e) for e in energies if e is not None]
         last = self.scores[-1] if self.scores else {}
         return {
             "target": LR,
             "strategy": STRATEGY,
             "space": list(self.space),
             "rungs": [{"steps": steps, "trials": n} for steps, n in self.rungs],
-            "trials": len(self.records),
-            "failed_trials": sum(1 for r in self.records if r.get("status") != "ok"),
+            "trials": len(results),
+            "failed_trials": sum(1 for r in results if not r.ok),
             ENERGY.name: sum(known) if len(known) == len(energies) else None,
-            ENERGY_KIND: _kinds(self.records),
-            TIME.name: sum(float(_train(r).get(TIME.name) or 0.0) for r in self.records),
-            "wall_time_s": sum(
-                float(r.get("process_wall_time_s") or r.get("wall_time_s") or 0.0) for r in self.records
-            ),
+            ENERGY_KIND: "/".join(sorted({k for t in trains if t is not None and (k := t.text(ENERGY_KIND))})) or None,
+            TIME.name: sum(float(t[TIME] or 0.0) for t in trains if t is not None),
+            "wall_time_s": sum(float(r.process_wall_time_s or r.data.get("wall_time_s") or 0.0) for r in results),
             "chosen": self.chosen,
             "metric": self.metric,
             "validation_score": last.get(self.chosen) if self.chosen is not None else None,
-            "trial_keys": [str(r.get("run_key")) for r in self.records],
+            "trial_keys": [str(r.run_key) for r in results],
         }
-
-
-def _train(record: Mapping[str, Any]) -> Mapping[str, Any]:
-    train = record.get("train")
-    return train if isinstance(train, Mapping) else {}
-
-
-def _kinds(records: Sequence[Mapping[str, Any]]) -> str | None:
-    kinds = sorted({str(k) for r in records if (k := _train(r).get(ENERGY_KIND))})
-    return "/".join(kinds) or None
