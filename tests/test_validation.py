@@ -101,9 +101,22 @@ RUN = ["run", "--methods", "bitfit", "--backbone", "tiny-bert", "--batch-size", 
         (["--val-size", "many"], "--val-size must be"),
         (["--eval-every", "1", "--val-size", "48"], "--val-size 48 leaves no training data"),
         (["--eval-every", "inf"], "--eval-every must be"),
+        (["--eval-every", "40", "--val-size", "8"], "--eval-every 40: a run on task"),
+        (["--eval-every", "2"], "is the default where runs check a validation split; give a smaller --val-size"),
         (["--target-eval-size", "4"], "--target-eval-size acts only with --target-value or --eval-every"),
     ],
-    ids=["nan", "10**30", "zero", "a fraction", "a word", "the whole pool", "inf checks", "a slice without checks"],
+    ids=[
+        "nan",
+        "10**30",
+        "zero",
+        "a fraction",
+        "a word",
+        "the whole pool",
+        "inf checks",
+        "no check inside a run",
+        "the default split is larger than the pool",
+        "a slice without checks",
+    ],
 )
 def test_bad_validation_input_is_one_line_exit_2_nothing_written(tmp_path, capsys, args, message):
     out = tmp_path / "out"

@@ -38,7 +38,7 @@ from petlprof.registry import (
 )
 from petlprof.sweep.lengths import PeakEstimate, check_lm_lengths
 from petlprof.sweep.options import OPTIONS, RunOptions, default_of, kind_of, resolved_eval_every, resolved_val_size
-from petlprof.sweep.resources import check_resources
+from petlprof.sweep.resources import check_resources, optimiser_steps
 from petlprof.sweep.spec import UNTRAINED_DEFAULTS, RunSpec, spec_default, spec_fields
 from petlprof.tasks.labelled import generative_possible, load_task
 from petlprof.tasks.metrics import check_target
@@ -455,6 +455,7 @@ def preflight(options: RunOptions, meters_here: bool = True, peak: PeakEstimate 
         notes += [f"task '{name}': {warning}" for warning in task.warnings]
         if options.target_value is not None:
             check_target(task, name, options.target_metric or task.primary_metric, options.target_value)
+        _check_eval_every(options, name, task)
         for split, asked, option in (
             (task.train, options.train_size, "--train-size"),
             (task.eval, options.eval_size, "--eval-size"),
@@ -467,6 +468,23 @@ def preflight(options: RunOptions, meters_here: bool = True, peak: PeakEstimate 
     points = {method: grid_points(options, method) for method in options.methods}  # each one's grid points
     notes += check_resources(options, {name: sweep_task(options, name) for name in options.task}, points, meters_here)
     return notes
+
+
+def _check_eval_every(options: RunOptions, name: str, task) -> None:
+    """A check every ``--eval-every`` steps must fall inside a run: past the warm-up, by its last optimiser step
+    (a search's trials set their own, one check at their end)."""
+    every = options.eval_every
+    if every is None:
+        return
+    steps = optimiser_steps(len(task.train), options.batch_size, options.epochs, options.max_steps)
+    warmup = min(options.warmup_steps, max(steps - 1, 0))
+    first = (warmup // every + 1) * every  # the first multiple of it past the warm-up
+    if first > steps:
+        raise UsageError(
+            f"--eval-every {every}: a run on task '{name}' makes {steps} optimiser step(s), {warmup} of them warm-up, "
+            f"so no validation check would run; give an --eval-every of at most {steps}"
+            + (f" that has a multiple past step {warmup}" if warmup else "")
+        )
 
 
 def _check_lm_options(options: RunOptions, task: str) -> None:
@@ -483,6 +501,18 @@ def _check_lm_options(options: RunOptions, task: str) -> None:
 def sweep_task(options: RunOptions, name: str):
     """Task ``name`` as the sweep's runs load it (loaded once per process: the preflight and
     :func:`expand`, which adds the zero-shot row of a language-modelling task, both read it)."""
+    try:
+        return _cached_task(options, name)
+    except UsageError as error:
+        if options.val_size is None and str(error).startswith("--val-size "):  # the default, which nobody typed
+            raise UsageError(
+                f"{error} (--val-size {resolved_val_size(options)} is the default where runs check a validation "
+                "split; give a smaller --val-size)"
+            ) from None
+        raise
+
+
+def _cached_task(options: RunOptions, name: str):
     return _sweep_task(
         name,
         options.train_size,
