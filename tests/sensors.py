@@ -94,6 +94,11 @@ class FakeGpu:
         counter: bool = True,
         instant: bool = True,
         processes: tuple[tuple[int, int], ...] = (),
+        temperature=None,
+        sm_clock=None,
+        power_limit_w: float = 700.0,
+        power_limit_range_w: tuple[float, float] = (200.0, 700.0),
+        may_set_power_limit: bool = True,
         clock: Clock,
     ):
         self.uuid, self.load, self.clock = uuid, load, clock
@@ -102,6 +107,11 @@ class FakeGpu:
         self.instant_fails_every, self.noise_w = instant_fails_every, noise_w
         self.field_offset_w, self.counter, self.instant = field_offset_w, counter, instant
         self.processes = processes
+        self.temperature = temperature or (lambda t: 45.0)  # °C as a function of time
+        self.sm_clock = sm_clock or (lambda t: 1980.0)  # MHz as a function of time
+        self.power_limit_mw, self.default_limit_mw = int(power_limit_w * 1000), int(power_limit_w * 1000)
+        self.power_limit_range_mw = tuple(int(w * 1000) for w in power_limit_range_w)
+        self.may_set_power_limit = may_set_power_limit
         self._origin = clock.now
         self._cache = (clock.now, 0.0)  # (t, energy from the origin to t)
 
@@ -153,6 +163,7 @@ class FakeNvml:
     def __init__(self, gpus: list[FakeGpu]):
         self.gpus = gpus
         self.sessions = 0
+        self.calls: list[tuple] = []  # the calls that change a GPU's settings, in order
 
     def nvmlInit(self):
         self.sessions += 1
@@ -189,8 +200,55 @@ class FakeNvml:
     def nvmlDeviceGetPowerUsage(self, gpu):
         return gpu.average_mw()
 
+    NVML_TEMPERATURE_GPU = pynvml.NVML_TEMPERATURE_GPU
+    NVML_CLOCK_SM = pynvml.NVML_CLOCK_SM
+
+    def nvmlDeviceGetTemperature(self, gpu, sensor):
+        return int(gpu.temperature(gpu.clock.now))
+
+    def nvmlDeviceGetClockInfo(self, gpu, clock):
+        return int(gpu.sm_clock(gpu.clock.now))
+
+    def nvmlDeviceGetPowerManagementLimit(self, gpu):
+        return gpu.power_limit_mw
+
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, gpu):
+        return gpu.default_limit_mw
+
+    def nvmlDeviceGetPowerManagementLimitConstraints(self, gpu):
+        return list(gpu.power_limit_range_mw)
+
+    def nvmlDeviceSetPowerManagementLimit(self, gpu, limit_mw):
+        self.calls.append(("set_power_limit", gpu.uuid, int(limit_mw)))
+        if not gpu.may_set_power_limit:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NO_PERMISSION)
+        low, high = gpu.power_limit_range_mw
+        if not low <= limit_mw <= high:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        gpu.power_limit_mw = int(limit_mw)
+
     def nvmlDeviceGetComputeRunningProcesses(self, gpu):
         return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in gpu.processes]
+
+
+def fake_world(monkeypatch):
+    """``make(gpu_kwargs, ...)`` -> (clock, gpus): fake GPUs installed as ``pynvml`` on a simulated clock, CUDA
+    device N = GPU N (the body of the tests' ``world`` fixture)."""
+    # petlprof's NVML access: replaced where it asks torch for a device's UUID
+    import sys
+
+    import petlprof.meters.devices.nvml as nvml_dev
+
+    clock = Clock().install(monkeypatch)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+    def make(*specs: dict):
+        gpus = [FakeGpu(f"GPU-{i:04d}-aaaa", clock=clock, **spec) for i, spec in enumerate(specs)]
+        monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(gpus))
+        monkeypatch.setattr(nvml_dev, "cuda_uuid", lambda device: gpus[int(device.partition(":")[2] or 0)].uuid)
+        return clock, gpus
+
+    return make
 
 
 class SampledTimeline:

@@ -167,6 +167,15 @@ AGGREGATION_CASES = [
         {"energy_integrated_vs_counter": 1.2, "energy_sources_disagree": True},
     ),
     (
+        "the energy grade of the total is its worst rank's, with every rank's reasons once",
+        [
+            rank(0, energy_grade="A", energy_grade_reasons=[], energy_above_idle_grade="B"),
+            rank(1, energy_grade="C", energy_grade_reasons=["C: few updates"], energy_above_idle_grade="C"),
+            rank(2, energy_grade="B", energy_grade_reasons=["C: few updates", "B: warm"], energy_above_idle_grade=None),
+        ],
+        {"energy_grade": "C", "energy_grade_reasons": ["C: few updates", "B: warm"], "energy_above_idle_grade": "C"},
+    ),
+    (
         "a field that differs between ranks is left to the per-rank dicts",
         [rank(0, rss_baseline_bytes=1), rank(1, rss_baseline_bytes=2)],
         {"rss_baseline_bytes": "absent"},

@@ -827,6 +827,10 @@ def test_a_window_merges_typed_readings_and_keeps_each_meters_warnings_in_order(
         "peak_memory_bytes": None,
         "memory_kind": None,
         "memory_source": None,
+        # a window with an energy figure is graded (petlprof.results.grades): a source petlprof does not know
+        "energy_grade": "B",
+        "energy_grade_reasons": ["B: source 'fake': petlprof does not know how often it updates"],
+        "energy_above_idle_grade": None,
     }
     assert window.reading.value(ENERGY) == 2.0 and window.reading.provenance[ENERGY].source == "fake"
     assert phase_warnings(window.reading) == ["broken failed: OSError: no; its figures are missing", "e said"]

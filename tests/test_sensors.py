@@ -3,13 +3,11 @@ and flags are checked against the true energy of a scripted load, on a simulated
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
-from sensors import Clock, FakeGpu, FakeNvml, SampledTimeline, bursts, steady, step
+from sensors import SampledTimeline, bursts, fake_world, steady, step
 
-import petlprof.meters.devices.nvml as nvml_dev
 from petlprof.meters import ENERGY_METERS, EXTRA_METERS, MEMORY_METERS
 from petlprof.meters.carbon import CodecarbonMeter
 from petlprof.meters.contention import ContentionMeter
@@ -24,16 +22,7 @@ from petlprof.meters.tensors import CpuTensorMeter
 @pytest.fixture
 def world(monkeypatch):
     """``world(gpu_kwargs, ...)`` -> (clock, gpus): fake GPUs as pynvml, CUDA device N = GPU N."""
-    clock = Clock().install(monkeypatch)
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-
-    def make(*specs: dict):
-        gpus = [FakeGpu(f"GPU-{i:04d}-aaaa", clock=clock, **spec) for i, spec in enumerate(specs)]
-        monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(gpus))
-        monkeypatch.setattr(nvml_dev, "cuda_uuid", lambda device: gpus[int(device.partition(":")[2] or 0)].uuid)
-        return clock, gpus
-
-    return make
+    return fake_world(monkeypatch)
 
 
 def metered(clock, meter, seconds: float) -> dict:

@@ -14,7 +14,8 @@ import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
-from petlprof.results.figures import FIGURES, Figure, provenance_keys
+from petlprof.results.figures import ENERGY, FIGURES, Figure, provenance_keys
+from petlprof.results.grades import graded
 
 METER_ERRORS = "meter_errors"  # the warnings group of the meters that failed (each line names its meter)
 _OWN_WARNINGS = ""  # a meter's warnings before its window files them under the meter's name
@@ -290,7 +291,8 @@ class Window:
     end the device is synchronised once more before any meter stops, so queued GPU work lands in
     the window it belongs to.  ``time_s`` is the window's own device-synchronised wall time, from the
     last meter's start to the first meter's stop: the work only, never a meter's start-up or
-    shut-down (CodeCarbon's take a second or more).
+    shut-down (CodeCarbon's take a second or more).  A window with an energy figure also carries its grade
+    (:mod:`petlprof.results.grades`).
     """
 
     def __init__(self, meters: list[Meter], device: str = "cpu"):
@@ -328,3 +330,5 @@ class Window:
                 raise
             except Exception as error:  # a meter failing mid-run invalidates its figures, not the run
                 self._record_failure(meter, error)
+        if ENERGY in self.reading.figures:  # how far to trust it, from what the meters just said
+            self.reading.extras.update(graded(self.reading.record()))

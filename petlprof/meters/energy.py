@@ -39,6 +39,7 @@ from petlprof.results.figures import (
     IDLE_POWER,
     MEAN_POWER,
 )
+from petlprof.results.grades import CLOCK_KEYS, IDLE_AGE_KEY, IDLE_SPREAD_KEY, TEMPERATURE_KEYS
 from petlprof.vocabulary import MEASURED
 
 if TYPE_CHECKING:
@@ -54,7 +55,9 @@ RAPL_MIN_POLL_S = 1.0
 RAPL_MAX_POLL_S = 60.0
 # the keys beside the figures that every energy reading carries (provenance), and those of energy above idle
 PROVENANCE_KEYS = ("energy_meter", "energy_samples", "energy_sample_rate_hz", "energy_low_confidence")
-IDLE_KEYS = ("idle_power_source", "energy_above_idle_low_confidence")
+IDLE_KEYS = ("idle_power_source", "energy_above_idle_low_confidence", IDLE_AGE_KEY, IDLE_SPREAD_KEY)
+# the GPU's state at a window's edges (start, end), which its energy grade reads (petlprof.results.grades)
+EDGE_KEYS = (*TEMPERATURE_KEYS, *CLOCK_KEYS)
 
 
 class Agreement(TypedDict):
@@ -90,12 +93,20 @@ def provenance(
 
 
 def above_idle(
-    energy_j: float | None, idle_w: float | None, window_s: float, source: str, warnings: list[str]
+    energy_j: float | None,
+    idle_w: float | None,
+    window_s: float,
+    source: str,
+    warnings: list[str],
+    idle: IdleBaseline | None = None,
 ) -> Reading:
     """``energy_above_idle_j`` from a window's energy and an idle power read from the same ``source``;
-    a negative result (the window drew less than idle) is flagged and explained in ``warnings``."""
+    a negative result (the window drew less than idle) is flagged and explained in ``warnings``.  ``idle``:
+    the baseline it came from, whose age and spread the figure's grade reads."""
     if energy_j is None or idle_w is None:
         return Reading()
+    measured_at, spread = (idle.get("measured_at"), idle.get("spread")) if idle else (None, None)
+    age_s = time.time() - measured_at if isinstance(measured_at, (int, float)) else None
     above = energy_j - idle_w * window_s
     if above < 0:
         warnings.append(
@@ -103,7 +114,9 @@ def above_idle(
             f"the idle power {idle_w:.1f} W): the idle baseline does not hold for this window (load during the "
             "baseline, a power-state change, or sensor error)"
         )
-    return Reading({ENERGY_ABOVE_IDLE: above, IDLE_POWER: idle_w}, extras=dict(zip(IDLE_KEYS, (source, above < 0))))
+    return Reading(
+        {ENERGY_ABOVE_IDLE: above, IDLE_POWER: idle_w}, extras=dict(zip(IDLE_KEYS, (source, above < 0, age_s, spread)))
+    )
 
 
 def cross_check(
@@ -155,6 +168,8 @@ class NvmlEnergyMeter(Meter):
         *AGREEMENT_KEYS,
         *PROVENANCE_KEYS,
         *IDLE_KEYS,
+        *EDGE_KEYS,
+        "energy_counter_went_back",
     )
 
     def __init__(self, device: str = "cuda", timeline=None, idle: IdleBaseline | None = None):
@@ -163,6 +178,7 @@ class NvmlEnergyMeter(Meter):
         self.uuid = nvml_dev.cuda_uuid(device)
         self.handles = [nvml_dev.handle(self._nvml, self.uuid)]
         self.timeline = timeline
+        self.idle = idle
         self.idle_w = (idle.get("nvml_w") or {}).get(self.uuid) if idle else None
         # version-1 baselines: sampled
         self.idle_source = idle.get("nvml_source", "nvml-power-integrated") if idle else "nvml-power-integrated"
@@ -170,27 +186,38 @@ class NvmlEnergyMeter(Meter):
         if not self.has_counter and timeline is None:
             raise RuntimeError(f"GPU {self.uuid} has no energy counter and no power timeline was started")
         self._start: list[int] = []
+        self._edge: tuple[int | None, int | None] = (None, None)
 
     @classmethod
     def available(cls) -> tuple[bool, str]:
         return nvml_dev.availability()
 
+    def _edge_state(self) -> tuple[int | None, int | None]:
+        """(temperature °C, SM clock MHz) of the GPU now: whether the window ran on a settled device."""
+        gpu = self.handles[0]
+        return nvml_dev.temperature_c(self._nvml, gpu), nvml_dev.sm_clock_mhz(self._nvml, gpu)
+
     def _read(self) -> list[int]:
         return nvml_dev.energy_mj(self._nvml, self.handles)
 
     def _begin(self) -> None:
+        self._edge = self._edge_state()
         self._start = self._read() if self.has_counter else []
 
     def _end(self) -> Reading:
         t1 = time.perf_counter()
         warnings: list[str] = []
         counter_j = None
+        went_back = False
         if self.has_counter:
             # the counter only resets with the driver; a smaller value means it was reset mid-window
             end = self._read()
             counter_j = sum(e - s if e >= s else e for s, e in zip(self._start, end)) / 1000.0
-            if any(e < s for s, e in zip(self._start, end)):
+            went_back = any(e < s for s, e in zip(self._start, end))
+            if went_back:
                 warnings.append("the energy counter went back (driver reloaded?): counted from zero")
+        (temperature_0, clock_0), (temperature_1, clock_1) = self._edge, self._edge_state()
+        edges = dict(zip(EDGE_KEYS, (temperature_0, temperature_1, clock_0, clock_1)))
         timeline = self._timeline_window(self.started_at(), t1, warnings)
         integrated_j = None if timeline is None else timeline.integrated_energy_j
         period = None if timeline is None else timeline.update_period_s
@@ -226,6 +253,8 @@ class NvmlEnergyMeter(Meter):
                 **{key: getattr(timeline, field_there, None) for key, field_there in self.TIMELINE_KEYS},
                 "power_field_averaged": None if field is None else field != "instant",
                 **agreement,
+                **edges,
+                "energy_counter_went_back": went_back,
             },
         )
         return reading.merge(provenance(self, source, MEASURED, samples, warnings, rate)).merge(idle)
@@ -238,7 +267,7 @@ class NvmlEnergyMeter(Meter):
         if energy is None:
             warnings.append(f"no energy above idle: the idle power is from {self.idle_source}, not read in this window")
             return Reading()
-        return above_idle(energy, self.idle_w, self.closed_window_s(), self.idle_source, warnings)
+        return above_idle(energy, self.idle_w, self.closed_window_s(), self.idle_source, warnings, self.idle)
 
     def _timeline_window(self, t0: float, t1: float, warnings: list[str]) -> TimelineWindow | None:
         """The power timeline's window [t0, t1] (None without a timeline, or when it failed: ``warnings`` say why)."""
@@ -287,6 +316,7 @@ class RaplEnergyMeter(Meter):
     ):
         super().__init__(device)
         self.domains = rapl.domains(root)
+        self.idle = idle
         self.idle_w = idle.get("rapl_w") if idle else None
         self.tracker = rapl.WrapTracker(self.domains)
         if poll_s is None:
@@ -333,7 +363,7 @@ class RaplEnergyMeter(Meter):
                 f"({wrap_s:.0f} s at up to {RAPL_MAX_WATTS:g} W): whole wraps may be lost, so "
                 f"{energy:.0f} J is a lower bound and the reading is low-confidence"
             )
-        idle = above_idle(energy, self.idle_w, self.closed_window_s(), "rapl", warnings)
+        idle = above_idle(energy, self.idle_w, self.closed_window_s(), "rapl", warnings, self.idle)
         reading = Reading({ENERGY: energy}, extras={"energy_domains": rapl.names(self.domains)})
         reading.merge(provenance(self, "rapl", MEASURED, self.tracker.readings, warnings)).merge(idle)
         reading.extras["energy_low_confidence"] = reading.extras["energy_low_confidence"] or missed

@@ -39,6 +39,8 @@ class IdleBaseline(_IdleMeasured, total=False):
     nvml_w: dict[str, float]  # GPU UUID -> idle W
     nvml_source: str  # what the GPUs' idle power was read from: the energy counter, else the power timeline
     rapl_w: float  # CPU package + DRAM
+    measured_at: float  # Unix time at the end of the measurement: a window's grade reads the baseline's age
+    spread: float  # the largest relative difference between the two halves of the idle window, over the devices
 
 
 def sweep_idle() -> IdleBaseline | None:
@@ -58,16 +60,26 @@ def measure_idle(device: str, seconds: float = IDLE_S) -> IdleBaseline:
     if device.startswith("cuda"):
         ok, why = nvml_dev.availability()
         if ok:
-            idle["nvml_w"], idle["nvml_source"] = _gpu_idle_w(seconds)
+            halves, idle["nvml_source"] = _gpu_idle_halves_w(seconds)
+            idle["nvml_w"] = {uuid: (a + b) / 2 for uuid, (a, b) in halves.items()}
+            idle["spread"] = max((spread(a, b) for a, b in halves.values()), default=0.0)
         else:
             idle["notes"].append(f"no GPU idle power: {why}")
     else:
         ok, why = rapl.availability()
         if ok:
-            idle["rapl_w"] = rapl_power_w(seconds)
+            first, second = rapl_power_w(seconds / 2), rapl_power_w(seconds / 2)
+            idle["rapl_w"], idle["spread"] = (first + second) / 2, spread(first, second)
         else:
             idle["notes"].append(f"no CPU idle power: {why}")
+    idle["measured_at"] = time.time()
     return idle
+
+
+def spread(first_w: float, second_w: float) -> float:
+    """How far the two halves of an idle window differ, relative to their mean (0 for two zeros)."""
+    mean = (first_w + second_w) / 2
+    return abs(first_w - second_w) / mean if mean > 0 else 0.0
 
 
 def rapl_power_w(seconds: float, root=None) -> float:
@@ -82,27 +94,33 @@ def rapl_power_w(seconds: float, root=None) -> float:
     return sum(rapl.delta_uj(s, e, r) for s, e, r in zip(start, end, ranges)) / 1e6 / elapsed
 
 
-def _gpu_idle_w(seconds: float) -> tuple[dict[str, float], str]:
-    """(UUID -> idle W, the source): from the energy counters where every GPU has one (the source the
-    energy meter's ``energy_j`` comes from), else from the power timeline."""
+def _gpu_idle_halves_w(seconds: float) -> tuple[dict[str, tuple[float, float]], str]:
+    """(UUID -> idle W over each half of the window, the source): from the energy counters where every GPU has
+    one (the source the energy meter's ``energy_j`` comes from), else from the power timeline."""
     with nvml_dev.session() as nvml:
         handles = nvml_dev.visible_handles(nvml)
         uuids = [nvml_dev.uuid_of(nvml, h) for h in handles]
         if nvml_dev.has_counter(nvml, handles):
-            t0, start = _counter_edge(nvml, handles)
-            time.sleep(seconds)
-            t1, end = _counter_edge(nvml, handles)
-            return {u: (e - s) / 1000.0 / (t1 - t0) for u, s, e in zip(uuids, start, end)}, "nvml-energy-counter"
+            edges = [_counter_edge(nvml, handles)]
+            for _ in range(2):
+                time.sleep(seconds / 2)
+                edges.append(_counter_edge(nvml, handles))
+            (t0, e0), (t1, e1), (t2, e2) = edges
+            return {
+                u: ((b - a) / 1000.0 / (t1 - t0), (c - b) / 1000.0 / (t2 - t1)) for u, a, b, c in zip(uuids, e0, e1, e2)
+            }, "nvml-energy-counter"
     timeline = PowerTimeline(NvmlPowerSource(uuids, os.getpid())).start()
     try:
         t0 = time.perf_counter()
         time.sleep(seconds)
-        per_gpu = timeline.window(t0, time.perf_counter()).mean_power_per_gpu_w
+        t2 = time.perf_counter()
+        t1 = (t0 + t2) / 2
+        first, second = (timeline.window(a, b).mean_power_per_gpu_w for a, b in ((t0, t1), (t1, t2)))
     finally:
         timeline.stop()
-    if per_gpu is None:
+    if first is None or second is None:
         raise RuntimeError("the power timeline took no sample in the idle window")
-    return dict(zip(uuids, per_gpu)), "nvml-power-integrated"
+    return {u: (a, b) for u, a, b in zip(uuids, first, second)}, "nvml-power-integrated"
 
 
 def _counter_edge(nvml, handles) -> tuple[float, list[int]]:

@@ -31,6 +31,7 @@ from petlprof.report.records import (
     config_key,
     config_label,
     is_random_init,
+    is_zero_shot,
     text,
 )
 from petlprof.results.figures import (
@@ -58,6 +59,7 @@ from petlprof.results.figures import (
     Figure,
     frame_columns,
 )
+from petlprof.results.grades import GRADE_KEY, worst
 from petlprof.results.result import TARGET_FIGURES, JSONValue, RunResult, mapping, results_of
 from petlprof.tasks.metrics import METRIC_DIRECTIONS, direction
 from petlprof.vocabulary import ESTIMATED, LOCAL, ZERO_SHOT
@@ -154,6 +156,8 @@ def _row(record: RunResult) -> Row:
         prefix = "" if phase_name == "train" else f"{phase_name}_"
         for column in PHASE_TEXT:
             row[prefix + column] = None if phase is None else phase.raw(column)
+        grade = None if phase is None or (phase_name == "train" and is_zero_shot(record)) else phase.energy_grade
+        row[prefix + GRADE_KEY] = None if grade is None else grade.letter  # the zero-shot row trained: exactly 0 J
     return row
 
 
@@ -278,6 +282,8 @@ def summarise(runs: pd.DataFrame, ok_only: bool = True) -> pd.DataFrame:
             row[column] = float(values.sum() / len(values)) if len(values) else math.nan  # as pandas' mean
             row[f"{column}_ci95"] = ci_half_width(values.tolist())
             row[f"{column}_se"] = standard_error(values.tolist())
+        for column in (GRADE_KEY, f"eval_{GRADE_KEY}"):  # a configuration is as trustworthy as its worst seed
+            row[column] = worst(group[column]) if column in group else None
         for column in ("energy_kind", "eval_energy_kind", "generation_energy_kind"):
             kinds = set(group[column].dropna()) if column in group else set()
             row[column] = ESTIMATED if ESTIMATED in kinds else (kinds.pop() if len(kinds) == 1 else None)

@@ -29,6 +29,7 @@ from petlprof.report.records import (
     grouped_run_warnings,
     is_ok,
     is_zero_shot,
+    method_name,
     overhead_line,
     result_warnings,
     run_label,
@@ -52,8 +53,9 @@ from petlprof.report.table import (
 from petlprof.report.target import NOT_RECORDED, target_tables
 from petlprof.report.target_plot import TargetPlot, cost_to_target_figures
 from petlprof.results.figures import ENERGY, ENERGY_KIND, ENERGY_SOURCE, MEMORY_SOURCE
+from petlprof.results.grades import GRADES, Grade
 from petlprof.results.records import DIVERGED
-from petlprof.results.result import RunResult, results_of
+from petlprof.results.result import BATCHED_PHASES, RunResult, results_of
 from petlprof.results.store import Rejected
 from petlprof.vocabulary import ESTIMATED, LOCAL
 
@@ -293,6 +295,41 @@ TABLE_NOTES = {
 }
 
 
+def _graded_windows(records: Sequence[RunResult]) -> list[tuple[RunResult, str, Grade]]:
+    """(record, window name, grade) of every metered window with an energy figure, the zero-shot row's untrained
+    phase (exactly 0 J, by construction) left out."""
+    out = []
+    for record in records:
+        phases = ("eval", "eval_merged") if is_zero_shot(record) else ("train", "eval", "eval_merged")
+        named = [(p, record.phase(p)) for p in phases]
+        named += [(f"{p} {k}", w) for p in BATCHED_PHASES for k, w in record.windows(p).items()]
+        out += [(record, name, grade) for name, window in named if window and (grade := window.energy_grade)]
+    return out
+
+
+def _trust(records: Sequence[RunResult]) -> list[str]:
+    """The sweep's worst energy grade first, what it rests on, and how many windows got each grade."""
+    graded = _graded_windows(records)
+    if not graded:
+        return []
+    record, name, grade = max(graded, key=lambda item: GRADES.index(item[2].letter))
+    counts = Counter(g.letter for _, _, g in graded)
+    where = f"{name} phase of {method_name(record.method)} ({config_label(record)}), seed {text(record.seed)}"
+    reasons = "; ".join(grade.reasons) or "every check passed"
+    return [
+        "## How far to trust the energy figures",
+        "",
+        f"Worst energy grade in this sweep: **{grade.letter}**, the {where} ({reasons}).",
+        "",
+        "Grades of the "
+        + f"{len(graded)} metered windows: "
+        + ", ".join(f"{letter} {counts[letter]}" for letter in GRADES if counts[letter])
+        + ". A grade says how far an energy figure can be trusted, from A (a counter read often enough, on a "
+        "settled device) to D (an estimate, not a measurement); the rule is in docs/reports.md#energy-grades.",
+        "",
+    ]
+
+
 def _provenance(records: Sequence[RunResult]) -> list[str]:
     lines = ["## How the figures were obtained", ""]
     for phase in PHASES:
@@ -501,6 +538,7 @@ def render_report(
         return "# petlprof report\n\nNo result records were given, so there is nothing to report.\n"
     records = results_of(records)
     lines = [f"# petlprof report: {_names(r.backbone for r in records)} on {_names(r.task for r in records)}", ""]
+    lines += _trust(records)
     lines += _what_was_run(records)
     lines += _configurations(records, runs)
     lines += _differences(records, runs)

@@ -19,6 +19,7 @@ from petlprof.report.records import (
     distinct,
     is_ok,
     is_random_init,
+    is_zero_shot,
     method_name,
     short_error,
     sort_key,
@@ -42,6 +43,7 @@ from petlprof.results.figures import (
     TRAIN,
     Figure,
 )
+from petlprof.results.grades import GRADE_KEY
 from petlprof.results.result import RunResult, results_of
 from petlprof.vocabulary import ZERO_SHOT
 
@@ -101,6 +103,12 @@ def _energy_kind(record: RunResult) -> str:
     return text(None if record.train is None else record.train.text(ENERGY_KIND))
 
 
+def _energy_grade(record: RunResult) -> str:
+    """The train phase's energy grade (:mod:`petlprof.results.grades`); none for the zero-shot row's exact 0 J."""
+    grade = None if record.train is None or is_zero_shot(record) else record.train.energy_grade
+    return MISSING if grade is None else grade.letter
+
+
 def columns(records: Sequence[RunResult]) -> list[Column]:
     """The columns the summary table of ``records`` shows."""
     cols = []
@@ -121,6 +129,7 @@ def columns(records: Sequence[RunResult]) -> list[Column]:
         _phase_column("train", PEAK_MEMORY),
         _phase_column("train", ENERGY),
         Column("energy kind", _energy_kind),
+        Column("energy grade", _energy_grade),
         _phase_column("eval", LATENCY),
     ]
     if not all(is_ok(r) for r in records):
@@ -334,9 +343,9 @@ def _costs_table(group, majority: float | None, zero_shot) -> str:
     metric = text((distinct([*group["primary_metric"], *zero_shot["primary_metric"]]) or [None])[0])
     kinds = [k for k in distinct(group["energy_kind"]) if isinstance(k, str)] if "energy_kind" in group else []
     energy = f"train {ENERGY.label} ({ENERGY.shown_unit}, {kinds[0]})" if len(kinds) == 1 else f"train {ENERGY.header}"
-    headers = ["method", "config", "seeds", f"{metric} (mean ± 95% CI)", energy, f"train {PEAK_MEMORY.header}"]
-    headers += [f"train {TIME.header}", "trainable params (count)", "on frontier of"]
-    numeric = [False, False] + [True] * 6 + [False]
+    headers = ["method", "config", "seeds", f"{metric} (mean ± 95% CI)", energy, "energy grade"]
+    headers += [f"train {PEAK_MEMORY.header}", f"train {TIME.header}", "trainable params (count)", "on frontier of"]
+    numeric = [False, False, True, True, True, False, True, True, True, False]
     if len(kinds) > 1:
         headers.append("energy kind")
         numeric.append(False)
@@ -353,7 +362,9 @@ def _costs_row(row, mixed: bool, reference: bool = False) -> list[str]:
     cells = names + [
         str(int(row["n_seeds"])),
         _score(_mean_ci(row, "quality", 1.0, 4), row["random_init"], _constant(row), int(row["n_seeds"])),
-        *(_figure_ci(row, figure) for figure in (ENERGY, PEAK_MEMORY, TIME)),
+        _figure_ci(row, ENERGY),
+        "" if reference else text(row.get(GRADE_KEY)),  # the worst seed's
+        *(_figure_ci(row, figure) for figure in (PEAK_MEMORY, TIME)),
         _fixed(row.get("trainable_params"), 0),
         "" if reference else ", ".join(row["fronts"]) or MISSING,
     ]

@@ -73,6 +73,7 @@ class Figure:
     part: tuple[str, ...] = ()  # the key under ``name`` the column reads (a percentile: ``("p50",)``)
     under: tuple[str, ...] = ()  # the keys of the phase it sits under (the side network's: ``("side_network",)``)
     baseline: str | None = None  # how the petlprof_bench fixture checks it (EXACT, GROWTH), if it does
+    grade: str | None = None  # the key of its trust grade, A-D (the rule: petlprof.results.grades), if it has one
 
     def __post_init__(self) -> None:
         if self.better not in (HIGHER, LOWER, None):
@@ -133,7 +134,7 @@ TOKENS_PER_S = Figure(
 )
 ENERGY = Figure(
     "energy_j", "J", LOWER, DEVICE_ENERGY, "energy", ALL, "J",
-    kind=ENERGY_KIND, source=ENERGY_SOURCE, per_rank=True, column="energy_j",
+    kind=ENERGY_KIND, source=ENERGY_SOURCE, per_rank=True, column="energy_j", grade="energy_grade",
 )  # fmt: skip
 ENERGY_COUNTER = Figure("energy_counter_j", "J", LOWER, DEVICE_ENERGY, "energy counter", ALL)
 ENERGY_INTEGRATED = Figure("energy_integrated_j", "J", LOWER, DEVICE_ENERGY, "integrated power", ALL)
@@ -155,7 +156,7 @@ LATENCY_PER_SAMPLE = Figure(
 )  # fmt: skip
 ENERGY_ABOVE_IDLE = Figure(
     "energy_above_idle_j", "J", LOWER, DEVICE_ENERGY, "energy above idle", ALL, "J",
-    kind=ENERGY_KIND, column="energy_above_idle_j",
+    kind=ENERGY_KIND, column="energy_above_idle_j", grade="energy_above_idle_grade",
 )  # fmt: skip
 IDLE_POWER = Figure("idle_power_w", "W", LOWER, DEVICE_ENERGY, "idle power", ALL)
 MEAN_POWER = Figure("mean_power_w", "W", LOWER, DEVICE_ENERGY, "mean power", ALL)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from petlprof.results.figures import ENERGY, ENERGY_KIND, FIGURES, TIME, Figure
+from petlprof.results.grades import Grade, grade_of
 from petlprof.results.records import OK
 
 # a value as JSON holds it (a record's field, a method config's value, a cell of the runs table)
@@ -112,6 +113,12 @@ class PhaseResult:
     def raw(self, key: str) -> Any:
         """The entry ``key`` as stored (a value no declaration covers, e.g. a window's ``max_prompts``)."""
         return self.data.get(key)
+
+    @property
+    def energy_grade(self) -> Grade | None:
+        """How far to trust the window's energy figure (:mod:`petlprof.results.grades`): as recorded, or graded
+        now from its keys for a record from before grades; None without an energy figure."""
+        return grade_of(self.data)
 
     @property
     def warnings(self) -> tuple[str, ...]:

@@ -59,6 +59,7 @@ from petlprof.results.figures import (
     SAMPLES,
     TIME,
 )
+from petlprof.results.grades import ABOVE_IDLE_GRADE_KEY, GRADE_KEY, REASONS_KEY, worst
 from petlprof.results.records import DistributedSummary, Phase, RankPhases, RunPhases
 from petlprof.vocabulary import ESTIMATED, MEASURED
 
@@ -260,6 +261,11 @@ def _aggregate_phase(ranked: Sequence[_P], ranks: list[int], hosts: list[str], d
     for flag in ("energy_low_confidence", "energy_sources_disagree"):  # one rank's doubt is the total's
         if any(flag in p for p in phases):
             out[flag] = any(p.get(flag) for p in phases)
+    for key in (GRADE_KEY, ABOVE_IDLE_GRADE_KEY):  # the total is as trustworthy as its worst rank's part
+        if any(key in p for p in phases):
+            out[key] = worst(p.get(key) for p in phases)
+    if any(REASONS_KEY in p for p in phases):
+        out[REASONS_KEY] = list(dict.fromkeys(r for p in phases for r in p.get(REASONS_KEY) or []))
     if any("energy_integrated_vs_counter" in p for p in phases):  # the cross-check of the totals
         counter, integrated = ENERGY_COUNTER.of(out), ENERGY_INTEGRATED.of(out)
         out["energy_integrated_vs_counter"] = integrated / counter if counter and integrated is not None else None

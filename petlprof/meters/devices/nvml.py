@@ -133,6 +133,22 @@ def average_power_mw(nvml, gpu) -> int:
     return int(nvml.nvmlDeviceGetPowerUsage(gpu))
 
 
+def temperature_c(nvml, gpu) -> int | None:
+    """The GPU die's temperature (°C), None where the driver does not give it."""
+    try:
+        return int(nvml.nvmlDeviceGetTemperature(gpu, nvml.NVML_TEMPERATURE_GPU))
+    except nvml.NVMLError:
+        return None
+
+
+def sm_clock_mhz(nvml, gpu) -> int | None:
+    """The SM clock now (MHz), None where the driver does not give it."""
+    try:
+        return int(nvml.nvmlDeviceGetClockInfo(gpu, nvml.NVML_CLOCK_SM))
+    except nvml.NVMLError:
+        return None
+
+
 def compute_processes(nvml, gpu) -> list[tuple[int, int]]:
     """(pid, device bytes) of every compute process on the GPU."""
     return [(int(p.pid), int(p.usedGpuMemory or 0)) for p in nvml.nvmlDeviceGetComputeRunningProcesses(gpu)]
