@@ -27,6 +27,7 @@ from petlprof.errors import UsageError, shown, unknown_choice
 MAX_NAME_CHARS = 255  # a file name's limit on common file systems; a longer backbone or task name is refused
 MAX_PATH_CHARS = 4096  # PATH_MAX on Linux
 MAX_BYTES = 2**60  # 1 EiB: no machine holds more memory than that
+MAX_WATTS = 10_000.0  # no single accelerator's power limit comes near 10 kW
 _INT = re.compile(r"\s*[-+]?[0-9]+\s*")
 _FLOAT = re.compile(r"\s*[-+]?(([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?|inf(inity)?|nan)\s*", re.IGNORECASE)
 
@@ -388,6 +389,42 @@ def parse_bytes(value: str | int | None, option: str = "--max-memory", minimum: 
     if int(size) < minimum:
         raise UsageError(f"{option} {shown(text)} is less than {_bytes_text(minimum)}{f' ({why})' if why else ''}")
     return int(size)
+
+
+@dataclass(frozen=True)
+class Watts(Kind):
+    """A power with its unit, such as ``300W`` or ``0.3kW``: more than 0 and at most :data:`MAX_WATTS`."""
+
+    types: ClassVar[tuple[type, ...]] = (str, int, float)
+
+    def check(self, name: str, value: Any) -> None:
+        if value is None and self.optional:
+            return
+        parse_watts(value, option=flag(name))
+
+
+_WATT_UNITS = {"w": 1.0, "kw": 1000.0, "mw": 1e-3}
+_WATTS_EXAMPLE = "give a power with its unit, e.g. 300W or 0.45kW"
+
+
+def parse_watts(value: str | int | float | None, option: str = "--power-limit") -> float | None:
+    """``"300W"``, ``"0.45kW"``, ``"300 w"`` -> watts; None stays None.  A number without its unit is refused (the
+    NVML API counts milliwatts, nvidia-smi watts), and so is anything not above 0 W or past :data:`MAX_WATTS`."""
+    if value is None:
+        return None
+    text = str(value) if isinstance(value, (str, int, float)) and not isinstance(value, bool) else ""
+    match = _SIZE.fullmatch(text) if len(text) <= 100 else None
+    if not match or not math.isfinite(float(match.group(1))) or float(match.group(1)) <= 0:
+        raise UsageError(f"{option} {shown(text or value)} is not a positive power; {_WATTS_EXAMPLE}")
+    number, unit = match.groups()
+    if not unit:
+        raise UsageError(f"{option} {shown(text)} has no unit; {_WATTS_EXAMPLE}")
+    if unit.lower() not in _WATT_UNITS:
+        raise UsageError(f"{option} {shown(text)} has an unknown unit {shown(unit)} (W, kW or mW); {_WATTS_EXAMPLE}")
+    watts = float(number) * _WATT_UNITS[unit.lower()]
+    if watts > MAX_WATTS:
+        raise UsageError(f"{option} {shown(text)} is more than {MAX_WATTS:,.0f} W; {_WATTS_EXAMPLE}")
+    return watts
 
 
 def _bytes_text(count: int) -> str:

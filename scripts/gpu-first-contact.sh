@@ -2,7 +2,9 @@
 # First contact with a GPU machine (and after any change to the GPU code): the meters' self-test,
 # the gpu-marked tests and a short run on the GPU, then the figures a reviewer needs — counter vs
 # integrated energy, the sampler's achieved rate, update periods, window lengths, idle power,
-# allocator vs NVML memory.  Under 8 minutes: every step has its own time limit.
+# allocator vs NVML memory, each window's energy grade and the GPU's temperature at its edges; then
+# --settle, and a sweep at two power limits (where this process may set them).  Under 10 minutes: every
+# step has its own time limit.
 #
 #   scripts/gpu-first-contact.sh [OUTPUT_FOLDER]     (default gpu-first-contact-<time>)
 #
@@ -38,10 +40,25 @@ timeout 120 "$PY" -m pytest -q -s -m gpu -p no:cacheprovider tests/test_meters.p
     | tee "$OUT/gpu-tests.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
-step "short run on the GPU (at most 150 s)"
-timeout 150 petlprof run --device cuda --methods lora,bitfit --train-size 256 --eval-size 128 --max-steps 60 \
-    --batch-size 16 --max-length 64 --output "$OUT/run" 2>&1 | tail -n 25
+step "short run on the GPU with --settle (at most 240 s)"
+timeout 240 petlprof run --device cuda --methods lora,bitfit --train-size 256 --eval-size 128 --max-steps 60 \
+    --batch-size 16 --max-length 64 --settle --output "$OUT/run" 2>&1 | tail -n 25
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+
+step "two power limits: the GPU's highest and 70% of it (at most 150 s; skipped where it may not be set)"
+limits=$("$PY" - <<'PYEOF'
+import pynvml
+pynvml.nvmlInit()
+low, high = pynvml.nvmlDeviceGetPowerManagementLimitConstraints(pynvml.nvmlDeviceGetHandleByIndex(0))
+print(f"{max(low, 0.7 * high) / 1000:.0f}W,{high / 1000:.0f}W")
+PYEOF
+)
+echo "limits: $limits"
+timeout 150 petlprof run --device cuda --methods lora --train-size 256 --eval-size 128 --max-steps 60 \
+    --batch-size 16 --max-length 64 --power-limit "$limits" --output "$OUT/power-limit" 2>&1 | tail -n 12
+code=${PIPESTATUS[0]}
+[ "$code" -eq 0 ] || [ "$code" -eq 2 ] || status=1  # 2: refused up front (no right to set it), said above
+nvidia-smi --query-gpu=power.limit,power.default_limit --format=csv 2>&1 | tee "$OUT/power-limit-after.txt"
 
 step "figures of the run"
 "$PY" - "$OUT/run/results.jsonl" <<'PYEOF'
@@ -57,7 +74,10 @@ fields = [(f.name, f" {f.unit}") for f in FIGURES] + [
     ("energy_integrated_vs_counter", " x"), ("energy_sources_disagree", ""), ("power_field", ""),
     ("power_sample_rate_hz", " Hz"), ("counter_update_period_s", " s"), ("power_update_period_s", " s"),
     ("idle_power_source", ""), ("energy_low_confidence", ""), ("nvml_peak_process_memory_bytes", " B"),
-    ("energy_kind", ""), ("energy_source", ""), ("memory_source", ""),
+    ("energy_kind", ""), ("energy_source", ""), ("memory_source", ""), ("energy_grade", ""),
+    ("energy_grade_reasons", ""), ("energy_above_idle_grade", ""), ("gpu_temperature_start_c", " C"),
+    ("gpu_temperature_end_c", " C"), ("gpu_sm_clock_start_mhz", " MHz"), ("gpu_sm_clock_end_mhz", " MHz"),
+    ("gpu_power_limit_w", " W"), ("settle_s", " s"), ("settle_start_c", " C"), ("settle_end_c", " C"), ("settled", ""),
 ]
 for record in records:
     print(f"{record.get('method')} seed {record.get('seed')}: status {record.get('status')} {record.get('error') or ''}")

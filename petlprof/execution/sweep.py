@@ -27,6 +27,7 @@ from pathlib import Path
 from petlprof.errors import say
 from petlprof.execution import executors, tune
 from petlprof.execution.child import release_signals
+from petlprof.meters.power_limit import PowerLimiter
 from petlprof.registry import get_method
 from petlprof.results import store as results_store
 from petlprof.results.records import RESULTS_FILE, measured_phases_s
@@ -159,10 +160,13 @@ def _run_locked(options: RunOptions, executor, out_dir: Path, device: str | None
     tally = _Tally()
     tuning: dict[str, dict] = {}
 
+    limiter = PowerLimiter(out_dir) if options.power_limit else None
+
     def run_trials(trials: list[RunSpec], trials_store: Path) -> None:
         recorded = finished_keys(trials_store)
         left = [t for t in trials if t.run_key not in recorded]
-        _sweep(left, trials_store, executor, tally, len(trials) - len(left), len(trials), _work(options), TRIAL_KIND)
+        done = len(trials) - len(left)
+        _sweep(left, trials_store, executor, tally, done, len(trials), _work(options), TRIAL_KIND, limiter=limiter)
 
     def outcome(exit_code: int) -> SweepOutcome:
         return SweepOutcome(out_dir, store, len(specs), len(specs) - len(todo), tally.ran, tally.failed, exit_code)
@@ -180,6 +184,8 @@ def _run_locked(options: RunOptions, executor, out_dir: Path, device: str | None
     in_main = threading.current_thread() is threading.main_thread()  # a handler can be set in the main thread only
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main else None
     try:
+        if limiter is not None and (note := limiter.restore_left_behind()):
+            say(f"petlprof: {note}")
         if todo or options.tune:  # idle power before the first run (after the warm worker's imports)
             say(f"petlprof: {executor.prepare_idle(device, options.energy_meter)}")
         if options.tune:  # each configuration's learning rate, then its final runs at the chosen value
@@ -195,6 +201,7 @@ def _run_locked(options: RunOptions, executor, out_dir: Path, device: str | None
             total=len(specs),
             work=_work(options),
             tuning=tuning,
+            limiter=limiter,
         )
     except StoreWriteError:
         return outcome(1)
@@ -206,6 +213,8 @@ def _run_locked(options: RunOptions, executor, out_dir: Path, device: str | None
         )
         return outcome(130 if isinstance(exc, KeyboardInterrupt) else 143)
     finally:
+        if limiter is not None:  # finished, failed or interrupted: the GPUs' own limits back
+            limiter.restore()
         if in_main:
             signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
     if finish is not None:
@@ -309,12 +318,14 @@ def _sweep(
     work: Work | None = None,
     kind: str | None = None,
     tuning: Mapping[str, dict] | None = None,
+    limiter: PowerLimiter | None = None,
 ) -> None:
     """Run ``todo`` on ``executor``, appending each record as it comes back (counted in ``tally``); ``done`` runs
     of ``total`` were recorded before (a resumed sweep), so progress counts the whole sweep; ``work``: the training
     examples of a run, for the time left (:func:`expected_left_s`; without it every run counts alike); ``kind``:
-    what each record is (``trial``: a search's pilot); ``tuning``: run key -> the search its record carries.  On an
-    interrupt the runs in flight are recorded ``cancelled`` and stopped."""
+    what each record is (``trial``: a search's pilot); ``tuning``: run key -> the search its record carries;
+    ``limiter``: sets the GPUs to each run's power limit as it starts.  On an interrupt the runs in flight are
+    recorded ``cancelled`` and stopped."""
     started, total = time.monotonic(), total if total is not None else len(todo)
     position = iter(range(done + 1, total + 1))
     span = _Span()
@@ -322,6 +333,8 @@ def _sweep(
     finished: list[tuple[CostKey, float]] = []
 
     def on_start(spec) -> None:
+        if limiter is not None:
+            limiter.set(spec.power_limit_w)
         span.start()
         left_s = expected_left_s(list(pending.values()), finished)
         say(_progress(spec, next(position), total, started, tally.ran, left_s))

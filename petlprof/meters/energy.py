@@ -170,6 +170,7 @@ class NvmlEnergyMeter(Meter):
         *IDLE_KEYS,
         *EDGE_KEYS,
         "energy_counter_went_back",
+        "gpu_power_limit_w",  # the limit in force as the window opened (--power-limit sets it)
     )
 
     def __init__(self, device: str = "cuda", timeline=None, idle: IdleBaseline | None = None):
@@ -187,6 +188,7 @@ class NvmlEnergyMeter(Meter):
             raise RuntimeError(f"GPU {self.uuid} has no energy counter and no power timeline was started")
         self._start: list[int] = []
         self._edge: tuple[int | None, int | None] = (None, None)
+        self._limit_w: float | None = None
 
     @classmethod
     def available(cls) -> tuple[bool, str]:
@@ -202,6 +204,10 @@ class NvmlEnergyMeter(Meter):
 
     def _begin(self) -> None:
         self._edge = self._edge_state()
+        try:
+            self._limit_w = nvml_dev.power_limit_mw(self._nvml, self.handles[0]) / 1000
+        except self._nvml.NVMLError:
+            self._limit_w = None
         self._start = self._read() if self.has_counter else []
 
     def _end(self) -> Reading:
@@ -255,6 +261,7 @@ class NvmlEnergyMeter(Meter):
                 **agreement,
                 **edges,
                 "energy_counter_went_back": went_back,
+                "gpu_power_limit_w": self._limit_w,
             },
         )
         return reading.merge(provenance(self, source, MEASURED, samples, warnings, rate)).merge(idle)

@@ -116,6 +116,8 @@ def _row(record: RunResult) -> Row:
         "trainable_params": record.trainable_params,
         "total_params": record.total_params,
         "checkpoint_bytes": record.checkpoint_bytes,
+        "power_limit_w": record.power_limit_w,  # --power-limit, None at the GPU's own
+        "config_at_any_limit": config_label(record, width=1000, power_limit=False),  # one line across the limits
         "stop_reason": None if budget is None else budget.stop_reason,
         "target_reached": None if budget is None else budget.reached,
         "steps_to_target": None if budget is None else budget.reached_at_step,
@@ -269,6 +271,7 @@ def summarise(runs: pd.DataFrame, ok_only: bool = True) -> pd.DataFrame:
             seeds=sorted(int(s) for s in group["seed"].dropna()),
             target_reached=f"{int(reached.sum())}/{len(reached)}" if len(reached) else None,
             pareto_knob=group["pareto_knob"].iloc[0],
+            config_at_any_limit=group["config_at_any_limit"].iloc[0] if "config_at_any_limit" in group else None,
             knob_value=group["knob_value"].iloc[0],
             primary_metric=group["primary_metric"].iloc[0],
             target_metric=group["target_metric"].iloc[0],

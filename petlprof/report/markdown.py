@@ -22,6 +22,7 @@ from petlprof.report.frame import runs_frame
 from petlprof.report.html import write_html
 from petlprof.report.intervals import DEFAULT_INTERVAL, INTERVALS, check_interval
 from petlprof.report.plots import PlotResult, pareto_figures
+from petlprof.report.power_plot import PowerPlot, power_limit_figures
 from petlprof.report.records import (
     ZERO_SHOT_LABEL,
     config_label,
@@ -493,6 +494,36 @@ def _curves(plots: Sequence[CurvePlot]) -> list[str]:
     return lines
 
 
+def _power_limits(plots: Sequence[PowerPlot]) -> list[str]:
+    """The power-limit sweep: per task and backbone its plot and a table of each configuration at each limit."""
+    if not plots:
+        return []
+    lines = [
+        "## Power limit",
+        "",
+        "Each configuration at each GPU power limit it ran at (`--power-limit`; means over seeds).  The knee "
+        "(ringed) is the limit where lowering it stops paying: on the configuration's curve of energy against time "
+        "across the limits, both scaled to [0, 1], the inner point farthest from the line between its ends "
+        "(Kneedle); none with fewer than three limits or without a bend.",
+        "",
+    ]
+    for plot in plots:
+        lines += [
+            f"### {plot.backbone} on {plot.task}",
+            "",
+            f"![power limit, {plot.task} / {plot.backbone}]({plot.path.name})",
+            "",
+        ]
+        rows = [
+            [line.name, f"{limit:g}", f"{energy:,.1f}", f"{time:,.1f}", "knee" if limit == line.knee_w else ""]
+            for line in plot.lines
+            for limit, energy, time in zip(line.limits_w, line.energy_j, line.time_s)
+        ]
+        headers = ["configuration", "power limit (W)", plot.energy_label, plot.time_label, ""]
+        lines += [render_markdown(headers, rows, [False, True, True, True, False]), ""]
+    return lines
+
+
 def _level_table(plot: CurvePlot) -> list[str]:
     """Each configuration's cost to the score every configuration's mean curve reaches, read from the curves."""
     if plot.level is None or not plot.costs:
@@ -530,6 +561,7 @@ def render_report(
     interval: str = DEFAULT_INTERVAL,
     curve_plots: Sequence[CurvePlot] = (),
     rejected: Sequence[Rejected] = (),
+    power_plots: Sequence[PowerPlot] = (),
 ) -> str:
     """The text of report.md for ``records``, their runs table (:func:`petlprof.report.frame.runs_frame`,
     which every table of results reads) and the plots drawn from it (bars of kind ``interval``), naming the
@@ -544,6 +576,7 @@ def render_report(
     lines += _differences(records, runs)
     lines += _cost_to_target(runs, target_plots)
     lines += _curves(curve_plots)
+    lines += _power_limits(power_plots)
     lines += search_section(records)
     lines += _figures(figures, interval)
     lines += [
@@ -580,9 +613,10 @@ def write_report(
     figures = pareto_figures(runs, out_dir, interval)
     target_plots = cost_to_target_figures(runs, out_dir, interval)
     curve_plots = learning_curve_figures(records, out_dir)
+    power_plots = power_limit_figures(runs, out_dir)
     report = out_dir / REPORT_FILE
-    text_md = render_report(records, runs, figures, target_plots, interval, curve_plots, rejected)
+    text_md = render_report(records, runs, figures, target_plots, interval, curve_plots, rejected, power_plots)
     report.write_text(text_md, encoding="utf-8")
-    plots: list[PlotResult | TargetPlot | CurvePlot] = [*figures, *target_plots, *curve_plots]
+    plots: list[PlotResult | TargetPlot | CurvePlot | PowerPlot] = [*figures, *target_plots, *curve_plots, *power_plots]
     written = [path for plot in plots for path in plot.paths]
     return written + [report, write_html(text_md, out_dir)]

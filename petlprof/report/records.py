@@ -113,17 +113,19 @@ def _knob_value(value: Any) -> str:
     return str(value)
 
 
-def config_label(record: RunResult, width: int = 32) -> str:
+def config_label(record: RunResult, width: int = 32, power_limit: bool = True) -> str:
     """The method's Pareto knob and any non-default hyper-parameters as ``r=8 alpha=8``, then the
     backbone's quantisation and a reduced precision (``r=8 nf4``; ``-`` for none of these).
 
     Records name their knob (``pareto_knob``) and the fields changed from the method's defaults
-    (``method_config_changed``); older or foreign records without them show every field.
+    (``method_config_changed``); older or foreign records without them show every field.  ``power_limit``: with
+    the GPU power limit the run was set to (``300W``), as tables name a configuration; without it, the line one
+    configuration draws across the limits of a power-limit sweep.
     """
     config, knob, changed = record.method_config, record.pareto_knob, record.method_config_changed
     keys = list(config) if changed is None else [k for k in config if k == knob or k in changed]
     parts = [f"{key}={_knob_value(config[key])}" for key in keys]
-    label = " ".join(parts + _numerics(record))
+    label = " ".join(parts + _numerics(record, power_limit))
     if not label:
         return MISSING
     return label if len(label) <= width else label[: width - 1] + "…"
@@ -132,13 +134,15 @@ def config_label(record: RunResult, width: int = 32) -> str:
 SHORT_PRECISIONS = {"bfloat16": "bf16", "float16": "fp16", "bf16": "bf16", "fp16": "fp16"}
 
 
-def _numerics(record: RunResult) -> list[str]:
+def _numerics(record: RunResult, power_limit: bool = True) -> list[str]:
     """How the run's numbers differ from the float32 default, as label words: the backbone's
-    quantisation (``nf4``, ``int8``; ``training.quantization``) and a reduced precision (``bf16``), so
-    two configurations that differ only there are told apart in tables and plots."""
+    quantisation (``nf4``, ``int8``; ``training.quantization``), a reduced precision (``bf16``) and a GPU power
+    limit (``300W``), so two configurations that differ only there are told apart in tables and plots."""
     words = [record.quantization_method] if record.quantization_method else []
     if record.precision in SHORT_PRECISIONS:
         words.append(SHORT_PRECISIONS[record.precision])
+    if power_limit and record.power_limit_w is not None:
+        words.append(f"{record.power_limit_w:g}W")
     return words
 
 

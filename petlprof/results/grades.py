@@ -1,7 +1,8 @@
 """How far to trust an energy figure: a grade from A (best) to D per metered window, from what its record says.
 
-The rule, written once (docs/reports.md#energy-grades quotes it).  A window's energy figure starts at A; each check below that
-fails caps it at the grade it names, and the figure gets the worst cap, with every failed check's reason:
+The rule, written once (docs/reports.md#energy-grades quotes it).  A window's energy figure starts at A; each
+check below that fails caps it at the grade it names, and the figure gets the worst cap, with every failed check's
+reason:
 
 * **D** — the figure is estimated (a model of power, not a measurement), or its kind is unknown.
 * **C** — fewer than :data:`MIN_UPDATES_B` counter updates in the window (one update's quantisation at each

@@ -400,6 +400,12 @@ class RunResult:
         return value if isinstance(value, str) else None
 
     @property
+    def power_limit_w(self) -> float | None:
+        """The GPUs' power limit the run was set to (``--power-limit``), None where it ran at the GPU's own."""
+        value = (self.spec or {}).get("power_limit_w")
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    @property
     def quantization_method(self) -> str | None:
         """The backbone's quantisation (``nf4``, ``int8``; ``training.quantization.method``), None unquantised."""
         method = mapping(self.training.get("quantization")).get("method")

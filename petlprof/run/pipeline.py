@@ -339,9 +339,13 @@ def run_phases(ctx: RunContext) -> Phases | None:
     None on a rank other than rank 0, which alone measures the per-device phases.  A run whose
     training diverged stops after training: nothing is scored or measured further."""
     spec = ctx.spec
+    settled = _settle(spec)
     train_meters, eval_meters = ctx.meters("train"), ctx.meters("eval")
     try:
         phases = _train_and_evaluate(ctx, train_meters, eval_meters)
+        if phases is not None and settled is not None:  # what the GPU was brought to before training
+            phases.train.update(settled.record())
+            phases.train["warnings"] = [*phases.train["warnings"], *settled.warnings()]
         if phases is None or phases.eval is None:  # training alone (--train-only), or another rank
             pass
         elif not phases.diverged and ctx.task.objective == LM:
@@ -362,6 +366,16 @@ def run_phases(ctx: RunContext) -> Phases | None:
     if phases is not None:
         ctx.ranks.rank0_phases_done(phases.inference, phases.merged, spec.device)
     return phases
+
+
+def _settle(spec: RunSpec):
+    """With ``--settle`` on a GPU: the GPU loaded until its temperature holds (:mod:`petlprof.meters.settle`)."""
+    if not spec.settle or not spec.device.startswith("cuda"):
+        return None
+    # petlprof.meters.settle (torch, NVML): kept off the sweep's driver, which imports this module
+    from petlprof.meters.settle import settle_gpu
+
+    return settle_gpu(spec.device)
 
 
 def _inference(ctx: RunContext, eval_phase: EvalPhase) -> Inference:

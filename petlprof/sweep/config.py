@@ -24,6 +24,8 @@ import yaml
 
 from petlprof.errors import UsageError, shown, unknown_choice
 from petlprof.meters import check_energy_meter
+from petlprof.meters.devices.nvml import availability as nvml_availability
+from petlprof.meters.power_limit import check_power_limits
 from petlprof.method_api import check_backbone, check_objective, check_quantize
 from petlprof.models import quantization
 from petlprof.models.backbones import backbone_config, check_random_init, check_shape, check_weights, model_class
@@ -42,7 +44,7 @@ from petlprof.sweep.resources import check_resources, optimiser_steps
 from petlprof.sweep.spec import UNTRAINED_DEFAULTS, RunSpec, spec_default, spec_fields
 from petlprof.tasks.labelled import generative_possible, load_task
 from petlprof.tasks.metrics import check_target
-from petlprof.values import check_file, flag
+from petlprof.values import check_file, flag, parse_watts
 from petlprof.vocabulary import AUTO, CLASSIFICATION, LM, RAY, ZERO_SHOT
 
 if sys.version_info >= (3, 11):
@@ -416,6 +418,10 @@ def preflight(options: RunOptions, meters_here: bool = True, peak: PeakEstimate 
     decides.  Returns notes for the user: sizes asked for that the data cannot give."""
     if meters_here:
         check_energy_meter(options.energy_meter)
+    if options.power_limit:
+        _check_power_limit(options)
+    if options.settle:
+        _check_settle(options, meters_here)
     notes: list[str] = []
     if options.method_config_file:  # the fields of PEFT's files that petlprof decides itself
         notes += [note for path in options.method_config_file for note in read_peft_config_file(path)[2]]
@@ -468,6 +474,29 @@ def preflight(options: RunOptions, meters_here: bool = True, peak: PeakEstimate 
     points = {method: grid_points(options, method) for method in options.methods}  # each one's grid points
     notes += check_resources(options, {name: sweep_task(options, name) for name in options.task}, points, meters_here)
     return notes
+
+
+def _check_power_limit(options: RunOptions) -> None:
+    """``--power-limit`` where this sweep can set it: its own GPUs (not a cluster's), each limit in range, with the
+    right to set it."""
+    if options.executor == RAY:
+        raise UsageError(
+            "--power-limit sets the power limit of this machine's GPUs; with --executor ray the runs go to the "
+            "cluster's nodes, which it cannot set: run the power-limit sweep with --executor local on the GPU machine"
+        )
+    if options.device == "cpu":
+        raise UsageError("--power-limit sets NVIDIA GPUs' power limit; --device cpu runs on the CPU")
+    check_power_limits([watts for limit in options.power_limit if (watts := parse_watts(limit)) is not None])
+
+
+def _check_settle(options: RunOptions, meters_here: bool) -> None:
+    """``--settle`` where the runs have an NVIDIA GPU whose temperature NVML reads (checked here for local runs)."""
+    if options.device == "cpu":
+        raise UsageError("--settle warms an NVIDIA GPU to a steady temperature; --device cpu runs on the CPU")
+    if meters_here:
+        ok, why = nvml_availability()
+        if not ok:
+            raise UsageError(f"--settle needs an NVIDIA GPU whose temperature NVML reads: {why}")
 
 
 def _check_eval_every(options: RunOptions, name: str, task) -> None:
@@ -599,6 +628,7 @@ def expand(options: RunOptions, device: str, out_dir: Path | None = None) -> lis
         configs = [dataclasses.asdict(method_spec.make_config(point)) for point in grid_points(options, method)]
         resolved[method] = (configs, options.lr if options.lr is not None else method_spec.default_lr)
     shared = {method: _copied(options, method) for method in options.methods}
+    limits = [parse_watts(limit) for limit in options.power_limit] or [None]  # a sweep axis, outermost
     specs = [
         RunSpec(
             method=method,
@@ -613,7 +643,9 @@ def expand(options: RunOptions, device: str, out_dir: Path | None = None) -> lis
             **quantize_fields(quantize, options.quantize_compute_dtype, options.quantize_double),
             **shared[method],
             **_folders(options, out_dir, shared[method]["cache_hidden_states"]),
+            power_limit_w=limit,
         )
+        for limit in limits
         for backbone in options.backbone
         for quantize in options.quantize
         for task in options.task
@@ -623,6 +655,7 @@ def expand(options: RunOptions, device: str, out_dir: Path | None = None) -> lis
         if not (options.skip_unsupported and _unsupported(str(backbone), method, config, _is_lm(options, str(task))))
     ]
     specs = [*_zero_shot_runs(options, specs, out_dir), *specs]
+    specs.sort(key=lambda spec: limits.index(spec.power_limit_w))  # each limit's runs together: set once per limit
     return list({spec.run_key: spec for spec in specs}.values())
 
 
@@ -638,14 +671,14 @@ def _folders(options: RunOptions, out_dir: Path | None, caching: bool) -> dict[s
 
 
 def _zero_shot_runs(options: RunOptions, specs: list[RunSpec], out_dir: Path | None) -> list[RunSpec]:
-    """One zero-shot run per backbone (as quantised) and language-modelling task of the sweep (the model before any
-    tuning, at zero training energy; greedy decoding is deterministic, so the first seed alone), made
-    from the sweep's first run of that pair with the method swapped."""
+    """One zero-shot run per backbone (as quantised), power limit and language-modelling task of the sweep (the model
+    before any tuning, at zero training energy; greedy decoding is deterministic, so the first seed alone), made
+    from the sweep's first run of that combination with the method swapped."""
     method = get_method(ZERO_SHOT)
-    first: dict[tuple[str, str, str], RunSpec] = {}
+    first: dict[tuple[str, str, str, float | None], RunSpec] = {}
     for spec in specs:
         if spec.method != ZERO_SHOT and _is_lm(options, spec.task):
-            first.setdefault((spec.backbone, spec.quantize, spec.task), spec)
+            first.setdefault((spec.backbone, spec.quantize, spec.task, spec.power_limit_w), spec)
     config = dataclasses.asdict(method.make_config({}))
     copied = _copied(options, ZERO_SHOT)
     untrained = {name: spec_default(*spec_fields()[name]) for name in UNTRAINED_DEFAULTS}  # no checks or search

@@ -29,6 +29,7 @@ from petlprof.values import (
     Number,
     Table,
     Text,
+    Watts,
     flag,
     parse_bytes,
 )
@@ -363,6 +364,21 @@ class RunOptions:
         "auto (default: best measured source, else estimate), nvml, rapl, estimate",
         Text(known=_energy_meter),
         spec=SAME,
+    )
+    power_limit: list[str] = option(
+        [],
+        "NVIDIA GPUs: comma list of power limits to sweep, e.g. 300W,450W: each run's GPUs are set to its limit "
+        "before it starts and put back after it (also after a failure or kill; a sweep killed itself restores them "
+        "when resumed); needs the right to set it (root or CAP_SYS_ADMIN), refused up front without",
+        Names(item=Watts()),
+        spec=ToSpec("power_limit_w", float | None, None, identity=WHEN_SET, derived=True),
+    )
+    settle: bool = option(
+        False,
+        "NVIDIA GPUs: before its measured phases each run loads the GPU until its temperature holds (within 1 C "
+        "over 10 s, at most 120 s), so every method runs on an equally warm chip; the train phase records it",
+        Flag(),
+        spec=ToSpec(identity=NEVER),
     )
     output: str | None = option(
         None,

@@ -126,6 +126,8 @@ class RunSpec:
     method_config: dict[str, Any] = dataclasses.field(default_factory=dict)
     device: str = "cpu"
     energy_meter: str = "auto"
+    power_limit_w: float | None = None  # --power-limit
+    settle: bool = False
     cache_dir: str | None = None  # --output
     nproc: int = 1  # --nproc-per-run
     cache_hidden_states: bool = False

@@ -149,6 +149,22 @@ def sm_clock_mhz(nvml, gpu) -> int | None:
         return None
 
 
+def power_limit_mw(nvml, gpu) -> int:
+    """The GPU's power limit now (mW)."""
+    return int(nvml.nvmlDeviceGetPowerManagementLimit(gpu))
+
+
+def power_limit_range_mw(nvml, gpu) -> tuple[int, int]:
+    """(lowest, highest) power limit the GPU takes (mW)."""
+    low, high = nvml.nvmlDeviceGetPowerManagementLimitConstraints(gpu)
+    return int(low), int(high)
+
+
+def set_power_limit_mw(nvml, gpu, milliwatts: int) -> None:
+    """Set the GPU's power limit (needs root or CAP_SYS_ADMIN: NVMLError otherwise)."""
+    nvml.nvmlDeviceSetPowerManagementLimit(gpu, int(milliwatts))
+
+
 def compute_processes(nvml, gpu) -> list[tuple[int, int]]:
     """(pid, device bytes) of every compute process on the GPU."""
     return [(int(p.pid), int(p.usedGpuMemory or 0)) for p in nvml.nvmlDeviceGetComputeRunningProcesses(gpu)]
