@@ -14,7 +14,7 @@ from test_meters import make_powercap, set_energy
 
 from petlprof.meters.base import Window
 from petlprof.meters.cpu_power_model import EstimateEnergyMeter
-from petlprof.meters.energy import NvmlEnergyMeter, RaplEnergyMeter
+from petlprof.meters.energy import MAX_REPEATS, NvmlEnergyMeter, RaplEnergyMeter, lengthened, repeats_needed
 from petlprof.meters.power import NvmlPowerSource
 from petlprof.results.grades import Grade, above_idle_grade, energy_grade, graded, worst
 
@@ -236,3 +236,77 @@ def test_the_report_leads_with_the_sweeps_worst_grade_and_shows_it_beside_the_en
     assert "Worst energy grade in this sweep: **D**" in sections[1] and "a model of power" in sections[1]
     assert "| energy grade |" in text
     assert runs_frame(records)["energy_grade"].tolist() == ["D"] * len(records)
+
+
+def test_a_window_too_short_for_its_counter_is_repeated_until_it_holds_enough_updates(world):
+    """0.3 s of work is 3 counter updates (a C); 17 passes make 5.1 s, 51 updates (an A), per-pass figures."""
+    clock, [gpu] = world({"load": steady(300.0)})
+    meters = [NvmlEnergyMeter("cuda:0", timeline=SampledTimeline(NvmlPowerSource([gpu.uuid], 1), clock))]
+    with Window(meters, "cpu") as window:
+        clock.sleep(0.3)
+    phase = window.reading.record()
+    assert phase["energy_grade"] == "C"
+    assert repeats_needed(phase) == 17
+    again = lengthened(phase, meters, "cpu", lambda: clock.sleep(0.3))
+    assert again["energy_repeats"] == 17 and again["energy_repeat_cap"] is False
+    assert again["energy_window_s"] == pytest.approx(5.1)
+    assert again["energy_j"] == pytest.approx(90.0, rel=0.03)  # 300 W x 0.3 s, one pass
+    assert again["energy_grade"] == "A", again["energy_grade_reasons"]
+
+
+def test_repeats_stop_at_the_cap_and_say_so(world):
+    clock, [gpu] = world({"load": steady(300.0)})
+    meters = [NvmlEnergyMeter("cuda:0", timeline=SampledTimeline(NvmlPowerSource([gpu.uuid], 1), clock))]
+    with Window(meters, "cpu") as window:
+        clock.sleep(0.01)
+    again = lengthened(window.reading.record(), meters, "cpu", lambda: clock.sleep(0.01))
+    assert again["energy_repeats"] == MAX_REPEATS and again["energy_repeat_cap"] is True
+    assert again["energy_grade"] == "C"  # 0.5 s: still 5 updates, and the record says the cap stopped it
+
+
+@pytest.mark.parametrize(
+    "phase",
+    [
+        {"energy_source": "estimate", "energy_window_s": 0.01},  # no repeat makes an estimate a measurement
+        {"energy_source": "rapl", "energy_window_s": 0.2},  # 200 of RAPL's updates already
+        {"energy_source": "nvml-energy-counter", "energy_window_s": 6.0, "counter_update_period_s": 0.1},  # enough
+        {"energy_source": "nvml-energy-counter", "energy_window_s": 0.0},
+        {"energy_source": "nvml-energy-counter", "energy_window_s": math.nan},
+        {"energy_source": "nvml-energy-counter"},
+    ],
+)
+def test_windows_that_repeats_cannot_help_are_left_alone(phase):
+    assert repeats_needed(phase) == 1
+    assert lengthened(phase, [], "cpu", lambda: None) == {}
+
+
+def test_a_short_evaluation_is_repeated_for_its_energy_and_scored_once(world, monkeypatch):
+    """Through the evaluation of a tiny model: each forward pass takes 0.15 s of the fake clock, the one measured batch
+    after the warm-up 0.15 s (a C); it runs again for energy alone, and the predictions are the first pass's."""
+    import torch
+
+    from petlprof.models.backbones import load_backbone
+    from petlprof.models.classifier import SequenceClassifier
+    from petlprof.run.train import Batches, PhaseIO, evaluate
+    from petlprof.tasks.labelled import load_task
+
+    clock, [gpu] = world({"load": steady(300.0)})
+    task = load_task("tweets", train_size=8, eval_size=16)
+    backbone = load_backbone("tiny-bert", seed=0)
+    model = SequenceClassifier(backbone, task.num_labels)
+    calls = []
+
+    def slow(module, args, kwargs, output):
+        calls.append(1)
+        clock.sleep(0.15)
+
+    model.register_forward_hook(slow, with_kwargs=True)
+    batches = Batches.from_split(task.eval, backbone.tokenizer, 8, 32, False)
+    meters = [NvmlEnergyMeter("cuda:0", timeline=SampledTimeline(NvmlPowerSource([gpu.uuid], 1), clock))]
+    with torch.no_grad():
+        phase, preds, golds = evaluate(model, batches, PhaseIO("cpu", meters, "e"), warmup_steps=1)
+    assert len(preds) == len(golds) == 16
+    assert phase["energy_repeats"] == 34  # 5 s of 0.15 s passes
+    assert len(calls) == 2 + 34  # one scored pass (warm-up included), then the measured batch again
+    assert phase["energy_grade"] == "A" and phase["energy_j"] == pytest.approx(45.0, rel=0.03)  # 300 W x 0.15 s
+    assert phase["time_s"] == pytest.approx(0.15)  # time stays the scored pass's

@@ -22,10 +22,12 @@ caller) also the energy above idle (:data:`IDLE_KEYS`).
 
 from __future__ import annotations
 
+import math
 import threading
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from petlprof.meters.base import Meter, Provenance, Reading
 from petlprof.meters.devices import nvml as nvml_dev
@@ -39,7 +41,16 @@ from petlprof.results.figures import (
     IDLE_POWER,
     MEAN_POWER,
 )
-from petlprof.results.grades import CLOCK_KEYS, IDLE_AGE_KEY, IDLE_SPREAD_KEY, TEMPERATURE_KEYS
+from petlprof.results.grades import (
+    ASSUMED_NVML_UPDATE_S,
+    CLOCK_KEYS,
+    IDLE_AGE_KEY,
+    IDLE_SPREAD_KEY,
+    MIN_UPDATES_A,
+    NVML_COUNTER,
+    NVML_INTEGRATED,
+    TEMPERATURE_KEYS,
+)
 from petlprof.vocabulary import MEASURED
 
 if TYPE_CHECKING:
@@ -375,3 +386,58 @@ class RaplEnergyMeter(Meter):
         reading.merge(provenance(self, "rapl", MEASURED, self.tracker.readings, warnings)).merge(idle)
         reading.extras["energy_low_confidence"] = reading.extras["energy_low_confidence"] or missed
         return reading
+
+
+MAX_REPEATS = 50  # the most passes a short window is repeated for its energy (mitigation of a too-short window)
+MAX_REPEAT_S = 30.0  # ... and the most seconds the repeated window may last
+REPEAT_KEYS = ("energy_repeats", "energy_repeat_cap")
+
+
+def repeats_needed(phase: Mapping[str, Any]) -> int:
+    """How many passes of a window's work its energy figure needs to rest on enough counter updates (1: it has
+    them, or repeating cannot help: an estimate, a source updating every ~1 ms, no window length); within
+    :data:`MAX_REPEATS` and :data:`MAX_REPEAT_S` (the cap)."""
+    window_s = phase.get(ENERGY_WINDOW.name)
+    needed_s = needed_window_s(phase)
+    if needed_s is None or not isinstance(window_s, (int, float)) or not 0 < window_s < needed_s:
+        return 1
+    return max(1, min(math.ceil(needed_s / window_s), MAX_REPEATS, math.floor(MAX_REPEAT_S / window_s)))
+
+
+def lengthened(phase: Mapping[str, Any], meters: list[Meter], device: str, work: Callable[[], None]) -> dict[str, Any]:
+    """The energy keys of ``phase`` re-measured over :func:`repeats_needed` passes of ``work`` (one pass of the
+    phase's measured work, run again without scoring) in a window of the energy meters alone, as per-pass figures:
+    a window graded short by its counter updates made long enough (:mod:`petlprof.results.grades`).  Empty where one
+    pass is enough or cannot be helped.  The keys say how many passes (``energy_repeats``) and whether the cap
+    stopped them short (``energy_repeat_cap``); time, latency and memory stay the first pass's."""
+    from petlprof.meters.base import Window
+
+    repeats = repeats_needed(phase)
+    energy_meters = [m for m in meters if ENERGY in m.FIGURES]
+    if repeats <= 1 or not energy_meters:
+        return {}
+    with Window(energy_meters, device) as window:
+        for _ in range(repeats):
+            work()
+    record = window.reading.record()
+    window.reading.take_warnings()
+    per_pass = {f.name: record[f.name] / repeats for f in PER_PASS if isinstance(record.get(f.name), (int, float))}
+    needed = needed_window_s(phase) or 0.0
+    return {**record, **per_pass, **dict(zip(REPEAT_KEYS, (repeats, repeats * phase[ENERGY_WINDOW.name] < needed)))}
+
+
+PER_PASS = (ENERGY, ENERGY_COUNTER, ENERGY_INTEGRATED, ENERGY_ABOVE_IDLE)  # totals of a repeated window, per pass
+
+
+def needed_window_s(phase: Mapping[str, Any]) -> float | None:
+    """The window an NVML energy figure needs for an A on its updates (:data:`MIN_UPDATES_A` update periods);
+    None for the other sources (RAPL's ~1 ms updates need no repeats, an estimate is no measurement)."""
+    source = phase.get("energy_source")
+    if source == NVML_COUNTER:
+        period = phase.get("counter_update_period_s")
+        period = period if isinstance(period, (int, float)) and 0 < period < 1 else ASSUMED_NVML_UPDATE_S
+        return MIN_UPDATES_A * period
+    if source == NVML_INTEGRATED:
+        rate = phase.get("power_sample_rate_hz")
+        return MIN_UPDATES_A / rate if isinstance(rate, (int, float)) and rate > 0 else None
+    return None

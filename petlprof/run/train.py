@@ -15,6 +15,7 @@ rank context makes all of that the identity.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Iterator
@@ -27,6 +28,7 @@ from tqdm.auto import tqdm
 
 from petlprof.meters import Window
 from petlprof.meters.base import phase_warnings
+from petlprof.meters.energy import lengthened
 from petlprof.meters.latency import StepTimer
 from petlprof.results.figures import LATENCY, SAMPLES, SAMPLES_PER_S, TIME, TOKENS, TOKENS_PER_S, rate
 from petlprof.results.records import Divergence, EvalPhase, FailedAt, Latency, Phase, TrainPhase
@@ -321,6 +323,14 @@ class _Predictions:
         self.positions.append(idx)
 
 
+def _forward(model, batches: Batches, measured: list[np.ndarray], io: PhaseIO, precision: str) -> None:
+    """One more pass of an evaluation's measured batches, predictions dropped (its energy re-measured)."""
+    for batch in measured:
+        inputs, _ = batches.collate(batch, io.device)
+        with autocast(precision, io.device):
+            model(**inputs)
+
+
 @torch.no_grad()
 def evaluate(
     model, batches: Batches, io: PhaseIO, *, warmup_steps: int, ranks=ONE_PROCESS, precision: str = FP32
@@ -340,6 +350,10 @@ def evaluate(
             for step, batch in order:
                 seen.batch(step, batch, bar, measured=True)
     phase = phase_summary(window, seen.timer, len(batches) - warmup, seen.samples, warmup, warmup_steps)
+    if ranks.world_size == 1:  # a window too short for its energy counter: the same passes again, for energy only
+        measured = list(batches.batch_indices())[warmup:]
+        again = functools.partial(_forward, model, batches, measured, io, precision)
+        phase.update(lengthened(phase, io.meters, io.device, again))  # type: ignore[typeddict-item]
     summary: EvalPhase = {**phase}  # a classifier's evaluation: its window's figures, nothing more
     mine = np.concatenate(seen.positions) if seen.positions else np.zeros(0, dtype=int)
     return (summary, *ranks.whole_split(mine, _as_array(seen.preds), _as_array(seen.golds), len(batches.encodings)))
