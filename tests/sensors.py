@@ -303,3 +303,38 @@ class SteadyPowerSource:
 
     def close(self) -> None:
         pass
+
+
+def install_fake_zeus(monkeypatch) -> list:
+    """A ``zeus.monitor.ZeusMonitor`` installed as the ``zeus`` package (version 0.16.0 as petlprof reads it): every
+    window reads 300 W per GPU, CPU packages of 40 and 30 W and 5 W of DRAM, for 2 s.  Returns the monitors made."""
+    import sys
+    import types
+
+    import petlprof.meters.zeus as zeus_meter
+
+    made = []
+
+    class ZeusMonitor:
+        def __init__(self, gpu_indices=None, cpu_indices=None):
+            self.gpu_indices, self.cpu_indices = gpu_indices, cpu_indices
+            self.open: dict[str, bool] = {}
+            made.append(self)
+
+        def begin_window(self, key, sync_execution=True):
+            self.open[key] = sync_execution
+
+        def end_window(self, key, sync_execution=True):
+            assert self.open.pop(key) is False  # petlprof's Window synchronises the device itself
+            gpus = {i: 300.0 * 2 for i in self.gpu_indices or []}
+            cpus = None if self.cpu_indices == [] else {0: 40.0 * 2, 1: 30.0 * 2}
+            dram = None if self.cpu_indices == [] else {0: 5.0 * 2}
+            return types.SimpleNamespace(time=2.0, gpu_energy=gpus, cpu_energy=cpus, dram_energy=dram)
+
+    package, monitor = types.ModuleType("zeus"), types.ModuleType("zeus.monitor")
+    monitor.ZeusMonitor = ZeusMonitor  # type: ignore[attr-defined]
+    package.monitor = monitor  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "zeus", package)
+    monkeypatch.setitem(sys.modules, "zeus.monitor", monitor)
+    monkeypatch.setattr(zeus_meter, "_zeus_version", lambda: "0.16.0")
+    return made

@@ -373,6 +373,7 @@ def test_meter_status_lists_every_meter_with_a_reason():
         "cpu-rss",
         "codecarbon",
         "cpu-tensors",
+        "zeus",
     }
     assert rows["estimate"][0] and all(why for _, why in rows.values())
 

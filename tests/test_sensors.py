@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from sensors import SampledTimeline, bursts, fake_world, steady, step
+from sensors import SampledTimeline, bursts, fake_world, install_fake_zeus, steady, step
 
 from petlprof.meters import ENERGY_METERS, EXTRA_METERS, MEMORY_METERS
 from petlprof.meters.carbon import CodecarbonMeter
@@ -17,6 +17,7 @@ from petlprof.meters.idle import measure_idle
 from petlprof.meters.memory import CpuMemoryMeter, CudaMemoryMeter
 from petlprof.meters.power import NvmlPowerSource
 from petlprof.meters.tensors import CpuTensorMeter
+from petlprof.meters.zeus import ZeusEnergyMeter
 
 
 @pytest.fixture
@@ -247,6 +248,11 @@ def _contention(request, tmp_path, monkeypatch):
     return meter.end()
 
 
+def _zeus(request, tmp_path, monkeypatch):
+    install_fake_zeus(monkeypatch)
+    return _run(ZeusEnergyMeter("cpu"))
+
+
 def _run(meter):
     meter.prepare()
     meter.begin()
@@ -262,6 +268,7 @@ READINGS = {  # meter class -> its reading in a configuration that writes every 
     CodecarbonMeter: lambda *_: _run(CodecarbonMeter("cpu")),
     CpuTensorMeter: lambda *_: _run(CpuTensorMeter("cpu", resident_bytes=1)),
     ContentionMeter: _contention,
+    ZeusEnergyMeter: _zeus,
 }
 
 

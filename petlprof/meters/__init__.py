@@ -20,6 +20,7 @@ from petlprof.meters.devices import nvml as nvml_dev
 from petlprof.meters.energy import NvmlEnergyMeter, RaplEnergyMeter
 from petlprof.meters.memory import CpuMemoryMeter, CudaMemoryMeter
 from petlprof.meters.tensors import CpuTensorMeter
+from petlprof.meters.zeus import ZeusEnergyMeter
 
 if TYPE_CHECKING:
     from petlprof.meters.idle import IdleBaseline
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 # each kind of meter by name (the classes: their available() says whether one works here)
 ENERGY_METERS: Registry[type[Meter]] = Registry(
     "energy meter",
-    {"nvml": NvmlEnergyMeter, "rapl": RaplEnergyMeter, "estimate": EstimateEnergyMeter},
+    {"nvml": NvmlEnergyMeter, "rapl": RaplEnergyMeter, "estimate": EstimateEnergyMeter, "zeus": ZeusEnergyMeter},
     subclass_of=Meter,
 )
 MEMORY_METERS: Registry[type[Meter]] = Registry(
@@ -40,6 +41,8 @@ METER_HELP = {
     "nvml": "GPU energy (J, measured) from the NVML total-energy counter, and integrated power sampled "
     "in a separate process (both recorded)",
     "rapl": "CPU package + DRAM energy (J, measured) from /sys/class/powercap",
+    "zeus": "GPU or CPU + DRAM energy (J, measured) as the zeus package's monitor reads it: a second opinion, and "
+    "devices petlprof does not read itself (AMD GPUs, Apple silicon); never picked by auto",
     "cuda-allocator": "peak CUDA memory (bytes, measured) from the caching allocator, per phase",
     "cpu-rss": "peak process memory (bytes, measured) from the RSS high-water mark above the runtime baseline",
     "codecarbon": "emissions (g CO2-eq, estimated) and CodeCarbon's energy breakdown; off by default",
@@ -117,6 +120,8 @@ def _make(name: str, device: str, timeline, idle: IdleBaseline | None) -> Meter:
         return NvmlEnergyMeter(device, timeline=timeline, idle=idle)
     if name == "rapl":
         return RaplEnergyMeter(device, idle=idle)
+    if name == "zeus":
+        return ZeusEnergyMeter(device)
     return EstimateEnergyMeter(device)
 
 

@@ -29,11 +29,12 @@ from petlprof.meters.check_gpu import cuda_allocator_checks, nvml_checks
 from petlprof.meters.contention import CONTENDED_SHARE, ContentionMeter
 from petlprof.meters.cpu_power_model import EstimateEnergyMeter, cpu_power_per_core, estimate_model
 from petlprof.meters.devices import rapl
-from petlprof.meters.energy import RaplEnergyMeter
+from petlprof.meters.energy import NvmlEnergyMeter, RaplEnergyMeter
 from petlprof.meters.idle import rapl_power_w
 from petlprof.meters.memory import CpuMemoryMeter
 from petlprof.meters.tensors import CpuTensorMeter
 from petlprof.meters.verdicts import FAIL, KNOWN_BYTES, PASS, REPEATS, WARN, Check, MeterReport, graded
+from petlprof.meters.zeus import zeus_checks
 from petlprof.results.figures import CODECARBON_ENERGY_J, ENERGY, PEAK_MEMORY
 from petlprof.vocabulary import ESTIMATED
 
@@ -259,6 +260,15 @@ def contention_checks() -> list[Check]:
     ]
 
 
+def _zeus_checks(status: dict[str, tuple[bool, str]]) -> list[Check]:
+    """Zeus against petlprof's own measured meter here (NVML where a GPU is, else RAPL), on the same window."""
+    if status["nvml"][0]:
+        return zeus_checks(NvmlEnergyMeter("cuda"))
+    if status["rapl"][0]:
+        return zeus_checks(RaplEnergyMeter())
+    return [Check("agrees", None, None, WARN, "no measured petlprof meter here (NVML, RAPL) to compare Zeus with")]
+
+
 def run_checks(progress: Callable[[str], None] = lambda name: None) -> list[MeterReport]:
     """Every meter, available or not, with the checks of those that work here."""
     status = {name: (ok, why) for name, ok, why, _ in meter_status()}
@@ -274,6 +284,7 @@ def run_checks(progress: Callable[[str], None] = lambda name: None) -> list[Mete
         "cpu-rss": cpu_rss_checks,
         "cpu-tensors": cpu_tensor_checks,
         "codecarbon": codecarbon_checks,
+        "zeus": lambda: _zeus_checks(status),
     }
     reports = []
     for name, (ok, why) in status.items():

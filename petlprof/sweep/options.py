@@ -361,7 +361,8 @@ class RunOptions:
     )
     energy_meter: str = option(
         "auto",
-        "auto (default: best measured source, else estimate), nvml, rapl, estimate",
+        "auto (default: best measured source, else estimate), nvml, rapl, estimate, zeus (the zeus package's "
+        "monitor: pip install 'petlprof[zeus]')",
         Text(known=_energy_meter),
         spec=SAME,
     )
