@@ -310,3 +310,16 @@ def test_a_short_evaluation_is_repeated_for_its_energy_and_scored_once(world, mo
     assert len(calls) == 2 + 34  # one scored pass (warm-up included), then the measured batch again
     assert phase["energy_grade"] == "A" and phase["energy_j"] == pytest.approx(45.0, rel=0.03)  # 300 W x 0.15 s
     assert phase["time_s"] == pytest.approx(0.15)  # time stays the scored pass's
+
+
+def test_the_generation_table_shows_each_windows_grade_beside_its_energy():
+    from petlprof.report.frame import runs_frame
+    from petlprof.report.markdown import render_report
+    from petlprof.report.records import load_records
+
+    folder = Path(__file__).resolve().parents[1] / "reports" / "smollm2-arith"
+    records = load_records([folder])
+    runs = runs_frame(records)
+    assert set(runs["generation.batch_1.energy_grade"].dropna()) == {"D"}
+    text = render_report(records, runs, [])
+    assert "| energy per response (J, estimated) | energy grade | time to first token" in text

@@ -187,6 +187,8 @@ def _generation_figures(record: RunResult) -> Row:
         for key, window in record.windows(phase).items():
             for figure in GENERATION_FIGURES:
                 row[generation_column(phase, key, figure)] = window[figure]
+            grade = window.energy_grade
+            row[generation_grade_column(phase, key)] = None if grade is None else grade.letter
             if phase == "generation" and "generation_energy_kind" not in row:
                 row["generation_energy_kind"] = window.raw(ENERGY_KIND)
     return row
@@ -196,6 +198,11 @@ def generation_column(phase: str, batch: str, figure: Figure) -> str:
     """The column of one generation figure at one batch size (``batch``: ``batch_<n>``), as
     ``generation.batch_1.per_token_latency_s.p50``."""
     return ".".join((phase, batch, *figure.path))
+
+
+def generation_grade_column(phase: str, batch: str) -> str:
+    """The column of one generation window's energy grade, as ``generation.batch_1.energy_grade``."""
+    return ".".join((phase, batch, GRADE_KEY))
 
 
 def generation_batches(frame: pd.DataFrame, phase: str = "generation") -> list[int]:
@@ -228,7 +235,7 @@ def runs_frame(records: Sequence[RunResult | Mapping[str, Any]]) -> pd.DataFrame
         *SEARCH_COSTS,
         *metrics,
         *(column for columns in PHASE_FIGURES.values() for column in columns),
-        *(column for column in frame.columns if GENERATION_COLUMN.match(column)),
+        *(column for column in frame.columns if GENERATION_COLUMN.match(column) and not column.endswith(GRADE_KEY)),
     }
     for name in numeric & set(frame.columns):  # all-missing figures stay numeric (NaN), not objects
         frame[name] = pd.to_numeric(frame[name], errors="coerce").astype(float)
@@ -285,8 +292,9 @@ def summarise(runs: pd.DataFrame, ok_only: bool = True) -> pd.DataFrame:
             row[column] = float(values.sum() / len(values)) if len(values) else math.nan  # as pandas' mean
             row[f"{column}_ci95"] = ci_half_width(values.tolist())
             row[f"{column}_se"] = standard_error(values.tolist())
-        for column in (GRADE_KEY, f"eval_{GRADE_KEY}"):  # a configuration is as trustworthy as its worst seed
-            row[column] = worst(group[column]) if column in group else None
+        graded = [c for c in group.columns if c == GRADE_KEY or c.endswith(("_" + GRADE_KEY, "." + GRADE_KEY))]
+        for column in graded:  # a configuration is as trustworthy as its worst seed
+            row[column] = worst(group[column])
         for column in ("energy_kind", "eval_energy_kind", "generation_energy_kind"):
             kinds = set(group[column].dropna()) if column in group else set()
             row[column] = ESTIMATED if ESTIMATED in kinds else (kinds.pop() if len(kinds) == 1 else None)

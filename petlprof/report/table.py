@@ -419,11 +419,13 @@ def _target_table(group) -> str:
     return render_markdown(headers, rows, [False, False] + [True] * 4)
 
 
-# the generation table's figures, each with its header ({kind}: the energy kind when every run agrees on one)
+# the generation table's figures, each with its header ({kind}: the energy kind when every run agrees on one); the
+# energy grade of the batch's window follows the energy per response
+ENERGY_PER_RESPONSE_TITLE = f"{ENERGY_PER_RESPONSE.label} ({ENERGY_PER_RESPONSE.shown_unit}{{kind}})"
 GENERATION_COLUMNS: tuple[tuple[Figure, str], ...] = (
     (TOKENS_PER_S, TOKENS_PER_S.label),
     (ENERGY_PER_TOKEN, f"{ENERGY_PER_TOKEN.label} ({ENERGY_PER_TOKEN.shown_unit}{{kind}})"),
-    (ENERGY_PER_RESPONSE, f"{ENERGY_PER_RESPONSE.label} ({ENERGY_PER_RESPONSE.shown_unit}{{kind}})"),
+    (ENERGY_PER_RESPONSE, ENERGY_PER_RESPONSE_TITLE),
     (TIME_TO_FIRST_TOKEN, f"{TIME_TO_FIRST_TOKEN.label} ({TIME_TO_FIRST_TOKEN.shown_unit}, median)"),
     (PER_TOKEN_LATENCY, PER_TOKEN_LATENCY.header),
     (PEAK_MEMORY, f"{PEAK_MEMORY.label} incl. KV cache ({PEAK_MEMORY.shown_unit})"),
@@ -437,7 +439,7 @@ def _generation_table(group) -> str:
     second, energy per token and per response, time to first token, per-token latency and peak memory;
     the side network's share of the per-token time where a run timed one."""
     # petlprof.report.frame (pandas): slow to import, loaded only when used
-    from petlprof.report.frame import generation_batches, generation_column
+    from petlprof.report.frame import generation_batches, generation_column, generation_grade_column
 
     kinds = [k for k in distinct(group.get("generation_energy_kind", [])) if isinstance(k, str)]
     kind = f", {kinds[0]}" if len(kinds) == 1 else ""
@@ -448,6 +450,7 @@ def _generation_table(group) -> str:
         shown.append(SIDE_SHARE)
     headers = ["method", "config"] + (["model"] if len(variants) > 1 else []) + ["batch"]
     headers += [title.format(kind=kind) for _, title in shown]
+    headers.insert(headers.index(ENERGY_PER_RESPONSE_TITLE.format(kind=kind)) + 1, "energy grade")
     rows = []
     for _, row in group.iterrows():
         for phase, label in variants:
@@ -460,6 +463,7 @@ def _generation_table(group) -> str:
                     _mean_ci(row, generation_column(phase, batch, figure), figure.scale, figure.decimals)
                     for figure, _ in shown
                 ]
+                cells.insert(3, text(row.get(generation_grade_column(phase, batch))))  # beside the energy figures
                 rows.append(_names(row) + ([label] if len(variants) > 1 else []) + [str(size)] + cells)
-    numeric = [False, False] + [False] * (len(variants) > 1) + [True] * (1 + len(shown))
+    numeric = [False, False] + [False] * (len(variants) > 1) + [True] * 4 + [False] + [True] * (len(shown) - 3)
     return render_markdown(headers, rows, numeric)
