@@ -79,8 +79,13 @@ def test_a_killed_ray_driver_resumes_without_losing_or_repeating_a_run(tmp_path,
         assert proc.poll() is None, "the sweep ended before it could be killed"
         time.sleep(0.2)
     assert any(r["status"] == "ok" for r in stored(out)), "no run finished in time"
-    time.sleep(1.5)  # the driver submits the next run right after storing one; each run starts a fresh
-    # interpreter (several seconds of imports), so run 2 cannot be done within this sleep
+    # the driver submits the next run right after storing one and then says so ("[2/2] ..."); each run starts a fresh
+    # interpreter (several seconds of imports), so run 2 is still in flight when the signal comes
+    deadline = time.time() + 60
+    while time.time() < deadline and "[2/2]" not in log.read_text():
+        assert proc.poll() is None, "the sweep ended before it could be killed"
+        time.sleep(0.1)
+    assert "[2/2]" in log.read_text(), "the second run was not submitted in time"
     proc.send_signal(sig)
     code = proc.wait(60)
     assert code == {signal.SIGKILL: -9, signal.SIGTERM: 143, signal.SIGINT: 130}[sig], log.read_text()[-3000:]

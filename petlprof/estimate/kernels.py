@@ -122,6 +122,12 @@ def flop_counter() -> FlopCounterMode:
     return FlopCounterMode(display=False, custom_mapping=mapping)
 
 
+def flop_formulas() -> dict:
+    """The formulas :func:`flop_counter` counts by: operation packet -> FLOPs of a call (its arguments and
+    ``out_val``, its output); :class:`petlprof.estimate.trace.MetaTrace` counts by them itself."""
+    return flop_counter().flop_registry
+
+
 def _is_meta(value) -> bool:
     return isinstance(value, torch.Tensor) and value.is_meta
 

@@ -39,10 +39,10 @@ from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
+from torch.utils._pytree import tree_flatten, tree_is_leaf, tree_leaves, tree_map, tree_unflatten
 
 from petlprof.estimate.autocast import MetaAutocast, policy_device
-from petlprof.estimate.kernels import DeviceKernels, UntraceableError, flop_counter
+from petlprof.estimate.kernels import DeviceKernels, UntraceableError, flop_formulas
 from petlprof.meters.tensors import run_composite, runs_composite
 from petlprof.run.recipe import AUTOCAST_DTYPES, TrainRecipe
 from petlprof.run.train import loss_fn as classifier_loss
@@ -81,20 +81,58 @@ def _index_on_meta(args: tuple) -> tuple:
 
 
 class MetaTrace(TorchDispatchMode):
-    """Runs a step on meta weights and real inputs; ``peak_bytes``: peak of the bytes created under it."""
+    """Runs a step on meta weights and real inputs; ``peak_bytes``: peak of the bytes created under it.
+
+    ``count_flops`` (a context manager): while it is open, the operations are also counted as torch's
+    ``FlopCounterMode`` counts them (:func:`petlprof.estimate.kernels.flop_formulas`; an operation with a
+    composite kernel run by it, its parts counted), into ``flops``.  The same counts as that mode stacked on
+    this one, without its second dispatch of every operation and without its module hooks (which keep
+    tensors alive longer than a run does, so the bytes of a counted pass are those of an uncounted one)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.live_bytes = 0
         self.peak_bytes = 0
+        self.flops = 0
+        self._formulas: dict | None = None  # operation packet -> its FLOP formula while counting, else None
         self._storages: dict[int, list[int]] = {}  # storage key -> [bytes, tensors alive on it]
+        # id of a weak reference to a tensor on a counted storage -> (the reference, kept so it calls back; the storage)
+        self._watched: dict[int, tuple[weakref.ref, int]] = {}
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # nothing under the trace is compiled: without this, torch wraps __torch_dispatch__ in a dynamo-disabling
+        # frame (two eval-frame swaps and a callback lookup), entered for every operation
+        return False
+
+    @contextlib.contextmanager
+    def count_flops(self):
+        """Count the FLOPs of the operations run while open (added to ``flops``)."""
+        self._formulas = flop_formulas()
+        try:
+            yield self
+        finally:
+            self._formulas = None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        formulas = self._formulas
+        if formulas is not None and func not in formulas and func is not _PRIM_DEVICE and _decomposes(func):
+            with self:  # as FlopCounterMode does: an operation with a composite kernel is counted by its parts
+                out = func.decompose(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
         out, inputs = self._run(func, args, kwargs)
-        for tensor in tree_leaves(out):
-            if isinstance(tensor, torch.Tensor):
-                self._track(tensor, inputs)
+        if isinstance(out, torch.Tensor):
+            self._track(out, inputs)
+        else:
+            for tensor in _leaves(out):
+                if isinstance(tensor, torch.Tensor):
+                    self._track(tensor, inputs)
+        if formulas is not None:
+            formula = formulas.get(func._overloadpacket)
+            if formula is not None:
+                self.flops += formula(*args, **kwargs, out_val=out)
         return out
 
     def _run(self, func, args, kwargs) -> tuple[Any, set[int]]:
@@ -105,26 +143,36 @@ class MetaTrace(TorchDispatchMode):
         first = args[0] if args else None
         if kind == "update" and isinstance(first, torch.Tensor) and first.is_meta:
             return first, {_storage_key(first)}  # an in-place update of a meta tensor changes only its values
-        target = _device_type(kwargs.get("device"))
         if (
-            func is aten._to_copy.default
-            and isinstance(first, torch.Tensor)
-            and target not in (None, first.device.type)
+            kind == "updates"
+            and isinstance(first, list)
+            and all(isinstance(t, torch.Tensor) and t.is_meta for t in first)
         ):
-            # a move between meta and a real device keeps the tensor where it is: a real input stays readable,
-            # and a meta buffer moved to an input's device (RoBERTa's token types) stays a shape without data
-            return func(*args, **{k: v for k, v in kwargs.items() if k != "device"}), {_storage_key(first)}
-        leaves, spec = tree_flatten((args, kwargs))
+            return None, {_storage_key(t) for t in first}  # the same for a list of them (AdamW's foreach loop)
+        if func is aten._to_copy.default and isinstance(first, torch.Tensor):
+            target = _device_type(kwargs.get("device"))
+            if target not in (None, first.device.type):
+                # a move between meta and a real device keeps the tensor where it is: a real input stays readable,
+                # and a meta buffer moved to an input's device (RoBERTa's token types) stays a shape without data
+                return func(*args, **{k: v for k, v in kwargs.items() if k != "device"}), {_storage_key(first)}
+        leaves: list = []
+        spec = _flatten((args, kwargs), leaves)
         tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
         inputs = {_storage_key(t) for t in tensors}
-        if any(t.is_meta for t in tensors) and not all(t.is_meta for t in tensors):
-            if func in _INDEX_OPS:
-                args = _index_on_meta(args)
-            args, kwargs = tree_map(_to_meta, (args, kwargs))
-            leaves, spec = tree_flatten((args, kwargs))
+        if tensors:
+            metas = sum(t.is_meta for t in tensors)
+            if 0 < metas < len(tensors):
+                if func in _INDEX_OPS:
+                    args = _index_on_meta(args)
+                    leaves = []
+                    spec = _flatten((args, kwargs), leaves)
+                leaves = [_to_meta(leaf) for leaf in leaves]
+                args, kwargs = _unflatten(spec, iter(leaves))
         key = _cache_key(func, spec, leaves) if kind == "new" and tensors else None
-        if key is not None and key in _OUTPUTS:
-            return _replay(*_OUTPUTS[key]), inputs
+        if key is not None:
+            known = _OUTPUTS.get(key)
+            if known is not None:
+                return _replay(*known), inputs
         try:
             out = func(*args, **kwargs)
         except (NotImplementedError, RuntimeError) as exc:
@@ -137,13 +185,18 @@ class MetaTrace(TorchDispatchMode):
 
     def _composite(self, func, args, kwargs) -> tuple[Any, set[int]]:
         """A library operation a CPU runs by its composite kernel, run so under this trace (its inner operations
-        traced too), real arguments moved to meta where any is meta."""
+        traced too, not counted: the operation's own FLOP formula counts it), real arguments moved to meta where
+        any is meta."""
         tensors = [leaf for leaf in tree_leaves((args, kwargs)) if isinstance(leaf, torch.Tensor)]
         inputs = {_storage_key(t) for t in tensors}
         if any(t.is_meta for t in tensors):
             args, kwargs = tree_map(_to_meta, (args, kwargs))
-        with self:
-            return run_composite(func, args, kwargs), inputs
+        formulas, self._formulas = self._formulas, None
+        try:
+            with self:
+                return run_composite(func, args, kwargs), inputs
+        finally:
+            self._formulas = formulas
 
     def _track(self, tensor: torch.Tensor, inputs: set[int]) -> None:
         key = _storage_key(tensor)
@@ -155,7 +208,11 @@ class MetaTrace(TorchDispatchMode):
             self.live_bytes += entry[0]
             self.peak_bytes = max(self.peak_bytes, self.live_bytes)
         entry[1] += 1
-        weakref.finalize(tensor, self._release, key)
+        watch = weakref.ref(tensor, self._freed)  # (a finalizer costs twice as much; thousands are made per step)
+        self._watched[id(watch)] = (watch, key)
+
+    def _freed(self, watch: weakref.ref) -> None:
+        self._release(self._watched.pop(id(watch))[1])
 
     def _release(self, key: int) -> None:
         entry = self._storages.get(key)
@@ -169,7 +226,9 @@ class MetaTrace(TorchDispatchMode):
 
 def _kind(func) -> str:
     """``new``: creates new tensors only (no argument written, no output an alias); ``update``: writes its
-    first argument only and returns it, without changing its shape (fills, optimiser updates); else ``other``."""
+    first argument only and returns it, without changing its shape (fills, optimiser updates); ``updates``: writes
+    the tensors of its first argument, a list, only and returns nothing (the in-place ``_foreach`` operations of
+    AdamW's foreach loop); else ``other``."""
     kind = _KINDS.get(func)
     if kind is None:
         kind = _KINDS[func] = _schema_kind(func)
@@ -183,9 +242,20 @@ def _schema_kind(func) -> str:
     arguments, returns = list(schema.arguments), list(schema.returns)
     if all(a.alias_info is None for a in (*arguments, *returns)):
         return "new"
-    if func in _RESHAPING or torch.Tag.inplace_view in func.tags or not arguments or len(returns) != 1:
+    if func in _RESHAPING or torch.Tag.inplace_view in func.tags or not arguments:
         return "other"
-    first, written = arguments[0].alias_info, returns[0].alias_info
+    first = arguments[0].alias_info
+    if (
+        not returns
+        and str(arguments[0].type) == "List[Tensor]"
+        and first is not None
+        and first.is_write
+        and all(a.alias_info is None for a in arguments[1:])
+    ):
+        return "updates"
+    if len(returns) != 1:
+        return "other"
+    written = returns[0].alias_info
     if (
         first is not None
         and first.is_write
@@ -244,6 +314,86 @@ def _replay(spec, meta):
 
 def _device_type(device) -> str | None:
     return None if device is None else torch.device(device).type
+
+
+_PRIM_DEVICE = torch.ops.prim.device.default
+_DECOMPOSES: dict = {}  # operation -> whether it has a composite (CompositeImplicitAutograd) kernel to decompose by
+_SEQUENCES = (tuple, list, torch.Size)
+_LEAF_TYPES: dict[type, bool] = {}  # type -> whether pytree takes its values as leaves
+
+
+def _decomposes(func) -> bool:
+    """Whether ``func.decompose`` can run (``OpOverload.decompose``'s own test, remembered per operation)."""
+    known = _DECOMPOSES.get(func)
+    if known is None:
+        key = torch._C.DispatchKey.CompositeImplicitAutograd
+        known = _DECOMPOSES[func] = isinstance(func, torch._ops.OpOverload) and (
+            key in func.py_kernels or torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), key)
+        )
+    return known
+
+
+class _Unusual(Exception):
+    """A container other than a tuple, list, torch.Size or dict: pytree flattens it."""
+
+
+def _flatten(tree, leaves: list):
+    """``tree``'s leaves appended to ``leaves`` in pytree's order, and its structure (hashable): pytree's flatten
+    for the arguments of ATen operations (tuples, lists, sizes, dicts), without its generality's cost; any other
+    container is left to pytree (its spec then is the structure)."""
+    try:
+        return _walk(tree, leaves)
+    except _Unusual:
+        leaves.clear()
+        flat, spec = tree_flatten(tree)
+        leaves.extend(flat)
+        return spec
+
+
+def _walk(tree, leaves: list):
+    """The structure: None for a leaf; (type, n) for a sequence of n leaves (most are: sizes, lists of tensors);
+    (type, its items' structures) for another sequence; (dict, its keys, its values' structures) for a dict."""
+    kind = type(tree)
+    if kind in _SEQUENCES:
+        if all(_is_leaf(value) for value in tree):
+            leaves.extend(tree)
+            return (kind, len(tree))
+        return (kind, tuple(_walk(value, leaves) for value in tree))
+    if kind is dict:
+        return (dict, tuple(tree), tuple(_walk(value, leaves) for value in tree.values()))
+    if not _is_leaf(tree):
+        raise _Unusual
+    leaves.append(tree)
+    return None
+
+
+def _is_leaf(value) -> bool:
+    kind = type(value)
+    leaf = _LEAF_TYPES.get(kind)
+    if leaf is None:
+        leaf = _LEAF_TYPES[kind] = kind not in _SEQUENCES and kind is not dict and tree_is_leaf(value)
+    return leaf
+
+
+def _unflatten(structure, leaves):
+    """The tree of :func:`_flatten`'s ``structure`` with ``leaves`` (an iterator) in its leaves' places."""
+    if structure is None:
+        return next(leaves)
+    if not isinstance(structure, tuple):
+        return tree_unflatten(list(leaves), structure)  # pytree's spec
+    if structure[0] is dict:
+        return {name: _unflatten(child, leaves) for name, child in zip(structure[1], structure[2])}
+    kind, items = structure
+    if isinstance(items, int):
+        return kind([next(leaves) for _ in range(items)])
+    return kind([_unflatten(child, leaves) for child in items])
+
+
+def _leaves(out) -> list:
+    """pytree's leaves of an operation's output (a tuple or list of tensors, mostly)."""
+    if type(out) in (tuple, list) and all(isinstance(value, torch.Tensor) or value is None for value in out):
+        return [value for value in out if value is not None]
+    return tree_leaves(out)
 
 
 @dataclass
@@ -311,11 +461,10 @@ def train_steps(
     :class:`~petlprof.run.recipe.TrainRecipe` (forward and loss under ``precision``'s autocast by ``device``'s
     rules, backward -- of the scaled loss for fp16, the gradients unscaled in place --, gradient clipping,
     AdamW step, gradients set to None).  The first step creates the optimiser state, which stays alive as
-    the later ones run.  FLOPs are counted in the first step and the peak is read from the later ones:
-    ``FlopCounterMode`` keeps tensors of the step it counts alive longer than a run does (13% of a
-    LoRA step's bytes on tiny-llama at 16 x 64).  ``loss_fn(logits, labels)``: the classifier's loss by
-    default (the LM objective passes its own); ``attention_kernel``: the attention kernel every call runs
-    (``--attention flash``), else the device's choice."""
+    the later ones run.  FLOPs are counted in the first step (by the trace itself,
+    :meth:`MetaTrace.count_flops`) and the peak is read from the later ones, a run's steady state.
+    ``loss_fn(logits, labels)``: the classifier's loss by default (the LM objective passes its own);
+    ``attention_kernel``: the attention kernel every call runs (``--attention flash``), else the device's choice."""
     if loss_fn is None:
         loss_fn = classifier_loss
 
@@ -326,12 +475,12 @@ def train_steps(
     for group in optimizer.param_groups:  # torch's default for the device: a GPU runs AdamW's foreach loop
         group["foreach"] = policy_device(device) == "cuda"
     model.train()
-    tracer, counter, kernels = MetaTrace(), flop_counter(), DeviceKernels(device, attention_kernel)
+    tracer, kernels = MetaTrace(), DeviceKernels(device, attention_kernel)
     with tracer:
         for step in range(steps):
             if step == 1:
                 tracer.peak_bytes = tracer.live_bytes  # the optimiser state is alive from here on
-            with counter if step == 0 else contextlib.nullcontext():
+            with tracer.count_flops() if step == 0 else contextlib.nullcontext():
                 with forward_rules(precision, device, kernels):
                     loss = loss_fn(model(**inputs), labels)
                 (loss * _LOSS_SCALE if precision == FP16 else loss).backward()
@@ -342,9 +491,7 @@ def train_steps(
                 optimizer.zero_grad(set_to_none=True)
             del loss
         del optimizer
-    return StepTrace(
-        tracer.peak_bytes, counter.get_total_flops(), attention_kernels=tuple(sorted(kernels.attention_kernels))
-    )
+    return StepTrace(tracer.peak_bytes, tracer.flops, attention_kernels=tuple(sorted(kernels.attention_kernels)))
 
 
 @torch.no_grad()
@@ -354,12 +501,10 @@ def inference_batch(
     """Trace one evaluation forward pass (eval mode, no autograd) under ``precision``'s autocast."""
     model.eval()
     tracer, kernels = MetaTrace(), DeviceKernels(device, attention_kernel)
-    with tracer, flop_counter() as counter, forward_rules(precision, device, kernels):
+    with tracer, tracer.count_flops(), forward_rules(precision, device, kernels):
         out = model(**inputs)
         out = getattr(out, "logits", out)  # a language model given labels: the logits of the scored positions
         shape = tuple(out.shape) if isinstance(out, torch.Tensor) else ()
         nbytes = math.prod(shape) * out.element_size() if shape else 0
         del out
-    return StepTrace(
-        tracer.peak_bytes, counter.get_total_flops(), shape, nbytes, tuple(sorted(kernels.attention_kernels))
-    )
+    return StepTrace(tracer.peak_bytes, tracer.flops, shape, nbytes, tuple(sorted(kernels.attention_kernels)))
