@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from petlprof.meters.base import Meter, Provenance, Reading
+from petlprof.meters.base import Meter, Provenance, Reading, Window
 from petlprof.meters.devices import nvml as nvml_dev
 from petlprof.meters.devices import rapl
 from petlprof.results.figures import (
@@ -410,8 +410,6 @@ def lengthened(phase: Mapping[str, Any], meters: list[Meter], device: str, work:
     a window graded short by its counter updates made long enough (:mod:`petlprof.results.grades`).  Empty where one
     pass is enough or cannot be helped.  The keys say how many passes (``energy_repeats``) and whether the cap
     stopped them short (``energy_repeat_cap``); time, latency and memory stay the first pass's."""
-    from petlprof.meters.base import Window
-
     repeats = repeats_needed(phase)
     energy_meters = [m for m in meters if ENERGY in m.FIGURES]
     if repeats <= 1 or not energy_meters:
