@@ -69,6 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
             + f" (default {DEFAULT_INTERVAL}; petlprof run's report uses the default)"
         ).replace("%", "%%"),  # argparse formats help with %
     )
+    calibrate = sub.add_parser(
+        "calibrate",
+        help="measure this machine's device for `petlprof estimate`'s time and energy predictions: matrix "
+        "throughput, memory bandwidth, the cost of a kernel, busy and idle power (about 15 s on a CPU)",
+    )
+    calibrate.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
     add_estimate_parser(sub)
     return parser
 
@@ -160,6 +166,30 @@ def cmd_meters(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    device = str(args.device)
+    if device != "cpu" and not (device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit())):
+        raise UsageError(f"--device {device!r} is not cpu, cuda or cuda:N")
+    # not for --help: torch and the meters
+    from petlprof.estimate.calibrate import calibrate, save_profile
+
+    if device.startswith("cuda"):
+        import torch  # not for --help: slow to import
+
+        if not torch.cuda.is_available():
+            raise UsageError(f"--device {device}: torch sees no CUDA device here")
+    say(f"petlprof: calibrating {device} (measured: matrix products, copies, tiny kernels, power busy and idle)")
+    profile = calibrate(device)
+    model = profile["model"]
+    for dtype, flops in model["flops_per_s"].items():
+        say(f"  matrix throughput ({dtype}): {flops / 1e9:,.1f} GFLOP/s (measured)")
+    say(f"  memory bandwidth: {model['bytes_per_s'] / 1e9:,.2f} GB/s (measured, copies)")
+    say(f"  cost of a kernel: {model['kernel_overhead_s'] * 1e6:,.1f} us (measured, tiny additions)")
+    say(f"  power busy / idle: {model['busy_w']:,.1f} W / {model['idle_w']:,.1f} W ({model['power_source']})")
+    say(f"wrote {save_profile(profile, device)}")
+    return 0
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     # not for --help: the report brings pandas and matplotlib, the store (its records) the statistics module
     from petlprof.report import load_records, write_report
@@ -198,6 +228,7 @@ def _quiet_libraries() -> None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handlers = {"run": cmd_run, "list": cmd_list, "meters": cmd_meters, "report": cmd_report, "estimate": cmd_estimate}
+    handlers["calibrate"] = cmd_calibrate
     handler = handlers[args.command]
     _quiet_libraries()
     try:

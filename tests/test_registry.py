@@ -129,7 +129,11 @@ UNKNOWN = [
     (Registry("colour", {"red": 1}), "", "unknown colour ''. Valid choices: red."),
     (Registry("colour", {"red": 1}), "a\x1bb", "unknown colour 'a\\x1bb'. Valid choices: red."),
     (EXECUTOR_KINDS, "loca", "unknown executor 'loca'; did you mean 'local'? Valid choices: local, ray."),
-    (ENERGY_METERS, "nvm", "unknown energy meter 'nvm'; did you mean 'nvml'? Valid choices: estimate, nvml, rapl, zeus."),
+    (
+        ENERGY_METERS,
+        "nvm",
+        "unknown energy meter 'nvm'; did you mean 'nvml'? Valid choices: estimate, nvml, rapl, zeus.",
+    ),
     (EXTRA_METERS, "zz", "unknown extra meter (--meters) 'zz'. Valid choices: codecarbon, cpu-tensors."),
 ]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-from petlprof.errors import UsageError, printable
+from petlprof.errors import UsageError, printable, say
 from petlprof.estimate import gpus
 from petlprof.estimate.attention import ATTENTIONS, DEFAULT_ATTENTION, FLASH, check_attention, check_flash_support
 from petlprof.estimate.lm import DEFAULT_TARGET_LENGTH, check_family
@@ -309,9 +309,26 @@ def _settings(args: argparse.Namespace):
         device=device,
         objective=objective,
         attention=args.attention,
+        device_model=_device_model(device, gpus.get_gpu(args.gpu)),
     )
     _batch_tokens(settings.batch_size, settings.max_length)
     return _with_objective(settings, objective, args)
+
+
+def _device_model(device: str, gpu):
+    """What time and energy are predicted on: this machine's calibrated profile of ``device`` where there is one,
+    else, on cuda, the GPU table's ``--gpu`` with default efficiencies; None on a CPU without a profile (the output
+    says why)."""
+    # kept out of petlprof --help's imports
+    from petlprof.estimate.calibrate import load_profile
+    from petlprof.estimate.roofline import table_model
+
+    model, why = load_profile(device) if device == "cpu" else (None, "")
+    if model is None and device.startswith("cuda"):
+        return table_model(gpu)
+    if model is None:
+        say(f"petlprof: no time or energy prediction: {why}")
+    return model
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
@@ -465,6 +482,7 @@ def table_rows(records: Sequence[EstimateRecord], settings) -> list[dict[str, An
                 "train_step": flops(counts["train_step"]),
                 "inference_batch": flops(counts["inference_batch"]),
                 f"step_time>= ({settings.gpu})": seconds(bound["train_step_s"]),
+                **_predicted_cells(record),
                 "train_fits_from": _smallest_fit(record["fits_train"]),
             }
         )
@@ -482,6 +500,17 @@ def table_rows(records: Sequence[EstimateRecord], settings) -> list[dict[str, An
             row["note"] = "; ".join(notes)
         rows.append(row)
     return rows
+
+
+def _predicted_cells(record: EstimateRecord) -> dict[str, str]:
+    """The predicted train step time and energy (``-`` where nothing was predicted)."""
+    predicted: Any = record.get("predicted")
+    if not predicted:
+        return {}
+    return {
+        "train_step_predicted": seconds(predicted["train_step_s"]),
+        "energy/step_predicted": f"{predicted['train_step_energy_j']:,.3g} J",
+    }
 
 
 def _state_label(memory: dict[str, int]) -> str:

@@ -44,7 +44,15 @@ from petlprof.estimate.gpus import Headroom
 from petlprof.estimate.lm import LmFigures, lm_figures
 from petlprof.estimate.model import ResolvedBackbone, build, family, resolve_backbone, weight_breakdown
 from petlprof.estimate.quantized import check_traceable
-from petlprof.estimate.trace import UntraceableError, example_batch, inference_batch, lm_batch, train_steps
+from petlprof.estimate.roofline import DeviceModel, prediction
+from petlprof.estimate.trace import (
+    StepTrace,
+    UntraceableError,
+    example_batch,
+    inference_batch,
+    lm_batch,
+    train_steps,
+)
 from petlprof.models.language_model import lm_loss
 from petlprof.models.quantization import (
     DEFAULT_COMPUTE_DTYPE,
@@ -180,6 +188,7 @@ class Settings:
     target_length: int | None = None  # LM: target tokens per row (the decoder of an encoder-decoder reads only them)
     attention: str = DEFAULT_ATTENTION  # eager, sdpa or flash (petlprof.estimate.attention)
     quantization: Quantization | None = None  # the frozen backbone's linear layers quantised by bitsandbytes
+    device_model: DeviceModel | None = None  # whose time and energy are predicted (a profile or the GPU table)
 
     @property
     def quantize(self) -> str:
@@ -296,9 +305,17 @@ def trace_figures(resolved: ResolvedBackbone, method, config, settings: Settings
             "peak_inference_bytes": resident + infer.peak_new_bytes,
         },
         "flops": {"train_step": train.flops, "inference_batch": infer.flops},
+        **_predicted(train, infer, settings, compute_dtype),
         "estimate_source": META_TRACE,
         **lm,
     }
+
+
+def _predicted(train: StepTrace, infer: StepTrace, settings: Settings, dtype: str) -> dict:
+    """The ``predicted`` block (:mod:`petlprof.estimate.roofline`) where the settings name a device model."""
+    if settings.device_model is None:
+        return {}
+    return {"predicted": prediction(train.op_costs, infer.op_costs, settings.device_model, dtype)}
 
 
 def _quantize_fields(settings: Settings) -> QuantizeFields:

@@ -51,6 +51,8 @@ class Gpu:
     fp32_tflops: float  # CUDA cores, dense
     bf16_tflops: float  # tensor cores, dense (float16 the same on these parts)
     source: str
+    bandwidth_gb_s: float = 0.0  # memory bandwidth, nominal (the same document)
+    tdp_w: float = 0.0  # board power (TDP / max power; the same document)
 
     @property
     def memory_bytes(self) -> int:
@@ -63,13 +65,15 @@ class Gpu:
 GPUS: dict[str, Gpu] = {
     gpu.name: gpu
     for gpu in (
-        Gpu("rtx4090-24gb", 24, 82.6, 165.2, "NVIDIA Ada Lovelace GPU architecture whitepaper v2.1, table 2"),
-        Gpu("a10-24gb", 24, 31.2, 125.0, "NVIDIA A10 Tensor Core GPU datasheet"),
-        Gpu("a100-40gb", 40, 19.5, 312.0, "NVIDIA A100 Tensor Core GPU datasheet (SXM)"),
-        Gpu("l40s-48gb", 48, 91.6, 362.05, "NVIDIA L40S GPU datasheet"),
-        Gpu("a100-80gb", 80, 19.5, 312.0, "NVIDIA A100 Tensor Core GPU datasheet (SXM)"),
-        Gpu("h100-80gb", 80, 67.0, 989.4, "NVIDIA H100 Tensor Core GPU datasheet (SXM5)"),
-        Gpu("h200-141gb", 141, 67.0, 989.4, "NVIDIA H200 Tensor Core GPU datasheet (SXM)"),
+        Gpu(
+            "rtx4090-24gb", 24, 82.6, 165.2, "NVIDIA Ada Lovelace GPU architecture whitepaper v2.1, table 2", 1008, 450
+        ),
+        Gpu("a10-24gb", 24, 31.2, 125.0, "NVIDIA A10 Tensor Core GPU datasheet", 600, 150),
+        Gpu("a100-40gb", 40, 19.5, 312.0, "NVIDIA A100 Tensor Core GPU datasheet (SXM)", 1555, 400),
+        Gpu("l40s-48gb", 48, 91.6, 362.05, "NVIDIA L40S GPU datasheet", 864, 350),
+        Gpu("a100-80gb", 80, 19.5, 312.0, "NVIDIA A100 Tensor Core GPU datasheet (SXM)", 2039, 400),
+        Gpu("h100-80gb", 80, 67.0, 989.4, "NVIDIA H100 Tensor Core GPU datasheet (SXM5)", 3350, 700),
+        Gpu("h200-141gb", 141, 67.0, 989.4, "NVIDIA H200 Tensor Core GPU datasheet (SXM)", 4800, 700),
     )
 }
 DEFAULT_GPU = "a100-80gb"

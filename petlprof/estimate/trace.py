@@ -94,6 +94,7 @@ class MetaTrace(TorchDispatchMode):
         self.live_bytes = 0
         self.peak_bytes = 0
         self.flops = 0
+        self.op_costs: list[tuple[int, int]] = []  # (FLOPs, bytes read and written) of each counted kernel
         self._formulas: dict | None = None  # operation packet -> its FLOP formula while counting, else None
         self._storages: dict[int, list[int]] = {}  # storage key -> [bytes, tensors alive on it]
         # id of a weak reference to a tensor on a counted storage -> (the reference, kept so it calls back; the storage)
@@ -131,8 +132,10 @@ class MetaTrace(TorchDispatchMode):
                     self._track(tensor, inputs)
         if formulas is not None:
             formula = formulas.get(func._overloadpacket)
-            if formula is not None:
-                self.flops += formula(*args, **kwargs, out_val=out)
+            flops = formula(*args, **kwargs, out_val=out) if formula is not None else 0
+            self.flops += flops
+            if func is not _PRIM_DEVICE and not _is_view(func):  # a view launches no kernel and moves nothing
+                self.op_costs.append((flops, _bytes_moved(args, kwargs, out)))
         return out
 
     def _run(self, func, args, kwargs) -> tuple[Any, set[int]]:
@@ -265,6 +268,43 @@ def _schema_kind(func) -> str:
     ):
         return "update"
     return "other"
+
+
+_VIEWS: dict = {}
+
+
+def _is_view(func) -> bool:
+    """Whether the operation returns a view of an argument without writing it (``view``, ``t``, ``expand``, ...):
+    metadata only, no kernel."""
+    view = _VIEWS.get(func)
+    if view is None:
+        schema = getattr(func, "_schema", None)
+        returns = schema.returns if schema is not None else []
+        view = _VIEWS[func] = bool(returns) and all(
+            r.alias_info is not None and not r.alias_info.is_write for r in returns
+        )
+    return view
+
+
+def _bytes_moved(args: tuple, kwargs: dict, out) -> int:
+    """Bytes an operation reads and writes: its tensor arguments (and lists of them) and its outputs, each
+    storage once -- what a kernel moves through memory at the least (a roofline's memory term)."""
+    seen: dict[int, int] = {}
+
+    def add(value) -> None:
+        if isinstance(value, torch.Tensor):
+            seen.setdefault(id(value), value.numel() * value.element_size())
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                if isinstance(item, torch.Tensor):
+                    seen.setdefault(id(item), item.numel() * item.element_size())
+
+    for value in args:
+        add(value)
+    for value in kwargs.values():
+        add(value)
+    add(out)
+    return sum(seen.values())
 
 
 def _cache_key(func, spec, leaves: list) -> tuple | None:
@@ -406,6 +446,7 @@ class StepTrace:
     output_shape: tuple[int, ...] = ()
     output_bytes: int = 0
     attention_kernels: tuple[str, ...] = ()  # the kernels its scaled_dot_product_attention calls ran (eager: none)
+    op_costs: tuple[tuple[int, int], ...] = ()  # (FLOPs, bytes moved) of each kernel of the counted pass
 
 
 def example_batch(batch_size: int, max_length: int, token_id: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
@@ -491,7 +532,12 @@ def train_steps(
                 optimizer.zero_grad(set_to_none=True)
             del loss
         del optimizer
-    return StepTrace(tracer.peak_bytes, tracer.flops, attention_kernels=tuple(sorted(kernels.attention_kernels)))
+    return StepTrace(
+        tracer.peak_bytes,
+        tracer.flops,
+        attention_kernels=tuple(sorted(kernels.attention_kernels)),
+        op_costs=tuple(tracer.op_costs),
+    )
 
 
 @torch.no_grad()
@@ -507,4 +553,6 @@ def inference_batch(
         shape = tuple(out.shape) if isinstance(out, torch.Tensor) else ()
         nbytes = math.prod(shape) * out.element_size() if shape else 0
         del out
-    return StepTrace(tracer.peak_bytes, tracer.flops, shape, nbytes, tuple(sorted(kernels.attention_kernels)))
+    return StepTrace(
+        tracer.peak_bytes, tracer.flops, shape, nbytes, tuple(sorted(kernels.attention_kernels)), tuple(tracer.op_costs)
+    )

@@ -1,0 +1,192 @@
+"""``petlprof calibrate``: measure what a prediction needs on this machine's device and keep it as a profile.
+
+Four measurements, each a few seconds (about 15 s in all on a CPU):
+
+* matrix throughput: square float32 products (and bfloat16 on a GPU) of :data:`MATMUL_SIZES`, the best of them, in
+  FLOP/s (2 n^3 a product), with the threads a run uses;
+* memory bandwidth: copies of a :data:`COPY_BYTES` tensor (read and written: twice its bytes a copy);
+* the fixed cost of a kernel: a loop of in-place additions on an 8-element tensor;
+* power while busy and at idle: the matrix loop and a sleep, each in a window of the energy meter a run on this
+  device would use (RAPL or NVML; the labelled CPU estimate where neither can be read, said in ``power_source``).
+
+The profile is a JSON file under :func:`profile_dir`, named by the device (the CPU's model or the GPU's name), and
+records the machine, torch's version and the thread count; ``petlprof estimate --device cpu`` (or ``cuda`` on this
+machine) reads it.  A profile from another machine, torch version or thread count is *stale*: named, not used.  A
+profile that cannot be read is one error line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from petlprof.errors import UsageError
+from petlprof.estimate.roofline import DeviceModel
+from petlprof.meters import Window, energy_meter_for, synchronize
+from petlprof.meters.cpu_power_model import cpu_topology
+from petlprof.results.figures import ENERGY, ENERGY_SOURCE
+from petlprof.values import is_number
+
+PROFILE_VERSION = 1
+MATMUL_SIZES = (256, 512, 1024)
+COPY_BYTES = 64 * 2**20
+MEASURE_S = 1.5  # each measurement repeats its work for at least this long
+PROFILE_ENV = "PETLPROF_PROFILE_DIR"
+
+
+def profile_dir() -> Path:
+    """Where profiles are kept: ``$PETLPROF_PROFILE_DIR``, else ``~/.cache/petlprof/device-profiles``."""
+    return Path(os.environ.get(PROFILE_ENV) or Path.home() / ".cache" / "petlprof" / "device-profiles")
+
+
+def device_name(device: str) -> str:
+    """The device as its profile is named: the GPU's name, or the CPU's model (``cpu: <model>``)."""
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(device)
+    return f"cpu: {cpu_topology().name or platform.processor() or 'unknown'}"
+
+
+def _facts(device: str) -> dict:
+    """What makes a profile this machine's: host, torch's version, intra-op threads."""
+    return {"machine": platform.node(), "torch": torch.__version__, "threads": torch.get_num_threads()}
+
+
+def _repeat(work: Callable[[], object], device: str, seconds: float) -> tuple[int, float]:
+    """(times run, seconds taken) of ``work`` repeated for at least ``seconds``, after one unmeasured run."""
+    work()
+    synchronize(device)
+    count, start = 0, time.perf_counter()
+    while True:
+        work()
+        count += 1
+        synchronize(device)
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds:
+            return count, elapsed
+
+
+def matmul_flops_per_s(device: str, dtype: str, seconds: float = MEASURE_S) -> float:
+    """The best achieved FLOP/s of square products of :data:`MATMUL_SIZES` in ``dtype``."""
+    best = 0.0
+    for n in MATMUL_SIZES:
+        a = torch.randn(n, n, device=device, dtype=getattr(torch, dtype))
+        count, elapsed = _repeat(lambda: a @ a, device, seconds / len(MATMUL_SIZES))  # noqa: B023
+        best = max(best, 2 * n**3 * count / elapsed)
+    return best
+
+
+def bandwidth_bytes_per_s(device: str, seconds: float = MEASURE_S) -> float:
+    """Achieved bytes/s of a large copy (each copy reads and writes :data:`COPY_BYTES`)."""
+    source = torch.ones(COPY_BYTES // 4, device=device)
+    target = torch.empty_like(source)
+    count, elapsed = _repeat(lambda: target.copy_(source), device, seconds)
+    return 2 * COPY_BYTES * count / elapsed
+
+
+def kernel_overhead_s(device: str, seconds: float = MEASURE_S) -> float:
+    """Seconds a tiny kernel costs: dispatch (and launch, on a GPU) with nothing to compute."""
+    x = torch.ones(8, device=device)
+
+    def hundred() -> None:
+        for _ in range(100):
+            x.add_(1.0)
+
+    count, elapsed = _repeat(hundred, device, seconds)
+    return elapsed / (100 * count)
+
+
+def power_w(device: str, work: Callable[[], object] | None, seconds: float = MEASURE_S) -> tuple[float, str]:
+    """(mean W, the energy meter's source) over ``seconds`` of ``work`` repeated (None: asleep)."""
+    meter = energy_meter_for(device)
+    try:
+        with Window([meter], device) as window:
+            if work is None:
+                time.sleep(seconds)
+            else:
+                _repeat(work, device, seconds)
+    finally:
+        meter.close()
+    energy, window_s = window.reading.value(ENERGY), window.time_s or 0.0
+    if energy is None or window_s <= 0:
+        raise RuntimeError(f"the {meter.name} meter gave no energy to calibrate power with")
+    return energy / window_s, str(window.reading.get(ENERGY_SOURCE))
+
+
+def calibrate(device: str = "cpu", seconds: float = MEASURE_S) -> dict:
+    """Measure this machine's ``device`` (module docstring) and return its profile (not yet saved)."""
+    dtypes = ["float32", "bfloat16"] if device.startswith("cuda") else ["float32"]
+    flops = {dtype: matmul_flops_per_s(device, dtype, seconds) for dtype in dtypes}
+    n = MATMUL_SIZES[-1]
+    a = torch.randn(n, n, device=device)
+    busy_w, source = power_w(device, lambda: a @ a, seconds)
+    idle_w, _ = power_w(device, None, seconds)
+    model = DeviceModel(
+        name=device_name(device),
+        flops_per_s=flops,
+        bytes_per_s=bandwidth_bytes_per_s(device, seconds),
+        kernel_overhead_s=kernel_overhead_s(device, seconds),
+        busy_w=busy_w,
+        idle_w=idle_w,
+        calibrated=True,
+        source=f"calibrated on {platform.node()} at {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC",
+        power_source=source,
+    )
+    return {"version": PROFILE_VERSION, "device": device.split(":")[0], **_facts(device), "model": model.to_json()}
+
+
+def profile_path(device: str) -> Path:
+    slug = "".join(c if c.isalnum() else "-" for c in device_name(device)).strip("-").lower()
+    return profile_dir() / f"{slug or 'device'}.json"
+
+
+def save_profile(profile: dict, device: str) -> Path:
+    path = profile_path(device)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}")
+    temporary.write_text(json.dumps(profile, indent=2))
+    os.replace(temporary, path)
+    return path
+
+
+def _model_of(data: dict, path: Path) -> DeviceModel:
+    """The :class:`DeviceModel` of a profile's JSON; a :class:`UsageError` naming the file where it is not one."""
+    try:
+        model = data["model"]
+        flops = {str(k): float(v) for k, v in model["flops_per_s"].items()}
+        numbers = [model[k] for k in ("bytes_per_s", "kernel_overhead_s", "busy_w", "idle_w")]
+        if not all(is_number(v) and v > 0 for v in [*numbers[:3], *flops.values()]) or not is_number(numbers[3]):
+            raise ValueError("a figure is not a positive number")
+        bandwidth, overhead, busy, idle = (float(v) for v in numbers)
+        name, source, power = str(model["name"]), str(model["source"]), str(model["power_source"])
+        return DeviceModel(name, flops, bandwidth, overhead, busy, idle, True, source, power)
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise UsageError(
+            f"device profile {path} is not a petlprof profile ({error}); run `petlprof calibrate` again"
+        ) from None
+
+
+def load_profile(device: str) -> tuple[DeviceModel | None, str]:
+    """(this machine's profile of ``device``, what was found): None with why where there is none or it is stale."""
+    path = profile_path(device)
+    if not path.exists():
+        return None, f"no profile of {device_name(device)} ({path}): run `petlprof calibrate --device {device}`"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise UsageError(f"device profile {path} cannot be read ({error}); run `petlprof calibrate` again") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"device profile {path} is not a petlprof profile (not a JSON object)")
+    model = _model_of(data, path)
+    facts = _facts(device)
+    stale = [f"{k} {data.get(k)!r}, now {v!r}" for k, v in facts.items() if data.get(k) != v]
+    if data.get("version") != PROFILE_VERSION:
+        stale.append(f"profile version {data.get('version')!r}, now {PROFILE_VERSION}")
+    if stale:
+        return None, f"stale profile {path} ({'; '.join(stale)}): run `petlprof calibrate --device {device}` again"
+    return model, f"profile {path}"

@@ -1,0 +1,125 @@
+"""Predicted time and energy of a traced step: a roofline per kernel on a device model, labelled *predicted*.
+
+The trace (:mod:`petlprof.estimate.trace`) records each kernel of a counted pass as (FLOPs, bytes it reads and
+writes).  On a :class:`DeviceModel` a kernel takes the longer of its compute time (FLOPs / the device's achieved
+matrix throughput in the step's compute dtype) and its memory time (bytes / the achieved memory bandwidth), plus a
+fixed cost per kernel (dispatch and launch); a phase's time is their sum, split into its compute-bound part, its
+memory-bound part and the per-kernel part, so a reader sees which one the prediction rests on.  Energy is that time
+times the device's power while busy.
+
+A device model comes from ``petlprof calibrate`` (measured on this machine: :mod:`petlprof.estimate.calibrate`) or,
+for a GPU without one, from the bundled table (:mod:`petlprof.estimate.gpus`) with the default efficiencies below,
+and says which (``calibrated``).  Known misses: every kernel is assumed to run alone at the device's achieved rate
+(small matrices run below it, fused kernels move fewer bytes than their parts), caches are ignored (a CPU's L2/L3
+holds small models' activations, so memory-bound parts come out slow there), and the data loader, the Python around
+the step and the optimiser's host work are not in the trace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from petlprof.estimate.gpus import Gpu
+
+# default efficiencies for a GPU without a profile: assumptions, stated in every prediction they make
+GPU_MATMUL_EFFICIENCY = 0.6  # of the dense peak: large cuBLAS products reach more, a fine-tuning step's small ones less
+GPU_BANDWIDTH_EFFICIENCY = 0.8  # of the nominal memory bandwidth (STREAM-like copies reach about this on HBM)
+GPU_KERNEL_OVERHEAD_S = 6e-6  # PyTorch eager dispatch + CUDA launch per kernel, a few microseconds
+GPU_BUSY_POWER_SHARE = 0.8  # of the board power (TDP) while a training step runs
+DEFAULTS_SOURCE = (
+    f"uncalibrated: the GPU table's peak x {GPU_MATMUL_EFFICIENCY:g} (matrix products), its bandwidth x "
+    f"{GPU_BANDWIDTH_EFFICIENCY:g}, {GPU_KERNEL_OVERHEAD_S * 1e6:g} us a kernel, {GPU_BUSY_POWER_SHARE:g} x its "
+    "TDP while busy (petlprof's assumptions; `petlprof calibrate` on the GPU measures them)"
+)
+
+
+@dataclass(frozen=True)
+class DeviceModel:
+    """What a prediction needs of a device: achieved matrix throughput per compute dtype (FLOP/s), memory bandwidth
+    (bytes/s), a fixed cost per kernel (s), power while busy and idle (W), and where each came from."""
+
+    name: str
+    flops_per_s: dict[str, float]
+    bytes_per_s: float
+    kernel_overhead_s: float
+    busy_w: float
+    idle_w: float
+    calibrated: bool
+    source: str
+    power_source: str
+
+    def throughput(self, dtype: str) -> float:
+        """Achieved FLOP/s in ``dtype`` (float32's where the model has no figure for it)."""
+        return self.flops_per_s.get(dtype) or self.flops_per_s["float32"]
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def table_model(gpu: Gpu) -> DeviceModel:
+    """A GPU of the bundled table with the default efficiencies: uncalibrated, and says so."""
+    return DeviceModel(
+        name=gpu.name,
+        flops_per_s={
+            "float32": gpu.fp32_tflops * 1e12 * GPU_MATMUL_EFFICIENCY,
+            "bfloat16": gpu.bf16_tflops * 1e12 * GPU_MATMUL_EFFICIENCY,
+            "float16": gpu.bf16_tflops * 1e12 * GPU_MATMUL_EFFICIENCY,
+        },
+        bytes_per_s=gpu.bandwidth_gb_s * 1e9 * GPU_BANDWIDTH_EFFICIENCY,
+        kernel_overhead_s=GPU_KERNEL_OVERHEAD_S,
+        busy_w=gpu.tdp_w * GPU_BUSY_POWER_SHARE,
+        idle_w=0.0,
+        calibrated=False,
+        source=f"{DEFAULTS_SOURCE}; figures from {gpu.source}",
+        power_source=f"{GPU_BUSY_POWER_SHARE:g} x TDP {gpu.tdp_w:g} W (assumed)",
+    )
+
+
+@dataclass(frozen=True)
+class PhaseTime:
+    """A phase's predicted time (s), split by what bounds each kernel, and its kernels."""
+
+    time_s: float
+    compute_bound_s: float
+    memory_bound_s: float
+    overhead_s: float
+    kernels: int
+
+
+def phase_time(op_costs: Sequence[tuple[int, int]], device: DeviceModel, dtype: str) -> PhaseTime:
+    """The roofline sum over a pass's kernels (see the module)."""
+    flops_per_s, bytes_per_s = device.throughput(dtype), device.bytes_per_s
+    compute = memory = 0.0
+    for flops, moved in op_costs:
+        c, m = flops / flops_per_s, moved / bytes_per_s
+        if c >= m:
+            compute += c
+        else:
+            memory += m
+    overhead = len(op_costs) * device.kernel_overhead_s
+    return PhaseTime(compute + memory + overhead, compute, memory, overhead, len(op_costs))
+
+
+def prediction(
+    train_costs: Sequence[tuple[int, int]], inference_costs: Sequence[tuple[int, int]], device: DeviceModel, dtype: str
+) -> dict:
+    """The record's ``predicted`` block: train step and evaluation batch times (s) with their split, and the train
+    step's energy (J), on ``device``, every figure predicted."""
+    train, infer = phase_time(train_costs, device, dtype), phase_time(inference_costs, device, dtype)
+    return {
+        "kind": "predicted",
+        "device": device.name,
+        "calibrated": device.calibrated,
+        "model": device.source,
+        "power_source": device.power_source,
+        "train_step_s": train.time_s,
+        "train_step_energy_j": train.time_s * device.busy_w,
+        "inference_batch_s": infer.time_s,
+        "train_split_s": {
+            "compute": train.compute_bound_s,
+            "memory": train.memory_bound_s,
+            "kernels": train.overhead_s,
+        },
+        "train_kernels": train.kernels,
+    }

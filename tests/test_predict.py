@@ -1,0 +1,178 @@
+"""Predicted time and energy (issue 38, first round): the roofline on device models, ``petlprof calibrate``'s
+profile (saved, read back, stale, corrupt), and ``petlprof estimate``'s predicted figures with and without one."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from petlprof.cli import main
+from petlprof.errors import UsageError
+from petlprof.estimate import calibrate as cal
+from petlprof.estimate.gpus import GPUS
+from petlprof.estimate.roofline import (
+    GPU_BANDWIDTH_EFFICIENCY,
+    GPU_MATMUL_EFFICIENCY,
+    DeviceModel,
+    phase_time,
+    prediction,
+    table_model,
+)
+
+DEVICE = DeviceModel("test", {"float32": 1e9, "bfloat16": 4e9}, 1e8, 1e-5, 50.0, 5.0, True, "test", "test meter")
+
+
+@pytest.mark.parametrize(
+    "costs, dtype, expected",
+    [
+        ([(2_000_000_000, 1000)], "float32", (2.0, 0.0, 1e-5)),  # compute-bound: 2 GFLOP at 1 GFLOP/s
+        ([(1000, 100_000_000)], "float32", (0.0, 1.0, 1e-5)),  # memory-bound: 100 MB at 100 MB/s
+        ([(2_000_000_000, 1000)], "bfloat16", (0.5, 0.0, 1e-5)),  # the dtype's own throughput
+        ([(2_000_000_000, 1000)], "float16", (2.0, 0.0, 1e-5)),  # a dtype without a figure: float32's
+        ([(0, 0)] * 1000, "float32", (0.0, 0.0, 1e-2)),  # a thousand empty kernels: their fixed cost alone
+        ([], "float32", (0.0, 0.0, 0.0)),
+    ],
+)
+def test_each_kernel_takes_the_longer_of_its_compute_and_memory_time_plus_its_fixed_cost(costs, dtype, expected):
+    time = phase_time(costs, DEVICE, dtype)
+    assert (time.compute_bound_s, time.memory_bound_s, time.overhead_s) == pytest.approx(expected)
+    assert time.time_s == pytest.approx(sum(expected)) and time.kernels == len(costs)
+
+
+def test_a_prediction_is_labelled_and_its_energy_is_time_times_busy_power():
+    predicted = prediction([(1_000_000_000, 0)], [(0, 10_000_000)], DEVICE, "float32")
+    assert predicted["kind"] == "predicted" and predicted["calibrated"] is True
+    assert predicted["train_step_s"] == pytest.approx(1.0 + 1e-5)
+    assert predicted["train_step_energy_j"] == pytest.approx(50.0 * (1.0 + 1e-5))
+    assert predicted["inference_batch_s"] == pytest.approx(0.1 + 1e-5)
+
+
+def test_a_table_gpu_is_uncalibrated_with_its_default_efficiencies_said():
+    model = table_model(GPUS["h100-80gb"])
+    assert not model.calibrated and "uncalibrated" in model.source
+    assert model.throughput("bfloat16") == pytest.approx(989.4e12 * GPU_MATMUL_EFFICIENCY)
+    assert model.bytes_per_s == pytest.approx(3350e9 * GPU_BANDWIDTH_EFFICIENCY)
+    assert all(gpu.bandwidth_gb_s > 0 and gpu.tdp_w > 0 for gpu in GPUS.values())
+
+
+@pytest.fixture
+def profiles(tmp_path, monkeypatch):
+    monkeypatch.setenv(cal.PROFILE_ENV, str(tmp_path / "profiles"))
+    return tmp_path / "profiles"
+
+
+def test_calibrate_measures_this_cpu_and_its_profile_reads_back(profiles):
+    profile = cal.calibrate("cpu", seconds=0.05)
+    model = profile["model"]
+    assert model["flops_per_s"]["float32"] > 1e8 and model["bytes_per_s"] > 1e8  # any CPU of this century
+    assert 0 < model["kernel_overhead_s"] < 1e-2 and model["busy_w"] > 0
+    path = cal.save_profile(profile, "cpu")
+    assert path.parent == profiles and path.name.startswith("cpu-")
+    loaded, why = cal.load_profile("cpu")
+    assert loaded is not None and loaded.calibrated and why == f"profile {path}"
+    assert loaded.throughput("float32") == model["flops_per_s"]["float32"]
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"torch": "1.0.0"}, "stale profile"),
+        ({"threads": 999}, "threads 999"),
+        ({"machine": "elsewhere"}, "machine 'elsewhere'"),
+        ({"version": 0}, "profile version 0"),
+    ],
+)
+def test_a_profile_from_another_machine_torch_or_thread_count_is_named_stale_and_not_used(profiles, change, words):
+    profile = {**cal.calibrate("cpu", seconds=0.02), **change}
+    cal.save_profile(profile, "cpu")
+    model, why = cal.load_profile("cpu")
+    assert model is None and words in why and "run `petlprof calibrate --device cpu` again" in why
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "{not json",
+        "[1, 2]",
+        json.dumps({"version": 1, "model": {"flops_per_s": {"float32": math.nan}}}),
+        json.dumps({"version": 1, "model": {"name": "x", "flops_per_s": {"float32": 1e9}, "bytes_per_s": -1}}),
+    ],
+)
+def test_a_corrupt_profile_is_one_line_naming_the_file(profiles, text):
+    path = cal.profile_path("cpu")
+    path.parent.mkdir(parents=True)
+    path.write_text(text)
+    with pytest.raises(UsageError, match=str(path)):
+        cal.load_profile("cpu")
+
+
+def test_no_profile_says_how_to_make_one(profiles):
+    model, why = cal.load_profile("cpu")
+    assert model is None and "no profile of cpu: " in why and "petlprof calibrate --device cpu" in why
+
+
+@pytest.mark.parametrize("device, words", [("tpu", "is not cpu, cuda or cuda:N"), ("cuda:x", "is not cpu, cuda")])
+def test_calibrate_refuses_a_bad_device_in_one_line(capsys, device, words):
+    assert main(["calibrate", "--device", device]) == 2
+    assert words in capsys.readouterr().err
+
+
+def test_calibrate_on_a_gpu_this_machine_lacks_is_one_line(capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    assert main(["calibrate", "--device", "cuda"]) == 2
+    assert "torch sees no CUDA device here" in capsys.readouterr().err
+
+
+def records(out) -> list[dict]:
+    return [json.loads(line) for line in (out / "estimates.jsonl").read_text().splitlines()]
+
+
+def test_estimate_predicts_on_this_machines_profile_and_says_when_it_has_none(profiles, tmp_path, capsys):
+    args = ["estimate", "--backbone", "tiny-bert", "--methods", "lora,full", "--device", "cpu"]
+    assert main([*args, "--output", str(tmp_path / "a")]) == 0
+    assert "no time or energy prediction: no profile of cpu" in capsys.readouterr().err
+    assert all("predicted" not in r for r in records(tmp_path / "a"))
+    cal.save_profile(cal.calibrate("cpu", seconds=0.02), "cpu")
+    assert main([*args, "--output", str(tmp_path / "b")]) == 0
+    out = capsys.readouterr().out
+    assert "train_step_predicted" in out and "energy/step_predicted" in out
+    for record in records(tmp_path / "b"):
+        predicted = record["predicted"]
+        assert predicted["calibrated"] is True and predicted["kind"] == "predicted"
+        assert predicted["train_step_s"] > predicted["inference_batch_s"] > 0
+        assert predicted["train_step_energy_j"] > 0
+    full, lora = sorted(records(tmp_path / "b"), key=lambda r: r["method"])
+    assert full["predicted"]["train_step_s"] > lora["predicted"]["train_step_s"]  # full trains every weight
+
+
+def test_estimate_on_a_gpu_predicts_from_the_table_uncalibrated(tmp_path):
+    out = tmp_path / "o"
+    assert (
+        main(["estimate", "--backbone", "tiny-llama", "--methods", "lora", "--gpu", "h100-80gb", "--output", str(out)])
+        == 0
+    )
+    [record] = records(out)
+    assert record["predicted"]["device"] == "h100-80gb" and record["predicted"]["calibrated"] is False
+    assert "uncalibrated" in record["predicted"]["model"]
+
+
+def test_every_counted_kernel_is_in_the_ops_the_roofline_prices():
+    """The trace's per-kernel FLOPs add up to the step's FLOPs: none priced twice, none left out."""
+    from petlprof.estimate.model import build, resolve_backbone
+    from petlprof.estimate.trace import example_batch, inference_batch, train_steps
+    from petlprof.registry import get_method
+
+    resolved = resolve_backbone("tiny-bert", None)
+    method = get_method("lora")
+    model = build(resolved, method, method.make_config({}), 2).model
+    inputs, labels = example_batch(4, 16, 5)
+    train = train_steps(model, inputs, labels, device="cpu")
+    infer = inference_batch(model, inputs, device="cpu")
+    for trace in (train, infer):
+        assert sum(f for f, _ in trace.op_costs) == trace.flops and all(b >= 0 for _, b in trace.op_costs)
+    assert len(train.op_costs) > len(infer.op_costs) > 10
