@@ -323,3 +323,28 @@ def test_the_generation_table_shows_each_windows_grade_beside_its_energy():
     assert set(runs["generation.batch_1.energy_grade"].dropna()) == {"D"}
     text = render_report(records, runs, [])
     assert "| energy per response (J, estimated) | energy grade | time to first token" in text
+
+
+def test_energy_above_idle_shows_its_own_grade_in_the_latency_table():
+    """Runs measured by RAPL with an idle baseline that did not hold: energy an A, energy above idle a C."""
+    import json
+
+    from petlprof.report.frame import runs_frame
+    from petlprof.report.markdown import render_report
+
+    stored = Path(__file__).resolve().parents[1] / "reports" / "minilm-tweets-default" / "results.jsonl"
+    records = [json.loads(line) for line in stored.read_text().splitlines() if line.strip()]
+    for record in records:
+        record["train"].update(
+            energy_kind="measured",
+            energy_source="rapl",
+            energy_window_s=60.0,
+            contended=False,
+            energy_above_idle_j=-5.0,
+            energy_above_idle_low_confidence=True,
+        )
+    runs = runs_frame(records)
+    assert set(runs["energy_grade"]) == {"A"} and set(runs["energy_above_idle_grade"]) == {"C"}
+    text = render_report(records, runs, [])
+    assert "| train energy above idle (J) | grade |" in text
+    assert "| A |" in text and "| C |" in text

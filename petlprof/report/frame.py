@@ -59,7 +59,7 @@ from petlprof.results.figures import (
     Figure,
     frame_columns,
 )
-from petlprof.results.grades import GRADE_KEY, worst
+from petlprof.results.grades import ABOVE_IDLE_GRADE_KEY, GRADE_KEY, worst
 from petlprof.results.result import TARGET_FIGURES, JSONValue, RunResult, mapping, results_of
 from petlprof.tasks.metrics import METRIC_DIRECTIONS, direction
 from petlprof.vocabulary import ESTIMATED, LOCAL, ZERO_SHOT
@@ -160,6 +160,8 @@ def _row(record: RunResult) -> Row:
             row[prefix + column] = None if phase is None else phase.raw(column)
         grade = None if phase is None or (phase_name == "train" and is_zero_shot(record)) else phase.energy_grade
         row[prefix + GRADE_KEY] = None if grade is None else grade.letter  # the zero-shot row trained: exactly 0 J
+        above = None if grade is None or phase is None else phase.above_idle_grade
+        row[prefix + ABOVE_IDLE_GRADE_KEY] = None if above is None else above.letter
     return row
 
 
@@ -292,7 +294,7 @@ def summarise(runs: pd.DataFrame, ok_only: bool = True) -> pd.DataFrame:
             row[column] = float(values.sum() / len(values)) if len(values) else math.nan  # as pandas' mean
             row[f"{column}_ci95"] = ci_half_width(values.tolist())
             row[f"{column}_se"] = standard_error(values.tolist())
-        graded = [c for c in group.columns if c == GRADE_KEY or c.endswith(("_" + GRADE_KEY, "." + GRADE_KEY))]
+        graded = [c for c in group.columns if c.endswith((GRADE_KEY, ABOVE_IDLE_GRADE_KEY))]
         for column in graded:  # a configuration is as trustworthy as its worst seed
             row[column] = worst(group[column])
         for column in ("energy_kind", "eval_energy_kind", "generation_energy_kind"):

@@ -43,7 +43,7 @@ from petlprof.results.figures import (
     TRAIN,
     Figure,
 )
-from petlprof.results.grades import GRADE_KEY
+from petlprof.results.grades import ABOVE_IDLE_GRADE_KEY, GRADE_KEY
 from petlprof.results.result import RunResult, results_of
 from petlprof.vocabulary import ZERO_SHOT
 
@@ -392,14 +392,23 @@ def _vs_row(row) -> list[str]:
 def _more_table(group) -> str:
     """Eval latency and the figures only some runs have (energy above idle, CO2, inference, merged eval)."""
     optional = [c for c in OPTIONAL_COLUMNS if c[0] in group and group[c[0]].notna().any()]
-    headers = ["method", "config", f"eval {LATENCY.header}"] + [title for _, title, _, _ in optional]
-    rows = [
-        _names(row)
-        + [_figure_ci(row, LATENCY, EVAL)]
-        + [_mean_ci(row, column, factor, decimals) for column, _, factor, decimals in optional]
-        for _, row in group.iterrows()
-    ]
-    return render_markdown(headers, rows, [False, False] + [True] * (1 + len(optional)))
+    headers = ["method", "config", f"eval {LATENCY.header}"]
+    numeric = [False, False, True]
+    for column, title, _, _ in optional:
+        headers.append(title)
+        numeric.append(True)
+        if column == ENERGY_ABOVE_IDLE.frame_column():  # its grade beside it
+            headers.append("grade")
+            numeric.append(False)
+    rows = []
+    for _, row in group.iterrows():
+        cells = _names(row) + [_figure_ci(row, LATENCY, EVAL)]
+        for column, _, factor, decimals in optional:
+            cells.append(_mean_ci(row, column, factor, decimals))
+            if column == ENERGY_ABOVE_IDLE.frame_column():
+                cells.append(text(row.get(ABOVE_IDLE_GRADE_KEY)))
+        rows.append(cells)
+    return render_markdown(headers, rows, numeric)
 
 
 def _target_table(group) -> str:

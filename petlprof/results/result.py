@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from petlprof.results.figures import ENERGY, ENERGY_KIND, FIGURES, TIME, Figure
-from petlprof.results.grades import Grade, grade_of
+from petlprof.results.grades import Grade, above_idle_grade, grade_of
 from petlprof.results.records import OK
 
 # a value as JSON holds it (a record's field, a method config's value, a cell of the runs table)
@@ -119,6 +119,11 @@ class PhaseResult:
         """How far to trust the window's energy figure (:mod:`petlprof.results.grades`): as recorded, or graded
         now from its keys for a record from before grades; None without an energy figure."""
         return grade_of(self.data)
+
+    @property
+    def above_idle_grade(self) -> Grade | None:
+        """The grade of the window's energy above idle (its energy grade, capped by the idle baseline's checks)."""
+        return above_idle_grade(self.data, self.energy_grade)
 
     @property
     def warnings(self) -> tuple[str, ...]:
