@@ -171,7 +171,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if device != "cpu" and not (device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit())):
         raise UsageError(f"--device {device!r} is not cpu, cuda or cuda:N")
     # not for --help: torch and the meters
-    from petlprof.estimate.calibrate import calibrate, save_profile
+    from petlprof.estimate.calibrate import calibrate
+    from petlprof.estimate.profiles import save_profile
 
     if device.startswith("cuda"):
         import torch  # not for --help: slow to import

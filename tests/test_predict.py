@@ -11,6 +11,7 @@ import pytest
 from petlprof.cli import main
 from petlprof.errors import UsageError
 from petlprof.estimate import calibrate as cal
+from petlprof.estimate import profiles as prof
 from petlprof.estimate.gpus import GPUS
 from petlprof.estimate.roofline import (
     GPU_BANDWIDTH_EFFICIENCY,
@@ -59,7 +60,7 @@ def test_a_table_gpu_is_uncalibrated_with_its_default_efficiencies_said():
 
 @pytest.fixture
 def profiles(tmp_path, monkeypatch):
-    monkeypatch.setenv(cal.PROFILE_ENV, str(tmp_path / "profiles"))
+    monkeypatch.setenv(prof.PROFILE_ENV, str(tmp_path / "profiles"))
     return tmp_path / "profiles"
 
 
@@ -68,9 +69,9 @@ def test_calibrate_measures_this_cpu_and_its_profile_reads_back(profiles):
     model = profile["model"]
     assert model["flops_per_s"]["float32"] > 1e8 and model["bytes_per_s"] > 1e8  # any CPU of this century
     assert 0 < model["kernel_overhead_s"] < 1e-2 and model["busy_w"] > 0
-    path = cal.save_profile(profile, "cpu")
+    path = prof.save_profile(profile, "cpu")
     assert path.parent == profiles and path.name.startswith("cpu-")
-    loaded, why = cal.load_profile("cpu")
+    loaded, why = prof.load_profile("cpu")
     assert loaded is not None and loaded.calibrated and why == f"profile {path}"
     assert loaded.throughput("float32") == model["flops_per_s"]["float32"]
 
@@ -86,8 +87,8 @@ def test_calibrate_measures_this_cpu_and_its_profile_reads_back(profiles):
 )
 def test_a_profile_from_another_machine_torch_or_thread_count_is_named_stale_and_not_used(profiles, change, words):
     profile = {**cal.calibrate("cpu", seconds=0.02), **change}
-    cal.save_profile(profile, "cpu")
-    model, why = cal.load_profile("cpu")
+    prof.save_profile(profile, "cpu")
+    model, why = prof.load_profile("cpu")
     assert model is None and words in why and "run `petlprof calibrate --device cpu` again" in why
 
 
@@ -101,15 +102,15 @@ def test_a_profile_from_another_machine_torch_or_thread_count_is_named_stale_and
     ],
 )
 def test_a_corrupt_profile_is_one_line_naming_the_file(profiles, text):
-    path = cal.profile_path("cpu")
+    path = prof.profile_path("cpu")
     path.parent.mkdir(parents=True)
     path.write_text(text)
     with pytest.raises(UsageError, match=str(path)):
-        cal.load_profile("cpu")
+        prof.load_profile("cpu")
 
 
 def test_no_profile_says_how_to_make_one(profiles):
-    model, why = cal.load_profile("cpu")
+    model, why = prof.load_profile("cpu")
     assert model is None and "no profile of cpu: " in why and "petlprof calibrate --device cpu" in why
 
 
@@ -137,7 +138,7 @@ def test_estimate_predicts_on_this_machines_profile_and_says_when_it_has_none(pr
     assert main([*args, "--output", str(tmp_path / "a")]) == 0
     assert "no time or energy prediction: no profile of cpu" in capsys.readouterr().err
     assert all("predicted" not in r for r in records(tmp_path / "a"))
-    cal.save_profile(cal.calibrate("cpu", seconds=0.02), "cpu")
+    prof.save_profile(cal.calibrate("cpu", seconds=0.02), "cpu")
     assert main([*args, "--output", str(tmp_path / "b")]) == 0
     out = capsys.readouterr().out
     assert "train_step_predicted" in out and "energy/step_predicted" in out

@@ -9,52 +9,26 @@ Four measurements, each a few seconds (about 15 s in all on a CPU):
 * power while busy and at idle: the matrix loop and a sleep, each in a window of the energy meter a run on this
   device would use (RAPL or NVML; the labelled CPU estimate where neither can be read, said in ``power_source``).
 
-The profile is a JSON file under :func:`profile_dir`, named by the device (the CPU's model or the GPU's name), and
-records the machine, torch's version and the thread count; ``petlprof estimate --device cpu`` (or ``cuda`` on this
-machine) reads it.  A profile from another machine, torch version or thread count is *stale*: named, not used.  A
-profile that cannot be read is one error line.
+The profile is kept by :mod:`petlprof.estimate.profiles` (``save_profile``) and read back by ``petlprof estimate
+--device cpu`` and by each sweep's predictions.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import platform
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
-from petlprof.errors import UsageError
+from petlprof.estimate.profiles import PROFILE_VERSION, device_name, machine_facts
 from petlprof.estimate.roofline import DeviceModel
 from petlprof.meters import Window, energy_meter_for, synchronize
-from petlprof.meters.cpu_power_model import cpu_topology
 from petlprof.results.figures import ENERGY, ENERGY_SOURCE
-from petlprof.values import is_number
 
-PROFILE_VERSION = 1
 MATMUL_SIZES = (256, 512, 1024)
 COPY_BYTES = 64 * 2**20
 MEASURE_S = 1.5  # each measurement repeats its work for at least this long
-PROFILE_ENV = "PETLPROF_PROFILE_DIR"
-
-
-def profile_dir() -> Path:
-    """Where profiles are kept: ``$PETLPROF_PROFILE_DIR``, else ``~/.cache/petlprof/device-profiles``."""
-    return Path(os.environ.get(PROFILE_ENV) or Path.home() / ".cache" / "petlprof" / "device-profiles")
-
-
-def device_name(device: str) -> str:
-    """The device as its profile is named: the GPU's name, or the CPU's model (``cpu: <model>``)."""
-    if device.startswith("cuda"):
-        return torch.cuda.get_device_name(device)
-    return f"cpu: {cpu_topology().name or platform.processor() or 'unknown'}"
-
-
-def _facts(device: str) -> dict:
-    """What makes a profile this machine's: host, torch's version, intra-op threads."""
-    return {"machine": platform.node(), "torch": torch.__version__, "threads": torch.get_num_threads()}
 
 
 def _repeat(work: Callable[[], object], device: str, seconds: float) -> tuple[int, float]:
@@ -137,56 +111,4 @@ def calibrate(device: str = "cpu", seconds: float = MEASURE_S) -> dict:
         source=f"calibrated on {platform.node()} at {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC",
         power_source=source,
     )
-    return {"version": PROFILE_VERSION, "device": device.split(":")[0], **_facts(device), "model": model.to_json()}
-
-
-def profile_path(device: str) -> Path:
-    slug = "".join(c if c.isalnum() else "-" for c in device_name(device)).strip("-").lower()
-    return profile_dir() / f"{slug or 'device'}.json"
-
-
-def save_profile(profile: dict, device: str) -> Path:
-    path = profile_path(device)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}")
-    temporary.write_text(json.dumps(profile, indent=2))
-    os.replace(temporary, path)
-    return path
-
-
-def _model_of(data: dict, path: Path) -> DeviceModel:
-    """The :class:`DeviceModel` of a profile's JSON; a :class:`UsageError` naming the file where it is not one."""
-    try:
-        model = data["model"]
-        flops = {str(k): float(v) for k, v in model["flops_per_s"].items()}
-        numbers = [model[k] for k in ("bytes_per_s", "kernel_overhead_s", "busy_w", "idle_w")]
-        if not all(is_number(v) and v > 0 for v in [*numbers[:3], *flops.values()]) or not is_number(numbers[3]):
-            raise ValueError("a figure is not a positive number")
-        bandwidth, overhead, busy, idle = (float(v) for v in numbers)
-        name, source, power = str(model["name"]), str(model["source"]), str(model["power_source"])
-        return DeviceModel(name, flops, bandwidth, overhead, busy, idle, True, source, power)
-    except (KeyError, TypeError, ValueError, AttributeError) as error:
-        raise UsageError(
-            f"device profile {path} is not a petlprof profile ({error}); run `petlprof calibrate` again"
-        ) from None
-
-
-def load_profile(device: str) -> tuple[DeviceModel | None, str]:
-    """(this machine's profile of ``device``, what was found): None with why where there is none or it is stale."""
-    path = profile_path(device)
-    if not path.exists():
-        return None, f"no profile of {device_name(device)} ({path}): run `petlprof calibrate --device {device}`"
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as error:
-        raise UsageError(f"device profile {path} cannot be read ({error}); run `petlprof calibrate` again") from None
-    if not isinstance(data, dict):
-        raise UsageError(f"device profile {path} is not a petlprof profile (not a JSON object)")
-    model = _model_of(data, path)
-    facts = _facts(device)
-    stale = [f"{k} {data.get(k)!r}, now {v!r}" for k, v in facts.items() if data.get(k) != v]
-    if data.get("version") != PROFILE_VERSION:
-        stale.append(f"profile version {data.get('version')!r}, now {PROFILE_VERSION}")
-    if stale:
-        return None, f"stale profile {path} ({'; '.join(stale)}): run `petlprof calibrate --device {device}` again"
-    return model, f"profile {path}"
+    return {"version": PROFILE_VERSION, "device": device.split(":")[0], **machine_facts(), "model": model.to_json()}

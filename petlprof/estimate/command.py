@@ -320,7 +320,7 @@ def _device_model(device: str, gpu):
     else, on cuda, the GPU table's ``--gpu`` with default efficiencies; None on a CPU without a profile (the output
     says why)."""
     # kept out of petlprof --help's imports
-    from petlprof.estimate.calibrate import load_profile
+    from petlprof.estimate.profiles import load_profile
     from petlprof.estimate.roofline import table_model
 
     model, why = load_profile(device) if device == "cpu" else (None, "")

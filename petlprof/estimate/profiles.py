@@ -1,0 +1,96 @@
+"""Device profiles (``petlprof calibrate``'s output): where they are kept, whose they are, and reading one back.
+
+A profile is a JSON file under :func:`profile_dir`, named by the device (the CPU's model or the GPU's name), with the
+machine, torch's version and the intra-op thread count it was measured with.  A profile from another machine, torch
+version or thread count is *stale*: named, not used; one that cannot be read is one error line.  This module imports
+torch only to read or name a GPU, or to check a profile that exists, so a sweep on a CPU without a profile pays
+nothing for asking.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from pathlib import Path
+
+from petlprof.errors import UsageError
+from petlprof.estimate.roofline import DeviceModel
+from petlprof.meters.cpu_power_model import cpu_topology
+from petlprof.values import is_number
+
+PROFILE_VERSION = 1
+PROFILE_ENV = "PETLPROF_PROFILE_DIR"
+
+
+def profile_dir() -> Path:
+    """Where profiles are kept: ``$PETLPROF_PROFILE_DIR``, else ``~/.cache/petlprof/device-profiles``."""
+    return Path(os.environ.get(PROFILE_ENV) or Path.home() / ".cache" / "petlprof" / "device-profiles")
+
+
+def device_name(device: str) -> str:
+    """The device as its profile is named: the GPU's name, or the CPU's model (``cpu: <model>``)."""
+    if device.startswith("cuda"):
+        import torch  # torch: slow to import, only to name a GPU
+
+        return torch.cuda.get_device_name(device)
+    return f"cpu: {cpu_topology().name or platform.processor() or 'unknown'}"
+
+
+def machine_facts() -> dict:
+    """What makes a profile this machine's: host, torch's version, intra-op threads."""
+    import torch  # torch: slow to import, only once a profile is measured or found
+
+    return {"machine": platform.node(), "torch": torch.__version__, "threads": torch.get_num_threads()}
+
+
+def profile_path(device: str) -> Path:
+    slug = "".join(c if c.isalnum() else "-" for c in device_name(device)).strip("-").lower()
+    return profile_dir() / f"{slug or 'device'}.json"
+
+
+def save_profile(profile: dict, device: str) -> Path:
+    path = profile_path(device)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}")
+    temporary.write_text(json.dumps(profile, indent=2))
+    os.replace(temporary, path)
+    return path
+
+
+def _model_of(data: dict, path: Path) -> DeviceModel:
+    """The :class:`DeviceModel` of a profile's JSON; a :class:`UsageError` naming the file where it is not one."""
+    try:
+        model = data["model"]
+        flops = {str(k): float(v) for k, v in model["flops_per_s"].items()}
+        numbers = [model[k] for k in ("bytes_per_s", "kernel_overhead_s", "busy_w", "idle_w")]
+        if not all(is_number(v) and v > 0 for v in [*numbers[:3], *flops.values()]) or not is_number(numbers[3]):
+            raise ValueError("a figure is not a positive number")
+        bandwidth, overhead, busy, idle = (float(v) for v in numbers)
+        name, source, power = str(model["name"]), str(model["source"]), str(model["power_source"])
+        return DeviceModel(name, flops, bandwidth, overhead, busy, idle, True, source, power)
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise UsageError(
+            f"device profile {path} is not a petlprof profile ({error}); run `petlprof calibrate` again"
+        ) from None
+
+
+def load_profile(device: str) -> tuple[DeviceModel | None, str]:
+    """(this machine's profile of ``device``, what was found): None with why where there is none or it is stale."""
+    path = profile_path(device)
+    if not path.exists():
+        return None, f"no profile of {device_name(device)} ({path}): run `petlprof calibrate --device {device}`"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise UsageError(f"device profile {path} cannot be read ({error}); run `petlprof calibrate` again") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"device profile {path} is not a petlprof profile (not a JSON object)")
+    model = _model_of(data, path)
+    facts = machine_facts()
+    stale = [f"{k} {data.get(k)!r}, now {v!r}" for k, v in facts.items() if data.get(k) != v]
+    if data.get("version") != PROFILE_VERSION:
+        stale.append(f"profile version {data.get('version')!r}, now {PROFILE_VERSION}")
+    if stale:
+        return None, f"stale profile {path} ({'; '.join(stale)}): run `petlprof calibrate --device {device}` again"
+    return model, f"profile {path}"
