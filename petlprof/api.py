@@ -119,7 +119,7 @@ def run_sweep(
     values = {"methods": methods, "output": output, **options}
     file_values = load_config_file(os.fspath(config)) if config else {}
     run_options = build_options(file_values, {k: _as_given(v) for k, v in values.items()})
-    outcome = drive(run_options, finish=report_sweep, peak=estimated_peak)
+    outcome = drive(run_options, finish=report_sweep, peak=estimated_peak, predict=predictions_of(run_options))
     return Sweep(**vars(outcome))
 
 
@@ -130,6 +130,20 @@ def estimated_peak(*args: Any) -> int | None:
     from petlprof.estimate.core import lm_training_peak
 
     return lm_training_peak(*args)
+
+
+def predictions_of(options: Any) -> Any:
+    """Each run's predicted costs (:func:`petlprof.estimate.runs.predict_runs`) for the sweep ``options`` describe,
+    for the sweep driver, which cannot import the estimate; the classifier's labels read from each task."""
+
+    def predict(specs: list) -> dict[str, dict]:
+        # petlprof.estimate: imported when a sweep has runs to predict (torch only where there is a device model)
+        from petlprof.estimate.runs import predict_runs
+        from petlprof.sweep.config import sweep_task
+
+        return predict_runs(specs, lambda task: int(sweep_task(options, task).num_labels or 2))
+
+    return predict
 
 
 def _as_given(value: Any) -> Any:

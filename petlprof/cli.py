@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_run(args: argparse.Namespace) -> int:
     # not for --help: the options' checks (the registry's entry points), the sweep's executors and store
-    from petlprof.api import estimated_peak
+    from petlprof.api import estimated_peak, predictions_of
     from petlprof.execution.sweep import drive
     from petlprof.report.terminal import report_sweep
     from petlprof.sweep.config import build_options, load_config_file, parse_method_grids, parse_method_overrides
@@ -90,7 +90,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     cli_values["method_config"] = parse_method_overrides(args.method_config) if args.method_config else None
     cli_values["method_grid"] = parse_method_grids(args.method_grid) if args.method_grid else None
     file_values = load_config_file(args.config) if args.config else {}
-    return drive(build_options(file_values, cli_values), finish=report_sweep, peak=estimated_peak).exit_code
+    options = build_options(file_values, cli_values)
+    return drive(options, finish=report_sweep, peak=estimated_peak, predict=predictions_of(options)).exit_code
 
 
 def cmd_list(args: argparse.Namespace) -> int:

@@ -146,3 +146,11 @@ def _signal_mask_as_it_was():
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
     yield
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+@pytest.fixture(autouse=True)
+def _no_device_profile_of_the_developers(tmp_path_factory, monkeypatch):
+    """Device profiles (``petlprof calibrate``) from a folder of the test session's own, empty unless a test makes
+    one: a developer's calibrated profile in ~/.cache would otherwise make every test sweep predict its runs (and
+    carry ``predicted`` in its records), where CI's fresh machine predicts nothing."""
+    monkeypatch.setenv("PETLPROF_PROFILE_DIR", str(tmp_path_factory.getbasetemp() / "device-profiles"))

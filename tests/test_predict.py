@@ -177,3 +177,93 @@ def test_every_counted_kernel_is_in_the_ops_the_roofline_prices():
     for trace in (train, infer):
         assert sum(f for f, _ in trace.op_costs) == trace.flops and all(b >= 0 for _, b in trace.op_costs)
     assert len(train.op_costs) > len(infer.op_costs) > 10
+
+
+def test_each_configuration_is_predicted_once_and_its_seeds_share_it(profiles, monkeypatch):
+    from petlprof.estimate import core
+    from petlprof.estimate.runs import predict_runs
+    from petlprof.sweep.spec import RunSpec
+
+    prof.save_profile(cal.calibrate("cpu", seconds=0.02), "cpu")
+    calls = []
+    real = core.estimate
+    monkeypatch.setattr(core, "estimate", lambda *args: calls.append(args[1]) or real(*args))
+    specs = [
+        RunSpec(method="lora", backbone="tiny-bert", seed=0, batch_size=4, max_length=16),
+        RunSpec(method="lora", backbone="tiny-bert", seed=1, batch_size=4, max_length=16),
+        RunSpec(method="full", backbone="tiny-bert", seed=0, batch_size=4, max_length=16),
+        RunSpec(method="lora", backbone="tiny-gpt2", task="arith", objective="lm", seed=0),
+    ]
+    out = predict_runs(specs, lambda task: 2)
+    assert calls == ["lora", "full"]  # once per configuration; the LM one is not traced
+    assert out[specs[0].run_key] is out[specs[1].run_key]
+    lora, full = out[specs[0].run_key], out[specs[2].run_key]
+    assert lora["calibrated"] is True and lora["train"]["step_time_s"] > 0 and lora["train"]["energy_j"] > 0
+    assert full["train"]["peak_memory_bytes"] > lora["train"]["peak_memory_bytes"]
+    assert out[specs[3].run_key] == {
+        "kind": "predicted",
+        "error": "not predicted yet for the language-modelling objective",
+    }
+
+
+def test_a_cpu_never_calibrated_predicts_nothing(profiles):
+    from petlprof.estimate.runs import predict_runs
+    from petlprof.sweep.spec import RunSpec
+
+    assert predict_runs([RunSpec(method="lora")], lambda task: 2) == {}
+
+
+def test_a_sweep_keeps_each_runs_prediction_in_its_record_and_the_report_compares_them(profiles, tmp_path):
+    prof.save_profile(cal.calibrate("cpu", seconds=0.02), "cpu")
+    out = tmp_path / "out"
+    args = ["run", "--methods", "lora,bitfit", "--backbone", "tiny-bert", "--train-size", "32", "--eval-size", "16"]
+    args += [
+        "--batch-size",
+        "8",
+        "--max-length",
+        "16",
+        "--inference-window-s",
+        "0",
+        "--in-process",
+        "--output",
+        str(out),
+    ]
+    assert main(args) == 0
+    stored = records_of(out)
+    assert all(r["predicted"]["calibrated"] is True and r["predicted"]["train"]["step_time_s"] > 0 for r in stored)
+    report = (out / "report.md").read_text()
+    section = report.split("## Predicted and measured")[1].split("\n## ")[0]
+    assert "| tweets / tiny-bert / lora r=8 | 1 |" in section and "| predicted / measured |" in section
+
+
+def records_of(out) -> list[dict]:
+    return [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+
+
+def test_a_prediction_that_fails_never_stops_the_sweep(capsys):
+    from petlprof.execution.sweep import _predictions
+    from petlprof.sweep.spec import RunSpec
+
+    def broken(specs):
+        raise RuntimeError("no trace")
+
+    assert _predictions(broken, [RunSpec(method="lora")]) == {}
+    assert "no predictions for this sweep (RuntimeError: no trace)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "name, key",
+    [
+        ("NVIDIA H200", "h200-141gb"),
+        ("NVIDIA A100-SXM4-80GB", "a100-80gb"),
+        ("NVIDIA A100-SXM4-40GB", "a100-40gb"),
+        ("NVIDIA GeForce RTX 4090", "rtx4090-24gb"),
+        ("NVIDIA A10", "a10-24gb"),
+        ("NVIDIA H100 80GB HBM3", "h100-80gb"),
+        ("Tesla T4", None),
+    ],
+)
+def test_a_gpu_is_found_in_the_table_by_its_name(name, key):
+    from petlprof.estimate.runs import table_gpu
+
+    assert table_gpu(name) == key

@@ -74,10 +74,16 @@ class SweepOutcome:
     # 130 (Ctrl-C) or 143 (SIGTERM): the runs in flight were recorded cancelled
 
 
-def drive(options: RunOptions, finish: Finish | None = None, peak: PeakEstimate | None = None) -> SweepOutcome:
+Predict = Callable[[list[RunSpec]], dict[str, dict]]  # run key -> its record's ``predicted`` block
+
+
+def drive(
+    options: RunOptions, finish: Finish | None = None, peak: PeakEstimate | None = None, predict: Predict | None = None
+) -> SweepOutcome:
     """Run the sweep ``options`` describe into their output folder (a new ``petlprof-out/run-...`` unless given),
     skipping the runs it holds already; ``finish`` writes the report once every run is recorded; ``peak`` predicts
-    a training peak for the preflight (:func:`petlprof.sweep.config.preflight`)."""
+    a training peak for the preflight (:func:`petlprof.sweep.config.preflight`); ``predict`` each run's predicted
+    costs (``petlprof estimate``'s, which this layer cannot import: the front passes it in), kept in its record."""
     out_dir = Path(options.output) if options.output else default_output_dir()
     max_memory = parse_bytes(options.max_memory)
 
@@ -120,10 +126,21 @@ def drive(options: RunOptions, finish: Finish | None = None, peak: PeakEstimate 
                 say(f"petlprof: took over the lock of a petlprof run that is gone ({lock.taken_over})")
             if executor is None:
                 executor = make()
-            return _run_locked(options, executor, out_dir, device, finish)
+            return _run_locked(options, executor, out_dir, device, finish, predict)
     finally:
         if executor is not None:
             executor.close()
+
+
+def _predictions(predict: Predict | None, specs: list[RunSpec]) -> dict[str, dict]:
+    """Each run's predicted costs, made once per configuration before any run; none where it fails (said once)."""
+    if predict is None or not specs:
+        return {}
+    try:
+        return predict(specs)
+    except Exception as error:  # a prediction is an extra: the sweep runs without it
+        say(f"petlprof: no predictions for this sweep ({type(error).__name__}: {error})")
+        return {}
 
 
 def cpu_sweep_likely(options: RunOptions, out_dir: Path) -> bool:
@@ -146,7 +163,14 @@ class _Tally:
     failed: int = 0
 
 
-def _run_locked(options: RunOptions, executor, out_dir: Path, device: str | None, finish: Finish | None):
+def _run_locked(
+    options: RunOptions,
+    executor,
+    out_dir: Path,
+    device: str | None,
+    finish: Finish | None,
+    predict: Predict | None = None,
+):
     """The sweep, with ``out_dir`` locked: the device (``None``: check it against the Ray cluster's,
     as a driver may have no GPU of its own), the runs not yet recorded, each record as it finishes."""
     if device is None:
@@ -157,6 +181,7 @@ def _run_locked(options: RunOptions, executor, out_dir: Path, device: str | None
     store = out_dir / RESULTS_FILE
     done = finished_keys(store)
     todo = [s for s in specs if s.run_key not in done]
+    predictions = _predictions(predict, todo)
     tally = _Tally()
     tuning: dict[str, dict] = {}
 
@@ -202,6 +227,7 @@ def _run_locked(options: RunOptions, executor, out_dir: Path, device: str | None
             work=_work(options),
             tuning=tuning,
             limiter=limiter,
+            predictions=predictions,
         )
     except StoreWriteError:
         return outcome(1)
@@ -319,6 +345,7 @@ def _sweep(
     kind: str | None = None,
     tuning: Mapping[str, dict] | None = None,
     limiter: PowerLimiter | None = None,
+    predictions: Mapping[str, dict] | None = None,
 ) -> None:
     """Run ``todo`` on ``executor``, appending each record as it comes back (counted in ``tally``); ``done`` runs
     of ``total`` were recorded before (a resumed sweep), so progress counts the whole sweep; ``work``: the training
@@ -345,6 +372,8 @@ def _sweep(
                 record["kind"] = kind
             if tuning and spec.run_key in tuning:
                 record["tuning"] = tuning[spec.run_key]
+            if predictions and spec.run_key in predictions:
+                record["predicted"] = predictions[spec.run_key]
             try:  # looked up at each record, not bound at import: tests replace append_record
                 results_store.append_record(store, record)
             except OSError as exc:  # disk full, folder removed, ...: say so, and keep the result on the terminal

@@ -24,6 +24,7 @@ from petlprof.report.intervals import DEFAULT_INTERVAL, INTERVALS, check_interva
 from petlprof.report.plots import PlotResult, pareto_figures
 from petlprof.report.power_plot import PowerPlot, power_limit_figures
 from petlprof.report.records import (
+    MISSING,
     ZERO_SHOT_LABEL,
     config_label,
     distinct,
@@ -53,7 +54,7 @@ from petlprof.report.table import (
 )
 from petlprof.report.target import NOT_RECORDED, target_tables
 from petlprof.report.target_plot import TargetPlot, cost_to_target_figures
-from petlprof.results.figures import ENERGY, ENERGY_KIND, ENERGY_SOURCE, MEMORY_SOURCE
+from petlprof.results.figures import ENERGY, ENERGY_KIND, ENERGY_SOURCE, LATENCY, MEMORY_SOURCE, PEAK_MEMORY
 from petlprof.results.grades import GRADES, Grade
 from petlprof.results.records import DIVERGED
 from petlprof.results.result import BATCHED_PHASES, RunResult, results_of
@@ -331,6 +332,61 @@ def _trust(records: Sequence[RunResult]) -> list[str]:
     ]
 
 
+def _predicted(records: Sequence[RunResult]) -> list[str]:
+    """Predicted against measured, per configuration: the train step's time, energy and peak memory (means over the
+    seeds that finished), each as predicted / measured."""
+    rows = []
+    by_config: dict[str, list[RunResult]] = {}
+    for record in sorted(records, key=sort_key):
+        if is_ok(record) and record.predicted.get("train") and record.train is not None:
+            by_config.setdefault(f"{record.task} / {record.backbone} / {run_label(record)}", []).append(record)
+    for name, group in by_config.items():
+        predicted = group[0].predicted["train"]
+        steps = [r.train.raw("steps") or 0 for r in group if r.train is not None]
+        measured = {
+            "time": _mean([r.train[LATENCY] for r in group if r.train is not None]),
+            "energy": _mean([(r.train[ENERGY] or 0) / s for r, s in zip(group, steps) if r.train is not None and s]),
+            "memory": _mean([r.train[PEAK_MEMORY] for r in group if r.train is not None]),
+        }
+        cells = [name, str(len(group))]
+        for key, what, scale, unit in (
+            ("time", "step_time_s", 1000.0, "ms"),
+            ("energy", ENERGY.name, 1.0, "J"),
+            ("memory", PEAK_MEMORY.name, 1 / 2**20, "MiB"),
+        ):
+            value, seen = predicted.get(what), measured[key]
+            ratio = f"{value / seen:.2f}" if isinstance(value, (int, float)) and seen else MISSING
+            cells += [
+                MISSING if not isinstance(value, (int, float)) else f"{value * scale:,.1f} {unit}",
+                MISSING if not seen else f"{seen * scale:,.1f} {unit}",
+                ratio,
+            ]
+        rows.append(cells)
+    if not rows:
+        return []
+    first = next(iter(by_config.values()))[0].predicted
+    calibrated = "calibrated on this machine" if first.get("calibrated") else "uncalibrated"
+    headers = ["configuration", "seeds"]
+    for what in ("step time", "energy per step", "peak memory"):
+        headers += [f"{what} predicted", "measured", "predicted / measured"]
+    return [
+        "## Predicted and measured",
+        "",
+        f"What the sweep predicted of each configuration before running it ({first.get('device')}, {calibrated}; "
+        f"{first.get('priced')}), against what its runs measured: the median train step (latency p50), the train "
+        "phase's energy per optimiser step and its peak memory, means over the seeds.  The model and its known "
+        "misses: docs/estimating.md.",
+        "",
+        render_markdown(headers, rows, [False, True] + [True] * 9),
+        "",
+    ]
+
+
+def _mean(values: Sequence[Any]) -> float | None:
+    numbers = [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v]
+    return sum(numbers) / len(numbers) if numbers else None
+
+
 def _provenance(records: Sequence[RunResult]) -> list[str]:
     lines = ["## How the figures were obtained", ""]
     for phase in PHASES:
@@ -577,6 +633,7 @@ def render_report(
     lines += _cost_to_target(runs, target_plots)
     lines += _curves(curve_plots)
     lines += _power_limits(power_plots)
+    lines += _predicted(records)
     lines += search_section(records)
     lines += _figures(figures, interval)
     lines += [

@@ -329,6 +329,7 @@ class RunResult:
     env: Mapping[str, Any] | None = None
     overhead_s: float | None = None
     process_wall_time_s: float | None = None
+    predicted: Mapping[str, Any] = field(default_factory=dict)  # what the sweep predicted of it before it ran
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RunResult:
@@ -364,6 +365,7 @@ class RunResult:
             eval_merged=PhaseResult.from_json(data.get("eval_merged")),
             batched={phase: _windows(data.get(phase)) for phase in BATCHED_PHASES},
             budget=BudgetResult.from_json(train.raw("budget")) if train is not None else None,
+            predicted=mapping(data.get("predicted")),
             tuning=TuningResult.from_json(data.get("tuning")),
             diverged_at_step=finite(mapping(data.get("diverged_at")).get("step")),
             where=Where.from_json(data.get("node"), env, data.get("distributed")),

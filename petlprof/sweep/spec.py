@@ -159,6 +159,12 @@ class RunSpec:
         canonical = json.dumps(self.identity(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
+    @property
+    def config_key(self) -> str:
+        """The run key without the seed: what the seeds of one configuration share."""
+        canonical = json.dumps(self.identity(include_seed=False), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
 
 BUDGET_FIELDS = tuple(
     name

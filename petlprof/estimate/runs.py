@@ -1,0 +1,102 @@
+"""Each run's prediction, made before the sweep runs it and kept in its record beside what it measured.
+
+For every configuration of a sweep (its seeds share one) :func:`predict_runs` prices one training step and one
+evaluation batch as ``petlprof estimate`` does — on this machine's calibrated profile of the runs' device, or on a
+GPU the bundled table's entry for the GPU's name, uncalibrated — and returns, by run key, the record's ``predicted``
+block: the train step's time (s), energy (J) and peak memory (bytes), the evaluation batch's time (s), and what it
+was predicted on.  Nothing is predicted where there is no device model (a CPU never calibrated: no torch is even
+imported then), for the language-modelling objective (its lengths come from the data; not yet), or for a
+configuration the estimate cannot price (the reason is kept).  A step is priced with every row ``max_length``
+tokens, as the estimate prices it; a run pads each batch to its longest row, so a run on short texts measures less.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from petlprof.estimate.gpus import GPUS
+from petlprof.estimate.profiles import device_name, load_profile, profile_path
+from petlprof.estimate.roofline import DeviceModel, table_model
+from petlprof.results.figures import ENERGY, PEAK_MEMORY
+from petlprof.vocabulary import CLASSIFICATION, LM
+
+PRICED = "one step with every row max_length tokens (a run pads each batch to its longest row)"
+
+
+def table_gpu(name: str) -> str | None:
+    """The GPU table's entry for a device's name (``NVIDIA A100-SXM4-80GB`` -> ``a100-80gb``, ``NVIDIA H200`` ->
+    ``h200-141gb``), None where the table has none."""
+    words = re.sub(r"[^a-z0-9]+", " ", name.lower()).replace("rtx ", "rtx").split()
+    found = [key for key in GPUS if key.split("-")[0] in words]
+    sized = [key for key in found if key.split("-")[1] in words]
+    return (sized or found)[0] if found else None
+
+
+def device_model(device: str) -> DeviceModel | None:
+    """What a run on ``device`` is predicted on: this machine's profile, else (a GPU) the table's entry, else None."""
+    kind = "cuda" if device.startswith("cuda") else "cpu"
+    if kind == "cpu" and not profile_path("cpu").exists():
+        return None
+    model, _ = load_profile(kind)
+    if model is None and kind == "cuda":
+        gpu = table_gpu(device_name(device))
+        return None if gpu is None else table_model(GPUS[gpu])
+    return model
+
+
+def predict_runs(specs: Sequence[Any], num_labels: Callable[[str], int]) -> dict[str, dict]:
+    """Run key -> the ``predicted`` block of its record (module docstring), one estimate per configuration."""
+    if not specs:
+        return {}
+    model = device_model(specs[0].device)
+    if model is None:
+        return {}
+    # the estimate (torch, transformers): imported only once there is a device to predict on
+    from petlprof.estimate.core import Settings, estimate
+    from petlprof.estimate.model import resolve_backbone
+
+    out: dict[str, dict] = {}
+    by_config: dict[str, dict] = {}
+    for spec in specs:
+        config = spec.config_key
+        if config not in by_config:
+            by_config[config] = _predicted(spec, model, num_labels, Settings, estimate, resolve_backbone)
+        out[spec.run_key] = by_config[config]
+    return out
+
+
+def _predicted(spec, model: DeviceModel, num_labels, settings_class, estimate, resolve_backbone) -> dict:
+    """One configuration's ``predicted`` block (or why there is none)."""
+    if spec.objective == LM:
+        return {"kind": "predicted", "error": "not predicted yet for the language-modelling objective"}
+    settings = settings_class(
+        batch_size=spec.batch_size,
+        max_length=spec.max_length,
+        num_labels=num_labels(spec.task),
+        precision=spec.precision,
+        device="cuda" if spec.device.startswith("cuda") else "cpu",
+        objective=CLASSIFICATION,
+        device_model=model,
+    )
+    try:
+        record = estimate(resolve_backbone(spec.backbone, spec.num_layers), spec.method, spec.method_config, settings)
+    except Exception as error:  # a prediction never stops the sweep: its record says why it has none
+        return {"kind": "predicted", "error": f"{type(error).__name__}: {error}"}
+    predicted = record.get("predicted") if record.get("status") == "ok" else None
+    if not predicted:
+        return {"kind": "predicted", "error": record.get("error") or "the estimate gave no prediction"}
+    return {
+        "kind": "predicted",
+        "device": predicted["device"],
+        "calibrated": predicted["calibrated"],
+        "model": predicted["model"],
+        "priced": PRICED,
+        "train": {
+            "step_time_s": predicted["train_step_s"],
+            ENERGY.name: predicted["train_step_energy_j"],  # per step
+            PEAK_MEMORY.name: record["memory"]["peak_train_bytes"],
+        },
+        "eval": {"batch_time_s": predicted["inference_batch_s"]},
+    }
