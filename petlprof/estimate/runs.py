@@ -16,6 +16,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from petlprof.errors import say
 from petlprof.estimate.gpus import GPUS
 from petlprof.estimate.profiles import device_name, load_profile, profile_path
 from petlprof.estimate.roofline import DeviceModel, table_model
@@ -57,6 +58,8 @@ def predict_runs(specs: Sequence[Any], num_labels: Callable[[str], int]) -> dict
     from petlprof.estimate.core import Settings, estimate
     from petlprof.estimate.model import resolve_backbone
 
+    configs = len({spec.config_key for spec in specs})
+    say(f"petlprof: predicting {configs} configuration(s) on {model.name} before the runs (a traced step each)")
     out: dict[str, dict] = {}
     by_config: dict[str, dict] = {}
     for spec in specs:

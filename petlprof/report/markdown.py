@@ -374,8 +374,10 @@ def _predicted(records: Sequence[RunResult]) -> list[str]:
         "",
         f"What the sweep predicted of each configuration before running it ({first.get('device')}, {calibrated}; "
         f"{first.get('priced')}), against what its runs measured: the median train step (latency p50), the train "
-        "phase's energy per optimiser step and its peak memory, means over the seeds.  The model and its known "
-        "misses: docs/estimating.md.",
+        "phase's energy per optimiser step and its peak memory (as the run's memory meter reads it: on a CPU the RSS "
+        "high-water mark, which also holds the data, the tokenizer and the allocator's cache; `--meters cpu-tensors` "
+        "counts tensors as the prediction does), means over the seeds.  The model and its known misses: "
+        "docs/estimating.md.",
         "",
         render_markdown(headers, rows, [False, True] + [True] * 9),
         "",
