@@ -1,5 +1,6 @@
 """``--settle``: a GPU loaded until its temperature holds, on a simulated clock and temperature (a warming chip, a
-chip that never settles, one already warm), and refused up front where there is no GPU to settle."""
+chip that never settles, one already warm).  Its refusals without a GPU are with the other bad input
+(tests/test_inputs.py, tests/test_power_limit.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,6 @@ import math
 import pytest
 from sensors import Clock
 
-from petlprof.cli import main
-from petlprof.meters.devices import nvml as nvml_dev
 from petlprof.meters.settle import MAX_S, STEADY_S, settle
 
 
@@ -43,20 +42,3 @@ def test_a_gpu_that_keeps_warming_stops_at_the_cap_and_says_so(monkeypatch):
 def test_a_gpu_already_warm_takes_only_the_steady_span(monkeypatch):
     settled = run(monkeypatch, lambda t: 65.0)
     assert settled.steady and settled.seconds == pytest.approx(STEADY_S, abs=1.0)
-
-
-@pytest.mark.parametrize(
-    "args, words",
-    [
-        (["--settle", "--device", "cpu"], "--device cpu runs on the CPU"),
-        (["--settle"], "--settle needs an NVIDIA GPU whose temperature NVML reads"),  # this machine: no GPU
-    ],
-)
-def test_settle_without_a_gpu_is_refused_before_any_run(tmp_path, capsys, args, words):
-    if "NVML" in words and nvml_dev.availability()[0]:
-        pytest.skip("this machine has an NVIDIA GPU")
-    out = tmp_path / "out"
-    code = main(["run", "--methods", "linear_probe", "--backbone", "tiny-bert", "--output", str(out), *args])
-    err = capsys.readouterr().err
-    assert code == 2 and words in err and "Traceback" not in err, err
-    assert not (out / "results.jsonl").exists()
