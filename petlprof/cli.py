@@ -187,7 +187,11 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         say(f"  matrix throughput ({dtype}): {flops / 1e9:,.1f} GFLOP/s (measured)")
     say(f"  memory bandwidth: {model['bytes_per_s'] / 1e9:,.2f} GB/s (measured, copies)")
     say(f"  cost of a kernel: {model['kernel_overhead_s'] * 1e6:,.1f} us (measured, tiny additions)")
-    say(f"  power busy / idle: {model['busy_w']:,.1f} W / {model['idle_w']:,.1f} W ({model['power_source']})")
+    power_kind = "estimated" if model["power_source"] == "estimate" else "measured"
+    say(
+        f"  power busy / idle: {model['busy_w']:,.1f} W / {model['idle_w']:,.1f} W "
+        f"({power_kind}, energy source {model['power_source']})"
+    )
     say(f"wrote {save_profile(profile, device)}")
     return 0
 

@@ -240,6 +240,6 @@ def test_the_report_plots_each_configuration_across_the_limits_and_names_its_kne
     assert section.count("| knee |") == 4  # one knee per method: where the time starts to explode
     assert "| lora r=8 | 400 | 1,075.9 | 99.2 | knee |" in section  # 40% less energy for 10% more time; below, 2x
     assert "| read hidden_size=128 | 400 | 478.7 | 43.7 | knee |" in section
-    assert "| training energy (J) | training time (s) |" in section
+    assert "| training energy (J, estimated) | training time (s, measured) |" in section  # the stored runs: estimated
     assert (tmp_path / "power_limit_tweets_minilm.png") in written
     assert "| lora | r=8 300W |" in text  # each limit is a configuration of its own in the tables

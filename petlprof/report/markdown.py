@@ -366,14 +366,15 @@ def _predicted(records: Sequence[RunResult]) -> list[str]:
         return []
     first = next(iter(by_config.values()))[0].predicted
     calibrated = "calibrated on this machine" if first.get("calibrated") else "uncalibrated"
+    kinds = sorted({text(r.train.text(ENERGY_KIND)) for group in by_config.values() for r in group if r.train})
     headers = ["configuration", "seeds"]
-    for what in ("step time", "energy per step", "peak memory"):
-        headers += [f"{what} predicted", "measured", "predicted / measured"]
+    for what, run in (("step time", "measured"), ("energy per step", "/".join(kinds)), ("peak memory", "measured")):
+        headers += [f"{what} predicted", f"in the runs ({run})", "predicted / in the runs"]
     return [
         "## Predicted and measured",
         "",
         f"What the sweep predicted of each configuration before running it ({first.get('device')}, {calibrated}; "
-        f"{first.get('priced')}), against what its runs measured: the median train step (latency p50), the train "
+        f"{first.get('priced')}), against what its runs recorded: the median train step (latency p50), the train "
         "phase's energy per optimiser step and its peak memory (as the run's memory meter reads it: on a CPU the RSS "
         "high-water mark, which also holds the data, the tokenizer and the allocator's cache; `--meters cpu-tensors` "
         "counts tensors as the prediction does), means over the seeds.  The model and its known misses: "

@@ -11,6 +11,7 @@ trade-off curve); none for fewer than three limits or a curve without a bend.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +50,7 @@ class PowerPlot:
     backbone: str
     measure: str  # "to the target" or "training"
     lines: tuple[PowerLine, ...]
+    energy_kind: str = "unknown kind"  # measured, estimated, or both (measured/estimated)
     paths: list[Path] = field(default_factory=list)
 
     @property
@@ -57,11 +59,13 @@ class PowerPlot:
 
     @property
     def energy_label(self) -> str:
-        return "training energy (J)" if self.measure == "training" else f"energy {self.measure} (J)"
+        what = "training energy" if self.measure == "training" else f"energy {self.measure}"
+        return f"{what} (J, {self.energy_kind})"
 
     @property
     def time_label(self) -> str:
-        return "training time (s)" if self.measure == "training" else f"time {self.measure} (s)"
+        what = "training time" if self.measure == "training" else f"time {self.measure}"
+        return f"{what} (s, measured)"
 
 
 def knee(energy_j: list[float], time_s: list[float]) -> int | None:
@@ -116,10 +120,11 @@ def power_limit_figures(runs: pd.DataFrame, out_dir: Path) -> list[PowerPlot]:
         lines = power_lines(group, energy, time)
         if not lines:
             continue
-        plot = PowerPlot(str(task), str(backbone), measure, lines)
+        kinds = sorted({str(k) for k in group.get("energy_kind", pd.Series(dtype=object)).dropna()})
+        plot = PowerPlot(str(task), str(backbone), measure, lines, "/".join(kinds) or "unknown kind")
         paths = [out_dir / f"power_limit_{file_slug(str(task))}_{file_slug(str(backbone))}.{f}" for f in FORMATS]
         save_figure(draw_power_limit(plot), paths)
-        plots.append(PowerPlot(plot.task, plot.backbone, measure, lines, paths))
+        plots.append(dataclasses.replace(plot, paths=paths))
     return plots
 
 
