@@ -243,3 +243,21 @@ def test_the_report_plots_each_configuration_across_the_limits_and_names_its_kne
     assert "| training energy (J, estimated) | training time (s, measured) |" in section  # the stored runs: estimated
     assert (tmp_path / "power_limit_tweets_minilm.png") in written
     assert "| lora | r=8 300W |" in text  # each limit is a configuration of its own in the tables
+
+
+def test_a_gpu_that_refuses_mid_sweep_stops_it_in_one_line_and_one_that_will_not_restore_is_named(
+    gpus, tmp_path, capsys
+):
+    nvml, [first, second] = gpus
+    limiter = PowerLimiter(tmp_path)
+    limiter.set(300.0)
+    second.may_set_power_limit = False  # e.g. another tool took the GPU over
+    with pytest.raises(UsageError, match="--power-limit 450W: NVML would not set GPU GPU-0001-aaaa's power limit now"):
+        limiter.set(450.0)
+    limiter.restore()
+    assert first.power_limit_mw == 700_000 and second.power_limit_mw == 300_000
+    assert "could not put GPU GPU-0001-aaaa's power limit back to 700 W" in capsys.readouterr().err
+    assert json.loads((tmp_path / STATE_FILE).read_text())[second.uuid] == 700_000  # kept for the next sweep
+    second.may_set_power_limit = True
+    assert "restored the power limits" in PowerLimiter(tmp_path).restore_left_behind()
+    assert second.power_limit_mw == 700_000 and not (tmp_path / STATE_FILE).exists()

@@ -19,7 +19,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from petlprof.errors import UsageError
+from petlprof.errors import UsageError, say
 from petlprof.meters.devices import nvml as nvml_dev
 
 STATE_FILE = "power-limits.json"  # in the output folder while a sweep has changed a limit
@@ -72,7 +72,8 @@ class PowerLimiter:
             left = {str(k): int(v) for k, v in json.loads(self.state.read_text()).items()}
         except (OSError, ValueError, TypeError, AttributeError) as error:
             return f"could not read the power limits a killed sweep left in {self.state} ({error}); set them by hand"
-        self._set_each(left)
+        if not self._set_each(left):
+            return f"the power limits in {self.state} could not all be put back (said above)"
         self.state.unlink()
         shown = ", ".join(f"{uuid} {mw / 1000:g} W" for uuid, mw in left.items())
         return f"restored the power limits a killed sweep left changed: {shown}"
@@ -89,23 +90,41 @@ class PowerLimiter:
             if not self.original_mw:  # remembered, and on disk, before the first change
                 self.original_mw = {uuid: nvml_dev.power_limit_mw(nvml, gpu) for uuid, gpu in gpus.items()}
                 self._write_state()
-            for gpu in gpus.values():
-                nvml_dev.set_power_limit_mw(nvml, gpu, round(watts * 1000))
+            for uuid, gpu in gpus.items():
+                try:
+                    nvml_dev.set_power_limit_mw(nvml, gpu, round(watts * 1000))
+                except nvml.NVMLError as error:  # checked up front, so the driver changed its mind mid-sweep
+                    raise UsageError(
+                        f"--power-limit {watts:g}W: NVML would not set GPU {uuid}'s power limit now ({error}); the "
+                        "runs recorded so far are kept and the GPUs' own limits are put back"
+                    ) from None
         self.current_w = watts
 
     def restore(self) -> None:
-        """Every GPU back at its limit from before the sweep; the state file removed."""
-        if self.original_mw:
-            self._set_each(self.original_mw)
+        """Every GPU back at its limit from before the sweep; the state file removed once every one is (a GPU that
+        refuses is named, and the file kept for the next sweep into the folder to try again)."""
+        if self.original_mw and not self._set_each(self.original_mw):
+            return
         self.current_w = None
         self.state.unlink(missing_ok=True)
 
-    def _set_each(self, limits_mw: dict[str, int]) -> None:
+    def _set_each(self, limits_mw: dict[str, int]) -> bool:
+        """Each GPU named at its limit; whether every one took it (those that did not are said, one line each)."""
+        done = True
         with nvml_dev.session() as nvml:
             gpus = _gpus(nvml)
             for uuid, mw in limits_mw.items():
-                if uuid in gpus:
+                if uuid not in gpus:
+                    continue
+                try:
                     nvml_dev.set_power_limit_mw(nvml, gpus[uuid], mw)
+                except nvml.NVMLError as error:
+                    say(
+                        f"petlprof: could not put GPU {uuid}'s power limit back to {mw / 1000:g} W ({error}); set it "
+                        f"by hand (nvidia-smi -i {uuid} -pl {mw / 1000:g})"
+                    )
+                    done = False
+        return done
 
     def _write_state(self) -> None:
         temporary = self.state.with_name(f".{self.state.name}.{os.getpid()}")
