@@ -268,3 +268,32 @@ def test_a_gpu_is_found_in_the_table_by_its_name(name, key):
     from petlprof.estimate.runs import table_gpu
 
     assert table_gpu(name) == key
+
+
+@pytest.mark.parametrize(
+    "backbone, objective",
+    [
+        ("deberta", "classification"),  # an architecture outside the presets, from its config.json alone
+        ("tiny-gpt2", "lm"),  # generation: the backbone's own LM head over the target
+        ("tiny-t5", "lm"),  # an encoder-decoder
+    ],
+)
+def test_predictions_beyond_the_presets_and_on_both_objectives(profiles, tmp_path, backbone, objective):
+    from transformers import DebertaV2Config
+
+    prof.save_profile(cal.calibrate("cpu", seconds=0.02), "cpu")
+    if backbone == "deberta":
+        config = DebertaV2Config(
+            vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64
+        )
+        config.save_pretrained(tmp_path / "deberta")
+        backbone = str(tmp_path / "deberta" / "config.json")
+    out = tmp_path / "out"
+    args = ["estimate", "--backbone", backbone, "--methods", "lora,full", "--objective", objective]
+    assert main([*args, "--device", "cpu", "--batch-size", "2", "--max-length", "16", "--output", str(out)]) == 0
+    for record in records(out):
+        assert record["status"] == "ok", record.get("error")
+        predicted = record["predicted"]
+        split = predicted["train_split_s"]
+        assert predicted["train_step_s"] == pytest.approx(split["compute"] + split["memory"] + split["kernels"])
+        assert predicted["train_step_s"] > predicted["inference_batch_s"] > 0 and predicted["train_kernels"] > 0
