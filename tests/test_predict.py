@@ -172,8 +172,9 @@ def test_every_counted_kernel_is_in_the_ops_the_roofline_prices():
     method = get_method("lora")
     model = build(resolved, method, method.make_config({}), 2).model
     inputs, labels = example_batch(4, 16, 5)
-    train = train_steps(model, inputs, labels, device="cpu")
-    infer = inference_batch(model, inputs, device="cpu")
+    train = train_steps(model, inputs, labels, device="cpu", op_costs=True)
+    infer = inference_batch(model, inputs, device="cpu", op_costs=True)
+    assert not train_steps(model, inputs, labels, device="cpu").op_costs  # off unless a prediction asks
     for trace in (train, infer):
         assert sum(f for f, _ in trace.op_costs) == trace.flops and all(b >= 0 for _, b in trace.op_costs)
     assert len(train.op_costs) > len(infer.op_costs) > 10

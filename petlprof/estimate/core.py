@@ -273,6 +273,7 @@ def trace_figures(resolved: ResolvedBackbone, method, config, settings: Settings
         "precision": settings.precision,
         "device": settings.device,
         "attention_kernel": _forced(settings),
+        "op_costs": settings.device_model is not None,  # only a prediction reads them
     }
     train = train_steps(model, inputs, labels, loss_fn=loss_fn, **rules)
     infer = inference_batch(model, inputs, **rules)

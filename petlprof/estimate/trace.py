@@ -89,8 +89,9 @@ class MetaTrace(TorchDispatchMode):
     this one, without its second dispatch of every operation and without its module hooks (which keep
     tensors alive longer than a run does, so the bytes of a counted pass are those of an uncounted one)."""
 
-    def __init__(self) -> None:
+    def __init__(self, op_costs: bool = False) -> None:
         super().__init__()
+        self.record_costs = op_costs  # also keep each counted kernel's (FLOPs, bytes moved): a prediction needs them
         self.live_bytes = 0
         self.peak_bytes = 0
         self.flops = 0
@@ -134,7 +135,7 @@ class MetaTrace(TorchDispatchMode):
             formula = formulas.get(func._overloadpacket)
             flops = formula(*args, **kwargs, out_val=out) if formula is not None else 0
             self.flops += flops
-            if func is not _PRIM_DEVICE and not _is_view(func):  # a view launches no kernel and moves nothing
+            if self.record_costs and func is not _PRIM_DEVICE and not _is_view(func):  # a view launches no kernel
                 self.op_costs.append((flops, _bytes_moved(args, kwargs, out)))
         return out
 
@@ -497,6 +498,7 @@ def train_steps(
     device: str = "cuda",
     loss_fn: Callable | None = None,
     attention_kernel: str | None = None,
+    op_costs: bool = False,
 ) -> StepTrace:
     """Trace ``steps`` training steps as :func:`petlprof.run.train.train` runs them with the run's
     :class:`~petlprof.run.recipe.TrainRecipe` (forward and loss under ``precision``'s autocast by ``device``'s
@@ -505,7 +507,8 @@ def train_steps(
     the later ones run.  FLOPs are counted in the first step (by the trace itself,
     :meth:`MetaTrace.count_flops`) and the peak is read from the later ones, a run's steady state.
     ``loss_fn(logits, labels)``: the classifier's loss by default (the LM objective passes its own);
-    ``attention_kernel``: the attention kernel every call runs (``--attention flash``), else the device's choice."""
+    ``attention_kernel``: the attention kernel every call runs (``--attention flash``), else the device's choice;
+    ``op_costs``: keep each counted kernel's FLOPs and bytes moved (a time prediction's input; off: no cost)."""
     if loss_fn is None:
         loss_fn = classifier_loss
 
@@ -516,7 +519,7 @@ def train_steps(
     for group in optimizer.param_groups:  # torch's default for the device: a GPU runs AdamW's foreach loop
         group["foreach"] = policy_device(device) == "cuda"
     model.train()
-    tracer, kernels = MetaTrace(), DeviceKernels(device, attention_kernel)
+    tracer, kernels = MetaTrace(op_costs), DeviceKernels(device, attention_kernel)
     with tracer:
         for step in range(steps):
             if step == 1:
@@ -542,11 +545,17 @@ def train_steps(
 
 @torch.no_grad()
 def inference_batch(
-    model, inputs: dict, precision: str = FP32, device: str = "cuda", attention_kernel: str | None = None
+    model,
+    inputs: dict,
+    precision: str = FP32,
+    device: str = "cuda",
+    attention_kernel: str | None = None,
+    op_costs: bool = False,
 ) -> StepTrace:
-    """Trace one evaluation forward pass (eval mode, no autograd) under ``precision``'s autocast."""
+    """Trace one evaluation forward pass (eval mode, no autograd) under ``precision``'s autocast (``op_costs``: as
+    :func:`train_steps`)."""
     model.eval()
-    tracer, kernels = MetaTrace(), DeviceKernels(device, attention_kernel)
+    tracer, kernels = MetaTrace(op_costs), DeviceKernels(device, attention_kernel)
     with tracer, tracer.count_flops(), forward_rules(precision, device, kernels):
         out = model(**inputs)
         out = getattr(out, "logits", out)  # a language model given labels: the logits of the scored positions
