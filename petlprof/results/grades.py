@@ -133,9 +133,9 @@ def _checks(phase: Mapping[str, Any], grade: Grade) -> Grade:
             grade = grade.capped("C", f"{counted} {MIN_UPDATES_B}")
         elif updates is not None and updates < MIN_UPDATES_A:
             grade = grade.capped("B", f"{counted} {MIN_UPDATES_A}")
-    if phase.get(ENERGY_SOURCE) == RAPL and phase.get("energy_low_confidence") and (window_s or 0) >= RAPL_GAP_WINDOW_S:
+    if source == RAPL and phase.get("energy_low_confidence") and (window_s or 0) >= RAPL_GAP_WINDOW_S:
         grade = grade.capped("C", "RAPL was not read often enough to undo every counter wrap: a lower bound")
-    if phase.get(ENERGY_SOURCE) == NVML_INTEGRATED:
+    if source == NVML_INTEGRATED:
         if phase.get("power_field_averaged"):
             grade = grade.capped("C", "integrated from the ~1 s moving-average power field (it lags the load)")
         else:
@@ -148,7 +148,7 @@ def _checks(phase: Mapping[str, Any], grade: Grade) -> Grade:
         ratio = _number(phase, "energy_integrated_vs_counter")
         said = f" (integrated/counter {ratio:.2f})" if ratio is not None else ""
         grade = grade.capped("B", f"the energy counter and the integrated power disagree{said}")
-    if phase.get(ENERGY_SOURCE) in GPU_SOURCES:
+    if source in GPU_SOURCES:
         grade = _settled(phase, grade)
     if phase.get("contended"):
         cores = _number(phase, "others_cpu_cores")
