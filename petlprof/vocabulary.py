@@ -27,6 +27,15 @@ CHAT_TEMPLATES = (AUTO, "none")  # --chat-template: the tokenizer's own where it
 FP32, BF16, FP16 = "fp32", "bf16", "fp16"
 PRECISIONS = (FP32, BF16, FP16)  # --precision (petlprof.run.recipe)
 
+# --weights-dtype: the dtype every weight of the task model is held in (petlprof.run.recipe); no float16, whose
+# pure training overflows the gradient norm and underflows small gradients with no loss scaler able to unscale it
+FLOAT32, BFLOAT16 = "float32", "bfloat16"
+WEIGHT_DTYPES = (FLOAT32, BFLOAT16)
+
+# --optimizer: torch's AdamW, or bitsandbytes' 8-bit AdamW (block-wise quantised state), paged or not
+ADAMW, ADAMW_8BIT, PAGED_ADAMW_8BIT = "adamw", "adamw8bit", "paged_adamw8bit"
+OPTIMIZERS = (ADAMW, ADAMW_8BIT, PAGED_ADAMW_8BIT)
+
 IGNORE_INDEX = -100  # Hugging Face's label of a position that is not a target
 
 # how a figure was obtained (its ``*_kind`` provenance key): read from a counter or sensor, or computed by a model

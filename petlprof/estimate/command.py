@@ -79,6 +79,8 @@ def add_estimate_parser(sub: Any) -> argparse.ArgumentParser:
     _add_run_option(parser, "precision", "{run}; bf16/fp16 follow --device's autocast rules")
     for name in QUANTIZE_OPTIONS:
         _add_run_option(parser, name)
+    for name in TRAINING_OPTIONS:
+        _add_run_option(parser, name)
     parser.add_argument(
         "--attention",
         default=DEFAULT_ATTENTION,
@@ -113,6 +115,7 @@ def add_estimate_parser(sub: Any) -> argparse.ArgumentParser:
 
 _INTEGER = Integer()  # reads integer text as the number, keeps other text for the check to refuse in one line
 QUANTIZE_OPTIONS = ("quantize", "quantize_compute_dtype", "quantize_double")
+TRAINING_OPTIONS = ("weights_dtype", "gradient_checkpointing", "gradient_accumulation", "optimizer")  # recipe.py
 CHECKED_OPTIONS = ("batch_size", "max_length", "num_layers", "objective", "precision", "device")  # run options' checks
 AUTO = "auto"  # the run options' --objective and --device that a run resolves from its task and its machine
 
@@ -138,11 +141,15 @@ def _quantizations(args: argparse.Namespace, methods: list[str]) -> list:
     that it runs on such a backbone."""
 
     # kept out of petlprof --help's imports
-    from petlprof.sweep.config import validate_quantize
+    from petlprof.sweep.config import validate_quantize, validate_training_settings
 
     for name in QUANTIZE_OPTIONS:
         kind_of(name).check(name, getattr(args, name))
-    validate_quantize(SimpleNamespace(**{n: getattr(args, n) for n in QUANTIZE_OPTIONS}, methods=methods))
+    for name in TRAINING_OPTIONS:
+        kind_of(name).check(name, getattr(args, name))
+    given = SimpleNamespace(**{n: getattr(args, n) for n in (*QUANTIZE_OPTIONS, *TRAINING_OPTIONS)}, methods=methods)
+    validate_quantize(given)
+    validate_training_settings(SimpleNamespace(**vars(given), precision=args.precision))
     return [
         None if q == NONE else Quantization(q, args.quantize_compute_dtype, args.quantize_double)
         for q in dict.fromkeys(args.quantize)
@@ -310,6 +317,7 @@ def _settings(args: argparse.Namespace):
         objective=objective,
         attention=args.attention,
         device_model=_device_model(device, gpus.get_gpu(args.gpu)),
+        **{name: getattr(args, name) for name in TRAINING_OPTIONS},
     )
     _batch_tokens(settings.batch_size, settings.max_length)
     return _with_objective(settings, objective, args)
@@ -546,7 +554,7 @@ def format_table(records: Sequence[EstimateRecord], settings: Settings, left_out
     columns = list(dict.fromkeys(key for row in rows for key in row if key != "note"))
     widths = {c: max(len(c), *(len(str(row.get(c, ""))) for row in rows)) for c in columns}
     lines = [
-        f"batch {settings.batch_size} x {_tokens(settings)}, AdamW, {_precision(settings)}; "
+        f"batch {settings.batch_size} x {_tokens(settings)}, {_training(settings)}, {_precision(settings)}; "
         "step_time>= is a lower bound: FLOPs / the GPU's peak (see the GPU table in docs/estimating.md)",
         f"attention: the implementation built / the kernels its training step ran (--attention {settings.attention})",
         f"fits: peak <= (GPU memory - {size(gpus.CUDA_CONTEXT_BYTES)} CUDA context) x {1 - gpus.ALLOCATOR_SLACK:g} "
@@ -583,10 +591,22 @@ def _tokens(settings) -> str:
     return f"({settings.max_length} prompt + {settings.target_length} target tokens), language modelling"
 
 
+def _training(settings) -> str:
+    """The optimiser and the training settings changed from their defaults, in words."""
+    parts = ["AdamW" if settings.optimizer == "adamw" else f"{settings.optimizer} (bitsandbytes, 8-bit state)"]
+    if settings.gradient_accumulation > 1:
+        parts.append(f"{settings.gradient_accumulation} micro-batches a step (the FLOPs are the step's)")
+    if settings.gradient_checkpointing:
+        parts.append("gradient checkpointing")
+    return ", ".join(parts)
+
+
 def _precision(settings) -> str:
     from petlprof.estimate.autocast import policy_device  # imports torch: not at the top, for a fast --help
 
     kernels = f"{policy_device(settings.device)} kernels"
+    if settings.weights_dtype != "float32":
+        return f"{settings.weights_dtype} weights, gradients and AdamW state (pure), {kernels}"
     if settings.precision == FP32:
         return f"float32 (every backbone, whatever dtype its config names), {kernels}"
     return f"{settings.precision} autocast ({policy_device(settings.device)} rules), float32 weights, {kernels}"

@@ -71,9 +71,9 @@ from petlprof.results.figures import (
     BREAKDOWN_QUANTIZATION_STATE,
     BREAKDOWN_TRAINABLE_WEIGHTS,
 )
-from petlprof.run.recipe import AUTOCAST_DTYPES
+from petlprof.run.recipe import AUTOCAST_DTYPES, prepare_model
 from petlprof.sweep.options import default_of
-from petlprof.vocabulary import CLASSIFICATION, FP32, LM
+from petlprof.vocabulary import ADAMW, CLASSIFICATION, FP32, LM
 
 META_TRACE = "meta-device trace of the step (no weights allocated)"
 
@@ -189,6 +189,16 @@ class Settings:
     attention: str = DEFAULT_ATTENTION  # eager, sdpa or flash (petlprof.estimate.attention)
     quantization: Quantization | None = None  # the frozen backbone's linear layers quantised by bitsandbytes
     device_model: DeviceModel | None = None  # whose time and energy are predicted (a profile or the GPU table)
+    # the training settings of real jobs (petlprof.run.recipe), priced as a run executes them
+    weights_dtype: str = default_of("weights_dtype")
+    gradient_checkpointing: bool = default_of("gradient_checkpointing")
+    gradient_accumulation: int = default_of("gradient_accumulation")
+    optimizer: str = default_of("optimizer")
+
+    def training_fields(self) -> dict[str, Any]:
+        """The training settings a run's spec would carry, those changed from their defaults only (as in run keys)."""
+        names = ("weights_dtype", "gradient_checkpointing", "gradient_accumulation", "optimizer")
+        return {name: getattr(self, name) for name in names if getattr(self, name) != default_of(name)}
 
     @property
     def quantize(self) -> str:
@@ -222,6 +232,7 @@ def estimate(resolved: ResolvedBackbone, method_name: str, overrides: dict, sett
         "kernels": policy_device(settings.device),
         "config_dtype": resolved.config_dtype,
         **_quantize_fields(settings),
+        **settings.training_fields(),  # type: ignore[typeddict-item]
     }
     try:
         try:
@@ -252,7 +263,8 @@ def trace_figures(resolved: ResolvedBackbone, method, config, settings: Settings
         quantization=settings.quantization,
     )
     model = built.model
-    static = weight_breakdown(model)
+    prepare_model(model, settings.weights_dtype, settings.gradient_checkpointing)
+    static = weight_breakdown(model, settings.optimizer != ADAMW)
     dtype = str(next(p for p in model.parameters() if p.is_floating_point()).dtype).removeprefix("torch.")
     loss_fn = None
     if settings.objective == LM:
@@ -275,7 +287,15 @@ def trace_figures(resolved: ResolvedBackbone, method, config, settings: Settings
         "attention_kernel": _forced(settings),
         "op_costs": settings.device_model is not None,  # only a prediction reads them
     }
-    train = train_steps(model, inputs, labels, loss_fn=loss_fn, **rules)
+    train = train_steps(
+        model,
+        inputs,
+        labels,
+        loss_fn=loss_fn,
+        optimizer_kind=settings.optimizer,
+        accumulation=settings.gradient_accumulation,
+        **rules,
+    )
     infer = inference_batch(model, inputs, **rules)
     compute_dtype = dtype if settings.precision == FP32 else AUTOCAST_DTYPES[settings.precision]
     quantized: _Quantized = {} if built.quantization is None else {"quantization": built.quantization}

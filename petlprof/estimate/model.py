@@ -177,10 +177,10 @@ def _fast_meta(device: str):
     return MetaTrace() if device == "meta" else contextlib.nullcontext()
 
 
-def weight_breakdown(model) -> dict[str, int]:
+def weight_breakdown(model, eight_bit_optimizer: bool = False) -> dict[str, int]:
     """Weights, buffers, gradients and AdamW state in bytes: :func:`petlprof.meters.memory.static_breakdown`,
     the rule the runs' records use, with the optimiser's figure under this module's name."""
-    figures = static_breakdown(model)
+    figures = static_breakdown(model, eight_bit_optimizer)
     figures["optimizer_bytes"] = figures.pop(BREAKDOWN_OPTIMIZER_STATE)
     figures.pop(BREAKDOWN_TOTAL)
     return figures

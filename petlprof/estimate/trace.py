@@ -31,6 +31,7 @@ exact fallback in :mod:`petlprof.estimate.fallback`.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import weakref
 from collections.abc import Callable
@@ -44,9 +45,10 @@ from torch.utils._pytree import tree_flatten, tree_is_leaf, tree_leaves, tree_ma
 from petlprof.estimate.autocast import MetaAutocast, policy_device
 from petlprof.estimate.kernels import DeviceKernels, UntraceableError, flop_formulas
 from petlprof.meters.tensors import run_composite, runs_composite
+from petlprof.models.quantization import EIGHT_BIT_BLOCK, EIGHT_BIT_MIN_NUMEL
 from petlprof.run.recipe import AUTOCAST_DTYPES, TrainRecipe
 from petlprof.run.train import loss_fn as classifier_loss
-from petlprof.vocabulary import FP16, FP32, IGNORE_INDEX
+from petlprof.vocabulary import ADAMW, FP16, FP32, IGNORE_INDEX
 
 aten = torch.ops.aten
 _INDEX_OPS = {aten.index.Tensor, aten.index_put.default, aten.index_put_.default, aten._index_put_impl_.default}
@@ -499,6 +501,8 @@ def train_steps(
     loss_fn: Callable | None = None,
     attention_kernel: str | None = None,
     op_costs: bool = False,
+    optimizer_kind: str = ADAMW,
+    accumulation: int = 1,
 ) -> StepTrace:
     """Trace ``steps`` training steps as :func:`petlprof.run.train.train` runs them with the run's
     :class:`~petlprof.run.recipe.TrainRecipe` (forward and loss under ``precision``'s autocast by ``device``'s
@@ -508,39 +512,95 @@ def train_steps(
     :meth:`MetaTrace.count_flops`) and the peak is read from the later ones, a run's steady state.
     ``loss_fn(logits, labels)``: the classifier's loss by default (the LM objective passes its own);
     ``attention_kernel``: the attention kernel every call runs (``--attention flash``), else the device's choice;
-    ``op_costs``: keep each counted kernel's FLOPs and bytes moved (a time prediction's input; off: no cost)."""
+    ``op_costs``: keep each counted kernel's FLOPs and bytes moved (a time prediction's input; off: no cost).
+    ``optimizer_kind``: ``--optimizer`` (bitsandbytes' 8-bit AdamW as :class:`MetaAdamW8bit`, which makes its
+    state); ``accumulation``: ``--gradient-accumulation``: a step runs two micro-batches (the second's
+    backward is where gradients already held meet new ones; more change no peak) and its FLOPs and kernel
+    costs are scaled to ``accumulation`` of them (the optimiser's kernels with them: a small overcount)."""
     if loss_fn is None:
         loss_fn = classifier_loss
 
     if steps < 2:
         raise ValueError(f"train_steps needs steps >= 2 (one to count FLOPs, one to read the peak); got {steps}")
     recipe = TrainRecipe(lr=1e-3, precision=precision)  # the learning rate changes no shape
-    optimizer, params = recipe.optimizer(model)
-    for group in optimizer.param_groups:  # torch's default for the device: a GPU runs AdamW's foreach loop
-        group["foreach"] = policy_device(device) == "cuda"
+    if optimizer_kind == ADAMW:
+        optimizer, params = recipe.optimizer(model)
+        for group in optimizer.param_groups:  # torch's default for the device: a GPU runs AdamW's foreach loop
+            group["foreach"] = policy_device(device) == "cuda"
+    else:
+        groups = recipe.param_groups(model)
+        optimizer, params = MetaAdamW8bit(groups), [p for group in groups for p in group["params"]]
+    micro = min(accumulation, 2)
     model.train()
     tracer, kernels = MetaTrace(op_costs), DeviceKernels(device, attention_kernel)
+    _recompute_under_rules(model, lambda: forward_rules(precision, device, kernels))
     with tracer:
         for step in range(steps):
             if step == 1:
                 tracer.peak_bytes = tracer.live_bytes  # the optimiser state is alive from here on
             with tracer.count_flops() if step == 0 else contextlib.nullcontext():
-                with forward_rules(precision, device, kernels):
-                    loss = loss_fn(model(**inputs), labels)
-                (loss * _LOSS_SCALE if precision == FP16 else loss).backward()
+                for _ in range(micro):
+                    with forward_rules(precision, device, kernels):
+                        loss = loss_fn(model(**inputs), labels)
+                    loss = loss / micro if micro > 1 else loss
+                    (loss * _LOSS_SCALE if precision == FP16 else loss).backward()
+                    del loss
                 if precision == FP16:  # GradScaler.unscale_: in place, before clipping
                     torch._foreach_mul_([p.grad for p in params if p.grad is not None], 1 / _LOSS_SCALE)
                 torch.nn.utils.clip_grad_norm_(params, recipe.max_grad_norm)  # recipe.clip reads the norm's value
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
-            del loss
         del optimizer
+    scale = accumulation / micro
     return StepTrace(
         tracer.peak_bytes,
-        tracer.flops,
+        round(tracer.flops * scale),
         attention_kernels=tuple(sorted(kernels.attention_kernels)),
-        op_costs=tuple(tracer.op_costs),
+        op_costs=tuple((round(f * scale), round(b * scale)) for f, b in tracer.op_costs),
     )
+
+
+def _recompute_under_rules(model, rules: Callable) -> None:
+    """With gradient checkpointing (``--gradient-checkpointing``), a layer's forward runs again inside the backward
+    pass, outside the forward's context: there a run's autocast is restored by torch's checkpoint, and the trace's
+    rules (``rules()``: the device's kernels and autocast, :func:`forward_rules`) must be too, or the recomputed
+    tensors differ from the saved ones.  Each checkpointing module's function gets them as its recompute context."""
+    for module in model.modules():
+        function = getattr(module, "_gradient_checkpointing_func", None)
+        if function is not None:
+            module._gradient_checkpointing_func = functools.partial(
+                function, context_fn=lambda: (contextlib.nullcontext(), rules())
+            )
+
+
+class MetaAdamW8bit(torch.optim.Optimizer):
+    """bitsandbytes' 8-bit AdamW as the trace sees it: its first step makes each trained tensor's state as
+    ``bitsandbytes.optim.AdamW8bit`` does (two uint8 states and two float32 block scales, or two float32 states
+    for a tensor under :data:`~petlprof.models.quantization.EIGHT_BIT_MIN_NUMEL` elements; the two quantile maps
+    once), and updates nothing (its kernels have no meta implementation)."""
+
+    def __init__(self, groups) -> None:
+        super().__init__(groups, {"lr": 1e-3})
+        self.qmaps: list[torch.Tensor] = []
+
+    @torch.no_grad()
+    def step(self, closure=None):  # noqa: ARG002 - the optimiser interface
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None or self.state[p]:
+                    continue
+                if p.numel() < EIGHT_BIT_MIN_NUMEL:
+                    self.state[p] = {
+                        f"state{i}": torch.empty(p.shape, dtype=torch.float32, device=p.device) for i in (1, 2)
+                    }
+                    continue
+                if not self.qmaps:
+                    self.qmaps = [torch.empty(256, dtype=torch.float32, device=p.device) for _ in range(2)]
+                blocks = math.ceil(p.numel() / EIGHT_BIT_BLOCK)
+                self.state[p] = {
+                    **{f"state{i}": torch.empty(p.shape, dtype=torch.uint8, device=p.device) for i in (1, 2)},
+                    **{f"absmax{i}": torch.empty(blocks, dtype=torch.float32, device=p.device) for i in (1, 2)},
+                }
 
 
 @torch.no_grad()

@@ -19,7 +19,12 @@ import re
 from pathlib import Path
 
 from petlprof.meters.base import Meter, Provenance, Reading
-from petlprof.models.quantization import quantization_state
+from petlprof.models.quantization import (
+    EIGHT_BIT_MIN_NUMEL,
+    EIGHT_BIT_QMAP_BYTES,
+    adamw_state_bytes,
+    quantization_state,
+)
 from petlprof.results.figures import (
     BREAKDOWN_BUFFERS,
     BREAKDOWN_FROZEN_WEIGHTS,
@@ -169,10 +174,11 @@ class CudaMemoryMeter(Meter):
         )
 
 
-def static_breakdown(model) -> dict[str, int]:
+def static_breakdown(model, eight_bit_optimizer: bool = False) -> dict[str, int]:
     """Bytes the method's model holds whatever the batch: frozen and trainable weights, buffers,
     the gradients of the trainable weights, and AdamW's state (``exp_avg`` and ``exp_avg_sq`` in
-    the parameter's dtype, plus a 4-byte ``step`` per trainable tensor).  Shared (tied) tensors
+    the parameter's dtype, plus a 4-byte ``step`` per trainable tensor; bitsandbytes' 8-bit state with
+    ``eight_bit_optimizer``: :func:`petlprof.models.quantization.adamw_state_bytes`).  Shared (tied) tensors
     count once: tensors are told apart by their storage, so a model on the ``meta`` device (no data
     pointer) is counted the same way (``petlprof estimate`` uses this too).  A quantised backbone's
     (``--quantize``) weights count as stored (packed), and ``quantization_state_bytes``, present only
@@ -187,9 +193,13 @@ def static_breakdown(model) -> dict[str, int]:
         if param.requires_grad:
             figures[BREAKDOWN_TRAINABLE_WEIGHTS] += size
             figures[BREAKDOWN_GRADIENTS] += size
-            figures[BREAKDOWN_OPTIMIZER_STATE] += 2 * size + 4
+            figures[BREAKDOWN_OPTIMIZER_STATE] += adamw_state_bytes(
+                param.numel(), param.element_size(), eight_bit_optimizer
+            )
         else:
             figures[BREAKDOWN_FROZEN_WEIGHTS] += size
+    if eight_bit_optimizer and any(p.numel() >= EIGHT_BIT_MIN_NUMEL for p in model.parameters() if p.requires_grad):
+        figures[BREAKDOWN_OPTIMIZER_STATE] += EIGHT_BIT_QMAP_BYTES
     for buffer in model.buffers():
         if _storage(buffer) not in seen:
             seen.add(_storage(buffer))

@@ -67,3 +67,17 @@ def model_from_config(config: Any, lm_head: bool = False, spec: str = "this back
     except ValueError as exc:  # the model's own check of its config, e.g. a width its heads do not divide
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise UsageError(f"backbone '{spec}' ({config.model_type}): transformers refuses its config: {first}") from None
+
+
+def check_gradient_checkpointing(config: Any, spec: str = "this backbone") -> None:
+    """Refuse, in one line, ``--gradient-checkpointing`` on a backbone whose transformers class has none (its
+    ``supports_gradient_checkpointing``); a config no Auto class maps is left to the run's own check
+    (:func:`petlprof.run.recipe.checkpointable_modules`)."""
+    from transformers import AutoModel  # as in family_of
+
+    cls = AutoModel._model_mapping.get(type(config), None)  # noqa: SLF001 - the Auto class's own table
+    if cls is not None and not cls.supports_gradient_checkpointing:
+        raise UsageError(
+            f"--gradient-checkpointing: backbone '{spec}' ({cls.__name__}) has no gradient checkpointing in "
+            "transformers; run it without the option"
+        )

@@ -46,6 +46,26 @@ FOUR_BIT = (NF4, FP4)
 COMPUTE_DTYPES = ("float32", "bfloat16", "float16")  # --quantize-compute-dtype
 DEFAULT_COMPUTE_DTYPE = "float32"  # BitsAndBytesConfig's default, and the dtype petlprof loads weights in
 INSTALL = "pip install 'petlprof[quantize]'"
+# bitsandbytes' 8-bit optimisers (--optimizer adamw8bit, paged_adamw8bit): a tensor of at least min_8bit_size elements
+# keeps each state as one byte per element with a float32 absmax per block of 256; a smaller one keeps float32
+# states; the two 256-entry float32 quantile maps are shared by all of an optimiser's tensors
+EIGHT_BIT_MIN_NUMEL = 4096
+EIGHT_BIT_BLOCK = 256
+EIGHT_BIT_QMAP_BYTES = 2 * 256 * 4
+
+
+def adamw_state_bytes(numel: int, element_size: int, eight_bit: bool = False) -> int:
+    """Bytes of AdamW's state for one trained tensor of ``numel`` elements of ``element_size`` bytes: torch's
+    ``exp_avg`` and ``exp_avg_sq`` in the tensor's dtype plus a 4-byte ``step``; bitsandbytes' 8-bit AdamW
+    (``eight_bit``) two uint8 states and two float32 block scales, or two float32 states under
+    :data:`EIGHT_BIT_MIN_NUMEL` elements (its ``step`` is a Python int; the shared quantile maps are
+    :data:`EIGHT_BIT_QMAP_BYTES`, once per optimiser)."""
+    if not eight_bit:
+        return 2 * numel * element_size + 4
+    if numel < EIGHT_BIT_MIN_NUMEL:
+        return 2 * numel * 4
+    return 2 * numel + 2 * 4 * math.ceil(numel / EIGHT_BIT_BLOCK)
+
 
 # two bitsandbytes log lines that are noise in a run's output: its CPU backend warns at import (PEFT imports it
 # whenever it is installed) that package `kernels` is missing to download a kernel from the Hugging Face hub, which

@@ -49,9 +49,9 @@ from petlprof.results.records import (
 )
 from petlprof.run.budget import make_budget
 from petlprof.run.libraries import import_runtime_libraries
-from petlprof.run.recipe import TrainRecipe
+from petlprof.run.recipe import TrainRecipe, prepare_model
 from petlprof.sweep.spec import RunSpec
-from petlprof.vocabulary import CLASSIFICATION, LM
+from petlprof.vocabulary import ADAMW, CLASSIFICATION, LM
 
 # what prepare imports before it takes the run's memory baseline (the warm worker imports the same)
 
@@ -161,7 +161,7 @@ def prepare(spec: RunSpec, ranks, progress, max_memory_bytes: int | None = None)
         _cap_memory(spec.device, max_memory_bytes)
     method, method_config, task, backbone, model = _load(spec)
     timeline, timeline_warnings = _start_timeline(spec)
-    breakdown = static_breakdown(model)
+    breakdown = static_breakdown(model, spec.optimizer != ADAMW)
     make_batches = _batches(spec, task, backbone)
 
     return RunContext(
@@ -205,7 +205,12 @@ def _budget_meter(spec: RunSpec, timeline) -> Callable[[], Any]:
 
 def _recipe(spec: RunSpec, method):
 
-    return TrainRecipe(lr=spec.lr if spec.lr is not None else method.default_lr, precision=spec.precision)
+    return TrainRecipe(
+        lr=spec.lr if spec.lr is not None else method.default_lr,
+        precision=spec.precision,
+        optimizer_kind=spec.optimizer,
+        accumulation=spec.gradient_accumulation,
+    )
 
 
 def _load(spec: RunSpec) -> tuple:
@@ -249,6 +254,7 @@ def _load(spec: RunSpec) -> tuple:
     )
     check_shape(spec.backbone, backbone.config, max_length=spec.max_length)
     model = trainable_model(backbone, task.objective, task.num_labels, method, method_config).to(spec.device)
+    prepare_model(model, spec.weights_dtype, spec.gradient_checkpointing)
     return method, method_config, task, backbone, model
 
 

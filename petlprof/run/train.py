@@ -87,6 +87,9 @@ def batch_indices(count: int, batch_size: int, shuffle_seed: int | None = None) 
 
 
 def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy, or a one-output head's squared error, in float32 (half-precision weights' logits upcast,
+    as autocast computes these losses; float32 logits are used as they are)."""
+    logits = logits.float()
     if logits.shape[-1] == 1:
         return torch.nn.functional.mse_loss(logits.squeeze(-1), labels)
     return torch.nn.functional.cross_entropy(logits, labels)
@@ -135,8 +138,9 @@ class Steps:
     warmup_steps: int = 0
     seed: int = 0
 
-    def total(self, batches_per_epoch: int) -> int:
-        return self.epochs * batches_per_epoch if self.max_steps is None else self.max_steps
+    def total(self, batches_per_epoch: int, accumulation: int = 1) -> int:
+        """Optimiser steps: ``max_steps``, else ``epochs`` passes of ``accumulation`` batches a step (last short)."""
+        return math.ceil(self.epochs * batches_per_epoch / accumulation) if self.max_steps is None else self.max_steps
 
 
 class Progress:
@@ -167,11 +171,14 @@ class PhaseIO:
         return tqdm(total=total, desc=self.desc, unit=unit, dynamic_ncols=True, disable=not ranks.is_main, **kwargs)
 
 
-def _step_order(batches: Batches, total: int, seed: int) -> Iterator[np.ndarray]:
-    """The batches of ``total`` optimiser steps: epoch after epoch, each shuffled by its own seed."""
-    epochs = range(math.ceil(total / len(batches)))
+def _step_order(batches: Batches, total: int, seed: int, accumulation: int = 1) -> Iterator[list[np.ndarray]]:
+    """The micro-batches of ``total`` optimiser steps, ``accumulation`` to a step: epoch after epoch, each shuffled
+    by its own seed (the micro-batches of one step may span two epochs)."""
+    micro = total * accumulation
+    epochs = range(math.ceil(micro / len(batches)))
     order = (batches.batch_indices(shuffle_seed=seed * 1000 + epoch) for epoch in epochs)
-    return itertools.islice(itertools.chain.from_iterable(order), total)
+    flat = itertools.islice(itertools.chain.from_iterable(order), micro)
+    return iter(lambda: list(itertools.islice(flat, accumulation)), [])
 
 
 class _Fit:
@@ -188,24 +195,33 @@ class _Fit:
         self.losses: list[float] = []
         self.diverged: tuple[int, float, float] | None = None  # (step, loss, gradient norm) of a step that diverged
 
-    def step(self, batch: np.ndarray, bar, measured: bool) -> bool:
-        """One optimiser step on the global ``batch``; this rank computes its part of it.  Each rank's
-        loss is scaled by its share of the batch times the world size, so the gradient DDP averages is
-        the global batch's mean gradient.  False, with the step not applied, when the loss or the
-        gradient norm is not a finite number on some rank (:attr:`diverged` says where); with fp16's
-        loss scaling a non-finite gradient is an overflow of the scaled loss (the step is skipped and
+    def step(self, micro_batches: list[np.ndarray], bar, measured: bool) -> bool:
+        """One optimiser step on the global batches ``micro_batches`` (one, or ``--gradient-accumulation`` of
+        them, their gradients summed); this rank computes its part of each.  Each rank's loss is scaled by its
+        share of the batch times the world size over the number of micro-batches, so the gradient DDP averages
+        is the mean of the micro-batches' global mean gradients.  False, with the step not applied, when the
+        loss or the gradient norm is not a finite number on some rank (:attr:`diverged` says where); with
+        fp16's loss scaling a non-finite gradient is an overflow of the scaled loss (the step is skipped and
         the scale lowered, as ``GradScaler`` does) unless the scale is already 1 or less."""
         self.io.progress.at("train", self.steps)
-        idx, share = self.ranks.part(batch)
-        inputs, labels = self.batches.collate(idx, self.io.device)
+        parts = [self.ranks.part(batch) for batch in micro_batches]
+        collated = [self.batches.collate(idx, self.io.device) for idx, _ in parts]
         self.timer.start()
-        with self.recipe.autocast(self.io.device):
-            logits = self.model(**inputs) if self.cache is None else self.cache.logits(self.model, inputs, idx)
-            loss = self.batches.loss(logits, labels)
-        with self.recipe.kernels_checked(self.io.device):
-            self.scaler.scale(loss * (share * self.ranks.world_size)).backward()
+        losses, samples, tokens, shares = [], 0, 0, []
+        for (idx, share), (inputs, labels) in zip(parts, collated):
+            with self.recipe.autocast(self.io.device):
+                logits = self.model(**inputs) if self.cache is None else self.cache.logits(self.model, inputs, idx)
+                loss = self.batches.loss(logits, labels)
+            with self.recipe.kernels_checked(self.io.device):
+                weight = share * self.ranks.world_size / len(micro_batches)
+                self.scaler.scale(loss * weight).backward()
+            losses.append(float(loss.detach()))
+            shares.append(share)
+            samples += len(labels) if share else 0
+            tokens += int(inputs["attention_mask"].sum()) if share else 0  # the positions trained on, no padding
         self.scaler.unscale_(self.optimizer)  # clipping reads the true gradients
-        norm, value, scale = self.recipe.clip(self.params), float(loss.detach()), self.scaler.get_scale()
+        value = float(np.mean(losses))  # not finite when any micro-batch's loss is not
+        norm, scale = self.recipe.clip(self.params), self.scaler.get_scale()
         overflow = self.scaler.is_enabled() and scale > 1 and not math.isfinite(norm)
         if self.ranks.any(not math.isfinite(value) or not (overflow or math.isfinite(norm))):
             self.optimizer.zero_grad(set_to_none=True)
@@ -221,10 +237,10 @@ class _Fit:
             self.schedule.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.timer.stop(keep=measured)
-        if measured and share:
-            self.samples += len(labels)
-            self.tokens += int(inputs["attention_mask"].sum())  # the positions trained on, padding excluded
-        self.losses.append(value * share)  # this rank's part of the batch's mean loss
+        if measured:
+            self.samples += samples
+            self.tokens += tokens
+        self.losses.append(float(np.mean([v * w for v, w in zip(losses, shares)])))  # this rank's part of the mean loss
         self.steps += 1
         bar.update(1)
         bar.set_postfix(loss=f"{value:.4f}")
@@ -253,10 +269,10 @@ def train(
     process's rank context (:mod:`petlprof.run.ranks`; ``model`` wrapped in DistributedDataParallel
     when there are several).  Training stops at the first step whose loss or gradient norm is not a
     finite number; the summary's ``diverged_at`` says which (:class:`petlprof.results.records.Divergence`)."""
-    total = steps.total(len(batches))
+    total = steps.total(len(batches), recipe.accumulation)
     warmup = min(steps.warmup_steps, max(total - 1, 0))
     fit = _Fit(model, batches, recipe, total, io, cache, ranks)
-    order = _step_order(batches, total, steps.seed)
+    order = _step_order(batches, total, steps.seed, recipe.accumulation)
     model.train()
     window = Window(io.meters, io.device)
     with io.bar(total, "step", ranks, leave=True) as bar:
@@ -272,7 +288,7 @@ def train(
     phase = phase_summary(window, fit.timer, measured, fit.samples, warmup, steps.warmup_steps)
     # the tokens and their rate are keyed by their declarations, like the reading's figures
     summary = cast(TrainPhase, {**phase, TOKENS.name: fit.tokens, TOKENS_PER_S.name: rate(fit.tokens, window.time_s)})
-    summary["epochs_run"] = round(fit.steps / len(batches), 3)
+    summary["epochs_run"] = round(fit.steps * recipe.accumulation / len(batches), 3)
     summary["first_loss"] = losses[0] if losses else None
     summary["final_loss"] = float(np.mean(losses[-10:])) if losses else None
     if fit.diverged is not None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import functools
+import importlib.util
 import itertools
 import re
 import sys
@@ -29,6 +30,7 @@ from petlprof.meters.power_limit import check_power_limits
 from petlprof.method_api import check_backbone, check_objective, check_quantize
 from petlprof.models import quantization
 from petlprof.models.backbones import backbone_config, check_random_init, check_shape, check_weights, model_class
+from petlprof.models.families import check_gradient_checkpointing
 from petlprof.models.quantization import run_fields as quantize_fields
 from petlprof.registry import (
     get_method,
@@ -45,7 +47,7 @@ from petlprof.sweep.spec import UNTRAINED_DEFAULTS, RunSpec, spec_default, spec_
 from petlprof.tasks.labelled import generative_possible, load_task
 from petlprof.tasks.metrics import check_target
 from petlprof.values import check_file, flag, parse_watts
-from petlprof.vocabulary import AUTO, CLASSIFICATION, LM, RAY, ZERO_SHOT
+from petlprof.vocabulary import ADAMW, AUTO, CLASSIFICATION, FLOAT32, FP32, LM, RAY, ZERO_SHOT
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -250,6 +252,39 @@ def validate_quantize(options) -> None:
             check_quantize(get_method(name), method)
 
 
+def validate_training_settings(options) -> None:
+    """The checks of the training settings (``--weights-dtype``, ``--gradient-checkpointing``, ``--optimizer``) that
+    need no model (:func:`validate`; ``petlprof estimate`` too), each refusal one line: half-precision weights
+    neither under ``--precision`` nor with ``--quantize``, gradient checkpointing only for methods that
+    back-propagate through the backbone, an 8-bit optimiser only with bitsandbytes installed.  A backbone whose
+    architecture has no gradient checkpointing is refused by the preflight's model check."""
+    if options.weights_dtype != FLOAT32:
+        if options.precision != FP32:
+            raise UsageError(
+                f"--weights-dtype {options.weights_dtype} with --precision {options.precision}: half-precision weights "
+                "compute in their own dtype; --precision autocasts float32 weights. Give one of them"
+            )
+        quantized = [q for q in options.quantize if q != quantization.NONE]
+        if quantized:
+            raise UsageError(
+                f"--weights-dtype {options.weights_dtype} with --quantize {quantized[0]}: a quantised backbone's "
+                "weights are packed integers; its float parts follow --quantize-compute-dtype. Give one of them"
+            )
+    if options.optimizer != ADAMW and importlib.util.find_spec("bitsandbytes") is None:
+        raise UsageError(
+            f"--optimizer {options.optimizer} needs bitsandbytes, which is not installed: {quantization.INSTALL}"
+        )
+    if options.gradient_checkpointing:
+        for name in options.methods:
+            method = get_method(name)
+            if method.side_tuning or method.name == ZERO_SHOT:
+                why = "trains nothing" if method.name == ZERO_SHOT else "never back-propagates through the backbone"
+                raise UsageError(
+                    f"--gradient-checkpointing: method '{method.name}' ({method.description}) {why}, so the backbone "
+                    "keeps no activations for backward to recompute; run it without the option"
+                )
+
+
 def validate(options: RunOptions, given: AbstractSet[str] = frozenset()) -> None:
     """Every check of the options that needs no data or model: first each option's own kind and range
     (declared with it), then the relations between options; ``given``: the options a file or the command
@@ -258,6 +293,7 @@ def validate(options: RunOptions, given: AbstractSet[str] = frozenset()) -> None
         kind_of(name).check(name, getattr(options, name))
     _validate_methods(options)
     validate_quantize(options)
+    validate_training_settings(options)
     _validate_relations(options, given)
     _validate_executor(options)
 
@@ -429,6 +465,8 @@ def preflight(options: RunOptions, meters_here: bool = True, peak: PeakEstimate 
         config = backbone_config(backbone)  # the config of a folder or hub id: a bad one fails here
         check_shape(backbone, config, num_layers=options.num_layers, max_length=options.max_length)
         _architecture(backbone)  # built on the meta device: a config the model refuses is one line here
+        if options.gradient_checkpointing:
+            check_gradient_checkpointing(config, backbone)
         if options.random_init:  # the weights are built on this machine unless the runs go to a cluster
             check_random_init(backbone, config, options.num_layers, memory=meters_here)
         for method in options.methods:

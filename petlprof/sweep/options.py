@@ -33,7 +33,19 @@ from petlprof.values import (
     flag,
     parse_bytes,
 )
-from petlprof.vocabulary import CHAT_TEMPLATES, EXECUTORS, FP32, LOCAL, OBJECTIVE_CHOICES, PRECISIONS, TUNE_TARGETS
+from petlprof.vocabulary import (
+    ADAMW,
+    CHAT_TEMPLATES,
+    EXECUTORS,
+    FLOAT32,
+    FP32,
+    LOCAL,
+    OBJECTIVE_CHOICES,
+    OPTIMIZERS,
+    PRECISIONS,
+    TUNE_TARGETS,
+    WEIGHT_DTYPES,
+)
 
 DEVICES = ("auto", "cpu", "cuda")
 CACHE_DTYPES = ("float16", "bfloat16", "float32")  # petlprof.run.cache.DTYPES, named without importing torch
@@ -48,6 +60,7 @@ MAX_WARMUP_STEPS = 10_000  # unmeasured steps repeated before each phase's figur
 MAX_SECONDS = 366 * 24 * 3600  # a year: a longer wait overflows the timers it is given to
 MAX_WINDOW_S = 3600.0  # the inference phase repeats each batch size this long at most
 MAX_LR = 10.0  # AdamW diverges far below it
+MAX_ACCUMULATION = 2**16  # micro-batches per optimiser step: an effective batch past any published recipe's
 MAX_NEW_TOKENS = 2**16  # tokens generated per evaluation prompt: past the context window of nearly every released LM
 # the lower end of --max-memory: a run's process imports Python, torch and transformers before the limit is set;
 # beyond them the smallest run (tiny-bert on CPU, a few steps) fails under 256 MiB and starts under 512 MiB
@@ -317,6 +330,38 @@ class RunOptions:
         "autocast to that dtype, weights and optimiser state kept in float32; fp16 with dynamic loss scaling",
         Choice(choices=PRECISIONS, kind="precision"),
         spec=ToSpec(identity=WHEN_CHANGED),  # fp32 runs keep the keys they had before the option
+    )
+    weights_dtype: str = option(
+        FLOAT32,
+        "float32 (default) or bfloat16: the dtype every weight of the task model is held in, the backbone loaded "
+        "and then cast to it; pure bfloat16 training: the trained weights, their gradients and AdamW's state are "
+        "in it too (no float32 master copy), and every pass computes in it. Not with --precision (autocast over "
+        "float32 weights; float16's way, with a scaled loss) or --quantize",
+        Choice(choices=WEIGHT_DTYPES, kind="weights dtype"),
+        spec=ToSpec(identity=WHEN_CHANGED),  # float32 runs keep the keys they had before the option
+    )
+    gradient_checkpointing: bool = option(
+        False,
+        "recompute the backbone's layer activations in the backward pass instead of keeping them (transformers' "
+        "gradient checkpointing, non-reentrant): less training memory for more time; refused where nothing "
+        "back-propagates through the backbone (side-tuning methods, zero-shot) or the architecture has none",
+        Flag(),
+        spec=ToSpec(identity=WHEN_CHANGED),
+    )
+    gradient_accumulation: int = option(
+        1,
+        "micro-batches of --batch-size per optimiser step (default {default}): the effective batch is their product; "
+        "--max-steps counts optimiser steps",
+        Integer(1, MAX_ACCUMULATION, "micro-batches per optimiser step"),
+        spec=ToSpec(identity=WHEN_CHANGED),
+    )
+    optimizer: str = option(
+        ADAMW,
+        "adamw (default: torch's), adamw8bit or paged_adamw8bit (bitsandbytes' 8-bit AdamW: each state a byte per "
+        "element with a float32 scale per block of 256, tensors under 4096 elements kept in float32; pip install "
+        "'petlprof[quantize]'); weight decay, schedule and clipping as for adamw",
+        Choice(choices=OPTIMIZERS, kind="optimizer"),
+        spec=ToSpec(identity=WHEN_CHANGED),
     )
     quantize: list[str] = option(
         [NONE],

@@ -120,6 +120,10 @@ class RunSpec:
     max_length: int = 64
     warmup_steps: int = 2
     precision: str = "fp32"
+    weights_dtype: str = "float32"
+    gradient_checkpointing: bool = False
+    gradient_accumulation: int = 1
+    optimizer: str = "adamw"
     quantize: str = "none"
     quantize_compute_dtype: str = "float32"
     quantize_double: bool = False
@@ -172,7 +176,9 @@ BUDGET_FIELDS = tuple(
     if option in ("target_value", "target_metric", "eval_every", "target_eval_size", "val_size", "max_train_time")
 )
 # what a run that trains nothing (the zero-shot row) leaves at its defaults: its budget and any search
-UNTRAINED_DEFAULTS = (*BUDGET_FIELDS, "tune", "tune_points")
+# the training settings of real jobs (petlprof.run.recipe) that act on training alone
+TRAINING_ONLY_FIELDS = ("gradient_checkpointing", "gradient_accumulation", "optimizer")
+UNTRAINED_DEFAULTS = (*BUDGET_FIELDS, "tune", "tune_points", *TRAINING_ONLY_FIELDS)
 
 
 def spec_identity(spec: dict[str, Any], include_seed: bool = True) -> dict[str, Any]:
