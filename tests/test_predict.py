@@ -207,6 +207,29 @@ def test_each_configuration_is_predicted_once_and_its_seeds_share_it(profiles, m
     }
 
 
+def test_a_run_with_training_settings_is_predicted_with_them(profiles):
+    """The prediction a run keeps prices the run's own settings (half weights, 8-bit state, micro-batches,
+    quantisation), not the defaults'."""
+    from petlprof.estimate.runs import predict_runs
+    from petlprof.sweep.spec import RunSpec
+
+    prof.save_profile(cal.calibrate("cpu", seconds=0.02), "cpu")
+    base = dict(method="full", backbone="tiny-bert", batch_size=4, max_length=16)
+    specs = {
+        "default": RunSpec(**base),
+        "bfloat16": RunSpec(**base, weights_dtype="bfloat16"),
+        "8-bit": RunSpec(**base, optimizer="adamw8bit"),
+        "accumulation": RunSpec(**base, gradient_accumulation=3),
+        "nf4 lora": RunSpec(**{**base, "method": "lora"}, quantize="nf4"),
+        "lora": RunSpec(**{**base, "method": "lora"}),
+    }
+    out = predict_runs(list(specs.values()), lambda task: 2)
+    train = {name: out[spec.run_key]["train"] for name, spec in specs.items()}
+    peak = {name: figures["peak_memory_bytes"] for name, figures in train.items()}
+    assert max(peak["bfloat16"], peak["8-bit"]) < peak["default"] and peak["nf4 lora"] < peak["lora"]
+    assert train["accumulation"]["step_time_s"] > train["default"]["step_time_s"]  # two more forward-backwards
+
+
 def test_a_cpu_never_calibrated_predicts_nothing(profiles):
     from petlprof.estimate.runs import predict_runs
     from petlprof.sweep.spec import RunSpec

@@ -294,3 +294,13 @@ def test_two_micro_batches_make_the_step_of_their_union():
     assert norms[1] == pytest.approx(norms[0], rel=1e-5)
     for name, value in trained[0].items():
         torch.testing.assert_close(trained[1][name], value, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_an_accumulated_step_repeats_the_micro_batch_kernels_and_runs_the_optimiser_once():
+    from petlprof.estimate.trace import _accumulated
+
+    first, later, optimiser = [(1, 10)] * 3, [(2, 20)] * 4, [(0, 5)] * 2
+    costs = [*first, *later, *optimiser]
+    assert _accumulated(costs, [3, 7], 1) == tuple(costs)
+    assert _accumulated(costs, [3, 7], 2) == tuple(costs)
+    assert _accumulated(costs, [3, 7], 5) == (*first, *later * 4, *optimiser)

@@ -20,6 +20,7 @@ from petlprof.errors import say
 from petlprof.estimate.gpus import GPUS
 from petlprof.estimate.profiles import device_name, load_profile, profile_path
 from petlprof.estimate.roofline import DeviceModel, table_model
+from petlprof.models.quantization import Quantization
 from petlprof.results.figures import ENERGY, PEAK_MEMORY
 from petlprof.vocabulary import CLASSIFICATION, LM
 
@@ -82,6 +83,11 @@ def _predicted(spec, model: DeviceModel, num_labels, settings_class, estimate, r
         device="cuda" if spec.device.startswith("cuda") else "cpu",
         objective=CLASSIFICATION,
         device_model=model,
+        weights_dtype=spec.weights_dtype,
+        gradient_checkpointing=spec.gradient_checkpointing,
+        gradient_accumulation=spec.gradient_accumulation,
+        optimizer=spec.optimizer,
+        quantization=Quantization.of(spec),
     )
     try:
         record = estimate(resolve_backbone(spec.backbone, spec.num_layers), spec.method, spec.method_config, settings)

@@ -515,8 +515,8 @@ def train_steps(
     ``op_costs``: keep each counted kernel's FLOPs and bytes moved (a time prediction's input; off: no cost).
     ``optimizer_kind``: ``--optimizer`` (bitsandbytes' 8-bit AdamW as :class:`MetaAdamW8bit`, which makes its
     state); ``accumulation``: ``--gradient-accumulation``: a step runs two micro-batches (the second's
-    backward is where gradients already held meet new ones; more change no peak) and its FLOPs and kernel
-    costs are scaled to ``accumulation`` of them (the optimiser's kernels with them: a small overcount)."""
+    backward is where gradients already held meet new ones; more change no peak), its FLOPs scaled to
+    ``accumulation`` of them and its kernels repeated as a run repeats them (:func:`_accumulated`)."""
     if loss_fn is None:
         loss_fn = classifier_loss
 
@@ -531,6 +531,7 @@ def train_steps(
         groups = recipe.param_groups(model)
         optimizer, params = MetaAdamW8bit(groups), [p for group in groups for p in group["params"]]
     micro = min(accumulation, 2)
+    first_marks: list[int] = []
     model.train()
     tracer, kernels = MetaTrace(op_costs), DeviceKernels(device, attention_kernel)
     _recompute_under_rules(model, lambda: forward_rules(precision, device, kernels))
@@ -539,25 +540,38 @@ def train_steps(
             if step == 1:
                 tracer.peak_bytes = tracer.live_bytes  # the optimiser state is alive from here on
             with tracer.count_flops() if step == 0 else contextlib.nullcontext():
+                marks = []  # where each micro-batch's kernels end in the counted step's list
                 for _ in range(micro):
                     with forward_rules(precision, device, kernels):
                         loss = loss_fn(model(**inputs), labels)
                     loss = loss / micro if micro > 1 else loss
                     (loss * _LOSS_SCALE if precision == FP16 else loss).backward()
                     del loss
+                    marks.append(len(tracer.op_costs))
+                if step == 0:
+                    first_marks = marks
                 if precision == FP16:  # GradScaler.unscale_: in place, before clipping
                     torch._foreach_mul_([p.grad for p in params if p.grad is not None], 1 / _LOSS_SCALE)
                 torch.nn.utils.clip_grad_norm_(params, recipe.max_grad_norm)  # recipe.clip reads the norm's value
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
         del optimizer
-    scale = accumulation / micro
     return StepTrace(
         tracer.peak_bytes,
-        round(tracer.flops * scale),
+        round(tracer.flops * accumulation / micro),  # the optimiser's element-wise work is not counted
         attention_kernels=tuple(sorted(kernels.attention_kernels)),
-        op_costs=tuple((round(f * scale), round(b * scale)) for f, b in tracer.op_costs),
+        op_costs=_accumulated(tracer.op_costs, first_marks, accumulation),
     )
+
+
+def _accumulated(costs: list, marks: list[int], accumulation: int) -> tuple:
+    """The counted step's kernels for ``accumulation`` micro-batches from those of the traced ones (``marks``: where
+    each ended): the first micro-batch's, the second's (which adds into held gradients) once per later one, then
+    the optimiser's."""
+    if accumulation <= 1 or not costs:
+        return tuple(costs)
+    first, later = costs[: marks[0]], costs[marks[0] : marks[1]]
+    return (*first, *later * (accumulation - 1), *costs[marks[1] :])
 
 
 def _recompute_under_rules(model, rules: Callable) -> None:

@@ -33,6 +33,7 @@ from typing import Any, cast
 
 import torch
 
+from petlprof.errors import StatusLine
 from petlprof.meters import Meter, Window
 from petlprof.meters.base import phase_warnings, synchronize
 from petlprof.meters.energy import SHORT_WINDOW_S
@@ -263,6 +264,7 @@ def measure_generation(
     generate: Callable | None = None,
     progress: Progress | None = None,
     precision: str = FP32,
+    label: str = "run",
 ) -> Generation:
     """``{"batch_1": {...}, "batch_8": {...}, ...}``: per batch size the tokens generated per second,
     energy per token and per response, time to first token (median over the calls), per-token latency
@@ -275,7 +277,8 @@ def measure_generation(
     the signature of :func:`petlprof.models.language_model.greedy_generate`.  A batch size is keyed by the rows it
     really had (``batch_<rows>``: the split may have fewer prompts than asked).  ``make_meters(rows)``
     makes a fresh window's meters; ``min_window_s`` as for inference
-    (:func:`petlprof.run.inference.target_window_s`); every call runs at the run's ``precision``."""
+    (:func:`petlprof.run.inference.target_window_s`); every call runs at the run's ``precision``; ``label`` names the
+    run on the terminal's status line (:class:`~petlprof.errors.StatusLine`; none in a log)."""
     if generate is None:
         generate = greedy_generate
     progress = progress if progress is not None else Progress()
@@ -295,9 +298,11 @@ def measure_generation(
         batches = _batches(prompts, device, size, limit)
         rows = int(batches[0]["input_ids"].shape[0])
         progress.at("generation", rows)
-        with autocast(precision, device):
+        with autocast(precision, device), StatusLine(f"{label} generation, batch {rows}") as line:
             for step in range(warmup_steps):
+                line.update(f"warm-up call {step + 1} of {warmup_steps}")
                 decoding.call(batches[step % len(batches)], max_new_tokens=min(max_new_tokens, WARMUP_NEW_TOKENS))
+            line.update(f"measuring: up to {limit} calls of {max_new_tokens} new tokens, at least {min_window_s:g} s")
             entry = _measure(decoding, batches, make_meters(rows), limit, min_window_s)
             if side is not None:
                 entry["side_network"] = side_network_share(decoding, side, batches[0])

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
-from petlprof.errors import UsageError
+from petlprof.errors import StatusLine, UsageError
 from petlprof.meters import (
     contention_meters,
     energy_meter_for,
@@ -243,18 +243,19 @@ def _load(spec: RunSpec) -> tuple:
     check_objective(method, task.objective if task.objective == LM else CLASSIFICATION)  # regression: a head too
     torch.manual_seed(spec.seed)
     lm = task.objective == LM
-    backbone = load_backbone(
-        spec.backbone,
-        num_layers=spec.num_layers,
-        seed=spec.seed,
-        random_init=spec.random_init,
-        lm_head=lm,
-        quantization=Quantization.of(spec),
-        device=spec.device,
-    )
-    check_shape(spec.backbone, backbone.config, max_length=spec.max_length)
-    model = trainable_model(backbone, task.objective, task.num_labels, method, method_config).to(spec.device)
-    prepare_model(model, spec.weights_dtype, spec.gradient_checkpointing)
+    with StatusLine(f"{method.name} s{spec.seed} load: backbone {spec.backbone}"):
+        backbone = load_backbone(
+            spec.backbone,
+            num_layers=spec.num_layers,
+            seed=spec.seed,
+            random_init=spec.random_init,
+            lm_head=lm,
+            quantization=Quantization.of(spec),
+            device=spec.device,
+        )
+        check_shape(spec.backbone, backbone.config, max_length=spec.max_length)
+        model = trainable_model(backbone, task.objective, task.num_labels, method, method_config).to(spec.device)
+        prepare_model(model, spec.weights_dtype, spec.gradient_checkpointing)
     return method, method_config, task, backbone, model
 
 
@@ -447,6 +448,7 @@ def _generation(ctx: RunContext, model, eval_phase: EvalPhase, label: str = "gen
         min_window_s=target_window_s(eval_phase.get("energy_kind"), spec.inference_window_s),
         progress=ctx.progress,
         precision=spec.precision,
+        label=ctx.label,
     )
 
 
