@@ -212,6 +212,7 @@ class _Fit:
             with self.recipe.autocast(self.io.device):
                 logits = self.model(**inputs) if self.cache is None else self.cache.logits(self.model, inputs, idx)
                 loss = self.batches.loss(logits, labels)
+                del logits  # backward needs what the loss saved, not the logits: held, they were a tensor more
             with self.recipe.kernels_checked(self.io.device):
                 weight = share * self.ranks.world_size / len(micro_batches)
                 self.scaler.scale(loss * weight).backward()
