@@ -295,3 +295,34 @@ def test_an_accumulated_step_repeats_the_micro_batch_kernels_and_runs_the_optimi
     assert _accumulated(costs, [3, 7], 1) == tuple(costs)
     assert _accumulated(costs, [3, 7], 2) == tuple(costs)
     assert _accumulated(costs, [3, 7], 5) == (*first, *later * 4, *optimiser)
+
+
+@pytest.mark.parametrize(
+    "examples, batch, epochs, max_steps, accumulation, steps, trained",
+    [
+        (32, 4, 1, None, 1, 8, 32),
+        (32, 4, 1, None, 3, 3, 32),  # 8 batches, 3 a step: the last step has 2
+        (32, 4, 2, None, 4, 4, 64),
+        (32, 4, 1, 5, 3, 5, 60),  # 15 batches: an epoch of 8, then 7 of the next
+        (30, 4, 1, None, 2, 4, 30),  # 8 batches, the last of 2 rows
+    ],
+)
+def test_the_sweep_counts_a_runs_optimiser_steps_and_examples_as_the_run_does(
+    examples, batch, epochs, max_steps, accumulation, steps, trained
+):
+    from petlprof.run.train import Steps
+    from petlprof.sweep.resources import optimiser_steps, trained_examples
+
+    assert optimiser_steps(examples, batch, epochs, max_steps, accumulation) == steps
+    assert Steps(epochs=epochs, max_steps=max_steps).total(math.ceil(examples / batch), accumulation) == steps
+    assert trained_examples(examples, batch, epochs, max_steps, accumulation) == trained
+
+
+def test_the_short_budget_note_counts_accumulated_steps(tmp_path, capsys):
+    args = ["run", "--methods", "lora", "--backbone", "tiny-bert", "--train-size", "32", "--batch-size", "4"]
+    args += ["--gradient-accumulation", "4", "--eval-size", "4", "--inference-window-s", "0", "--in-process"]
+    assert main([*args, "--output", str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    assert "each training run makes 2 optimiser steps" in err and "--gradient-accumulation 4 batches a step" in err
+    (record,) = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert record["train"]["epochs_run"] == 1.0 and record["train"]["steps"] == 1  # 2 steps, 1 of them warm-up

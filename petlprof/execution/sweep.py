@@ -322,7 +322,7 @@ def _work(options: RunOptions) -> Work:
         if spec.method == ZERO_SHOT:
             return 0
         examples = len(sweep_task(options, spec.task).train)
-        return trained_examples(examples, spec.batch_size, spec.epochs, spec.max_steps)
+        return trained_examples(examples, spec.batch_size, spec.epochs, spec.max_steps, spec.gradient_accumulation)
 
     return work
 

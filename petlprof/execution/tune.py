@@ -42,7 +42,9 @@ def searches(options: RunOptions, specs: list[RunSpec]) -> dict[str, Search]:
         if key in out:
             continue
         task = sweep_task(options, spec.task)
-        budget = optimiser_steps(len(task.train), spec.batch_size, spec.epochs, spec.max_steps)
+        budget = optimiser_steps(
+            len(task.train), spec.batch_size, spec.epochs, spec.max_steps, spec.gradient_accumulation
+        )
         points = spec.tune_points or 2
         out[key] = Search(
             spec=spec,

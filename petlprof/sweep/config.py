@@ -543,7 +543,9 @@ def _check_eval_every(options: RunOptions, name: str, task) -> None:
     every = options.eval_every
     if every is None:
         return
-    steps = optimiser_steps(len(task.train), options.batch_size, options.epochs, options.max_steps)
+    steps = optimiser_steps(
+        len(task.train), options.batch_size, options.epochs, options.max_steps, options.gradient_accumulation
+    )
     warmup = min(options.warmup_steps, max(steps - 1, 0))
     first = (warmup // every + 1) * every  # the first multiple of it past the warm-up
     if first > steps:

@@ -50,23 +50,26 @@ WHY_MIN_LEARNING_STEPS = (
 SKIP_MEMORY_CHECK = "--skip-memory-check"
 
 
-def optimiser_steps(examples: int, batch_size: int, epochs: int, max_steps: int | None) -> int:
-    """Optimiser steps of a training run, as the run counts them: ``max_steps`` when given, else ``epochs`` passes
-    over ``examples`` training examples in batches of ``batch_size`` (the last one short).  The warm-up steps
-    are among them: they train, only their figures are left out."""
-    return max_steps if max_steps is not None else epochs * math.ceil(examples / batch_size)
+def optimiser_steps(examples: int, batch_size: int, epochs: int, max_steps: int | None, accumulation: int = 1) -> int:
+    """Optimiser steps of a training run, as the run counts them (:meth:`petlprof.run.train.Steps.total`):
+    ``max_steps`` when given, else ``epochs`` passes over ``examples`` training examples in batches of
+    ``batch_size`` (the last one short), ``accumulation`` batches a step (the last step short).  The warm-up
+    steps are among them: they train, only their figures are left out."""
+    if max_steps is not None:
+        return max_steps
+    return math.ceil(epochs * math.ceil(examples / batch_size) / accumulation)
 
 
-def trained_examples(examples: int, batch_size: int, epochs: int, max_steps: int | None) -> int:
+def trained_examples(examples: int, batch_size: int, epochs: int, max_steps: int | None, accumulation: int = 1) -> int:
     """Examples a training run passes through: ``examples`` x ``epochs``, or with ``max_steps`` the batches of those
-    steps, epoch after epoch (each epoch's last batch short)."""
+    steps (``accumulation`` batches a step), epoch after epoch (each epoch's last batch short)."""
     if max_steps is None:
         return examples * epochs
     per_epoch = math.ceil(examples / batch_size)
     if per_epoch == 0:
         return 0
-    epochs_done, steps_left = divmod(max_steps, per_epoch)
-    return epochs_done * examples + steps_left * batch_size
+    epochs_done, batches_left = divmod(max_steps * accumulation, per_epoch)
+    return epochs_done * examples + batches_left * batch_size
 
 
 def check_resources(options, tasks: dict[str, Any], points: dict[str, list[dict[str, Any]]], here: bool) -> list[str]:
@@ -90,7 +93,9 @@ def short_budget_notes(options, tasks: dict[str, Any]) -> list[str]:
     notes = []
     for name, task in tasks.items():
         examples = len(task.train)
-        steps = optimiser_steps(examples, options.batch_size, options.epochs, options.max_steps)
+        steps = optimiser_steps(
+            examples, options.batch_size, options.epochs, options.max_steps, options.gradient_accumulation
+        )
         if steps < MIN_LEARNING_STEPS:
             notes.append(f"task '{name}': {_steps_text(options, examples, steps)}")
     return [*notes, WHY_MIN_LEARNING_STEPS] if notes else []
@@ -104,6 +109,8 @@ def _steps_text(options, examples: int, steps: int) -> str:
         made = f"{rows}: {per_epoch} per epoch, x --epochs {options.epochs}"
     else:
         made = f"--max-steps {options.max_steps}, over {rows}"
+    if options.gradient_accumulation > 1:
+        made += f", --gradient-accumulation {options.gradient_accumulation} batches a step"
     warmup = min(options.warmup_steps, max(steps - 1, 0))  # as the run's train() caps it
     among = f"; the {warmup} warm-up step{'s' * (warmup != 1)} among them train{'s' * (warmup == 1)} too" * bool(warmup)
     budget = options.target_value is not None or options.max_train_time is not None
