@@ -287,8 +287,17 @@ def overhead_line(results: Sequence[RunResult]) -> str | None:
         return None
     overhead = sum(o for o, _ in pairs)
     median = statistics.median(o for o, _ in pairs)
-    return (
+    line = (
         f"harness overhead: {overhead:,.1f} s of the {len(pairs)} runs' {wall:,.1f} s of wall time "
         f"({overhead / wall:.0%}, measured) fell outside the measured phases, median {median:.1f} s a run: "
         "process start, imports, loading the model and data, warm-up steps, writing the record"
+    )
+    warmups = [r.warmup_time_s for r in results if r.overhead_s is not None and r.process_wall_time_s is not None]
+    timed = [w for w in warmups if w is not None]
+    if not timed or len(timed) < len(pairs):  # records written before warm-ups were timed
+        return line
+    rest = [o - w for (o, _), w in zip(pairs, timed)]
+    return (
+        f"{line}; of it {sum(timed):,.1f} s ({sum(timed) / wall:.0%}) the phases' warm-up steps (timed), the rest "
+        f"{sum(rest):,.1f} s ({sum(rest) / wall:.0%}), median {statistics.median(rest):.1f} s a run"
     )

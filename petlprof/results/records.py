@@ -50,6 +50,7 @@ class Phase(TypedDict, total=False):
     steps: int
     samples: int
     warmup_steps: int
+    warmup_time_s: float  # the warm-up steps' wall time, outside the window (part of the run's overhead_s)
     samples_per_s: float | None
     latency_s: Latency
     latency_source: str
@@ -155,6 +156,7 @@ class InferenceBatch(TypedDict, total=False):
     batch and per sample, samples per second and the meters' readings."""
 
     batch_size: int
+    warmup_time_s: float  # the unmeasured repeats' wall time, outside the window
     repeats: int
     latency_source: str
     energy_per_sample_j: float | None
@@ -187,6 +189,7 @@ class GenerationBatch(TypedDict, total=False):
     second, energy per token and per response, time to first token, per-token latency and the meters' readings."""
 
     batch_size: int
+    warmup_time_s: float  # the unmeasured warm-up calls' wall time, outside the window
     batches: int  # generate calls in the window
     prompt_tokens: int
     response_tokens: int  # the responses' tokens without the EOS that ended them
@@ -476,6 +479,17 @@ def measured_phases_s(record: RunRecord) -> float:
     for repeated in (record.get("inference"), record.get("generation"), record.get("generation_merged")):
         phases += [v for k, v in (repeated or {}).items() if k.startswith("batch_")]
     return sum(p[TIME.name] for p in phases if isinstance(p, dict) and isinstance(p.get(TIME.name), (int, float)))
+
+
+def warmup_time_s(record: RunRecord) -> float:
+    """Seconds of the run's warm-up steps, calls and repeats (``warmup_time_s`` of each phase that has them): the
+    part of ``overhead_s`` that is unmeasured work of the phases themselves rather than the harness's."""
+    phases: list[Any] = [record.get("train"), record.get("eval"), record.get("eval_merged")]
+    for repeated in (record.get("inference"), record.get("generation"), record.get("generation_merged")):
+        phases += [v for k, v in (repeated or {}).items() if k.startswith("batch_")]
+    return sum(
+        p["warmup_time_s"] for p in phases if isinstance(p, dict) and isinstance(p.get("warmup_time_s"), (int, float))
+    )
 
 
 def add_overhead(record: RunRecord, process_wall_time_s: float) -> RunRecord:

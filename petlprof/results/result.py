@@ -23,7 +23,7 @@ from typing import Any
 
 from petlprof.results.figures import ENERGY, ENERGY_KIND, FIGURES, TIME, Figure
 from petlprof.results.grades import Grade, above_idle_grade, grade_of
-from petlprof.results.records import OK
+from petlprof.results.records import OK, warmup_time_s
 
 # a value as JSON holds it (a record's field, a method config's value, a cell of the runs table)
 JSONValue = str | int | float | bool | None | list["JSONValue"] | dict[str, "JSONValue"]
@@ -329,6 +329,7 @@ class RunResult:
     env: Mapping[str, Any] | None = None
     overhead_s: float | None = None
     process_wall_time_s: float | None = None
+    warmup_time_s: float | None = None  # of overhead_s, the phases' warm-up steps (None: a record without them timed)
     predicted: Mapping[str, Any] = field(default_factory=dict)  # what the sweep predicted of it before it ran
 
     @classmethod
@@ -372,6 +373,7 @@ class RunResult:
             env=env if isinstance(env, Mapping) else None,
             overhead_s=finite(data.get("overhead_s")),
             process_wall_time_s=finite(data.get("process_wall_time_s")),
+            warmup_time_s=_warmups(data),
         )
 
     @classmethod
@@ -431,3 +433,10 @@ def _windows(value: object) -> dict[str, PhaseResult]:
 def results_of(records: Iterable[RunResult | Mapping[str, Any]]) -> list[RunResult]:
     """Typed views of records, whether read already or still JSON objects."""
     return [RunResult.of(r) for r in records]
+
+
+def _warmups(data: Mapping[str, Any]) -> float | None:
+    """The record's timed warm-up seconds (:func:`petlprof.results.records.warmup_time_s`); None for a record whose
+    training or evaluation phase has none timed (written before they were)."""
+    timed = any(isinstance(mapping(data.get(p)).get("warmup_time_s"), (int, float)) for p in ("train", "eval"))
+    return finite(warmup_time_s(data)) if timed else None  # type: ignore[arg-type]

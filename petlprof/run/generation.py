@@ -299,11 +299,14 @@ def measure_generation(
         rows = int(batches[0]["input_ids"].shape[0])
         progress.at("generation", rows)
         with autocast(precision, device), StatusLine(f"{label} generation, batch {rows}") as line:
+            started = time.perf_counter()
             for step in range(warmup_steps):
                 line.update(f"warm-up call {step + 1} of {warmup_steps}")
                 decoding.call(batches[step % len(batches)], max_new_tokens=min(max_new_tokens, WARMUP_NEW_TOKENS))
+            warmup_s = time.perf_counter() - started
             line.update(f"measuring: up to {limit} calls of {max_new_tokens} new tokens, at least {min_window_s:g} s")
             entry = _measure(decoding, batches, make_meters(rows), limit, min_window_s)
+            entry["warmup_time_s"] = warmup_s
             if side is not None:
                 entry["side_network"] = side_network_share(decoding, side, batches[0])
         if (time_s := TIME.of(entry)) is not None and time_s < min_window_s:

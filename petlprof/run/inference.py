@@ -65,9 +65,11 @@ def measure_inference(
         progress.at("inference", size)
         fixed = Batches(batches.encodings[:size], batches.labels[:size], size, batches.tokenizer)
         inputs, _ = next(fixed.iterate(device))
+        started = time.perf_counter()
         with autocast(precision, device):
             for _ in range(warmup_steps):
                 model(**inputs)
+        warmup_s = time.perf_counter() - started
         timer, repeats, meters = StepTimer(device), 0, make_meters(size)
         try:
             with Window(meters, device) as window, autocast(precision, device):
@@ -89,6 +91,7 @@ def measure_inference(
             {
                 "batch_size": size,
                 "repeats": repeats,
+                "warmup_time_s": warmup_s,
                 TIME.name: window.time_s,
                 LATENCY.name: percentiles(latencies),
                 LATENCY_PER_SAMPLE.name: percentiles([t / size for t in latencies]),

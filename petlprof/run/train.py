@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -102,8 +103,11 @@ def percentiles(latencies: list[float]) -> Latency:
     return {"p50": float(p50), "p90": float(p90), "p99": float(p99), "mean": float(np.mean(latencies))}
 
 
-def phase_summary(window: Window, timer: StepTimer, steps, samples, warmup, requested_warmup) -> Phase:
-    """A measured phase's fixed figures and its window's reading (:class:`petlprof.results.records.Phase`)."""
+def phase_summary(
+    window: Window, timer: StepTimer, steps, samples, warmup, requested_warmup, warmup_time_s: float = 0.0
+) -> Phase:
+    """A measured phase's fixed figures and its window's reading (:class:`petlprof.results.records.Phase`);
+    ``warmup_time_s``: the wall time of its warm-up steps, before the window."""
     warnings = phase_warnings(window.reading)
     if warmup < requested_warmup:
         warnings.append(
@@ -118,6 +122,7 @@ def phase_summary(window: Window, timer: StepTimer, steps, samples, warmup, requ
             "steps": steps,
             SAMPLES.name: samples,
             "warmup_steps": warmup,
+            "warmup_time_s": warmup_time_s,
             SAMPLES_PER_S.name: rate(samples, window.time_s),
             LATENCY.name: percentiles(timer.latencies_s()),
             "latency_source": timer.source,
@@ -277,7 +282,9 @@ def train(
     model.train()
     window = Window(io.meters, io.device)
     with io.bar(total, "step", ranks, leave=True) as bar:
+        started = time.perf_counter()
         warmed = all(fit.step(batch, bar, measured=False) for batch in itertools.islice(order, warmup))
+        warmup_s = time.perf_counter() - started
         if warmed:  # a run that diverged in its warm-up has no measured window
             with window:
                 for batch in order:
@@ -286,7 +293,7 @@ def train(
     del fit.optimizer
     losses = ranks.sum_over(fit.losses)
     measured = max(fit.steps - warmup, 0)
-    phase = phase_summary(window, fit.timer, measured, fit.samples, warmup, steps.warmup_steps)
+    phase = phase_summary(window, fit.timer, measured, fit.samples, warmup, steps.warmup_steps, warmup_s)
     # the tokens and their rate are keyed by their declarations, like the reading's figures
     summary = cast(TrainPhase, {**phase, TOKENS.name: fit.tokens, TOKENS_PER_S.name: rate(fit.tokens, window.time_s)})
     summary["epochs_run"] = round(fit.steps * recipe.accumulation / len(batches), 3)
@@ -361,12 +368,14 @@ def evaluate(
     seen, window = _Predictions(model, batches, io, ranks, precision), Window(io.meters, io.device)
     order = enumerate(batches.batch_indices())
     with io.bar(len(batches), "batch", ranks) as bar:
+        started = time.perf_counter()
         for step, batch in itertools.islice(order, warmup):
             seen.batch(step, batch, bar, measured=False)
+        warmup_s = time.perf_counter() - started
         with window:
             for step, batch in order:
                 seen.batch(step, batch, bar, measured=True)
-    phase = phase_summary(window, seen.timer, len(batches) - warmup, seen.samples, warmup, warmup_steps)
+    phase = phase_summary(window, seen.timer, len(batches) - warmup, seen.samples, warmup, warmup_steps, warmup_s)
     if ranks.world_size == 1:  # a window too short for its energy counter: the same passes again, for energy only
         measured = list(batches.batch_indices())[warmup:]
         again = functools.partial(_forward, model, batches, measured, io, precision)
