@@ -52,3 +52,12 @@ def test_records_written_before_warm_ups_were_timed_keep_the_old_line():
     result = RunResult.from_json(old)
     assert result.warmup_time_s is None
     assert overhead_line([result]).endswith("writing the record")
+    new = {**old, "overhead_s": 4.0, "train": {"time_s": 5.0, "warmup_time_s": 1.5}, "eval": {"warmup_time_s": 0.5}}
+    line = overhead_line([result, RunResult.from_json(new)])  # a sweep of both: the split over the timed one
+    assert "of it (over the 1 runs whose warm-ups were timed) 2.0 s (20%)" in line and "the rest 2.0 s (20%)" in line
+
+
+def test_a_two_rank_phase_keeps_the_slower_ranks_warm_ups():
+    from petlprof.run.distributed import MAX_FIELDS
+
+    assert "warmup_time_s" in MAX_FIELDS

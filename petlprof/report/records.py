@@ -292,12 +292,19 @@ def overhead_line(results: Sequence[RunResult]) -> str | None:
         f"({overhead / wall:.0%}, measured) fell outside the measured phases, median {median:.1f} s a run: "
         "process start, imports, loading the model and data, warm-up steps, writing the record"
     )
-    warmups = [r.warmup_time_s for r in results if r.overhead_s is not None and r.process_wall_time_s is not None]
-    timed = [w for w in warmups if w is not None]
-    if not timed or len(timed) < len(pairs):  # records written before warm-ups were timed
+    # the runs whose warm-ups were timed (a record written before they were, or one that failed before its phases,
+    # has none): their overhead split into warm-ups and the rest
+    timed = [
+        (r.overhead_s, r.process_wall_time_s, r.warmup_time_s)
+        for r in results
+        if r.overhead_s is not None and r.process_wall_time_s is not None and r.warmup_time_s is not None
+    ]
+    if not timed:
         return line
-    rest = [o - w for (o, _), w in zip(pairs, timed)]
+    warmups, rest = sum(w for _, _, w in timed), [o - w for o, _, w in timed]
+    timed_wall = sum(t for _, t, _ in timed)
+    which = "" if len(timed) == len(pairs) else f" (over the {len(timed)} runs whose warm-ups were timed)"
     return (
-        f"{line}; of it {sum(timed):,.1f} s ({sum(timed) / wall:.0%}) the phases' warm-up steps (timed), the rest "
-        f"{sum(rest):,.1f} s ({sum(rest) / wall:.0%}), median {statistics.median(rest):.1f} s a run"
+        f"{line}; of it{which} {warmups:,.1f} s ({warmups / timed_wall:.0%}) the phases' warm-up steps (timed), the "
+        f"rest {sum(rest):,.1f} s ({sum(rest) / timed_wall:.0%}), median {statistics.median(rest):.1f} s a run"
     )

@@ -15,6 +15,7 @@ rank context makes all of that the identity.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import math
@@ -145,7 +146,11 @@ class Steps:
 
     def total(self, batches_per_epoch: int, accumulation: int = 1) -> int:
         """Optimiser steps: ``max_steps``, else ``epochs`` passes of ``accumulation`` batches a step (last short)."""
-        return math.ceil(self.epochs * batches_per_epoch / accumulation) if self.max_steps is None else self.max_steps
+        return math.ceil(self.micro_batches(batches_per_epoch, accumulation) / accumulation)
+
+    def micro_batches(self, batches_per_epoch: int, accumulation: int = 1) -> int:
+        """Batches the run trains on: ``accumulation`` per step of ``max_steps``, else ``epochs`` passes."""
+        return self.epochs * batches_per_epoch if self.max_steps is None else self.max_steps * accumulation
 
 
 class Progress:
@@ -176,10 +181,10 @@ class PhaseIO:
         return tqdm(total=total, desc=self.desc, unit=unit, dynamic_ncols=True, disable=not ranks.is_main, **kwargs)
 
 
-def _step_order(batches: Batches, total: int, seed: int, accumulation: int = 1) -> Iterator[list[np.ndarray]]:
-    """The micro-batches of ``total`` optimiser steps, ``accumulation`` to a step: epoch after epoch, each shuffled
-    by its own seed (the micro-batches of one step may span two epochs)."""
-    micro = total * accumulation
+def _step_order(batches: Batches, micro: int, seed: int, accumulation: int = 1) -> Iterator[list[np.ndarray]]:
+    """The run's ``micro`` batches, ``accumulation`` to an optimiser step (the last step short when they do not
+    divide): epoch after epoch, each shuffled by its own seed (the micro-batches of one step may span two
+    epochs)."""
     epochs = range(math.ceil(micro / len(batches)))
     order = (batches.batch_indices(shuffle_seed=seed * 1000 + epoch) for epoch in epochs)
     flat = itertools.islice(itertools.chain.from_iterable(order), micro)
@@ -196,7 +201,7 @@ class _Fit:
         self.schedule = recipe.schedule(self.optimizer, total)
         self.scaler = recipe.scaler(io.device)  # fp16's loss scaler; a pass-through otherwise
         self.timer = StepTimer(io.device)
-        self.steps, self.samples, self.tokens, self.overflows = 0, 0, 0, 0
+        self.steps, self.samples, self.tokens, self.overflows, self.micro_batches = 0, 0, 0, 0, 0
         self.losses: list[float] = []
         self.diverged: tuple[int, float, float] | None = None  # (step, loss, gradient norm) of a step that diverged
 
@@ -212,22 +217,24 @@ class _Fit:
         parts = [self.ranks.part(batch) for batch in micro_batches]
         collated = [self.batches.collate(idx, self.io.device) for idx, _ in parts]
         self.timer.start()
-        losses, samples, tokens, shares = [], 0, 0, []
-        for (idx, share), (inputs, labels) in zip(parts, collated):
-            with self.recipe.autocast(self.io.device):
-                logits = self.model(**inputs) if self.cache is None else self.cache.logits(self.model, inputs, idx)
-                loss = self.batches.loss(logits, labels)
-                del logits  # backward needs what the loss saved, not the logits: held, they were a tensor more
-            with self.recipe.kernels_checked(self.io.device):
-                weight = share * self.ranks.world_size / len(micro_batches)
-                self.scaler.scale(loss * weight).backward()
-            losses.append(float(loss.detach()))
-            shares.append(share)
-            samples += len(labels) if share else 0
-            tokens += int(inputs["attention_mask"].sum()) if share else 0  # the positions trained on, no padding
+        losses = []
+        for i, ((idx, share), (inputs, labels)) in enumerate(zip(parts, collated)):
+            last = i == len(parts) - 1
+            # DDP all-reduces the gradients once, at the step's last micro-batch, as accumulating jobs do
+            synced = contextlib.nullcontext() if last or not hasattr(self.model, "no_sync") else self.model.no_sync()
+            with synced:
+                with self.recipe.autocast(self.io.device):
+                    logits = self.model(**inputs) if self.cache is None else self.cache.logits(self.model, inputs, idx)
+                    loss = self.batches.loss(logits, labels)
+                    del logits  # backward needs what the loss saved, not the logits: held, they were a tensor more
+                with self.recipe.kernels_checked(self.io.device):
+                    weight = share * self.ranks.world_size / len(micro_batches)
+                    self.scaler.scale(loss * weight).backward()
+            losses.append(loss.detach())
         self.scaler.unscale_(self.optimizer)  # clipping reads the true gradients
-        value = float(np.mean(losses))  # not finite when any micro-batch's loss is not
         norm, scale = self.recipe.clip(self.params), self.scaler.get_scale()
+        values = [float(loss) for loss in losses]  # read after clipping, which waits for the device anyway
+        value = float(np.mean(values))  # not finite when any micro-batch's loss is not
         overflow = self.scaler.is_enabled() and scale > 1 and not math.isfinite(norm)
         if self.ranks.any(not math.isfinite(value) or not (overflow or math.isfinite(norm))):
             self.optimizer.zero_grad(set_to_none=True)
@@ -244,9 +251,12 @@ class _Fit:
         self.optimizer.zero_grad(set_to_none=True)
         self.timer.stop(keep=measured)
         if measured:
-            self.samples += samples
-            self.tokens += tokens
-        self.losses.append(float(np.mean([v * w for v, w in zip(losses, shares)])))  # this rank's part of the mean loss
+            for (_, share), (inputs, labels) in zip(parts, collated):
+                self.samples += len(labels) if share else 0
+                self.tokens += int(inputs["attention_mask"].sum()) if share else 0  # the positions trained on
+        self.micro_batches += len(micro_batches)
+        shares = [share for _, share in parts]
+        self.losses.append(float(np.mean([v * w for v, w in zip(values, shares)])))  # this rank's part of the mean loss
         self.steps += 1
         bar.update(1)
         bar.set_postfix(loss=f"{value:.4f}")
@@ -278,7 +288,9 @@ def train(
     total = steps.total(len(batches), recipe.accumulation)
     warmup = min(steps.warmup_steps, max(total - 1, 0))
     fit = _Fit(model, batches, recipe, total, io, cache, ranks)
-    order = _step_order(batches, total, steps.seed, recipe.accumulation)
+    order = _step_order(
+        batches, steps.micro_batches(len(batches), recipe.accumulation), steps.seed, recipe.accumulation
+    )
     model.train()
     window = Window(io.meters, io.device)
     with io.bar(total, "step", ranks, leave=True) as bar:
@@ -296,7 +308,7 @@ def train(
     phase = phase_summary(window, fit.timer, measured, fit.samples, warmup, steps.warmup_steps, warmup_s)
     # the tokens and their rate are keyed by their declarations, like the reading's figures
     summary = cast(TrainPhase, {**phase, TOKENS.name: fit.tokens, TOKENS_PER_S.name: rate(fit.tokens, window.time_s)})
-    summary["epochs_run"] = round(fit.steps * recipe.accumulation / len(batches), 3)
+    summary["epochs_run"] = round(fit.micro_batches / len(batches), 3)
     summary["first_loss"] = losses[0] if losses else None
     summary["final_loss"] = float(np.mean(losses[-10:])) if losses else None
     if fit.diverged is not None:
