@@ -19,9 +19,9 @@ from petlprof.method_api import check_objective
 from petlprof.models.families import ENCODER
 from petlprof.models.quantization import NONE, Quantization
 from petlprof.results.figures import BREAKDOWN_GRADIENTS, BREAKDOWN_QUANTIZATION_STATE
-from petlprof.sweep.options import OPTIONS, default_of, help_of, kind_of
+from petlprof.sweep.options import OPTIONS, TRAINING_SETTINGS, default_of, help_of, kind_of
 from petlprof.values import Flag, Integer, flag, parse_bytes
-from petlprof.vocabulary import CLASSIFICATION, FP32, LM, ZERO_SHOT
+from petlprof.vocabulary import ADAMW, CLASSIFICATION, FLOAT32, FP32, LM, ZERO_SHOT
 
 if TYPE_CHECKING:  # both import torch: not for --help
     from petlprof.estimate.core import Estimate, EstimateRecord, Settings
@@ -79,7 +79,7 @@ def add_estimate_parser(sub: Any) -> argparse.ArgumentParser:
     _add_run_option(parser, "precision", "{run}; bf16/fp16 follow --device's autocast rules")
     for name in QUANTIZE_OPTIONS:
         _add_run_option(parser, name)
-    for name in TRAINING_OPTIONS:
+    for name in TRAINING_SETTINGS:
         _add_run_option(parser, name)
     parser.add_argument(
         "--attention",
@@ -115,7 +115,6 @@ def add_estimate_parser(sub: Any) -> argparse.ArgumentParser:
 
 _INTEGER = Integer()  # reads integer text as the number, keeps other text for the check to refuse in one line
 QUANTIZE_OPTIONS = ("quantize", "quantize_compute_dtype", "quantize_double")
-TRAINING_OPTIONS = ("weights_dtype", "gradient_checkpointing", "gradient_accumulation", "optimizer")  # recipe.py
 CHECKED_OPTIONS = ("batch_size", "max_length", "num_layers", "objective", "precision", "device")  # run options' checks
 AUTO = "auto"  # the run options' --objective and --device that a run resolves from its task and its machine
 
@@ -145,9 +144,9 @@ def _quantizations(args: argparse.Namespace, methods: list[str]) -> list:
 
     for name in QUANTIZE_OPTIONS:
         kind_of(name).check(name, getattr(args, name))
-    for name in TRAINING_OPTIONS:
+    for name in TRAINING_SETTINGS:
         kind_of(name).check(name, getattr(args, name))
-    given = SimpleNamespace(**{n: getattr(args, n) for n in (*QUANTIZE_OPTIONS, *TRAINING_OPTIONS)}, methods=methods)
+    given = SimpleNamespace(**{n: getattr(args, n) for n in (*QUANTIZE_OPTIONS, *TRAINING_SETTINGS)}, methods=methods)
     validate_quantize(given)
     validate_training_settings(SimpleNamespace(**vars(given), precision=args.precision))
     return [
@@ -317,7 +316,7 @@ def _settings(args: argparse.Namespace):
         objective=objective,
         attention=args.attention,
         device_model=_device_model(device, gpus.get_gpu(args.gpu)),
-        **{name: getattr(args, name) for name in TRAINING_OPTIONS},
+        **{name: getattr(args, name) for name in TRAINING_SETTINGS},
     )
     _batch_tokens(settings.batch_size, settings.max_length)
     return _with_objective(settings, objective, args)
@@ -593,7 +592,7 @@ def _tokens(settings) -> str:
 
 def _training(settings) -> str:
     """The optimiser and the training settings changed from their defaults, in words."""
-    parts = ["AdamW" if settings.optimizer == "adamw" else f"{settings.optimizer} (bitsandbytes, 8-bit state)"]
+    parts = ["AdamW" if settings.optimizer == ADAMW else f"{settings.optimizer} (bitsandbytes, 8-bit state)"]
     if settings.gradient_accumulation > 1:
         parts.append(f"{settings.gradient_accumulation} micro-batches a step (the FLOPs are the step's)")
     if settings.gradient_checkpointing:
@@ -605,7 +604,7 @@ def _precision(settings) -> str:
     from petlprof.estimate.autocast import policy_device  # imports torch: not at the top, for a fast --help
 
     kernels = f"{policy_device(settings.device)} kernels"
-    if settings.weights_dtype != "float32":
+    if settings.weights_dtype != FLOAT32:
         return f"{settings.weights_dtype} weights, gradients and AdamW state (pure), {kernels}"
     if settings.precision == FP32:
         return f"float32 (every backbone, whatever dtype its config names), {kernels}"

@@ -72,7 +72,7 @@ from petlprof.results.figures import (
     BREAKDOWN_TRAINABLE_WEIGHTS,
 )
 from petlprof.run.recipe import AUTOCAST_DTYPES, prepare_model
-from petlprof.sweep.options import default_of
+from petlprof.sweep.options import TRAINING_SETTINGS, default_of
 from petlprof.vocabulary import ADAMW, CLASSIFICATION, FP32, LM
 
 META_TRACE = "meta-device trace of the step (no weights allocated)"
@@ -197,8 +197,7 @@ class Settings:
 
     def training_fields(self) -> dict[str, Any]:
         """The training settings a run's spec would carry, those changed from their defaults only (as in run keys)."""
-        names = ("weights_dtype", "gradient_checkpointing", "gradient_accumulation", "optimizer")
-        return {name: getattr(self, name) for name in names if getattr(self, name) != default_of(name)}
+        return {name: getattr(self, name) for name in TRAINING_SETTINGS if getattr(self, name) != default_of(name)}
 
     @property
     def quantize(self) -> str:

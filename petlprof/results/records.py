@@ -11,6 +11,7 @@ may lack a field added since.  ``SCHEMA_VERSION`` and ``RESULTS_FILE`` are defin
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from petlprof.results.figures import TIME
@@ -472,24 +473,26 @@ def safetensors_bytes(tensors: dict[str, Any]) -> int:
     return 8 + text + (-text % 8) + offset
 
 
-def measured_phases_s(record: RunRecord) -> float:
-    """Seconds inside the run's measurement windows: training (target checks included), evaluation,
-    the inference (or generation) windows at each batch size and the merged evaluation."""
+def _windows(record: Mapping[str, Any]) -> list[Any]:
+    """The run's measured windows: training (target checks included), evaluation, the merged evaluation and the
+    inference (or generation) windows at each batch size."""
     phases: list[Any] = [record.get("train"), record.get("eval"), record.get("eval_merged")]
     for repeated in (record.get("inference"), record.get("generation"), record.get("generation_merged")):
         phases += [v for k, v in (repeated or {}).items() if k.startswith("batch_")]
-    return sum(p[TIME.name] for p in phases if isinstance(p, dict) and isinstance(p.get(TIME.name), (int, float)))
+    return [p for p in phases if isinstance(p, dict)]
 
 
-def warmup_time_s(record: RunRecord) -> float:
-    """Seconds of the run's warm-up steps, calls and repeats (``warmup_time_s`` of each phase that has them): the
-    part of ``overhead_s`` that is unmeasured work of the phases themselves rather than the harness's."""
-    phases: list[Any] = [record.get("train"), record.get("eval"), record.get("eval_merged")]
-    for repeated in (record.get("inference"), record.get("generation"), record.get("generation_merged")):
-        phases += [v for k, v in (repeated or {}).items() if k.startswith("batch_")]
-    return sum(
-        p["warmup_time_s"] for p in phases if isinstance(p, dict) and isinstance(p.get("warmup_time_s"), (int, float))
-    )
+def measured_phases_s(record: Mapping[str, Any]) -> float:
+    """Seconds inside the run's measurement windows (:func:`_windows`)."""
+    return sum(p[TIME.name] for p in _windows(record) if isinstance(p.get(TIME.name), (int, float)))
+
+
+def warmup_time_s(record: Mapping[str, Any]) -> float | None:
+    """Seconds of the run's warm-up steps, calls and repeats (``warmup_time_s`` of each window that has them): the
+    part of ``overhead_s`` that is unmeasured work of the phases themselves rather than the harness's.  None for a
+    record with none timed (written before they were, or failed before its phases)."""
+    timed = [p["warmup_time_s"] for p in _windows(record) if isinstance(p.get("warmup_time_s"), (int, float))]
+    return sum(timed) if timed else None
 
 
 def add_overhead(record: RunRecord, process_wall_time_s: float) -> RunRecord:

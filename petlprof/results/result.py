@@ -373,7 +373,7 @@ class RunResult:
             env=env if isinstance(env, Mapping) else None,
             overhead_s=finite(data.get("overhead_s")),
             process_wall_time_s=finite(data.get("process_wall_time_s")),
-            warmup_time_s=_warmups(data),
+            warmup_time_s=finite(warmup_time_s(data)),
         )
 
     @classmethod
@@ -433,10 +433,3 @@ def _windows(value: object) -> dict[str, PhaseResult]:
 def results_of(records: Iterable[RunResult | Mapping[str, Any]]) -> list[RunResult]:
     """Typed views of records, whether read already or still JSON objects."""
     return [RunResult.of(r) for r in records]
-
-
-def _warmups(data: Mapping[str, Any]) -> float | None:
-    """The record's timed warm-up seconds (:func:`petlprof.results.records.warmup_time_s`); None for a record whose
-    training or evaluation phase has none timed (written before they were)."""
-    timed = any(isinstance(mapping(data.get(p)).get("warmup_time_s"), (int, float)) for p in ("train", "eval"))
-    return finite(warmup_time_s(data)) if timed else None  # type: ignore[arg-type]

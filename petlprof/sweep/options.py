@@ -94,6 +94,10 @@ class ToSpec:
     convert: Callable[[Any], Any] | None = None
 
 
+# the training settings of real jobs (petlprof.run.recipe), which `petlprof estimate` takes as well
+TRAINING_SETTINGS = ("weights_dtype", "gradient_checkpointing", "gradient_accumulation", "optimizer")
+
+
 def option(
     default: Any,
     help: str,

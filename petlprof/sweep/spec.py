@@ -17,7 +17,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from petlprof.sweep.options import ALWAYS, NEVER, OPTIONS, OWN, WHEN_CHANGED, WHEN_SET, ToSpec, default_of
+from petlprof.sweep.options import (
+    ALWAYS,
+    NEVER,
+    OPTIONS,
+    OWN,
+    TRAINING_SETTINGS,
+    WHEN_CHANGED,
+    WHEN_SET,
+    ToSpec,
+    default_of,
+)
 from petlprof.values import flag
 
 
@@ -177,7 +187,7 @@ BUDGET_FIELDS = tuple(
 )
 # what a run that trains nothing (the zero-shot row) leaves at its defaults: its budget and any search
 # the training settings of real jobs (petlprof.run.recipe) that act on training alone
-TRAINING_ONLY_FIELDS = ("gradient_checkpointing", "gradient_accumulation", "optimizer")
+TRAINING_ONLY_FIELDS = tuple(name for name in TRAINING_SETTINGS if name != "weights_dtype")  # inference keeps it
 UNTRAINED_DEFAULTS = (*BUDGET_FIELDS, "tune", "tune_points", *TRAINING_ONLY_FIELDS)
 
 
