@@ -336,3 +336,39 @@ def test_sizes_the_data_cannot_give_are_noted_before_the_runs(tmp_path):
     assert preflight(options) == [f"task '{data}' has 8 training examples; --train-size 100 uses those"]
     budget = {"train_size": 64, "batch_size": 8}
     assert preflight(build_options({}, {"methods": "bitfit", "backbone": "tiny-bert", **budget})) == []
+
+
+def test_the_command_ends_with_its_code_after_what_a_normal_exit_does():
+    """``petlprof`` (and every worker process) ends through ``exit_now``: the handler's exit code, and before the end
+    what ``sys.exit`` would have done for the program (a non-daemon thread joined, ``atexit`` handlers run in
+    order, buffered output flushed, even with no newline), only the interpreter's teardown skipped."""
+    import subprocess
+    import sys
+
+    code = (
+        "import atexit, sys, threading, time\n"
+        "from petlprof.execution.process import exit_now\n"
+        "atexit.register(lambda: print('first registered, last run', end=''))\n"
+        "atexit.register(lambda: print('[handler]', end=' '))\n"
+        "threading.Thread(target=lambda: (time.sleep(0.2), print('[thread]', end=' '))).start()\n"
+        "sys.stderr.write('buffered')\n"
+        "print('[main]', end=' ')\n"
+        "exit_now(3)\n"
+        "print('never')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3
+    assert done.stdout == "[main] [thread] [handler] first registered, last run"
+    assert done.stderr == "buffered"
+
+
+def test_the_petlprof_command_exits_with_the_commands_code(tmp_path):
+    """The console script and ``python -m petlprof.cli`` end with the command's code: 2 for bad input, 0 for a
+    command that worked (its output complete)."""
+    import subprocess
+    import sys
+
+    bad = subprocess.run([sys.executable, "-m", "petlprof.cli", "run", "--methods", "nope"], capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.startswith("petlprof: error:") and "nope" in bad.stderr
+    listed = subprocess.run([sys.executable, "-m", "petlprof.cli", "list"], capture_output=True, text=True)
+    assert listed.returncode == 0 and "Meters on this machine" in listed.stdout, listed.stderr[-2000:]

@@ -28,7 +28,7 @@ import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
-from petlprof.execution.process import die_with_parent, expected_parent
+from petlprof.execution.process import die_with_parent, exit_now, expected_parent
 from petlprof.execution.warm import serve
 from petlprof.results.records import FINAL_STATUSES
 from petlprof.run.execute import execute
@@ -102,6 +102,7 @@ def _write(path: Path, record: Mapping[str, object]) -> None:
 
 if __name__ == "__main__":
     try:
-        sys.exit(main(sys.argv[1:]))
+        code = main(sys.argv[1:])
     except KeyboardInterrupt:  # Ctrl-C before the run started: the sweep records the cancel
         sys.exit(130)
+    exit_now(code)  # the record is written: the driver waits for this process's end, not for its teardown
