@@ -167,6 +167,7 @@ def comparable(record: dict) -> dict:
 
 
 def test_ray_records_are_the_local_records_apart_from_timings_and_node(local_ray, monkeypatch):
+    from petlprof.execution.child import WARM_PROCESS
     from petlprof.execution.executors import RayExecutor
 
     specs = [RunSpec(method="bitfit", seed=0, max_steps=3, **TINY), RunSpec(method="lora", seed=1, max_steps=3, **TINY)]
@@ -186,7 +187,35 @@ def test_ray_records_are_the_local_records_apart_from_timings_and_node(local_ray
         assert node["executor"] == "ray" and node["node_id"] == ray.get_runtime_context().get_node_id()
         assert node["cpus"] == 1 and node["gpu_ids"] == [] and node["omp_num_threads_per_rank"] == "1"
         assert node["niceness"] == 0  # RAY_ENV: the run at normal priority, not at Ray's default nice 15
+        assert remote[key]["process"] == WARM_PROCESS  # forked from its Ray worker's warm worker
         assert remote[key]["train"]["energy_j"] > 0 and remote[key]["train"]["peak_memory_bytes"] > 0
+
+
+def test_a_ray_worker_imports_once_and_forks_its_later_runs(local_ray, monkeypatch):
+    """Three tasks in one Ray worker process (the task body called here, in this process, so that no scheduling
+    choice of Ray's decides which worker takes which): the first starts the warm worker, waits for its imports and
+    carries the wait; the others fork from the one it kept, at once.  (Through Ray, the records test above and the
+    killed-worker and driver tests run their tasks the same way; the forked-run figures are test_warm.py's.)"""
+    from petlprof.execution import warm
+    from petlprof.execution.child import WARM_PROCESS
+    from petlprof.execution.executors import _ray_task
+    from petlprof.meters.idle import IDLE_ENV
+
+    monkeypatch.setenv(IDLE_ENV, "")  # the task sets it in its process (this one): restored after the test
+    warm.close_kept()  # this process's own kept worker (an earlier test's sweep) is not the Ray worker's
+    specs = [RunSpec(method="bitfit", seed=seed, max_steps=2, **TINY) for seed in range(3)]
+    try:
+        records = [_ray_task(spec.to_dict(), None, None, 2.0) for spec in specs]
+        kept = list(warm._kept)
+    finally:
+        warm.close_kept()
+    assert [r["status"] for r in records] == ["ok"] * 3, [r.get("error") for r in records]
+    assert [r["process"] for r in records] == [WARM_PROCESS] * 3
+    assert records[0]["warm_worker_start_s"] > 0  # waited for the imports: charged to the first run
+    assert records[0]["overhead_s"] > records[0]["warm_worker_start_s"]
+    assert ["warm_worker_start_s" in r for r in records[1:]] == [False, False]  # forked at once
+    assert len(kept) == 1 and kept[0].broken is None  # kept for the next task
+    assert all(r["node"]["cpus"] == 2 and r["node"]["executor"] == "ray" for r in records)
 
 
 def test_a_two_rank_run_is_one_ray_task_with_the_cpus_of_both_ranks(local_ray):
@@ -351,7 +380,9 @@ def kill_ray_worker_under_the_run(killed: list, timeout=120.0) -> None:
 def test_a_ray_worker_killed_mid_run_is_a_failed_record_or_one_retry(local_ray, retries, expected):
     from petlprof.execution.executors import RayExecutor
 
-    spec = RunSpec(method="bitfit", seed=0, max_steps=400 if retries == 0 else 30, **TINY)
+    # long enough to be killed mid-run: a run forked from a warm worker an earlier test left in an idle Ray worker
+    # starts at once, and 30 steps ended before the kill
+    spec = RunSpec(method="bitfit", seed=0, max_steps=400, **TINY)
     killed: list = []
     killer = threading.Thread(target=kill_ray_worker_under_the_run, args=(killed,), daemon=True)
     killer.start()

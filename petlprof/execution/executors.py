@@ -5,12 +5,12 @@ sweep process (the *driver*) alone appends records to the store, so resume, the 
 "nothing lost" hold the same way whatever the executor.  ``in_flight`` lists the runs started and
 not yet yielded, so an interrupted sweep can record them as ``cancelled``; ``cancel()`` stops them.
 
-* ``local``: each run in a fresh process on this machine (:func:`petlprof.execution.child.execute_in_subprocess`),
-  or in the sweep's own process with ``--in-process``.
+* ``local``: each run in a process of its own on this machine (:func:`petlprof.execution.child.execute_in_subprocess`:
+  forked from the sweep's warm worker, or a fresh interpreter), or in the sweep's own process with ``--in-process``.
 * ``ray``: each run becomes a Ray task that asks for the CPUs and GPUs the run declares
-  (``--cpus-per-run``; one GPU per rank of a CUDA run) and runs the run in a fresh worker process on
-  the node it lands on, so the meters read that node's devices (Ray sets ``CUDA_VISIBLE_DEVICES`` for
-  the task).
+  (``--cpus-per-run``; one GPU per rank of a CUDA run) and runs the run in a process of its own on
+  the node it lands on, as a local run (forked from the Ray worker's warm worker, or a fresh interpreter), so
+  the meters read that node's devices (Ray sets ``CUDA_VISIBLE_DEVICES`` for the task).
   The task adds where it ran to the record and returns it to the driver.  A task whose
   worker or node is lost becomes a ``failed`` record naming the cause, after ``retries`` retries.
   The driver never waits forever: a task that no live node can take any more (its node was lost)
@@ -163,8 +163,10 @@ class LocalExecutor:
 
 
 def _ray_task(spec_dict: dict, timeout_s: float | None, max_memory_bytes: int | None, cpus: float) -> RunRecord:
-    """Body of one Ray task: the run in a fresh worker process on this node, plus where it ran.  (No warm
-    worker here yet: Ray's task cancellation has not been tried against one.)"""
+    """Body of one Ray task: the run in a process of its own on this node, plus where it ran.  A one-process CPU
+    run forks from this Ray worker's warm worker (:func:`_node_warm_worker`), as a local sweep's runs do; other
+    runs start a fresh interpreter.  A cancelled task (``ray.cancel``: KeyboardInterrupt in the task) stops the
+    run's process before it ends, forked or fresh, and the warm worker stays for the next task."""
     # ray: optional (petlprof[ray])
     import ray
 
@@ -174,9 +176,16 @@ def _ray_task(spec_dict: dict, timeout_s: float | None, max_memory_bytes: int | 
     threads = os.environ.get("OMP_NUM_THREADS")
     if spec.nproc > 1:  # Ray sets the task's whole CPU count; torchrun keeps a set value for every rank
         os.environ["OMP_NUM_THREADS"] = str(max(1, int(cpus // spec.nproc)))
+    warm = None
     try:
-        _prepare_node_idle(spec)
-        record = execute_in_subprocess(spec, timeout_s=timeout_s, max_memory_bytes=max_memory_bytes)
+        _prepare_node_idle(spec)  # before the warm worker's imports, which would be read as idle power
+        warm = _node_warm_worker(spec)
+        if warm is not None:  # held before the wait, so a cancel during the imports still closes it (finally)
+            warm.wait_ready()  # a broken one (it could not import) sends the run to a fresh interpreter
+        record = execute_in_subprocess(spec, timeout_s=timeout_s, max_memory_bytes=max_memory_bytes, warm=warm)
+        if warm is not None and warm.start_s:  # this task started the warm worker and waited for its imports
+            record["warm_worker_start_s"] = warm.start_s
+            add_overhead(record, record["process_wall_time_s"] + warm.start_s)
         record["node"] = ray_node_fields(
             record,
             os.nice(0),
@@ -187,13 +196,28 @@ def _ray_task(spec_dict: dict, timeout_s: float | None, max_memory_bytes: int | 
             omp_num_threads_per_rank=os.environ.get("OMP_NUM_THREADS"),
             task_started_unix=started,
         )
-    finally:  # this worker runs later tasks: leave its environment and signal mask as they were
+    finally:  # this worker runs later tasks: leave its environment, signal mask and warm worker for them
         release_signals()  # execute_in_subprocess holds SIGINT/SIGTERM once the run has finished
+        if warm is not None:
+            keep(warm)  # serving: kept for this Ray worker's next task (closed at exit); otherwise closed now
         if threads is None:
             os.environ.pop("OMP_NUM_THREADS", None)
         else:
             os.environ["OMP_NUM_THREADS"] = threads
     return record
+
+
+def _node_warm_worker(spec) -> WarmWorker | None:
+    """The warm worker of this Ray worker process, for a run it can serve (:func:`petlprof.execution.warm.serves`):
+    the one an earlier task kept (:func:`petlprof.execution.warm.adopt`, same environment, ready), else a new one
+    whose imports the run waits for (its ``start_s``, charged to the run as a local sweep charges its first run).
+    Ray keeps its worker processes for later tasks of the same resources, so a node pays the run's imports once per
+    worker process, not once per run.  The warm worker dies with this process (Ray's worker, killed with its task
+    or its cluster); its forked runs die with it.  None for runs it cannot serve: they start a fresh interpreter."""
+    if not serves(spec):
+        return None
+    env = worker_env()
+    return adopt(env) or WarmWorker(env, wait=False)
 
 
 def ray_node_fields(record: RunRecord, niceness: int, **extra: Unpack[RayTask]) -> NodeFields:
