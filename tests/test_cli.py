@@ -368,7 +368,9 @@ def test_the_petlprof_command_exits_with_the_commands_code(tmp_path):
     import subprocess
     import sys
 
-    bad = subprocess.run([sys.executable, "-m", "petlprof.cli", "run", "--methods", "nope"], capture_output=True, text=True)
+    bad = subprocess.run(
+        [sys.executable, "-m", "petlprof.cli", "run", "--methods", "nope"], capture_output=True, text=True
+    )
     assert bad.returncode == 2 and bad.stderr.startswith("petlprof: error:") and "nope" in bad.stderr
     listed = subprocess.run([sys.executable, "-m", "petlprof.cli", "list"], capture_output=True, text=True)
     assert listed.returncode == 0 and "Meters on this machine" in listed.stdout, listed.stderr[-2000:]

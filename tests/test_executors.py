@@ -369,7 +369,7 @@ def kill_ray_worker_under_the_run(killed: list, timeout=120.0) -> None:
         for pid in processes:
             if (worker := ray_worker_of(pid, processes)) is None:
                 continue
-            time.sleep(2.0)  # let the run get going
+            time.sleep(1.0)  # let the run get going
             os.kill(worker, signal.SIGKILL)
             killed.append((worker, pid, time.time()))
             return
@@ -380,9 +380,9 @@ def kill_ray_worker_under_the_run(killed: list, timeout=120.0) -> None:
 def test_a_ray_worker_killed_mid_run_is_a_failed_record_or_one_retry(local_ray, retries, expected):
     from petlprof.execution.executors import RayExecutor
 
-    # long enough to be killed mid-run: a run forked from a warm worker an earlier test left in an idle Ray worker
-    # starts at once, and 30 steps ended before the kill
-    spec = RunSpec(method="bitfit", seed=0, max_steps=400, **TINY)
+    # long enough to be killed mid-run (a second after its process appears): a run forked from a warm worker that
+    # an earlier test left in an idle Ray worker starts at once, and 30 steps ended before a kill 2 s in
+    spec = RunSpec(method="bitfit", seed=0, max_steps=400 if retries == 0 else 200, **TINY)
     killed: list = []
     killer = threading.Thread(target=kill_ray_worker_under_the_run, args=(killed,), daemon=True)
     killer.start()
