@@ -1,8 +1,10 @@
-"""A killed Ray sweep driver: SIGKILL, SIGTERM or Ctrl-C once the first of two runs is stored, then the
-same command again — nothing lost, nothing repeated, no Ray instance left behind.
+"""A killed Ray sweep driver: Ctrl-C, SIGTERM and SIGKILL, each once one more run is stored, then the same
+command again — nothing lost, nothing repeated, no Ray instance left behind.
 
-A module of its own so that pytest -n (``--dist loadscope``) can run these three minute-long tests beside
-the other executor tests instead of after them.
+One test, one sweep of four runs killed three times: each kill and resume starts a Ray instance, so the three
+signals in turn cost four instances and seven run starts, where a sweep per signal cost six and nine (and held three
+pytest workers waiting on Ray at once).  A module of its own, each test handed out apart (tests/conftest.py), so
+that pytest -n runs it beside the other executor tests.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ from petlprof.cli import main
 
 pytestmark = pytest.mark.slow  # Ray instances and whole sweeps
 
+SEEDS = 4
+EXIT_CODES = {signal.SIGKILL: -9, signal.SIGTERM: 143, signal.SIGINT: 130}
+
 
 def ray_sweep_args(out: Path) -> list[str]:
     """``petlprof run`` arguments of the sweep (without the command)."""
@@ -30,7 +35,7 @@ def ray_sweep_args(out: Path) -> list[str]:
         "--methods",
         "linear_probe",
         "--seeds",
-        "0,1",
+        ",".join(str(seed) for seed in range(SEEDS)),
         *TINY_CLI,
         "--max-steps",
         "3",
@@ -56,49 +61,59 @@ def raylets(driver_pid: int) -> list[int]:
     ]
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT], ids=["SIGKILL", "SIGTERM", "SIGINT"])
-def test_a_killed_ray_driver_resumes_without_losing_or_repeating_a_run(tmp_path, monkeypatch, capsys, sig):
-    """Two runs, one at a time (2 CPUs per run on a 2-CPU instance); the driver is killed once the
-    first is stored.  SIGTERM or Ctrl-C records the run in flight as ``cancelled`` and cancels its task;
-    SIGKILL leaves no record for it (as for a run never started); either way the resume runs exactly the
-    run not stored ``ok``.  The killed driver is a process of its own; the resume runs in this one (its
-    runs in processes of their own, as always)."""
-    out = tmp_path / "out"
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-    log = tmp_path / "sweep.log"  # the killed sweep's output, shown when an assertion below fails
+def kill_the_driver_once_one_more_run_is_stored(out: Path, log: Path, sig: int) -> subprocess.Popen:
+    """Start the sweep's driver (a process of its own), wait until it has stored one more run ``ok`` than the store
+    held and submitted the next, then send it ``sig``; returns the ended process."""
+    ok_before = sum(r["status"] == "ok" for r in stored(out))
+    following = f"[{ok_before + 2}/{SEEDS}]"  # the progress line of the run after it (counted over the whole sweep)
     with open(log, "w") as sink:
         proc = subprocess.Popen(
             [sys.executable, "-m", "petlprof.cli", *ray_sweep_args(out)],
-            env=env,
+            env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
             preexec_fn=interruptible,
             stdout=subprocess.DEVNULL,
             stderr=sink,
         )
     deadline = time.time() + 240
-    while time.time() < deadline and not any(r["status"] == "ok" for r in stored(out)):
-        assert proc.poll() is None, "the sweep ended before it could be killed"
+    while time.time() < deadline and sum(r["status"] == "ok" for r in stored(out)) == ok_before:
+        assert proc.poll() is None, f"the sweep ended before it could be killed: {log.read_text()[-3000:]}"
         time.sleep(0.2)
-    assert any(r["status"] == "ok" for r in stored(out)), "no run finished in time"
-    # the driver submits the next run right after storing one and then says so ("[2/2] ..."); each run starts a fresh
-    # interpreter (several seconds of imports), so run 2 is still in flight when the signal comes
+    assert sum(r["status"] == "ok" for r in stored(out)) == ok_before + 1, "no run finished in time"
+    # the driver submits the next run right after storing one and then says so ("[K/N] ..."); the run's process is
+    # forked from its Ray worker's warm worker or starts an interpreter, and loads the model: still in flight
     deadline = time.time() + 60
-    while time.time() < deadline and "[2/2]" not in log.read_text():
+    while time.time() < deadline and following not in log.read_text():
         assert proc.poll() is None, "the sweep ended before it could be killed"
         time.sleep(0.1)
-    assert "[2/2]" in log.read_text(), "the second run was not submitted in time"
+    assert following in log.read_text(), "the next run was not submitted in time"
     proc.send_signal(sig)
-    code = proc.wait(60)
-    assert code == {signal.SIGKILL: -9, signal.SIGTERM: 143, signal.SIGINT: 130}[sig], log.read_text()[-3000:]
-    first = stored(out)
-    done = [r["run_key"] for r in first if r["status"] == "ok"]
-    if sig != signal.SIGKILL:
-        statuses = [r["status"] for r in first]
-        assert [s for s in statuses if s != "ok"] == ["cancelled"] * (len(first) - len(done)), statuses
-        assert len(first) > len(done), log.read_text()[-3000:]  # the run in flight was recorded as cancelled
-    deadline = time.time() + 60
-    while time.time() < deadline and raylets(proc.pid):
-        time.sleep(0.5)
-    assert not raylets(proc.pid), f"the killed driver left its Ray instance running: {log.read_text()[-3000:]}"
+    proc.wait(60)
+    return proc
+
+
+def test_a_killed_ray_driver_resumes_without_losing_or_repeating_a_run(tmp_path, monkeypatch, capsys):
+    """Four runs, one at a time (2 CPUs per run on a 2-CPU instance).  The driver is killed with Ctrl-C once the
+    first is stored, then the same command again with SIGTERM once the second is, then with SIGKILL once the third
+    is.  Ctrl-C and SIGTERM record the run in flight as ``cancelled`` and cancel its task; SIGKILL leaves no record
+    for it (as for a run never started); each killed driver's Ray instance ends with it.  The last resume (in this
+    process; its runs in processes of their own, as always) runs exactly the run not stored ``ok``."""
+    out = tmp_path / "out"
+    for number, sig in enumerate((signal.SIGINT, signal.SIGTERM, signal.SIGKILL), start=1):
+        log = tmp_path / f"sweep-{number}.log"  # the killed sweep's output, shown when an assertion below fails
+        before = len(stored(out))
+        proc = kill_the_driver_once_one_more_run_is_stored(out, log, sig)
+        assert proc.returncode == EXIT_CODES[sig], log.read_text()[-3000:]
+        added = [r["status"] for r in stored(out)[before:]]
+        if sig == signal.SIGKILL:
+            assert added == ["ok"], added
+        else:  # the run in flight was recorded as cancelled
+            assert added == ["ok", "cancelled"], (added, log.read_text()[-3000:])
+        deadline = time.time() + 60
+        while time.time() < deadline and raylets(proc.pid):
+            time.sleep(0.5)
+        assert not raylets(proc.pid), f"the killed driver left its Ray instance running: {log.read_text()[-3000:]}"
+    done = [r["run_key"] for r in stored(out) if r["status"] == "ok"]
+    assert len(done) == len(set(done)) == SEEDS - 1
 
     monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
     sigterm = signal.getsignal(signal.SIGTERM)  # ray.init sets its own in the process that starts Ray
@@ -109,9 +124,9 @@ def test_a_killed_ray_driver_resumes_without_losing_or_repeating_a_run(tmp_path,
     err = capsys.readouterr().err
     assert code == 0, err[-3000:]
     assert f"{len(done)} already in" in err, err[-3000:]
-    ok = [r["run_key"] for r in stored(out) if r["status"] == "ok"]
-    assert len(ok) == len(set(ok)) == 2 and set(done) <= set(ok)  # none lost, none repeated
-    assert all(r["node"]["executor"] == "ray" for r in stored(out) if r["status"] == "ok")
-    # the Ray instance petlprof starts runs its workers, and so the runs, at normal priority (Ray's default is 15)
     ok = [r for r in stored(out) if r["status"] == "ok"]
+    keys = [r["run_key"] for r in ok]
+    assert len(keys) == len(set(keys)) == SEEDS and set(done) <= set(keys)  # none lost, none repeated
+    assert all(r["node"]["executor"] == "ray" for r in ok)
+    # the Ray instance petlprof starts runs its workers, and so the runs, at normal priority (Ray's default is 15)
     assert all(r["node"]["niceness"] == 0 and not any("nice" in w for w in r["warnings"]) for r in ok)
