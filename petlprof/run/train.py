@@ -36,6 +36,7 @@ from petlprof.results.figures import LATENCY, SAMPLES, SAMPLES_PER_S, TIME, TOKE
 from petlprof.results.records import Divergence, EvalPhase, FailedAt, Latency, Phase, TrainPhase
 from petlprof.run.ranks import ONE_PROCESS
 from petlprof.run.recipe import TrainRecipe, autocast
+from petlprof.sweep.resources import training_batches
 from petlprof.vocabulary import FP32
 
 
@@ -145,12 +146,13 @@ class Steps:
     seed: int = 0
 
     def total(self, batches_per_epoch: int, accumulation: int = 1) -> int:
-        """Optimiser steps: ``max_steps``, else ``epochs`` passes of ``accumulation`` batches a step (last short)."""
-        return math.ceil(self.micro_batches(batches_per_epoch, accumulation) / accumulation)
+        """Optimiser steps: ``max_steps``, else ``epochs`` passes of ``accumulation`` batches a step (last short);
+        counted once, where the sweep counts them too (:func:`petlprof.sweep.resources.training_batches`)."""
+        return training_batches(batches_per_epoch, self.epochs, self.max_steps, accumulation)[0]
 
     def micro_batches(self, batches_per_epoch: int, accumulation: int = 1) -> int:
         """Batches the run trains on: ``accumulation`` per step of ``max_steps``, else ``epochs`` passes."""
-        return self.epochs * batches_per_epoch if self.max_steps is None else self.max_steps * accumulation
+        return training_batches(batches_per_epoch, self.epochs, self.max_steps, accumulation)[1]
 
 
 class Progress:

@@ -50,25 +50,32 @@ WHY_MIN_LEARNING_STEPS = (
 SKIP_MEMORY_CHECK = "--skip-memory-check"
 
 
+def training_batches(
+    batches_per_epoch: int, epochs: int, max_steps: int | None, accumulation: int = 1
+) -> tuple[int, int]:
+    """(optimiser steps, batches) of a training run, as the run takes them (:class:`petlprof.run.train.Steps` asks
+    here): ``accumulation`` batches a step for ``max_steps`` steps when given, else ``epochs`` passes over
+    ``batches_per_epoch`` batches with the last step short.  The warm-up steps are among them: they train, only
+    their figures are left out."""
+    batches = epochs * batches_per_epoch if max_steps is None else max_steps * accumulation
+    return math.ceil(batches / accumulation), batches
+
+
 def optimiser_steps(examples: int, batch_size: int, epochs: int, max_steps: int | None, accumulation: int = 1) -> int:
-    """Optimiser steps of a training run, as the run counts them (:meth:`petlprof.run.train.Steps.total`):
-    ``max_steps`` when given, else ``epochs`` passes over ``examples`` training examples in batches of
-    ``batch_size`` (the last one short), ``accumulation`` batches a step (the last step short).  The warm-up
-    steps are among them: they train, only their figures are left out."""
-    if max_steps is not None:
-        return max_steps
-    return math.ceil(epochs * math.ceil(examples / batch_size) / accumulation)
+    """Optimiser steps of a training run over ``examples`` training examples in batches of ``batch_size`` (the last
+    one short): :func:`training_batches`."""
+    return training_batches(math.ceil(examples / batch_size), epochs, max_steps, accumulation)[0]
 
 
 def trained_examples(examples: int, batch_size: int, epochs: int, max_steps: int | None, accumulation: int = 1) -> int:
     """Examples a training run passes through: ``examples`` x ``epochs``, or with ``max_steps`` the batches of those
-    steps (``accumulation`` batches a step), epoch after epoch (each epoch's last batch short)."""
+    steps (:func:`training_batches`), epoch after epoch (each epoch's last batch short)."""
     if max_steps is None:
         return examples * epochs
     per_epoch = math.ceil(examples / batch_size)
     if per_epoch == 0:
         return 0
-    epochs_done, batches_left = divmod(max_steps * accumulation, per_epoch)
+    epochs_done, batches_left = divmod(training_batches(per_epoch, epochs, max_steps, accumulation)[1], per_epoch)
     return epochs_done * examples + batches_left * batch_size
 
 
