@@ -34,11 +34,12 @@ class StatusLine:
     """One line on a terminal for long work that has no progress bar (loading a backbone, generating): ``what``
     and the time since it began, rewritten in place by :meth:`update` (what is happening now, how far) and
     ended by the context's exit with the time it took; nothing at all where stderr is not a terminal (a log
-    file, CI), so logs keep only the lines that say something once."""
+    file, CI), so logs keep only the lines that say something once, nor with ``shown=False`` (a rank of several
+    but the first, whose terminal is the first's)."""
 
-    def __init__(self, what: str, stream: TextIO | None = None) -> None:
+    def __init__(self, what: str, stream: TextIO | None = None, shown: bool = True) -> None:
         self.what, self.stream = printable(what), stream if stream is not None else sys.stderr
-        self.shown = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.shown = shown and bool(getattr(self.stream, "isatty", lambda: False)())
         self.start = time.perf_counter()
         self.width = 0
 

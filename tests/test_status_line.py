@@ -36,6 +36,14 @@ def test_a_status_line_is_one_rewritten_line_on_a_terminal_and_nothing_in_a_log(
     assert all(len(b) >= len(a.rstrip()) for a, b in zip(updates, updates[1:]))
 
 
+def test_a_line_not_shown_writes_nothing_even_on_a_terminal():
+    """A rank of several but the first (``shown=False``) leaves the terminal to the first's line."""
+    terminal = Terminal()
+    with StatusLine("lora s0 load: backbone tiny-bert", terminal, shown=False) as line:
+        line.update("reading")
+    assert terminal.getvalue() == ""
+
+
 def test_a_failed_block_says_it_stopped():
     terminal = Terminal()
     with pytest.raises(RuntimeError), StatusLine("load", terminal):

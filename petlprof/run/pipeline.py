@@ -159,7 +159,7 @@ def prepare(spec: RunSpec, ranks, progress, max_memory_bytes: int | None = None)
     runtime_baseline = rss_bytes()  # Python + torch/transformers/peft code, before any model or data exists
     if max_memory_bytes is not None:
         _cap_memory(spec.device, max_memory_bytes)
-    method, method_config, task, backbone, model = _load(spec)
+    method, method_config, task, backbone, model = _load(spec, shown=ranks.is_main)
     timeline, timeline_warnings = _start_timeline(spec)
     breakdown = static_breakdown(model, spec.optimizer != ADAMW)
     make_batches = _batches(spec, task, backbone)
@@ -213,10 +213,11 @@ def _recipe(spec: RunSpec, method):
     )
 
 
-def _load(spec: RunSpec) -> tuple:
+def _load(spec: RunSpec, shown: bool = True) -> tuple:
     """(method, its config, task, backbone, model): the data and the backbone with the method applied.
     A language-modelling task (``task.objective == "lm"``) loads the backbone with its own LM head and
-    applies the method to a :class:`~petlprof.models.classifier.LanguageModel`; any other, a classifier."""
+    applies the method to a :class:`~petlprof.models.classifier.LanguageModel`; any other, a classifier.
+    ``shown``: whether the loading's status line is this process's to show (rank 0's of several)."""
     # torch, petlprof.models.classifier, petlprof.tasks.labelled: kept off the sweep's driver, which imports this module
     import torch
 
@@ -243,7 +244,7 @@ def _load(spec: RunSpec) -> tuple:
     check_objective(method, task.objective if task.objective == LM else CLASSIFICATION)  # regression: a head too
     torch.manual_seed(spec.seed)
     lm = task.objective == LM
-    with StatusLine(f"{method.name} s{spec.seed} load: backbone {spec.backbone}"):
+    with StatusLine(f"{method.name} s{spec.seed} load: backbone {spec.backbone}", shown=shown):  # one rank's line
         backbone = load_backbone(
             spec.backbone,
             num_layers=spec.num_layers,
