@@ -124,6 +124,13 @@ WARM_PROCESS = "forked from a warm worker (libraries imported once, not per run)
 FRESH_PROCESS = "a fresh Python interpreter"
 
 
+def charge_warm_start(record: RunRecord, waited_s: float) -> None:
+    """Charge ``record``'s run the wait for its warm worker's imports (``warm_worker_start_s``, and in its
+    ``overhead_s``): the first run a new warm worker serves, in a local sweep or a Ray worker, waited for them."""
+    record["warm_worker_start_s"] = waited_s
+    add_overhead(record, record["process_wall_time_s"] + waited_s)
+
+
 def worker_env() -> dict[str, str]:
     """The environment of a worker process (fresh or warm): output unbuffered, and the sweep's pid to die with."""
     return {**os.environ, "PYTHONUNBUFFERED": "1", "PETLPROF_PARENT_PID": str(os.getpid())}

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from petlprof.errors import UsageError
-from petlprof.execution.child import execute_in_subprocess, release_signals, worker_env
+from petlprof.execution.child import charge_warm_start, execute_in_subprocess, release_signals, worker_env
 from petlprof.execution.warm import WarmWorker, adopt, keep, serves
 from petlprof.lookup import Registry
 from petlprof.results.records import add_overhead
@@ -146,8 +146,7 @@ class LocalExecutor:
                 )
                 if warm is not None and not self._start_charged:  # the first CPU run waited: its overhead
                     self._start_charged = True
-                    waited = record["warm_worker_start_s"] = warm.start_s or 0.0  # set by _warm's wait
-                    add_overhead(record, record["process_wall_time_s"] + waited)
+                    charge_warm_start(record, warm.start_s or 0.0)  # set by _warm's wait
             record["node"] = node_fields(LOCAL)
             self.in_flight = []
             yield spec, record
@@ -184,8 +183,7 @@ def _ray_task(spec_dict: dict, timeout_s: float | None, max_memory_bytes: int | 
             warm.wait_ready()  # a broken one (it could not import) sends the run to a fresh interpreter
         record = execute_in_subprocess(spec, timeout_s=timeout_s, max_memory_bytes=max_memory_bytes, warm=warm)
         if warm is not None and warm.start_s:  # this task started the warm worker and waited for its imports
-            record["warm_worker_start_s"] = warm.start_s
-            add_overhead(record, record["process_wall_time_s"] + warm.start_s)
+            charge_warm_start(record, warm.start_s)
         record["node"] = ray_node_fields(
             record,
             os.nice(0),
