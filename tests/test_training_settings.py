@@ -220,6 +220,8 @@ REFUSED = [
     (["--methods", "lora", "--optimizer", "sgd"], "sgd"),
     (["--methods", "lora", "--gradient-accumulation", "0"], "--gradient-accumulation"),
     (["--methods", "lora", "--gradient-accumulation", "nan"], "--gradient-accumulation"),
+    (["--methods", "lora", "--gradient-accumulation", "inf"], "--gradient-accumulation"),
+    (["--methods", "lora", "--gradient-accumulation", "-1"], "--gradient-accumulation"),
     (["--methods", "lora", "--gradient-accumulation", "2.5"], "--gradient-accumulation"),
     (["--methods", "lora", "--gradient-accumulation", str(10**30)], "--gradient-accumulation"),
     (["--methods", "lora", "--gradient-accumulation", "1e308"], "--gradient-accumulation"),
