@@ -724,7 +724,7 @@ def test_a_one_rank_run_on_cuda_n_makes_gpu_n_current(monkeypatch, device, curre
     class Loaded(Exception):
         pass
 
-    def stop_at_load(spec):
+    def stop_at_load(spec, shown=True):
         raise Loaded
 
     monkeypatch.setattr(torch.cuda, "set_device", made_current.append)
