@@ -19,6 +19,7 @@ from petlprof import __version__
 from petlprof.errors import UsageError, printable, say
 from petlprof.estimate.command import add_estimate_parser, cmd_estimate
 from petlprof.execution.process import exit_now
+from petlprof.execution.warm import fork_warm_workers_from_this_process
 from petlprof.report.intervals import DEFAULT_INTERVAL, INTERVALS
 from petlprof.sweep.options import add_run_arguments
 from petlprof.values import check_file
@@ -252,7 +253,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def entry() -> NoReturn:
     """The ``petlprof`` command: :func:`main`, then the end of the process without the interpreter's teardown
-    (:func:`petlprof.execution.process.exit_now`: 1.3-1.6 s of CPU after a sweep or an estimate has imported torch)."""
+    (:func:`petlprof.execution.process.exit_now`: 1.3-1.6 s of CPU after a sweep or an estimate has imported torch).
+    Its sweeps fork their warm worker from this process
+    (:func:`~petlprof.execution.warm.fork_warm_workers_from_this_process`):
+    the command's state is its own, so its runs may inherit it."""
+    fork_warm_workers_from_this_process()
     exit_now(main())
 
 

@@ -49,9 +49,23 @@ def records(out):
     return [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
 
 
-def worker_pids(sweep_pid: int) -> list[int]:
-    children = open(f"/proc/{sweep_pid}/task/{sweep_pid}/children").read().split()
-    return [int(pid) for pid in children if "petlprof.execution.worker" in open(f"/proc/{pid}/cmdline").read()]
+def started(pid: int) -> str | None:
+    """The start time of process ``pid`` (``/proc/PID/stat``'s 22nd field), None once it is gone: with the pid, it
+    names one process, never a later one given the same pid."""
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def descendants(pid: int) -> list[tuple[int, str | None]]:
+    """(pid, start time) of every process below ``pid``: the warm worker (a fresh interpreter, or the ``petlprof``
+    command's own fork, whose command line is the command's) and each run it forked."""
+    try:
+        children = [int(c) for c in open(f"/proc/{pid}/task/{pid}/children").read().split()]
+    except OSError:
+        return []
+    return [item for child in children for item in [(child, started(child)), *descendants(child)]]
 
 
 def first_run_recorded_and_next_started(out, proc, scratch) -> bool:
@@ -145,18 +159,11 @@ def test_sigkill_mid_sweep_then_resume_records_every_run_once(tmp_path, monkeypa
     cmd = sweep_cmd(out, "read,lora,bitfit", "--inference-window-s", "0.05")
     proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL, start_new_session=True, env=env)
     wait_for(lambda: first_run_recorded_and_next_started(out, proc, scratch))
-    workers = worker_pids(proc.pid)
+    wait_for(lambda: len(descendants(proc.pid)) >= 2)  # the warm worker and the run it forked, in flight
+    workers = descendants(proc.pid)
     proc.kill()
     proc.wait()
-    wait_for(
-        lambda: (
-            not any(
-                os.path.exists(f"/proc/{pid}") and "petlprof.execution.worker" in open(f"/proc/{pid}/cmdline").read()
-                for pid in workers
-            )
-        ),
-        timeout=30,
-    )  # no orphan
+    wait_for(lambda: not any(started(pid) == start for pid, start in workers), timeout=30)  # no orphan
     assert json.loads((out / LOCK_FILE).read_text())["pid"] == proc.pid  # left behind, as after a power cut
     assert list(scratch.glob(f"petlprof-run-{proc.pid}-*"))  # so is the run in flight's scratch folder ...
     monkeypatch.setenv("TMPDIR", str(scratch))

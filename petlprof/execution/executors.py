@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from petlprof.errors import UsageError
 from petlprof.execution.child import charge_warm_start, execute_in_subprocess, release_signals, worker_env
-from petlprof.execution.warm import WarmWorker, adopt, keep, serves
+from petlprof.execution.warm import Runtime, WarmWorker, adopt, forks_from_this_process, keep, serves
 from petlprof.lookup import Registry
 from petlprof.results.records import add_overhead
 from petlprof.run.execute import failed_record
@@ -108,12 +108,13 @@ class LocalExecutor:
         self.warm_worker.wait_ready()  # held by the executor first, so an interrupt here still closes it
         return self.warm_worker
 
-    def prestart(self) -> None:
+    def prestart(self, fork: bool = False) -> None:
         """Start the warm worker's imports now, beside the driver's own checks, for CPU runs to come (or take the
-        one an earlier sweep of this process kept, ready at once)."""
+        one an earlier sweep of this process kept, ready at once).  ``fork``: this process has computed nothing yet,
+        so a process that opted in may fork the worker from itself (:class:`petlprof.execution.warm.WarmWorker`)."""
         if self.use_warm and self.warm_worker is None:
             env = worker_env()
-            self.warm_worker = adopt(env) or WarmWorker(env, wait=False)
+            self.warm_worker = adopt(env) or WarmWorker(env, wait=False, fork_with=_fork_runtime() if fork else None)
 
     def cluster_gpus(self) -> None:
         """None: devices are checked against what torch sees on this machine."""
@@ -159,6 +160,17 @@ class LocalExecutor:
         if self.warm_worker is not None:
             keep(self.warm_worker)  # for a later sweep of this process; closed at exit (a broken one now)
             self.warm_worker = None
+
+
+def _fork_runtime() -> Runtime | None:
+    """What a warm worker forked from this process runs (the worker's ``preload`` and ``run_job``), where this process
+    opted in to forking it (the ``petlprof`` command); None elsewhere, without importing them (they import torch)."""
+    if not forks_from_this_process():
+        return None
+    # petlprof.execution.worker (torch): imported only by a process about to import the runtime for its fork
+    from petlprof.execution.worker import preload, run_job
+
+    return preload, run_job
 
 
 def _ray_task(spec_dict: dict, timeout_s: float | None, max_memory_bytes: int | None, cpus: float) -> RunRecord:

@@ -27,13 +27,22 @@ from pathlib import Path
 from petlprof.errors import say
 from petlprof.execution import executors, tune
 from petlprof.execution.child import release_signals
+from petlprof.execution.warm import forks_from_this_process
 from petlprof.meters.power_limit import PowerLimiter
 from petlprof.registry import get_method
 from petlprof.results import store as results_store
 from petlprof.results.records import RESULTS_FILE, measured_phases_s
 from petlprof.results.store import StoreLock, check_writable, finished_keys, lock_held
 from petlprof.run.execute import cancelled_record
-from petlprof.sweep.config import default_output_dir, expand, preflight, resolve_device, sweep_task, unsupported_pairs
+from petlprof.sweep.config import (
+    check_backbone_shapes,
+    default_output_dir,
+    expand,
+    preflight,
+    resolve_device,
+    sweep_task,
+    unsupported_pairs,
+)
 from petlprof.sweep.lengths import PeakEstimate
 from petlprof.sweep.options import RunOptions
 from petlprof.sweep.resources import trained_examples
@@ -106,7 +115,9 @@ def drive(
     executor = make() if local and cpu_sweep_likely(options, out_dir) else None
     try:
         if executor is not None:
-            executor.prestart()
+            if forks_from_this_process():  # the command forks its warm worker once it has imported the runtime:
+                check_backbone_shapes(options)  # what a config answers is said first, not after seconds of imports
+            executor.prestart(fork=True)  # nothing computed yet: a fork carries no thread pool
         notes = preflight(
             options, meters_here=local, peak=peak
         )  # said once the output folder is ours: a refusal is one line

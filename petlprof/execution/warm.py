@@ -18,6 +18,13 @@ child (``pthread_atfork``): OpenBLAS's (numpy, scipy) and jemalloc's background 
 The warm worker serves one-process CPU runs; CUDA runs, torchrun runs and the warm worker's own
 failure fall back to a fresh interpreter (:func:`petlprof.execution.child.execute_in_subprocess` decides).
 
+The ``petlprof`` command's warm worker is the command itself, forked once it has imported the runtime
+(:class:`ForkedWorker`): the command needs most of those libraries for its own checks, so one import serves both,
+where a fresh interpreter imported them a second time (about 6.5 s of CPU a sweep).  It forks before any check
+computes (the checks a backbone's config answers come first, and no tensor operation, tokenizer or data load), so
+the fork carries nothing of theirs; a program that calls :func:`petlprof.api.run_sweep` (a notebook, a test
+session) keeps the fresh interpreter, whose runs see none of its objects, patches or threads.
+
 A finished sweep's warm worker is kept for the next sweep of the same process (:func:`keep`, :func:`adopt`):
 a notebook or a script that runs several sweeps through :func:`petlprof.api.run_sweep` (or a test session)
 pays the imports once, not once per sweep.  It is reused only if it was started with the environment the next
@@ -35,6 +42,8 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import importlib
+import io
 import json
 import os
 import signal
@@ -45,6 +54,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
@@ -142,21 +152,146 @@ class WarmChild:
         self._signal(signal.SIGKILL)
 
 
+# what a sweep's driver imports for its own checks (the preflight's memory check builds the model and applies the
+# method; the store's records are read into pandas): in a driver that forks its warm worker, these are imported
+# first and their time is the driver's; the rest of a run's imports (preload) is what its first run is charged
+DRIVER_LIBRARIES = ("torch", "transformers", "peft", "pandas")
+Preload = Callable[[], None]  # imports a run's libraries (petlprof.execution.worker.preload)
+RunJob = Callable[[Path, Path], int]  # runs a spec file into a record file (petlprof.execution.worker.run_job)
+Runtime = tuple[Preload, RunJob]
+_fork_opted_in = False  # set by the ``petlprof`` command (fork_warm_workers_from_this_process)
+
+
+def fork_warm_workers_from_this_process() -> None:
+    """Let this process's warm worker be a fork of this process once it has imported the runtime (the ``petlprof``
+    command opts in: one import of the libraries serves the driver and every run, instead of one in the driver and
+    one in a fresh interpreter).  Only a process whose state the runs may inherit opts in: a program that calls
+    :func:`petlprof.api.run_sweep` (a notebook's kernel, a test session) keeps the fresh interpreter, whose runs
+    see none of its objects, patches or threads."""
+    global _fork_opted_in
+    _fork_opted_in = True
+
+
+def forks_from_this_process() -> bool:
+    """Whether this process opted in (:func:`fork_warm_workers_from_this_process`)."""
+    return _fork_opted_in
+
+
+def _may_fork_from_this_process() -> bool:
+    """Opted in, one Python thread, and no CUDA context (a fork cannot carry one)."""
+    if not _fork_opted_in or threading.active_count() != 1:
+        return False
+    torch = sys.modules.get("torch")
+    return torch is None or not torch.cuda.is_initialized()
+
+
+class ForkedWorker:
+    """A warm worker forked from this process after it imported the runtime: the part of ``subprocess.Popen`` that
+    :class:`WarmWorker` uses (``pid``, ``returncode``, ``poll``, ``wait``, ``kill``).
+
+    The fork carries what a fresh warm worker imports (:func:`petlprof.execution.worker.preload`) and the driver's
+    few modules of its own (the command line's parser, the sweep's options): nothing a run allocates before its
+    memory baseline.  In the child: Ctrl-C ignored from its first instruction (as the fresh one ignores it), the
+    other stop signals back to their defaults, standard input from ``/dev/null``, the driver's end of the socket
+    closed, the worker's environment (:func:`petlprof.execution.child.worker_env`) taken, output unbuffered, and
+    death with the driver (``PR_SET_PDEATHSIG``); it never returns into the driver's code (``os._exit``)."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.returncode: int | None = None
+
+    @classmethod
+    def start(
+        cls, theirs: socket.socket, ours: socket.socket, env: dict[str, str], preload: Preload, run_job: RunJob
+    ) -> ForkedWorker:
+        preload()  # in the driver, once, for itself and the fork: its own later imports of these libraries are free
+        driver, resident = os.getpid(), resident_file_pages()  # a fork leaves file pages unmapped: mapped again below
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid:
+            return cls(pid)
+        code = 1
+        try:  # the forked worker: it never leaves this block but through os._exit
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+                signal.signal(sig, signal.SIG_DFL)
+            ours.close()
+            devnull = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(devnull, 0)
+            os.close(devnull)
+            os.environ.clear()
+            os.environ.update(env)
+            for stream in (sys.stdout, sys.stderr):  # PYTHONUNBUFFERED's effect, which a fork does not read
+                if isinstance(stream, io.TextIOWrapper):
+                    stream.reconfigure(write_through=True)
+            die_with_parent(driver)
+            populate(resident)  # the library pages the driver had resident, so that serve finds (and passes on) them
+            code = serve(theirs.detach(), run_job, lambda: None)  # imported and frozen above, before the fork
+        except BaseException:  # noqa: B036 - the fork must never return into the driver's code
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere: its code is lost
+                self.returncode = -signal.SIGKILL
+                return self.returncode
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired("forked warm worker", timeout or 0)
+            time.sleep(0.01)
+        return code
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 class WarmWorker:
     """The sweep's warm worker process; :meth:`start` forks a run from it.
 
     ``wait=False`` starts its imports and returns at once, so they overlap what the driver does before
-    its first run (checking the options and data); :meth:`wait_ready` then waits for what is left."""
+    its first run (checking the options and data); :meth:`wait_ready` then waits for what is left.
 
-    def __init__(self, env: dict[str, str], wait: bool = True):
+    ``fork_with`` (the worker's ``preload`` and ``run_job``), given only while the caller has computed nothing (no
+    tensor operation, whose thread pool a fork would carry broken; no tokenizer or data loading): in a process that
+    opted in (the ``petlprof`` command), the worker is then this process itself, forked once it has imported the
+    runtime (:class:`ForkedWorker`); the import's time, less the driver's own libraries (:data:`DRIVER_LIBRARIES`),
+    is the wait the first run is charged."""
+
+    def __init__(self, env: dict[str, str], wait: bool = True, fork_with: Runtime | None = None):
         self.env = dict(env)  # what it started with: a later sweep reuses it only with the same (adopt)
         ours, theirs = socket.socketpair()
-        cmd = command("--serve", str(theirs.fileno()))  # Ctrl-C ignored from its first import on
-        self.proc = subprocess.Popen(cmd, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=env)
-        theirs.close()
         self.sock, self.lines = ours, _Lines(ours)
         self.broken: str | None = None
         self.start_s: float | None = None  # how long the driver waited for the imports: its first run's overhead
+        self.imported_s = 0.0  # the driver's own imports for a worker forked from it (their time is that wait)
+        self.proc: subprocess.Popen | ForkedWorker
+        if fork_with is not None and _may_fork_from_this_process():
+            for name in DRIVER_LIBRARIES:  # the driver's own, not the runs': not charged to the first run
+                importlib.import_module(name)
+            t0 = time.perf_counter()
+            self.proc = ForkedWorker.start(theirs, ours, env, *fork_with)
+            self.imported_s = time.perf_counter() - t0
+        else:
+            cmd = command("--serve", str(theirs.fileno()))  # Ctrl-C ignored from its first import on
+            self.proc = subprocess.Popen(cmd, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=env)
+        theirs.close()
         if wait:
             self.wait_ready()
 
@@ -172,7 +307,7 @@ class WarmWorker:
         if not ready or not ready.get("ready"):
             self.broken = (ready or {}).get("why") or "it ended while importing"
             self.close()
-        self.start_s = time.perf_counter() - t0
+        self.start_s = self.imported_s + time.perf_counter() - t0
 
     def start(self, spec_path: Path, out_path: Path, env: dict[str, str]) -> WarmChild:
         """Fork a child that runs ``spec_path`` into ``out_path`` with environment ``env`` (as a fresh
@@ -329,20 +464,23 @@ def serve(fd: int, run_job, preload) -> int:
         return 1
     resident = resident_file_pages()
     _send(sock, {"ready": True})
-    while (request := lines.read()) is not None:
-        fds, lines.fds = lines.fds, []
-        if len(fds) != 1 or _threads() > threads:
-            _send(sock, {"why": "no stderr pipe sent" if len(fds) != 1 else "a thread started after the imports"})
-            return 1
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-            _child(sock, fds[0], run_job, request, resident)
-        os.close(fds[0])
-        _send(sock, {"pid": pid})
-        _, status = os.waitpid(pid, 0)
-        _send(sock, {"returncode": os.waitstatus_to_exitcode(status)})
+    try:
+        while (request := lines.read()) is not None:
+            fds, lines.fds = lines.fds, []
+            if len(fds) != 1 or _threads() > threads:
+                _send(sock, {"why": "no stderr pipe sent" if len(fds) != 1 else "a thread started after the imports"})
+                return 1
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                _child(sock, fds[0], run_job, request, resident)
+            os.close(fds[0])
+            _send(sock, {"pid": pid})
+            _, status = os.waitpid(pid, 0)
+            _send(sock, {"returncode": os.waitstatus_to_exitcode(status)})
+    except (ConnectionResetError, BrokenPipeError):  # the driver ended with an answer of ours unread (stopped by a
+        pass  # signal mid-run): the end of the stream, which its death's SIGKILL may not have come before
     return 0
 
 

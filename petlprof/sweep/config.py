@@ -445,6 +445,15 @@ def _resolve_device(device: str, nproc: int, cluster_gpus: float | None) -> str:
     return device
 
 
+def check_backbone_shapes(options: RunOptions) -> None:
+    """What each backbone's config alone answers: its depth against ``--num-layers``, its positions against
+    ``--max-length`` (the config of a folder or hub id: a bad one fails here).  The first of the preflight's model
+    checks, and a driver's only ones before it forks its warm worker: they compute nothing (no tensor operation,
+    no tokenizer or data), so the fork carries no thread pool of theirs."""
+    for backbone in options.backbone:
+        check_shape(backbone, backbone_config(backbone), num_layers=options.num_layers, max_length=options.max_length)
+
+
 def preflight(options: RunOptions, meters_here: bool = True, peak: PeakEstimate | None = None) -> list[str]:
     """Checks that need the libraries (a named meter, a hub backbone, the data itself), run once in
     the parent before any run or executor starts, so a bad value is one error line and nothing is
@@ -461,9 +470,9 @@ def preflight(options: RunOptions, meters_here: bool = True, peak: PeakEstimate 
     notes: list[str] = []
     if options.method_config_file:  # the fields of PEFT's files that petlprof decides itself
         notes += [note for path in options.method_config_file for note in read_peft_config_file(path)[2]]
+    check_backbone_shapes(options)
     for backbone in options.backbone:
-        config = backbone_config(backbone)  # the config of a folder or hub id: a bad one fails here
-        check_shape(backbone, config, num_layers=options.num_layers, max_length=options.max_length)
+        config = backbone_config(backbone)
         _architecture(backbone)  # built on the meta device: a config the model refuses is one line here
         if options.gradient_checkpointing:
             check_gradient_checkpointing(config, backbone)
