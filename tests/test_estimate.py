@@ -348,6 +348,13 @@ BAD_INPUT = [
     (lambda tmp: ["--backbone", "t5-large", "--num-layers", "30"], "--num-layers 30 exceeds the 24 layers"),
     (lambda tmp: ["--backbone", "tiny-bert", "--objective", "lmm"], "did you mean 'lm'"),
     (lambda tmp: ["--backbone", "tiny-bert", "--max-length", "100000"], "--max-length 100000"),
+    # the training length the predicted totals price: the run's checks
+    (lambda tmp: ["--backbone", "tiny-bert", "--train-size", "0"], "--train-size must be an integer >= 1, got 0"),
+    (lambda tmp: ["--backbone", "tiny-bert", "--train-size", "nan"], "--train-size must be a number of examples"),
+    (lambda tmp: ["--backbone", "tiny-bert", "--train-size", "1e308"], "got '1e308'"),
+    (lambda tmp: ["--backbone", "tiny-bert", "--train-size", str(10**30)], "--train-size must be at most 1000000000"),
+    (lambda tmp: ["--backbone", "tiny-bert", "--epochs", "inf"], "--epochs must be an integer >= 1, got 'inf'"),
+    (lambda tmp: ["--backbone", "tiny-bert", "--max-steps", "-1"], "--max-steps must be an integer >= 1, got -1"),
 ]
 
 

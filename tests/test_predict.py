@@ -12,14 +12,17 @@ from petlprof.cli import main
 from petlprof.errors import UsageError
 from petlprof.estimate import calibrate as cal
 from petlprof.estimate import profiles as prof
+from petlprof.estimate.command import duration, joules
 from petlprof.estimate.gpus import GPUS
 from petlprof.estimate.roofline import (
     GPU_BANDWIDTH_EFFICIENCY,
     GPU_MATMUL_EFFICIENCY,
+    Budget,
     DeviceModel,
     phase_time,
     prediction,
     table_model,
+    train_total,
 )
 
 DEVICE = DeviceModel("test", {"float32": 1e9, "bfloat16": 4e9}, 1e8, 1e-5, 50.0, 5.0, True, "test", "test meter")
@@ -321,3 +324,60 @@ def test_predictions_beyond_the_presets_and_on_both_objectives(profiles, tmp_pat
         split = predicted["train_split_s"]
         assert predicted["train_step_s"] == pytest.approx(split["compute"] + split["memory"] + split["kernels"])
         assert predicted["train_step_s"] > predicted["inference_batch_s"] > 0 and predicted["train_kernels"] > 0
+
+
+@pytest.mark.parametrize(
+    "budget, steps, batches",
+    [
+        (Budget(100, 1, None, 32), 4, 4),  # the last batch short: 32, 32, 32, 4
+        (Budget(100, 3, None, 32), 12, 12),
+        (Budget(64, 1, None, 32), 2, 2),
+        (Budget(100, 1, 10, 32), 10, 10),  # --max-steps overrides --epochs, epoch after epoch
+        (Budget(100, 3, None, 32, accumulation=2), 6, 12),  # the last step of 12 batches: 2 of them
+        (Budget(100, 1, None, 32, accumulation=3), 2, 4),  # 4 batches, 3 a step: the second step has one
+        (Budget(100, 1, 5, 32, accumulation=3), 5, 15),  # --max-steps counts optimiser steps
+        (Budget(1, 1, None, 32), 1, 1),
+    ],
+)
+def test_a_budgets_totals_count_its_batches_as_a_run_does_and_price_each_as_the_step_prices_it(budget, steps, batches):
+    step = prediction([(1_000_000_000, 0)], [], DEVICE, "float32")  # 1 s (+ one kernel's 10 us) and 50 W busy
+    total = train_total(step, budget)
+    assert (total["optimiser_steps"], total["batches"]) == (steps, batches)
+    assert total["time_s"] == pytest.approx(step["train_step_s"] * batches / budget.accumulation)
+    assert total["energy_j"] == pytest.approx(total["time_s"] * 50.0)
+    assert total["train_size"] == budget.train_size and total["max_steps"] == budget.max_steps
+
+
+def test_estimate_totals_the_training_length_it_is_given_and_none_without_one(tmp_path, capsys):
+    base = ["estimate", "--backbone", "tiny-bert", "--methods", "lora,full", "--batch-size", "8"]
+    assert main([*base, "--train-size", "100", "--epochs", "2", "--output", str(tmp_path / "a")]) == 0
+    out = capsys.readouterr().out
+    assert "2 epoch(s) of 100 examples = 26 optimiser steps" in out and "train_energy_predicted" in out
+    for record in records(tmp_path / "a"):
+        predicted = record["predicted"]
+        total = predicted["train_total"]
+        assert (total["optimiser_steps"], total["batches"], total["batch_size"]) == (26, 26, 8)
+        assert total["time_s"] == pytest.approx(26 * predicted["train_step_s"])
+        assert total["energy_j"] == pytest.approx(26 * predicted["train_step_energy_j"])
+    assert main([*base, "--max-steps", "7", "--gradient-accumulation", "2", "--output", str(tmp_path / "b")]) == 0
+    assert "--max-steps 7 = 7 optimiser steps (14 batches" in capsys.readouterr().out
+    for record in records(tmp_path / "b"):
+        assert record["predicted"]["train_total"]["time_s"] == pytest.approx(7 * record["predicted"]["train_step_s"])
+    assert main([*base, "--train-size", "all", "--output", str(tmp_path / "c")]) == 0  # no data to count
+    assert "train_time_predicted" not in capsys.readouterr().out
+    assert all("train_total" not in r["predicted"] for r in records(tmp_path / "c"))
+
+
+@pytest.mark.parametrize(
+    "seconds, text",
+    [(0.0129, "12.9 ms"), (59.9, "59.9 s"), (60, "1 min"), (431.0, "7.18 min"), (3600, "1 h"), (61920, "17.2 h")],
+)
+def test_durations_read_in_the_largest_unit_that_keeps_them_short(seconds, text):
+    assert duration(seconds) == text
+
+
+@pytest.mark.parametrize(
+    "energy, text", [(4.12, "4.12 J"), (359_999, "3.6e+05 J"), (360_000, "0.1 kWh"), (3.474e7, "9.65 kWh")]
+)
+def test_energy_reads_in_joules_and_from_a_tenth_of_a_kwh_in_kwh(energy, text):
+    assert joules(energy) == text

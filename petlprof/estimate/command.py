@@ -58,6 +58,15 @@ def add_estimate_parser(sub: Any) -> argparse.ArgumentParser:
     # a run truncates to --max-length; an estimate has no text and prices the longest batch that allows
     _add_run_option(parser, "max_length", "{run}; an estimate prices every row full; with --objective lm the prompt's")
     _add_run_option(parser, "num_layers")
+    # a run reads its examples from its task; an estimate has none: the training length its predicted totals price
+    _add_run_option(
+        parser,
+        "train_size",
+        "{run}; an estimate has no data: the examples whose predicted training time and energy it totals, as a run "
+        "with --epochs or --max-steps would train them ('all': no totals)",
+    )
+    _add_run_option(parser, "epochs")
+    _add_run_option(parser, "max_steps")
     parser.add_argument(
         "--num-labels", type=_INTEGER.read, default=2, help="classes of the task head (default 2; classification)"
     )  # a run reads it from its task
@@ -115,7 +124,18 @@ def add_estimate_parser(sub: Any) -> argparse.ArgumentParser:
 
 _INTEGER = Integer()  # reads integer text as the number, keeps other text for the check to refuse in one line
 QUANTIZE_OPTIONS = ("quantize", "quantize_compute_dtype", "quantize_double")
-CHECKED_OPTIONS = ("batch_size", "max_length", "num_layers", "objective", "precision", "device")  # run options' checks
+BUDGET_OPTIONS = ("train_size", "epochs", "max_steps")  # the training length the predicted totals price
+CHECKED_OPTIONS = (  # the run options' checks
+    "batch_size",
+    "max_length",
+    "num_layers",
+    "objective",
+    "precision",
+    "device",
+    "train_size",
+    "epochs",
+    "max_steps",
+)
 AUTO = "auto"  # the run options' --objective and --device that a run resolves from its task and its machine
 
 
@@ -316,7 +336,7 @@ def _settings(args: argparse.Namespace):
         objective=objective,
         attention=args.attention,
         device_model=_device_model(device, gpus.get_gpu(args.gpu)),
-        **{name: getattr(args, name) for name in TRAINING_SETTINGS},
+        **{name: getattr(args, name) for name in (*TRAINING_SETTINGS, *BUDGET_OPTIONS)},
     )
     _batch_tokens(settings.batch_size, settings.max_length)
     return _with_objective(settings, objective, args)
@@ -510,14 +530,51 @@ def table_rows(records: Sequence[EstimateRecord], settings) -> list[dict[str, An
 
 
 def _predicted_cells(record: EstimateRecord) -> dict[str, str]:
-    """The predicted train step time and energy (``-`` where nothing was predicted)."""
+    """The predicted train step time and energy, and the training's totals where a length was given (none where
+    nothing was predicted)."""
     predicted: Any = record.get("predicted")
     if not predicted:
         return {}
-    return {
+    cells = {
         "train_step_predicted": seconds(predicted["train_step_s"]),
-        "energy/step_predicted": f"{predicted['train_step_energy_j']:,.3g} J",
+        "energy/step_predicted": joules(predicted["train_step_energy_j"]),
     }
+    if total := predicted.get("train_total"):
+        cells["train_time_predicted"] = duration(total["time_s"])
+        cells["train_energy_predicted"] = joules(total["energy_j"])
+    return cells
+
+
+def duration(value: float) -> str:
+    """Seconds as the largest unit that keeps them readable: ``12.9 ms``, ``41.3 s``, ``7.2 min``, ``3.05 h``."""
+    if value >= 3600:
+        return f"{value / 3600:.3g} h"
+    if value >= 60:
+        return f"{value / 60:.3g} min"
+    return seconds(value)
+
+
+def joules(value: float) -> str:
+    """Joules, and kWh from a tenth of one on (``4.12 J``, ``9.1e+04 J``, ``2.5 kWh``)."""
+    return f"{value / 3.6e6:.3g} kWh" if value >= 3.6e5 else f"{value:,.3g} J"
+
+
+def _budget_line(records: Sequence[EstimateRecord]) -> str | None:
+    """What the totals price, from the first record that has them: examples, epochs or steps, and the steps counted."""
+    for record in records:
+        predicted: Any = record.get("predicted") or {}
+        if total := predicted.get("train_total"):
+            length = (
+                f"--max-steps {total['max_steps']}"
+                if total["max_steps"] is not None
+                else f"{total['epochs']} epoch(s) of {total['train_size']:,} examples"
+            )
+            return (
+                f"train_time/train_energy_predicted: {length} = {total['optimiser_steps']:,} optimiser steps "
+                f"({total['batches']:,} batches; the warm-up steps among them), each batch priced full (--train-size, "
+                "--epochs, --max-steps; the run's defaults unless given)"
+            )
+    return None
 
 
 def _state_label(memory: dict[str, int]) -> str:
@@ -560,6 +617,8 @@ def format_table(records: Sequence[EstimateRecord], settings: Settings, left_out
         f"(the allocator's {gpus.ALLOCATOR_SLACK:.0%} slack): {size(gpus.usable_bytes(24 * GIB))} of a 24 GiB card; "
         "sources in docs/estimating.md",
     ]
+    if budget := _budget_line(records):
+        lines.append(budget)
     if left_out:
         lines.append(
             f"left out: {', '.join(left_out)} (they train weights a --quantize {','.join(_quantized(records))} "

@@ -44,7 +44,7 @@ from petlprof.estimate.gpus import Headroom
 from petlprof.estimate.lm import LmFigures, lm_figures
 from petlprof.estimate.model import ResolvedBackbone, build, family, resolve_backbone, weight_breakdown
 from petlprof.estimate.quantized import check_traceable
-from petlprof.estimate.roofline import DeviceModel, prediction
+from petlprof.estimate.roofline import Budget, DeviceModel, prediction, train_total
 from petlprof.estimate.trace import (
     StepTrace,
     UntraceableError,
@@ -194,6 +194,17 @@ class Settings:
     gradient_checkpointing: bool = default_of("gradient_checkpointing")
     gradient_accumulation: int = default_of("gradient_accumulation")
     optimizer: str = default_of("optimizer")
+    # the training run's length, whose predicted time and energy are totalled (none: every example of a task, which
+    # an estimate does not have: no totals)
+    train_size: int | None = default_of("train_size")
+    epochs: int = default_of("epochs")
+    max_steps: int | None = default_of("max_steps")
+
+    def budget(self) -> Budget | None:
+        """The run length the totals price (None: ``--train-size all``, which only a task's data could count)."""
+        if self.train_size is None:
+            return None
+        return Budget(self.train_size, self.epochs, self.max_steps, self.batch_size, self.gradient_accumulation)
 
     def training_fields(self) -> dict[str, Any]:
         """The training settings a run's spec would carry, those changed from their defaults only (as in run keys)."""
@@ -335,7 +346,9 @@ def _predicted(train: StepTrace, infer: StepTrace, settings: Settings, dtype: st
     """The ``predicted`` block (:mod:`petlprof.estimate.roofline`) where the settings name a device model."""
     if settings.device_model is None:
         return {}
-    return {"predicted": prediction(train.op_costs, infer.op_costs, settings.device_model, dtype)}
+    predicted = prediction(train.op_costs, infer.op_costs, settings.device_model, dtype)
+    budget = settings.budget()
+    return {"predicted": predicted if budget is None else {**predicted, "train_total": train_total(predicted, budget)}}
 
 
 def _quantize_fields(settings: Settings) -> QuantizeFields:

@@ -17,10 +17,12 @@ the step and the optimiser's host work are not in the trace.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from petlprof.estimate.gpus import Gpu
+from petlprof.sweep.resources import training_batches
 
 # default efficiencies for a GPU without a profile: assumptions, stated in every prediction they make
 GPU_MATMUL_EFFICIENCY = 0.6  # of the dense peak: large cuBLAS products reach more, a fine-tuning step's small ones less
@@ -99,6 +101,40 @@ def phase_time(op_costs: Sequence[tuple[int, int]], device: DeviceModel, dtype: 
             memory += m
     overhead = len(op_costs) * device.kernel_overhead_s
     return PhaseTime(compute + memory + overhead, compute, memory, overhead, len(op_costs))
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A training run's length as ``petlprof run`` reads its options: ``train_size`` examples in batches of
+    ``batch_size`` (the last one short), ``epochs`` passes or ``max_steps`` optimiser steps (which override them),
+    ``accumulation`` batches a step."""
+
+    train_size: int
+    epochs: int
+    max_steps: int | None
+    batch_size: int
+    accumulation: int = 1
+
+    def steps_and_batches(self) -> tuple[int, int]:
+        """(optimiser steps, batches), as the run counts them (:func:`petlprof.sweep.resources.training_batches`)."""
+        return training_batches(
+            math.ceil(self.train_size / self.batch_size), self.epochs, self.max_steps, self.accumulation
+        )
+
+
+def train_total(predicted: dict, budget: Budget) -> dict:
+    """The predicted training time (s) and energy (J) of ``budget``: each batch priced as ``predicted``'s step prices
+    one of its micro-batches (its time over the batches a step accumulates), an epoch's short last batch as a full
+    one (an upper bound by at most one batch an epoch); the warm-up steps are among the steps, as in a run."""
+    steps, batches = budget.steps_and_batches()
+    share = batches / budget.accumulation  # optimiser steps' worth of batches: the last step may be short of some
+    return {
+        **asdict(budget),
+        "optimiser_steps": steps,
+        "batches": batches,
+        "time_s": predicted["train_step_s"] * share,
+        "energy_j": predicted["train_step_energy_j"] * share,
+    }
 
 
 def prediction(
