@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, NoReturn
 from petlprof import __version__
 from petlprof.errors import UsageError, printable, say
 from petlprof.estimate.command import add_estimate_parser, cmd_estimate
+from petlprof.estimate.plan import add_plan_parser, cmd_plan
 from petlprof.execution.process import exit_now
 from petlprof.execution.warm import fork_warm_workers_from_this_process
 from petlprof.report.intervals import DEFAULT_INTERVAL, INTERVALS
@@ -78,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     calibrate.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
     add_estimate_parser(sub)
+    add_plan_parser(sub)
     return parser
 
 
@@ -235,7 +237,14 @@ def _quiet_libraries() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    handlers = {"run": cmd_run, "list": cmd_list, "meters": cmd_meters, "report": cmd_report, "estimate": cmd_estimate}
+    handlers = {
+        "run": cmd_run,
+        "list": cmd_list,
+        "meters": cmd_meters,
+        "report": cmd_report,
+        "estimate": cmd_estimate,
+        "plan": cmd_plan,
+    }
     handlers["calibrate"] = cmd_calibrate
     handler = handlers[args.command]
     _quiet_libraries()

@@ -403,28 +403,58 @@ class Watts(Kind):
         parse_watts(value, option=flag(name))
 
 
-_WATT_UNITS = {"w": 1.0, "kw": 1000.0, "mw": 1e-3}
-_WATTS_EXAMPLE = "give a power with its unit, e.g. 300W or 0.45kW"
+@dataclass(frozen=True)
+class Quantity:
+    """A physical quantity read with its unit (``300W``, ``5kWh``, ``10h``): ``units`` maps each unit, lower case, to
+    its factor to the base unit; more than 0 and at most ``maximum`` (in the base unit, said as ``maximum_text``)."""
+
+    what: str
+    units: dict[str, float]
+    unit_names: str
+    maximum: float
+    maximum_text: str
+    example: str
+
+    def parse(self, value: Any, option: str) -> float | None:
+        """``value`` in the base unit; None stays None; a number without its unit, or outside (0, maximum], is one
+        line naming ``option``."""
+        if value is None:
+            return None
+        text = str(value) if isinstance(value, (str, int, float)) and not isinstance(value, bool) else ""
+        match = _SIZE.fullmatch(text) if len(text) <= 100 else None
+        if not match or not math.isfinite(float(match.group(1))) or float(match.group(1)) <= 0:
+            raise UsageError(f"{option} {shown(text or value)} is not a positive {self.what}; {self.example}")
+        number, unit = match.groups()
+        if not unit:
+            raise UsageError(f"{option} {shown(text)} has no unit; {self.example}")
+        if unit.lower() not in self.units:
+            raise UsageError(
+                f"{option} {shown(text)} has an unknown unit {shown(unit)} ({self.unit_names}); {self.example}"
+            )
+        amount = float(number) * self.units[unit.lower()]
+        if amount > self.maximum:
+            raise UsageError(f"{option} {shown(text)} is more than {self.maximum_text}; {self.example}")
+        return amount
+
+
+POWER = Quantity(
+    "power", {"w": 1.0, "kw": 1000.0, "mw": 1e-3}, "W, kW or mW", MAX_WATTS, f"{MAX_WATTS:,.0f} W",
+    "give a power with its unit, e.g. 300W or 0.45kW",
+)  # fmt: skip
+ENERGY = Quantity(
+    "energy", {"j": 1.0, "kj": 1e3, "wh": 3600.0, "kwh": 3.6e6}, "J, kJ, Wh or kWh", 3.6e12, "1 GWh",
+    "give an energy with its unit, e.g. 5kWh or 900kJ",
+)  # fmt: skip
+DURATION = Quantity(
+    "duration", {"s": 1.0, "min": 60.0, "h": 3600.0, "d": 86400.0}, "s, min, h or d", 3.2e8, "10 years",
+    "give a duration with its unit, e.g. 12h or 90min",
+)  # fmt: skip
 
 
 def parse_watts(value: str | int | float | None, option: str = "--power-limit") -> float | None:
     """``"300W"``, ``"0.45kW"``, ``"300 w"`` -> watts; None stays None.  A number without its unit is refused (the
     NVML API counts milliwatts, nvidia-smi watts), and so is anything not above 0 W or past :data:`MAX_WATTS`."""
-    if value is None:
-        return None
-    text = str(value) if isinstance(value, (str, int, float)) and not isinstance(value, bool) else ""
-    match = _SIZE.fullmatch(text) if len(text) <= 100 else None
-    if not match or not math.isfinite(float(match.group(1))) or float(match.group(1)) <= 0:
-        raise UsageError(f"{option} {shown(text or value)} is not a positive power; {_WATTS_EXAMPLE}")
-    number, unit = match.groups()
-    if not unit:
-        raise UsageError(f"{option} {shown(text)} has no unit; {_WATTS_EXAMPLE}")
-    if unit.lower() not in _WATT_UNITS:
-        raise UsageError(f"{option} {shown(text)} has an unknown unit {shown(unit)} (W, kW or mW); {_WATTS_EXAMPLE}")
-    watts = float(number) * _WATT_UNITS[unit.lower()]
-    if watts > MAX_WATTS:
-        raise UsageError(f"{option} {shown(text)} is more than {MAX_WATTS:,.0f} W; {_WATTS_EXAMPLE}")
-    return watts
+    return POWER.parse(value, option)
 
 
 def _bytes_text(count: int) -> str:

@@ -31,13 +31,21 @@ GIB = 1024**3
 
 
 def add_estimate_parser(sub: Any) -> argparse.ArgumentParser:
-    """Register ``estimate`` on the ``petlprof`` sub-command parsers.  The options it shares with ``petlprof run``
-    come from their one declaration (:mod:`petlprof.sweep.options`: the same default, kind and check); where one means
-    something else without a task, a dataset or a device, its help says how, and the comment why."""
+    """Register ``estimate`` on the ``petlprof`` sub-command parsers."""
     parser = sub.add_parser(
         "estimate",
         help="every method's parameters, memory and FLOPs at any model size from the config alone (no weights, no GPU)",
     )
+    add_estimate_options(parser, "estimate")
+    parser.add_argument("--list-shapes", action="store_true", help="print the bundled shapes and exit")
+    return parser
+
+
+def add_estimate_options(parser: argparse.ArgumentParser, command: str) -> None:
+    """The estimate's options on ``parser`` (``petlprof estimate``'s or ``plan``'s).  The options it shares with
+    ``petlprof run`` come from their one declaration (:mod:`petlprof.sweep.options`: the same default, kind and
+    check); where one means something else without a task, a dataset or a device, its help says how, and the comment
+    why."""
     # an estimate reads only the config: a bundled shape or config.json needs no --random-init, as the run help says
     _add_run_option(
         parser,
@@ -117,9 +125,7 @@ def add_estimate_parser(sub: Any) -> argparse.ArgumentParser:
         help=f"GPU for the step-time lower bound: {', '.join(gpus.GPUS)} (default {gpus.DEFAULT_GPU})",
     )
     # an estimate writes estimates.jsonl afresh (nothing to resume), to a folder of its own name
-    _add_run_option(parser, "output", "output folder (default petlprof-out/estimate-<time>)")
-    parser.add_argument("--list-shapes", action="store_true", help="print the bundled shapes and exit")
-    return parser
+    _add_run_option(parser, "output", f"output folder (default petlprof-out/{command}-<time>)")
 
 
 _INTEGER = Integer()  # reads integer text as the number, keeps other text for the check to refuse in one line
@@ -313,8 +319,9 @@ def _default_methods(objective: str, quantize: list[str]) -> tuple[list[str], li
     return runs, [m for m in trains if m not in runs]
 
 
-def _settings(args: argparse.Namespace):
-    """The settings every estimate of the command shares, its options checked (one line, exit 2)."""
+def _settings(args: argparse.Namespace, needs_prediction: str = ""):
+    """The settings every estimate of the command shares, its options checked (one line, exit 2); ``needs_prediction``:
+    :func:`price`'s."""
     # kept out of petlprof --help's imports
     from petlprof.estimate.core import Settings
 
@@ -335,17 +342,17 @@ def _settings(args: argparse.Namespace):
         device=device,
         objective=objective,
         attention=args.attention,
-        device_model=_device_model(device, gpus.get_gpu(args.gpu)),
+        device_model=_device_model(device, gpus.get_gpu(args.gpu), needs_prediction),
         **{name: getattr(args, name) for name in (*TRAINING_SETTINGS, *BUDGET_OPTIONS)},
     )
     _batch_tokens(settings.batch_size, settings.max_length)
     return _with_objective(settings, objective, args)
 
 
-def _device_model(device: str, gpu):
+def _device_model(device: str, gpu, needs_prediction: str = ""):
     """What time and energy are predicted on: this machine's calibrated profile of ``device`` where there is one,
     else, on cuda, the GPU table's ``--gpu`` with default efficiencies; None on a CPU without a profile (the output
-    says why)."""
+    says why), where ``needs_prediction`` names the options that need one: then a UsageError saying why."""
     # kept out of petlprof --help's imports
     from petlprof.estimate.profiles import load_profile
     from petlprof.estimate.roofline import table_model
@@ -353,36 +360,45 @@ def _device_model(device: str, gpu):
     model, why = load_profile(device) if device == "cpu" else (None, "")
     if model is None and device.startswith("cuda"):
         return table_model(gpu)
+    if model is None and needs_prediction:
+        raise UsageError(f"{needs_prediction} need time and energy predicted, and there is no prediction: {why}")
     if model is None:
         say(f"petlprof: no time or energy prediction: {why}")
     return model
 
 
-def cmd_estimate(args: argparse.Namespace) -> int:
+@dataclasses.dataclass
+class Priced:
+    """The estimates of one objective: what they were priced under (``plan``) and their records."""
+
+    plan: _Plan
+    records: list[EstimateRecord]
+
+
+def price(args: argparse.Namespace, command: str, needs_prediction: str = "") -> tuple[Path, list[Priced]]:
+    """Check ``args`` (the estimate's options), then estimate every configuration they name into ``estimates.jsonl`` of
+    the output folder (``petlprof-out/<command>-<time>`` unless given); return the folder and the estimates per
+    objective.  ``needs_prediction``: the options that need time and energy predicted, refused in one line (before
+    anything is traced or written) on a device without a model of them."""
     # kept out of petlprof --help's imports
     from petlprof.estimate.core import estimate
     from petlprof.estimate.model import resolve_backbone
-    from petlprof.models.shapes import shape_names
     from petlprof.results.store import check_writable
     from petlprof.sweep.config import parse_method_overrides
 
-    if args.list_shapes:
-        print("\n".join(shape_names()))
-        return 0
-    settings = _settings(args)
+    settings = _settings(args, needs_prediction)
     resolved = [resolve_backbone(backbone, args.num_layers) for backbone in args.backbone]
     overrides = parse_method_overrides(args.method_config or [])
     plans = [
         _plan(args, settings, objective, backbones, overrides)
         for objective, backbones in _by_objective(args, resolved).items()
     ]
-    out = Path(args.output or f"petlprof-out/estimate-{time.strftime('%Y%m%d-%H%M%S')}")
+    out = Path(args.output or f"petlprof-out/{command}-{time.strftime('%Y%m%d-%H%M%S')}")
     check_writable(out)  # the check `petlprof run --output` makes, before any estimate is traced
-    records: list[EstimateRecord] = []
-    tables = []
+    priced: list[Priced] = []
     with open(out / "estimates.jsonl", "w") as fh:
         for plan in plans:
-            priced: list[EstimateRecord] = []
+            records: list[EstimateRecord] = []
             for backbone in plan.backbones:
                 for quantization in plan.quantizations:
                     swept = dataclasses.replace(plan.settings, quantization=quantization)
@@ -390,14 +406,29 @@ def cmd_estimate(args: argparse.Namespace) -> int:
                         record = estimate(backbone, name, method_overrides, swept)
                         fh.write(json.dumps(record) + "\n")
                         fh.flush()
-                        priced.append(record)
-            line = _objective_line(args, plan.settings, plan.backbones)
-            tables.append("\n".join([*([line] if line else []), format_table(priced, plan.settings, plan.left_out)]))
-            records += priced
+                        records.append(record)
+            priced.append(Priced(plan, records))
+    return out, priced
+
+
+def cmd_estimate(args: argparse.Namespace) -> int:
+    # kept out of petlprof --help's imports
+    from petlprof.models.shapes import shape_names
+
+    if args.list_shapes:
+        print("\n".join(shape_names()))
+        return 0
+    out, priced = price(args, "estimate")
+    tables = []
+    for each in priced:
+        line = _objective_line(args, each.plan.settings, each.plan.backbones)
+        table = format_table(each.records, each.plan.settings, each.plan.left_out)
+        tables.append("\n".join([*([line] if line else []), table]))
     print("\n\n".join(tables))
     print()
     print(printable(f"wrote {out / 'estimates.jsonl'}"))
-    if len(resolved) > 1:
+    if len(args.backbone) > 1:
+        records = [record for each in priced for record in each.records]
         print(printable(f"wrote {plot_memory_vs_size(records, out / 'peak_train_memory.png')}"))
     return 0
 
