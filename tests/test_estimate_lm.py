@@ -13,7 +13,9 @@ from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
 from petlprof.cli import main
 from petlprof.estimate.core import Settings, estimate
+from petlprof.estimate.gpus import DEFAULT_GPU, GPUS
 from petlprof.estimate.model import resolve_backbone
+from petlprof.estimate.roofline import GPU_BUSY_POWER_SHARE, DecodeStep, DeviceModel, generation
 from petlprof.estimate.trace import lm_batch
 from petlprof.meters import Window
 from petlprof.meters.memory import static_breakdown
@@ -199,3 +201,75 @@ def test_bad_lm_values_are_one_line_and_exit_2(tmp_path, capsys, args, words):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and words in err, err
     assert not (tmp_path / "out").exists()
+
+
+DEVICE = DeviceModel("test", {"float32": 1e9}, 1e8, 1e-3, 50.0, 5.0, True, "test", "test meter")
+
+
+@pytest.mark.parametrize(
+    "step, time_s, memory_bound",
+    [  # weights 1e8 B at 1e8 B/s: 1 s a step; the cache adds 1e6 B a position; 100 kernels at 1 ms: 0.1 s a step
+        (DecodeStep(10**8, 10, 1, 10**6, 0, 100, 4, 10, 2), (1.0 + 0.10 + 0.1) + (1.0 + 0.11 + 0.1), 2),
+        # a cross-attention cache read every step, and a decoder that starts empty
+        (DecodeStep(10**8, 10, 1, 10**6, 10**7, 0, 4, 0, 2), (1.0 + 0.1) + (1.0 + 0.01 + 0.1), 2),
+        # 1e9 FLOPs a row x 4 rows at 1e9 FLOP/s: 4 s a step, more than its reads: compute-bound
+        (DecodeStep(10**8, 10**9, 0, 0, 0, 0, 4, 10, 3), 3 * 4.0, 0),
+    ],
+)
+def test_generation_is_a_roofline_per_step_summed_over_the_generated_tokens(step, time_s, memory_bound):
+    generated = generation(step, DEVICE, "float32")
+    assert generated["time_s"] == pytest.approx(time_s)
+    assert generated["tokens"] == step.batch * step.target_length
+    assert generated["tokens_per_s"] == pytest.approx(generated["tokens"] / time_s)
+    assert generated["energy_per_token_j"] == pytest.approx(50.0 * time_s / generated["tokens"])
+    assert generated["memory_bound_steps"] == memory_bound
+
+
+@pytest.mark.parametrize("spec", ["tiny-llama", "tiny-gpt2", "tiny-t5"])
+def test_a_decode_steps_flops_and_bytes_are_what_a_real_cached_step_counts_and_holds(spec):
+    """Against plain transformers: torch's FLOP counter over one cached generation step (a token a row, after the
+    prompt), and the bytes of the parameters that step's forward uses (each tensor an op reads)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    settings = dataclasses.replace(LM, device_model=DEVICE)
+    record = estimate(resolve_backbone(spec, num_layers=2), "full", {}, settings)
+    step = record["predicted"]["generation"]["step"]
+    config = backbone_config(spec)
+    set_depth(config, 2)
+    torch.manual_seed(0)
+    batch, prompt = LM.batch_size, LM.max_length
+    with torch.no_grad():
+        if config.is_encoder_decoder:
+            model = AutoModelForSeq2SeqLM.from_config(config).eval()
+            encoded = model.get_encoder()(input_ids=torch.full((batch, prompt), 5))
+            first = torch.full((batch, 1), config.decoder_start_token_id)
+            cache = model(encoder_outputs=encoded, decoder_input_ids=first, use_cache=True).past_key_values
+            position = 1  # the decoder's own: one token cached
+            with FlopCounterMode(display=False) as counter:
+                model(encoder_outputs=encoded, decoder_input_ids=first, past_key_values=cache, use_cache=True)
+        else:
+            model = AutoModelForCausalLM.from_config(config).eval()
+            cache = model(input_ids=torch.full((batch, prompt), 5), use_cache=True).past_key_values
+            position = prompt
+            with FlopCounterMode(display=False) as counter:
+                model(input_ids=torch.full((batch, 1), 5), past_key_values=cache, use_cache=True)
+    predicted = batch * (step["flops_per_row"] + step["attention_flops_per_position"] * (position + 1))
+    assert predicted == pytest.approx(counter.get_total_flops(), rel=0.02)
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    head = model.get_output_embeddings().weight
+    encoder = {id(p) for p in model.get_encoder().parameters()} if config.is_encoder_decoder else set()
+    read = [p for p in model.parameters() if p is head or (id(p) not in embeddings and id(p) not in encoder)]
+    assert step["weights_bytes"] == sum(p.numel() * p.element_size() for p in read)
+
+
+def test_an_lm_estimate_predicts_generation_and_prints_it(tmp_path, capsys):
+    out = tmp_path / "out"
+    args = ["estimate", "--backbone", "tiny-llama", "--methods", "lora", "--max-length", "16", "--target-length", "8"]
+    assert main([*args, "--output", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "generation_predicted" in printed and "tokens/s" in printed and "energy/token_predicted" in printed
+    [record] = [json.loads(line) for line in (out / "estimates.jsonl").read_text().splitlines()]
+    generated = record["predicted"]["generation"]
+    assert generated["tokens"] == record["batch_size"] * 8
+    busy_w = GPUS[DEFAULT_GPU].tdp_w * GPU_BUSY_POWER_SHARE  # the default GPU of the table, uncalibrated
+    assert generated["energy_per_token_j"] * generated["tokens"] == pytest.approx(generated["time_s"] * busy_w)

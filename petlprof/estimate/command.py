@@ -18,7 +18,14 @@ from petlprof.estimate.lm import DEFAULT_TARGET_LENGTH, check_family
 from petlprof.method_api import check_objective
 from petlprof.models.families import ENCODER
 from petlprof.models.quantization import NONE, Quantization
-from petlprof.results.figures import BREAKDOWN_GRADIENTS, BREAKDOWN_QUANTIZATION_STATE
+from petlprof.results.figures import (
+    BREAKDOWN_GRADIENTS,
+    BREAKDOWN_QUANTIZATION_STATE,
+    ENERGY,
+    ENERGY_PER_TOKEN,
+    TIME,
+    TOKENS_PER_S,
+)
 from petlprof.sweep.options import OPTIONS, TRAINING_SETTINGS, default_of, help_of, kind_of
 from petlprof.values import Flag, Integer, flag, parse_bytes
 from petlprof.vocabulary import ADAMW, CLASSIFICATION, FLOAT32, FP32, LM, ZERO_SHOT
@@ -571,8 +578,11 @@ def _predicted_cells(record: EstimateRecord) -> dict[str, str]:
         "energy/step_predicted": joules(predicted["train_step_energy_j"]),
     }
     if total := predicted.get("train_total"):
-        cells["train_time_predicted"] = duration(total["time_s"])
-        cells["train_energy_predicted"] = joules(total["energy_j"])
+        cells["train_time_predicted"] = duration(total[TIME.name])
+        cells["train_energy_predicted"] = joules(total[ENERGY.name])
+    if generated := predicted.get("generation"):
+        cells["generation_predicted"] = f"{generated[TOKENS_PER_S.name]:,.3g} tokens/s"
+        cells["energy/token_predicted"] = joules(generated[ENERGY_PER_TOKEN.name])
     return cells
 
 

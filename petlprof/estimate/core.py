@@ -41,10 +41,10 @@ from petlprof.estimate.attention import DEFAULT_ATTENTION, FLASH, implementation
 from petlprof.estimate.autocast import policy_device
 from petlprof.estimate.fallback import extrapolated_figures
 from petlprof.estimate.gpus import Headroom
-from petlprof.estimate.lm import LmFigures, lm_figures
+from petlprof.estimate.lm import LmFigures, decode_step, lm_figures
 from petlprof.estimate.model import ResolvedBackbone, build, family, resolve_backbone, weight_breakdown
 from petlprof.estimate.quantized import check_traceable
-from petlprof.estimate.roofline import Budget, DeviceModel, prediction, train_total
+from petlprof.estimate.roofline import Budget, DecodeStep, DeviceModel, generation, prediction, train_total
 from petlprof.estimate.trace import (
     StepTrace,
     UntraceableError,
@@ -310,9 +310,11 @@ def trace_figures(resolved: ResolvedBackbone, method, config, settings: Settings
     compute_dtype = dtype if settings.precision == FP32 else AUTOCAST_DTYPES[settings.precision]
     quantized: _Quantized = {} if built.quantization is None else {"quantization": built.quantization}
     lm: _LanguageModelling = {}
+    decode = None
     if settings.objective == LM:
         dtype_bytes = getattr(torch, compute_dtype).itemsize
         lm = {"lm": lm_figures(resolved.config, settings, infer.output_shape, infer.output_bytes, dtype_bytes)}
+        decode = decode_step(model, resolved.config, settings, lm["lm"]["kv_cache"], len(infer.op_costs))
     return {
         "dtype": dtype,
         "compute_dtype": compute_dtype,
@@ -336,17 +338,22 @@ def trace_figures(resolved: ResolvedBackbone, method, config, settings: Settings
             "peak_inference_bytes": resident + infer.peak_new_bytes,
         },
         "flops": {"train_step": train.flops, "inference_batch": infer.flops},
-        **_predicted(train, infer, settings, compute_dtype),
+        **_predicted(train, infer, settings, compute_dtype, decode),
         "estimate_source": META_TRACE,
         **lm,
     }
 
 
-def _predicted(train: StepTrace, infer: StepTrace, settings: Settings, dtype: str) -> dict:
-    """The ``predicted`` block (:mod:`petlprof.estimate.roofline`) where the settings name a device model."""
+def _predicted(
+    train: StepTrace, infer: StepTrace, settings: Settings, dtype: str, decode: DecodeStep | None = None
+) -> dict:
+    """The ``predicted`` block (:mod:`petlprof.estimate.roofline`) where the settings name a device model: the steps,
+    the training run's totals, and (the LM objective) generation."""
     if settings.device_model is None:
         return {}
     predicted = prediction(train.op_costs, infer.op_costs, settings.device_model, dtype)
+    if decode is not None:
+        predicted["generation"] = generation(decode, settings.device_model, dtype)
     budget = settings.budget()
     return {"predicted": predicted if budget is None else {**predicted, "train_total": train_total(predicted, budget)}}
 

@@ -21,6 +21,7 @@ import math
 from typing import TypedDict
 
 from petlprof.errors import UsageError
+from petlprof.estimate.roofline import DecodeStep
 
 DEFAULT_TARGET_LENGTH = 32
 KV_FORMULA = "2 x layers x kv_heads x head_dim x dtype bytes x batch"
@@ -129,3 +130,60 @@ def lm_figures(config, settings, logits_shape: tuple[int, ...], logits_bytes: in
         "logits_bytes": logits_bytes,
         "kv_cache": kv_cache(config, settings.batch_size, dtype_bytes, prompt, target),
     }
+
+
+def decode_reads(model, config) -> tuple[int, int]:
+    """(bytes of the weights, FLOPs per row) of one generation step of ``model`` (a task model on any device, meta
+    included): every parameter a new token passes, stored as it is (a quantised layer's packed bytes), read once a
+    step; 2 FLOPs per weight of each linear layer it passes (the LM head included).  Not the encoder of an
+    encoder-decoder (it reads the prompt once), nor an input embedding's table (a step reads one row of it), unless
+    the LM head multiplies by it (tied)."""
+    # torch: slow to import, loaded only when used
+    from torch import nn
+
+    # transformers: loaded by the estimate already
+    from transformers import PreTrainedModel
+
+    # the transformers model inside the task model (and inside a method's wrapper of it): its encoder and head
+    hf = next(m for m in model.modules() if isinstance(m, PreTrainedModel))
+    encoder = hf.get_encoder() if bool(getattr(config, "is_encoder_decoder", False)) else None
+    skipped = {id(p) for p in encoder.parameters()} if encoder is not None else set()
+    head = getattr(model, "untied_head", None) or hf.get_output_embeddings()
+    tied = {id(head.weight)} if head is not None else set()
+    for module in model.modules():
+        if isinstance(module, nn.Embedding):
+            skipped |= {id(p) for p in module.parameters()} - tied
+    skipped -= tied
+    weights = sum(p.numel() * p.element_size() for p in model.parameters() if id(p) not in skipped)
+    flops = 0
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if isinstance(module, nn.Embedding) or weight is None or id(weight) in skipped or weight.dim() != 2:
+            continue
+        if isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D":  # GPT-2's linear layers
+            # a quantised layer's logical shape, not its packed storage's
+            flops += (
+                2 * getattr(module, "in_features", weight.shape[0]) * getattr(module, "out_features", weight.shape[1])
+            )
+    return weights, flops
+
+
+def decode_step(model, config, settings, kv: KvCache, kernels: int) -> DecodeStep:
+    """The :class:`~petlprof.estimate.roofline.DecodeStep` of generating ``settings.target_length`` tokens after a
+    prompt of ``settings.max_length`` with ``model``: a decoder's cache holds the prompt from its first step, an
+    encoder-decoder's decoder starts empty and reads the prompt's cross-attention cache every step."""
+    weights, flops = decode_reads(model, config)
+    shape = attention_shape(config)
+    encoder_decoder = bool(getattr(config, "is_encoder_decoder", False))
+    per_position = 4 * shape["layers"] * int(config.num_attention_heads) * shape["head_dim"]  # QK and AV, 2 FLOPs each
+    return DecodeStep(
+        weights_bytes=weights,
+        flops_per_row=flops + (per_position * settings.max_length if encoder_decoder else 0),  # cross-attention
+        attention_flops_per_position=per_position,
+        kv_bytes_per_position=kv["bytes_per_generated_token"],
+        fixed_bytes=kv.get("cross_attention_bytes", 0),
+        kernels=kernels,
+        batch=settings.batch_size,
+        prompt_length=0 if encoder_decoder else settings.max_length,
+        target_length=settings.target_length,
+    )

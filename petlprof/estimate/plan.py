@@ -25,7 +25,9 @@ from typing import Any
 from petlprof.errors import UsageError, printable, shown
 from petlprof.estimate import gpus
 from petlprof.estimate.command import add_estimate_options, duration, joules, price, size
-from petlprof.values import DURATION, ENERGY, flag, parse_bytes
+from petlprof.results.figures import ENERGY, TIME
+from petlprof.values import DURATION, flag, parse_bytes
+from petlprof.values import ENERGY as ENERGY_BUDGET
 
 MAX_PRICE_PER_KWH = 1e6  # no tariff comes near a million of any currency per kWh
 PLAN_FILE = "plan.jsonl"
@@ -93,7 +95,7 @@ def read_budgets(args: argparse.Namespace) -> Budgets:
     units, a price a positive finite number."""
     budgets = Budgets(
         parse_bytes(args.device_memory, "--device-memory"),
-        ENERGY.parse(args.max_energy, "--max-energy"),
+        ENERGY_BUDGET.parse(args.max_energy, "--max-energy"),
         DURATION.parse(args.max_time, "--max-time"),
         _price(args.price_per_kwh),
     )
@@ -133,7 +135,7 @@ def judge(record: dict, budgets: Budgets) -> Candidate:
                          fits=False, left={}, over=["not estimated"], error=record.get("error"))  # fmt: skip
     peak = int(record["memory"]["peak_train_bytes"])
     total = (record.get("predicted") or {}).get("train_total") or {}
-    time_s, energy_j = total.get("time_s"), total.get("energy_j")
+    time_s, energy_j = total.get(TIME.name), total.get(ENERGY.name)
     left: dict[str, float] = {}
     over: list[str] = []
     memory = None if budgets.device_memory_bytes is None else gpus.usable_bytes(budgets.device_memory_bytes)

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from petlprof.estimate.gpus import Gpu
+from petlprof.results.figures import ENERGY, ENERGY_PER_TOKEN, TIME, TOKENS_PER_S
 from petlprof.sweep.resources import training_batches
 
 # default efficiencies for a GPU without a profile: assumptions, stated in every prediction they make
@@ -132,8 +133,54 @@ def train_total(predicted: dict, budget: Budget) -> dict:
         **asdict(budget),
         "optimiser_steps": steps,
         "batches": batches,
-        "time_s": predicted["train_step_s"] * share,
-        "energy_j": predicted["train_step_energy_j"] * share,
+        TIME.name: predicted["train_step_s"] * share,
+        ENERGY.name: predicted["train_step_energy_j"] * share,
+    }
+
+
+@dataclass(frozen=True)
+class DecodeStep:
+    """What one step of greedy generation (a new token for each of ``batch`` rows) reads and computes, at a position:
+    ``weights_bytes`` (every weight a token passes, read once a step whatever the batch), ``flops_per_row`` (2 per
+    weight of each linear layer it passes, and an encoder-decoder's cross-attention over the prompt),
+    ``attention_flops_per_position`` (a row's QK and AV products over one position of its own sequence: a step at
+    position p attends to p + 1, itself included), ``kv_bytes_per_position`` (the batch's cached keys and values of
+    one position), ``fixed_bytes`` (an encoder-decoder's cross-attention cache, read every step), ``kernels`` (a
+    forward pass's), ``prompt_length`` (positions cached before the first step: a decoder's prompt; an
+    encoder-decoder's decoder starts empty)."""
+
+    weights_bytes: int
+    flops_per_row: int
+    attention_flops_per_position: int
+    kv_bytes_per_position: int
+    fixed_bytes: int
+    kernels: int
+    batch: int
+    prompt_length: int
+    target_length: int
+
+
+def generation(step: DecodeStep, device: DeviceModel, dtype: str) -> dict:
+    """Greedy decoding of ``target_length`` tokens after the prompt, on the roofline: each step takes the longer of its
+    FLOPs / the matrix throughput and its bytes (weights, the KV cache up to its position) / the bandwidth, plus its
+    kernels' fixed cost, summed over the steps; tokens per second and joules per token over the whole generation.
+    The prompt's own forward pass (prefill) is not in it: it is one evaluation batch."""
+    flops_per_s, bytes_per_s = device.throughput(dtype), device.bytes_per_s
+    total = memory_bound = 0.0
+    for position in range(step.prompt_length, step.prompt_length + step.target_length):
+        flops = step.batch * (step.flops_per_row + step.attention_flops_per_position * (position + 1))
+        moved = step.weights_bytes + step.kv_bytes_per_position * position + step.fixed_bytes
+        compute, memory = flops / flops_per_s, moved / bytes_per_s
+        memory_bound += memory > compute
+        total += max(compute, memory) + step.kernels * device.kernel_overhead_s
+    tokens = step.batch * step.target_length
+    return {
+        "tokens": tokens,
+        TIME.name: total,
+        TOKENS_PER_S.name: tokens / total if total else math.inf,
+        ENERGY_PER_TOKEN.name: total * device.busy_w / tokens if tokens else 0.0,
+        "memory_bound_steps": int(memory_bound),
+        "step": asdict(step),
     }
 
 
