@@ -3,9 +3,12 @@ training at each step, which targets get a line, and the files written."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
-from petlprof.report.curves import curve_frame, learning_curve_figures, mean_curve, target_lines
+from petlprof.report.curves import curve_frame, draw_curves, learning_curve_figures, mean_curve, target_lines
+from petlprof.report.intervals import half_width
 
 
 def record(method, seed, checks, target=0.6, status="ok", config=None, task="tweets3"):
@@ -58,6 +61,33 @@ def test_the_mean_is_over_the_seeds_checked_at_each_step(label, expected):
     mean = mean_curve(frame[frame["label"] == label])
     got = [(int(r.step), round(float(r.value), 6), int(r.seeds)) for r in mean.itertuples()]
     assert got == [(s, pytest.approx(v), n) for s, v, n in expected]
+
+
+@pytest.mark.parametrize("interval", ["ci95", "se"])
+def test_each_steps_mean_carries_its_interval_where_two_seeds_reached_it(interval):
+    frame = curve_frame(RECORDS)
+    mean = mean_curve(frame[frame["label"] == "full"], interval)
+    by_step = dict(zip(mean["step"], mean["half_width"]))
+    for step, values in ((4, [0.40, 0.44]), (8, [0.50, 0.52]), (12, [0.62, 0.58])):
+        assert by_step[step] == pytest.approx(half_width(values, interval))
+    assert math.isnan(by_step[16])  # one seed went on past its target: no interval
+    assert by_step[4] > 0 and (interval == "se" or by_step[4] == pytest.approx(12.706 * 0.02, rel=1e-3))
+
+
+def test_a_configuration_of_several_seeds_is_drawn_with_its_band_and_a_single_seed_without(tmp_path):
+    from matplotlib.collections import PolyCollection
+
+    frame = curve_frame(RECORDS)
+    fig = draw_curves(frame, "t", interval="se")
+    steps = fig.axes[0]
+    bands = [c for c in steps.collections if isinstance(c, PolyCollection)]
+    assert len(bands) == 1  # full's two seeds; read has one
+    top = bands[0].get_paths()[0].vertices[:, 1].max()
+    assert top == pytest.approx(0.60 + half_width([0.62, 0.58], "se"))  # the band's top at step 12
+    assert any("band: ± 1 standard error" in text.get_text() for text in steps.get_legend().get_texts())
+    solo = draw_curves(frame[frame["label"] == "read"], "t")
+    assert not [c for c in solo.axes[0].collections if isinstance(c, PolyCollection)]
+    assert not any("band" in text.get_text() for text in solo.axes[0].get_legend().get_texts())
 
 
 @pytest.mark.parametrize(

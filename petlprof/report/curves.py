@@ -25,6 +25,7 @@ from typing import Any
 
 import pandas as pd
 
+from petlprof.report.intervals import DEFAULT_INTERVAL, INTERVALS, half_width
 from petlprof.report.plotkit import save_figure
 from petlprof.report.records import is_ok, run_label
 from petlprof.results.figures import ENERGY_KIND, HIGHER
@@ -98,14 +99,16 @@ def zero_shot_levels(records: Sequence[RunResult | Mapping[str, Any]]) -> dict[t
     return levels
 
 
-def mean_curve(group: pd.DataFrame) -> pd.DataFrame:
+def mean_curve(group: pd.DataFrame, interval: str = DEFAULT_INTERVAL) -> pd.DataFrame:
     """Per checked step of one configuration: the mean value, training energy and time over the seeds checked
-    there, and their count."""
+    there, their count, and the half-width of the mean value's ``interval`` (:data:`~petlprof.report.intervals.
+    INTERVALS`; NaN at a step one seed reached)."""
     out = group.groupby("step").agg(
         value=("value", "mean"),
         train_energy_j=("train_energy_j", "mean"),
         train_time_s=("train_time_s", "mean"),
         seeds=("value", "count"),
+        half_width=("value", lambda values: half_width(list(values), interval)),
     )
     return out.reset_index()
 
@@ -203,10 +206,12 @@ def target_lines(frame: pd.DataFrame) -> list[float]:
     return [t for t in sorted({float(t) for t in frame["target"].dropna()}) if low - pad <= t <= high + pad]
 
 
-def draw_curves(frame: pd.DataFrame, title: str, zero_shot: float | None = None):
-    """The figure of one task and backbone's curves: a panel per axis with values (energy only where measured)."""
+def draw_curves(frame: pd.DataFrame, title: str, zero_shot: float | None = None, interval: str = DEFAULT_INTERVAL):
+    """The figure of one task and backbone's curves: a panel per axis with values (energy only where measured); a
+    configuration of several seeds has its mean's ``interval`` as a band, at the steps two or more seeds reached."""
     # matplotlib: slow to import, loaded only when used
     from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
 
     axes = [(column, text) for column, text in AXES if frame[column].notna().any()]
     fig = Figure(figsize=(5.2 * len(axes), 4.6), dpi=110)
@@ -218,9 +223,13 @@ def draw_curves(frame: pd.DataFrame, title: str, zero_shot: float | None = None)
             if seeds > 1:
                 for _, one in group.groupby("seed"):
                     ax.plot(one[column], one["value"], color=colour, linewidth=0.6, alpha=0.35)
-            mean = mean_curve(group)
+            mean = mean_curve(group, interval)
             name = f"{label} (mean of {seeds} seeds)" if seeds > 1 else f"{label} (1 seed)"
             ax.plot(mean[column], mean["value"], color=colour, marker="o", markersize=3, linewidth=1.6, label=name)
+            banded = mean[mean["half_width"].notna()]
+            if len(banded):
+                low, high = banded["value"] - banded["half_width"], banded["value"] + banded["half_width"]
+                ax.fill_between(banded[column], low, high, color=colour, alpha=0.15, linewidth=0)
         for target in target_lines(frame):
             ax.axhline(target, color="0.3", linestyle="--", linewidth=1, label=f"target {target:g}")
         if zero_shot is not None:
@@ -232,14 +241,20 @@ def draw_curves(frame: pd.DataFrame, title: str, zero_shot: float | None = None)
         ax.set_ylabel(f"{frame['metric'].iloc[0]} ({frame['split'].iloc[0]} slice)")
         ax.grid(True, alpha=0.3)
         if index == 0:
-            ax.legend(fontsize=7, loc="best")
+            handles, _ = ax.get_legend_handles_labels()
+            if frame.groupby("label")["seed"].nunique().max() > 1:
+                handles.append(Patch(color="0.5", alpha=0.3, label=f"band: {INTERVALS[interval]}"))
+            ax.legend(handles=handles, fontsize=7, loc="best")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig
 
 
-def learning_curve_figures(records: Sequence[RunResult | Mapping[str, Any]], out_dir: Path) -> list[CurvePlot]:
-    """``learning_curves[_task_backbone].{png,svg}`` for the records that carry validation checks."""
+def learning_curve_figures(
+    records: Sequence[RunResult | Mapping[str, Any]], out_dir: Path, interval: str = DEFAULT_INTERVAL
+) -> list[CurvePlot]:
+    """``learning_curves[_task_backbone].{png,svg}`` for the records that carry validation checks, each mean curve of
+    several seeds with its ``interval`` as a band."""
     frame = curve_frame(records)
     if frame.empty:
         return []
@@ -250,7 +265,7 @@ def learning_curve_figures(records: Sequence[RunResult | Mapping[str, Any]], out
         suffix = "" if len(groups) == 1 else f"_{task}_{backbone}".replace("/", "-")
         stem = Path(out_dir) / f"{CURVE_STEM}{suffix}"
         zero_shot = levels.get((str(task), str(backbone), str(group["metric"].iloc[0])))
-        fig = draw_curves(group, f"{task} / {backbone}: {_title(group)}", zero_shot)
+        fig = draw_curves(group, f"{task} / {backbone}: {_title(group)}", zero_shot, interval)
         save_figure(fig, [stem.with_suffix(ext) for ext in (".png", ".svg")], dpi="figure")
         level = common_level(group)
         plots.append(

@@ -532,7 +532,7 @@ def _where_run(records: Sequence[RunResult]) -> list[str]:
     return lines + [f"- {where}: {count} run(s)" for where, count in sorted(places.items())] + [""]
 
 
-def _curves(plots: Sequence[CurvePlot]) -> list[str]:
+def _curves(plots: Sequence[CurvePlot], interval: str) -> list[str]:
     """The learning-curve section: the validation checks' scores against steps, training energy and time (none
     without checks)."""
     if not plots:
@@ -542,9 +542,10 @@ def _curves(plots: Sequence[CurvePlot]) -> list[str]:
         "",
         "Each check's score on the validation split (carved from the training pool, never the evaluation split "
         "the tables report) against optimiser steps and against the training energy and time spent by then, the "
-        "checks' own left out: the mean over the seeds still training at each step (thick), single seeds (thin), "
-        "the target (dashed) where it is near the curves, the zero-shot row's evaluation score (dotted). A run "
-        "with a target stops at its first check at or past it.",
+        "checks' own left out: the mean over the seeds still training at each step (thick) with, where two or more "
+        f"seeds reached a step, the {INTERVALS[interval]} as a band; single seeds (thin), the target (dashed) "
+        "where it is near the curves, the zero-shot row's evaluation score (dotted). A run with a target stops at its "
+        "first check at or past it.",
         "",
     ]
     for plot in plots:
@@ -634,7 +635,7 @@ def render_report(
     lines += _configurations(records, runs)
     lines += _differences(records, runs)
     lines += _cost_to_target(runs, target_plots)
-    lines += _curves(curve_plots)
+    lines += _curves(curve_plots, interval)
     lines += _power_limits(power_plots)
     lines += _predicted(records)
     lines += search_section(records)
@@ -672,7 +673,7 @@ def write_report(
     runs = runs_frame(records)  # the one table every plot and table of results reads
     figures = pareto_figures(runs, out_dir, interval)
     target_plots = cost_to_target_figures(runs, out_dir, interval)
-    curve_plots = learning_curve_figures(records, out_dir)
+    curve_plots = learning_curve_figures(records, out_dir, interval)
     power_plots = power_limit_figures(runs, out_dir)
     report = out_dir / REPORT_FILE
     text_md = render_report(records, runs, figures, target_plots, interval, curve_plots, rejected, power_plots)
