@@ -140,8 +140,12 @@ def predictions_of(options: Any) -> Any:
         # petlprof.estimate: imported when a sweep has runs to predict (torch only where there is a device model)
         from petlprof.estimate.runs import predict_runs
         from petlprof.sweep.config import sweep_task
+        from petlprof.sweep.lengths import longest_rows
 
-        return predict_runs(specs, lambda task: int(sweep_task(options, task).num_labels or 2))
+        def lm_lengths(spec) -> tuple[int, int]:
+            return longest_rows(options, spec.task, sweep_task(options, spec.task), spec.backbone)
+
+        return predict_runs(specs, lambda task: int(sweep_task(options, task).num_labels or 2), lm_lengths)
 
     return predict
 

@@ -199,15 +199,75 @@ def test_each_configuration_is_predicted_once_and_its_seeds_share_it(profiles, m
         RunSpec(method="lora", backbone="tiny-gpt2", task="arith", objective="lm", seed=0),
     ]
     out = predict_runs(specs, lambda task: 2)
-    assert calls == ["lora", "full"]  # once per configuration; the LM one is not traced
+    assert calls == ["lora", "full"]  # once per configuration; the LM one, without its lengths, is not traced
     assert out[specs[0].run_key] is out[specs[1].run_key]
     lora, full = out[specs[0].run_key], out[specs[2].run_key]
     assert lora["calibrated"] is True and lora["train"]["step_time_s"] > 0 and lora["train"]["energy_j"] > 0
     assert full["train"]["peak_memory_bytes"] > lora["train"]["peak_memory_bytes"]
     assert out[specs[3].run_key] == {
         "kind": "predicted",
-        "error": "not predicted yet for the language-modelling objective",
+        "error": "no token lengths to price the language-modelling step at",
     }
+
+
+def test_a_language_modelling_run_is_predicted_at_its_datas_longest_rows_with_its_generation(profiles):
+    from petlprof.estimate.core import Settings, estimate
+    from petlprof.estimate.model import resolve_backbone
+    from petlprof.estimate.runs import predict_runs
+    from petlprof.sweep.spec import RunSpec
+
+    prof.save_profile(cal.calibrate("cpu", seconds=0.02), "cpu")
+    spec = RunSpec(method="lora", backbone="tiny-gpt2", task="arith", objective="lm", batch_size=4)
+    asked = []
+    out = predict_runs([spec], lambda task: 2, lambda s: asked.append(s.run_key) or (20, 6))
+    predicted = out[spec.run_key]
+    assert asked == [spec.run_key] and "longest prompt (20 tokens) and target (6 tokens)" in predicted["priced"]
+    model = prof.load_profile("cpu")[0]
+    settings = Settings(batch_size=4, max_length=20, objective="lm", target_length=6, device="cpu", device_model=model)
+    same = estimate(resolve_backbone("tiny-gpt2", None), "lora", spec.method_config, settings)["predicted"]
+    assert predicted["train"]["step_time_s"] == pytest.approx(same["train_step_s"])  # the estimate at those lengths
+    assert predicted["generation"]["tokens"] == 4 * 6 and predicted["generation"]["tokens_per_s"] > 0
+    broken = predict_runs([spec], lambda task: 2, lambda s: 1 / 0)[spec.run_key]
+    assert broken == {"kind": "predicted", "error": "ZeroDivisionError: division by zero"}
+
+
+def test_a_sweeps_predictions_price_its_lm_runs_at_their_tasks_rows_and_skip_zero_shot(profiles):
+    from petlprof.api import predictions_of
+    from petlprof.sweep.config import expand, sweep_task
+    from petlprof.sweep.lengths import longest_rows
+    from petlprof.sweep.options import RunOptions
+
+    prof.save_profile(cal.calibrate("cpu", seconds=0.02), "cpu")
+    options = RunOptions(
+        methods=["zero_shot", "lora"], backbone=["tiny-gpt2"], task=["arith"], objective="lm", train_size=40
+    )
+    specs = expand(options, "cpu")
+    out = predictions_of(options)(specs)
+    by_method = {spec.method: out[spec.run_key] for spec in specs}
+    assert by_method["zero_shot"]["error"] == "zero-shot trains nothing: no training step to predict"
+    prompt, target = longest_rows(options, "arith", sweep_task(options, "arith"), "tiny-gpt2")
+    assert f"longest prompt ({prompt} tokens) and target ({target} tokens)" in by_method["lora"]["priced"]
+    assert by_method["lora"]["train"]["step_time_s"] > 0 and by_method["lora"]["generation"]["tokens_per_s"] > 0
+
+
+@pytest.mark.parametrize("backbone", ["tiny-gpt2", "tiny-t5"])
+def test_the_longest_rows_are_what_the_runs_tokenisation_pads_a_batch_to(backbone):
+    from petlprof.models.backbones import backbone_config, backbone_tokenizer
+    from petlprof.models.families import DECODER, family_of
+    from petlprof.sweep.config import sweep_task
+    from petlprof.sweep.lengths import encode_split, longest_rows
+    from petlprof.sweep.options import RunOptions
+
+    options = RunOptions(methods=["lora"], backbone=[backbone], task=["arith"], objective="lm", train_size=40)
+    task = sweep_task(options, "arith")
+    prompt, target = longest_rows(options, "arith", task, backbone)
+    family = family_of(backbone_config(backbone))
+    rows = encode_split(options, task.train, backbone_tokenizer(backbone, False), family)
+    assert target == max(len(r["target"]) for r in rows) > 0
+    if family == DECODER:  # one sequence a row: the longest prompt + target
+        assert prompt + target == max(len(r["prompt"]) + len(r["target"]) for r in rows)
+    else:
+        assert prompt == max(len(r["prompt"]) for r in rows)
 
 
 def test_a_run_with_training_settings_is_predicted_with_them(profiles):

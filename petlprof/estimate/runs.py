@@ -5,9 +5,11 @@ evaluation batch as ``petlprof estimate`` does — on this machine's calibrated 
 GPU the bundled table's entry for the GPU's name, uncalibrated — and returns, by run key, the record's ``predicted``
 block: the train step's time (s), energy (J) and peak memory (bytes), the evaluation batch's time (s), and what it
 was predicted on.  Nothing is predicted where there is no device model (a CPU never calibrated: no torch is even
-imported then), for the language-modelling objective (its lengths come from the data; not yet), or for a
-configuration the estimate cannot price (the reason is kept).  A step is priced with every row ``max_length``
-tokens, as the estimate prices it; a run pads each batch to its longest row, so a run on short texts measures less.
+imported then), or for a configuration the estimate cannot price (the reason is kept).  A classification step is
+priced with every row ``max_length`` tokens, as the estimate prices it; a run pads each batch to its longest row, so
+a run on short texts measures less.  A language-modelling step is priced with every row the training split's longest
+(prompt, target), as the run tokenises them (``lm_lengths``: its data decides them), an upper bound the same way;
+its record also keeps the estimate's generation prediction (tokens per second, joules per token).
 """
 
 from __future__ import annotations
@@ -22,9 +24,14 @@ from petlprof.estimate.profiles import device_name, load_profile, profile_path
 from petlprof.estimate.roofline import DeviceModel, table_model
 from petlprof.models.quantization import Quantization
 from petlprof.results.figures import ENERGY, PEAK_MEMORY
-from petlprof.vocabulary import CLASSIFICATION, LM
+from petlprof.vocabulary import CLASSIFICATION, LM, ZERO_SHOT
 
 PRICED = "one step with every row max_length tokens (a run pads each batch to its longest row)"
+PRICED_LM = (
+    "one step with every row the training split's longest prompt ({prompt} tokens) and target ({target} tokens), as "
+    "the run tokenises them (a run pads each batch to its longest row)"
+)
+LmLengths = Callable[[Any], tuple[int, int]]  # an LM run's spec -> (prompt, target) tokens its step is priced at
 
 
 def table_gpu(name: str) -> str | None:
@@ -48,8 +55,11 @@ def device_model(device: str) -> DeviceModel | None:
     return model
 
 
-def predict_runs(specs: Sequence[Any], num_labels: Callable[[str], int]) -> dict[str, dict]:
-    """Run key -> the ``predicted`` block of its record (module docstring), one estimate per configuration."""
+def predict_runs(
+    specs: Sequence[Any], num_labels: Callable[[str], int], lm_lengths: LmLengths | None = None
+) -> dict[str, dict]:
+    """Run key -> the ``predicted`` block of its record (module docstring), one estimate per configuration;
+    ``lm_lengths`` prices the language-modelling runs (none without it: their record says why)."""
     if not specs:
         return {}
     model = device_model(specs[0].device)
@@ -66,23 +76,33 @@ def predict_runs(specs: Sequence[Any], num_labels: Callable[[str], int]) -> dict
     for spec in specs:
         config = spec.config_key
         if config not in by_config:
-            by_config[config] = _predicted(spec, model, num_labels, Settings, estimate, resolve_backbone)
+            by_config[config] = _predicted(spec, model, num_labels, lm_lengths, Settings, estimate, resolve_backbone)
         out[spec.run_key] = by_config[config]
     return out
 
 
-def _predicted(spec, model: DeviceModel, num_labels, settings_class, estimate, resolve_backbone) -> dict:
+def _predicted(spec, model: DeviceModel, num_labels, lm_lengths, settings_class, estimate, resolve_backbone) -> dict:
     """One configuration's ``predicted`` block (or why there is none)."""
-    if spec.objective == LM:
-        return {"kind": "predicted", "error": "not predicted yet for the language-modelling objective"}
+    if spec.method == ZERO_SHOT:
+        return {"kind": "predicted", "error": "zero-shot trains nothing: no training step to predict"}
+    priced, objective = PRICED, {"max_length": spec.max_length, "objective": CLASSIFICATION}
+    try:
+        if spec.objective == LM:
+            if lm_lengths is None:
+                return {"kind": "predicted", "error": "no token lengths to price the language-modelling step at"}
+            prompt, target = lm_lengths(spec)
+            priced = PRICED_LM.format(prompt=prompt, target=target)
+            objective = {"max_length": prompt, "objective": LM, "target_length": target}
+        else:
+            objective["num_labels"] = num_labels(spec.task)
+    except Exception as error:  # a prediction never stops the sweep: its record says why it has none
+        return {"kind": "predicted", "error": f"{type(error).__name__}: {error}"}
     settings = settings_class(
         batch_size=spec.batch_size,
-        max_length=spec.max_length,
-        num_labels=num_labels(spec.task),
         precision=spec.precision,
         device="cuda" if spec.device.startswith("cuda") else "cpu",
-        objective=CLASSIFICATION,
         device_model=model,
+        **objective,
         weights_dtype=spec.weights_dtype,
         gradient_checkpointing=spec.gradient_checkpointing,
         gradient_accumulation=spec.gradient_accumulation,
@@ -101,11 +121,12 @@ def _predicted(spec, model: DeviceModel, num_labels, settings_class, estimate, r
         "device": predicted["device"],
         "calibrated": predicted["calibrated"],
         "model": predicted["model"],
-        "priced": PRICED,
+        "priced": priced,
         "train": {
             "step_time_s": predicted["train_step_s"],
             ENERGY.name: predicted["train_step_energy_j"],  # per step
             PEAK_MEMORY.name: record["memory"]["peak_train_bytes"],
         },
         "eval": {"batch_time_s": predicted["inference_batch_s"]},
+        **({"generation": predicted["generation"]} if "generation" in predicted else {}),
     }

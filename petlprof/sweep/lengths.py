@@ -35,14 +35,7 @@ def check_lm_lengths(
     encoded = {}
     for what, split in (("training", task.train), ("evaluation", task.eval)):
         try:
-            encoded[what] = encode(
-                split,
-                tokenizer,
-                options.max_length,
-                family,
-                chat_template=options.chat_template != "none",
-                eos=eos_id(tokenizer),
-            )
+            encoded[what] = encode_split(options, split, tokenizer, family)
         except UsageError as exc:  # a target longer than --max-length (lm_tokens.check_room): which split it is in
             raise UsageError(f"{where}, {what} split: {exc}") from None
     if peak is not None and family != DECODER and not options.skip_memory_check:
@@ -56,6 +49,27 @@ def check_lm_lengths(
     new_tokens = options.max_new_tokens or task.max_new_tokens
     if new_tokens is not None:
         _check_new_tokens(options, name, backbone, encoded["evaluation"], family, limit, new_tokens)
+
+
+def encode_split(options: RunOptions, split, tokenizer, family: str) -> list[Row]:
+    """``split``'s rows as the sweep's runs tokenise them (:func:`petlprof.models.lm_tokens.encode`)."""
+    chat_template = options.chat_template != "none"
+    return encode(split, tokenizer, options.max_length, family, chat_template=chat_template, eos=eos_id(tokenizer))
+
+
+def longest_rows(options: RunOptions, name: str, task, backbone: str) -> tuple[int, int]:
+    """(prompt, target) tokens the longest training batch of LM task ``name`` on ``backbone`` pads its rows to: an
+    encoder-decoder's longest prompt and longest target; a decoder's longest target, and the rest of its longest
+    prompt + target sequence (it pads the two as one)."""
+    config = backbone_config(backbone)
+    family = family_of(config)
+    rows = encode_split(options, task.train, backbone_tokenizer(backbone, options.random_init), family)
+    if not rows:
+        raise UsageError(f"task '{name}' has no training rows to price a step at")
+    target = longest(rows, "target")[1]
+    if family == DECODER:
+        return max(1, max(len(row["prompt"]) + len(row["target"]) for row in rows) - target), target
+    return max(1, longest(rows, "prompt")[1]), target
 
 
 def _check_long_targets(
