@@ -25,6 +25,7 @@ Frontier directions come from :data:`petlprof.tasks.metrics.METRIC_DIRECTIONS`.
 
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 from collections.abc import Sequence
@@ -142,8 +143,12 @@ def predictions_of(options: Any) -> Any:
         from petlprof.sweep.config import sweep_task
         from petlprof.sweep.lengths import longest_rows
 
+        @functools.cache  # a task's rows on a backbone: tokenised once, whatever the configurations
+        def rows_of(task: str, backbone: str) -> tuple[int, int]:
+            return longest_rows(options, task, sweep_task(options, task), backbone)
+
         def lm_lengths(spec) -> tuple[int, int]:
-            return longest_rows(options, spec.task, sweep_task(options, spec.task), spec.backbone)
+            return rows_of(spec.task, spec.backbone)
 
         return predict_runs(specs, lambda task: int(sweep_task(options, task).num_labels or 2), lm_lengths)
 

@@ -28,6 +28,7 @@ MAX_NAME_CHARS = 255  # a file name's limit on common file systems; a longer bac
 MAX_PATH_CHARS = 4096  # PATH_MAX on Linux
 MAX_BYTES = 2**60  # 1 EiB: no machine holds more memory than that
 MAX_WATTS = 10_000.0  # no single accelerator's power limit comes near 10 kW
+J_PER_KWH = 3.6e6
 _INT = re.compile(r"\s*[-+]?[0-9]+\s*")
 _FLOAT = re.compile(r"\s*[-+]?(([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?|inf(inity)?|nan)\s*", re.IGNORECASE)
 
@@ -437,15 +438,15 @@ class Quantity:
         return amount
 
 
-POWER = Quantity(
+POWER_UNITS = Quantity(
     "power", {"w": 1.0, "kw": 1000.0, "mw": 1e-3}, "W, kW or mW", MAX_WATTS, f"{MAX_WATTS:,.0f} W",
     "give a power with its unit, e.g. 300W or 0.45kW",
 )  # fmt: skip
-ENERGY = Quantity(
-    "energy", {"j": 1.0, "kj": 1e3, "wh": 3600.0, "kwh": 3.6e6}, "J, kJ, Wh or kWh", 3.6e12, "1 GWh",
+ENERGY_UNITS = Quantity(
+    "energy", {"j": 1.0, "kj": 1e3, "wh": 3600.0, "kwh": J_PER_KWH}, "J, kJ, Wh or kWh", 3.6e12, "1 GWh",
     "give an energy with its unit, e.g. 5kWh or 900kJ",
 )  # fmt: skip
-DURATION = Quantity(
+DURATION_UNITS = Quantity(
     "duration", {"s": 1.0, "min": 60.0, "h": 3600.0, "d": 86400.0}, "s, min, h or d", 3.2e8, "10 years",
     "give a duration with its unit, e.g. 12h or 90min",
 )  # fmt: skip
@@ -454,7 +455,7 @@ DURATION = Quantity(
 def parse_watts(value: str | int | float | None, option: str = "--power-limit") -> float | None:
     """``"300W"``, ``"0.45kW"``, ``"300 w"`` -> watts; None stays None.  A number without its unit is refused (the
     NVML API counts milliwatts, nvidia-smi watts), and so is anything not above 0 W or past :data:`MAX_WATTS`."""
-    return POWER.parse(value, option)
+    return POWER_UNITS.parse(value, option)
 
 
 def _bytes_text(count: int) -> str:

@@ -258,6 +258,9 @@ def test_a_decode_steps_flops_and_bytes_are_what_a_real_cached_step_counts_and_h
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
     head = model.get_output_embeddings().weight
     encoder = {id(p) for p in model.get_encoder().parameters()} if config.is_encoder_decoder else set()
+    cached = [m for name, m in model.named_modules() if name.endswith(("EncDecAttention.k", "EncDecAttention.v"))]
+    assert bool(cached) is bool(config.is_encoder_decoder)  # T5's cross-attention keys and values: cached, not read
+    encoder |= {id(p) for m in cached for p in m.parameters()}
     read = [p for p in model.parameters() if p is head or (id(p) not in embeddings and id(p) not in encoder)]
     assert step["weights_bytes"] == sum(p.numel() * p.element_size() for p in read)
 

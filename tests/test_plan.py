@@ -12,7 +12,7 @@ from petlprof.cli import main
 from petlprof.errors import UsageError
 from petlprof.estimate import gpus
 from petlprof.estimate.plan import Budgets, Candidate, judge, plan_records, ranked
-from petlprof.values import DURATION, ENERGY
+from petlprof.values import DURATION_UNITS, ENERGY_UNITS
 
 GIB = 2**30
 
@@ -86,14 +86,14 @@ def test_those_that_fit_come_first_least_energy_first_then_the_least_over_then_t
 @pytest.mark.parametrize(
     "quantity, text, value",
     [
-        (ENERGY, "5kWh", 1.8e7),
-        (ENERGY, "900 kJ", 9e5),
-        (ENERGY, "1.5e3J", 1500.0),
-        (ENERGY, "2Wh", 7200.0),
-        (DURATION, "12h", 43200.0),
-        (DURATION, "90min", 5400.0),
-        (DURATION, "2d", 172800.0),
-        (DURATION, "30 s", 30.0),
+        (ENERGY_UNITS, "5kWh", 1.8e7),
+        (ENERGY_UNITS, "900 kJ", 9e5),
+        (ENERGY_UNITS, "1.5e3J", 1500.0),
+        (ENERGY_UNITS, "2Wh", 7200.0),
+        (DURATION_UNITS, "12h", 43200.0),
+        (DURATION_UNITS, "90min", 5400.0),
+        (DURATION_UNITS, "2d", 172800.0),
+        (DURATION_UNITS, "30 s", 30.0),
     ],
 )
 def test_energy_and_time_budgets_read_with_their_units(quantity, text, value):
@@ -142,11 +142,12 @@ BAD_BUDGETS = [
     (["--max-time", "infh"], "is not a positive duration"),
     (["--max-time", "1e308d"], "is more than 10 years"),
     (["--device-memory", "24", "--max-time", "1h"], "--device-memory '24' has no unit"),
-    (["--max-time", "1h", "--price-per-kwh", "nan"], "--price-per-kwh must be a positive number"),
-    (["--max-time", "1h", "--price-per-kwh", "-1"], "--price-per-kwh must be a positive number"),
-    (["--max-time", "1h", "--price-per-kwh", str(10**30)], "of at most 1,000,000"),
+    (["--max-time", "1h", "--price-per-kwh", "nan"], "--price-per-kwh must be a positive price per kWh"),
+    (["--max-time", "1h", "--price-per-kwh", "-1"], "--price-per-kwh must be a positive price per kWh"),
+    (["--max-time", "1h", "--price-per-kwh", str(10**30)], "--price-per-kwh must be at most 1000000"),
+    (["--device-memory", "100MiB"], "--device-memory 100MiB leaves no memory for a step once the CUDA context"),
     (["--max-time", "1h", "--price-per-kwh", "0.3EUR"], "got '0.3EUR'"),
-    (["--max-time", "1h", "--train-size", "all"], "give --train-size a number of examples"),
+    (["--max-time", "1h", "--train-size", "all"], "give --train-size a number of examples (an estimate has no data"),
     (["--max-time", "1h", "--epochs", "0"], "--epochs must be an integer >= 1, got 0"),
 ]
 
@@ -163,7 +164,7 @@ def test_energy_and_time_budgets_on_a_device_without_a_model_are_refused_in_one_
     monkeypatch.setenv("PETLPROF_PROFILE_DIR", str(tmp_path / "no-profiles"))
     assert main(plan(tmp_path, "--device", "cpu", "--max-energy", "1kWh")) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "--max-energy need time and energy predicted" in err
+    assert len(err.splitlines()) == 1 and "--max-energy: a time or energy budget needs them predicted" in err
     assert "petlprof calibrate" in err and not (tmp_path / "out").exists()
     assert main(plan(tmp_path, "--device", "cpu", "--device-memory", "1GiB")) == 0  # memory alone: no prediction needed
     candidates = plan_records(tmp_path / "out")
@@ -177,4 +178,29 @@ def test_a_candidate_is_a_typed_record():
 
 def test_the_budget_kinds_refuse_text_that_is_no_quantity():
     with pytest.raises(UsageError, match="not a positive energy"):
-        ENERGY.parse(True, "--max-energy")
+        ENERGY_UNITS.parse(True, "--max-energy")
+
+
+def test_a_run_of_max_steps_needs_no_training_size(tmp_path, capsys):
+    assert main(plan(tmp_path, "--train-size", "all", "--max-steps", "5", "--max-time", "1h")) == 0
+    assert "--max-steps 5 = 5 optimiser steps" in capsys.readouterr().out
+    assert all(c["train_time_s"] > 0 for c in plan_records(tmp_path / "out"))
+
+
+def test_a_budget_with_no_figure_to_judge_never_fits():
+    unpriced = judge(record("lora", 0.25, None, None), Budgets(GIB, 1000.0, None, None))
+    assert not unpriced.fits and unpriced.over == ["energy not predicted"] and set(unpriced.left) == {"memory"}
+
+
+def test_a_configuration_extended_from_shallow_steps_is_not_predicted():
+    """The int8 path (:mod:`petlprof.estimate.fallback`) extends the counts of depth-1 and depth-2 steps; their
+    seconds are not the whole model's, so it keeps no prediction (a plan then says so)."""
+    from petlprof.estimate.fallback import extrapolated_figures
+    from petlprof.estimate.model import resolve_backbone
+
+    def trace(resolved, *args, **kwargs):
+        layers = resolved.config.num_hidden_layers
+        return {"flops": {"train_step": 10 * layers}, "predicted": {"train_step_s": 0.1 * layers}}
+
+    figures = extrapolated_figures(resolve_backbone("opt-125m", None), None, None, None, "int8", trace)
+    assert figures["flops"]["train_step"] == 120 and "predicted" not in figures  # 12 layers' counts, no seconds

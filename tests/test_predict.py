@@ -226,7 +226,7 @@ def test_a_language_modelling_run_is_predicted_at_its_datas_longest_rows_with_it
     settings = Settings(batch_size=4, max_length=20, objective="lm", target_length=6, device="cpu", device_model=model)
     same = estimate(resolve_backbone("tiny-gpt2", None), "lora", spec.method_config, settings)["predicted"]
     assert predicted["train"]["step_time_s"] == pytest.approx(same["train_step_s"])  # the estimate at those lengths
-    assert predicted["generation"]["tokens"] == 4 * 6 and predicted["generation"]["tokens_per_s"] > 0
+    assert "generation" not in predicted  # the run generates at lengths the training rows do not say
     broken = predict_runs([spec], lambda task: 2, lambda s: 1 / 0)[spec.run_key]
     assert broken == {"kind": "predicted", "error": "ZeroDivisionError: division by zero"}
 
@@ -247,7 +247,7 @@ def test_a_sweeps_predictions_price_its_lm_runs_at_their_tasks_rows_and_skip_zer
     assert by_method["zero_shot"]["error"] == "zero-shot trains nothing: no training step to predict"
     prompt, target = longest_rows(options, "arith", sweep_task(options, "arith"), "tiny-gpt2")
     assert f"longest prompt ({prompt} tokens) and target ({target} tokens)" in by_method["lora"]["priced"]
-    assert by_method["lora"]["train"]["step_time_s"] > 0 and by_method["lora"]["generation"]["tokens_per_s"] > 0
+    assert by_method["lora"]["train"]["step_time_s"] > 0
 
 
 @pytest.mark.parametrize("backbone", ["tiny-gpt2", "tiny-t5"])

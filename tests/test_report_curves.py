@@ -85,6 +85,9 @@ def test_a_configuration_of_several_seeds_is_drawn_with_its_band_and_a_single_se
     top = bands[0].get_paths()[0].vertices[:, 1].max()
     assert top == pytest.approx(0.60 + half_width([0.62, 0.58], "se"))  # the band's top at step 12
     assert any("band: ± 1 standard error" in text.get_text() for text in steps.get_legend().get_texts())
+    wide = draw_curves(frame, "t")  # ci95 over two seeds: 12.7 standard errors each side, cut at the axes
+    assert wide.axes[0].get_ylim()[1] < 0.62 + half_width([0.62, 0.58], "ci95")
+    assert wide.axes[0].get_ylim()[0] <= 0.30 and wide.axes[0].get_ylim()[1] >= 0.62  # every value shown
     solo = draw_curves(frame[frame["label"] == "read"], "t")
     assert not [c for c in solo.axes[0].collections if isinstance(c, PolyCollection)]
     assert not any("band" in text.get_text() for text in solo.axes[0].get_legend().get_texts())

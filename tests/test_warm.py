@@ -327,3 +327,18 @@ def test_the_command_says_what_a_config_answers_before_it_imports_for_its_warm_w
     assert "--num-layers 99 exceeds the 6 pretrained layers of backbone 'minilm'" in done.stderr
     imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
     assert "torch" in imported and "peft" not in imported and not out.exists()
+
+
+def test_the_checks_before_the_commands_fork_load_no_tokenizer():
+    """A tiny preset's config is built with its tokenizer's vocabulary: the checks the command makes before it forks
+    its warm worker leave the presets to the preflight after the fork, so no run inherits a loaded tokenizer."""
+    from petlprof.models import backbones
+    from petlprof.sweep.config import check_backbone_shapes
+    from petlprof.sweep.options import RunOptions
+
+    options = RunOptions(methods=["lora"], backbone=["tiny-bert", "tiny-llama"], max_length=16)
+    backbones.shared_tokenizer.cache_clear()
+    check_backbone_shapes(options, presets=False)
+    assert backbones.shared_tokenizer.cache_info().currsize == 0
+    check_backbone_shapes(options)  # the preflight's, after the fork: the presets checked too
+    assert backbones.shared_tokenizer.cache_info().currsize > 0

@@ -6,7 +6,7 @@ import argparse
 import dataclasses
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
@@ -27,7 +27,7 @@ from petlprof.results.figures import (
     TOKENS_PER_S,
 )
 from petlprof.sweep.options import OPTIONS, TRAINING_SETTINGS, default_of, help_of, kind_of
-from petlprof.values import Flag, Integer, flag, parse_bytes
+from petlprof.values import J_PER_KWH, Flag, Integer, flag, parse_bytes
 from petlprof.vocabulary import ADAMW, CLASSIFICATION, FLOAT32, FP32, LM, ZERO_SHOT
 
 if TYPE_CHECKING:  # both import torch: not for --help
@@ -368,7 +368,7 @@ def _device_model(device: str, gpu, needs_prediction: str = ""):
     if model is None and device.startswith("cuda"):
         return table_model(gpu)
     if model is None and needs_prediction:
-        raise UsageError(f"{needs_prediction} need time and energy predicted, and there is no prediction: {why}")
+        raise UsageError(f"{needs_prediction}: a time or energy budget needs them predicted, and none is: {why}")
     if model is None:
         say(f"petlprof: no time or energy prediction: {why}")
     return model
@@ -512,7 +512,8 @@ def _smallest_fit(fits: dict[str, bool | None]) -> str:
     return f"{sizes[0]:g} GiB" if sizes else "none"
 
 
-def _config_label(record: EstimateRecord) -> str:
+def config_label(record: Mapping[str, Any]) -> str:
+    """A record's configuration by its Pareto knob (``r=8``), empty for a method without one."""
     knob = record["pareto_knob"]
     return f"{knob}={record['method_config'][knob]}" if knob else ""
 
@@ -525,7 +526,7 @@ def table_rows(records: Sequence[EstimateRecord], settings) -> list[dict[str, An
     rows = []
     quantized = any(record.get("quantize", "none") != "none" for record in records)
     for record in records:
-        row = {"backbone": record["backbone"], "method": record["method"], "config": _config_label(record)}
+        row = {"backbone": record["backbone"], "method": record["method"], "config": config_label(record)}
         if quantized:
             row["quantize"] = _quantize_label(record)
         if record["status"] != "ok":
@@ -597,10 +598,10 @@ def duration(value: float) -> str:
 
 def joules(value: float) -> str:
     """Joules, and kWh from a tenth of one on (``4.12 J``, ``9.1e+04 J``, ``2.5 kWh``)."""
-    return f"{value / 3.6e6:.3g} kWh" if value >= 3.6e5 else f"{value:,.3g} J"
+    return f"{value / J_PER_KWH:.3g} kWh" if value >= J_PER_KWH / 10 else f"{value:,.3g} J"
 
 
-def _budget_line(records: Sequence[EstimateRecord]) -> str | None:
+def totals_line(records: Sequence[EstimateRecord]) -> str | None:
     """What the totals price, from the first record that has them: examples, epochs or steps, and the steps counted."""
     for record in records:
         predicted: Any = record.get("predicted") or {}
@@ -658,7 +659,7 @@ def format_table(records: Sequence[EstimateRecord], settings: Settings, left_out
         f"(the allocator's {gpus.ALLOCATOR_SLACK:.0%} slack): {size(gpus.usable_bytes(24 * GIB))} of a 24 GiB card; "
         "sources in docs/estimating.md",
     ]
-    if budget := _budget_line(records):
+    if budget := totals_line(records):
         lines.append(budget)
     if left_out:
         lines.append(
@@ -726,7 +727,7 @@ def plot_memory_vs_size(records: Sequence[EstimateRecord], path: Path) -> Path:
         if record["status"] == "ok":
             quantize = record.get("quantize", "none")
             label = " ".join(
-                filter(None, (record["method"], _config_label(record), "" if quantize == "none" else quantize))
+                filter(None, (record["method"], config_label(record), "" if quantize == "none" else quantize))
             )
             lines.setdefault(label, []).append((record["total_params"], record["memory"]["peak_train_bytes"] / GIB))
     for label, points in sorted(lines.items()):

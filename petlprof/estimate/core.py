@@ -201,8 +201,9 @@ class Settings:
     max_steps: int | None = default_of("max_steps")
 
     def budget(self) -> Budget | None:
-        """The run length the totals price (None: ``--train-size all``, which only a task's data could count)."""
-        if self.train_size is None:
+        """The run length the totals price (None: ``--train-size all`` without ``--max-steps``, which only a task's
+        data could count)."""
+        if self.train_size is None and self.max_steps is None:
             return None
         return Budget(self.train_size, self.epochs, self.max_steps, self.batch_size, self.gradient_accumulation)
 

@@ -60,4 +60,7 @@ def extrapolated_figures(
     one, two = (trace(_at_depth(resolved, k), method, config, settings, device="cpu") for k in (1, 2))
     figures: TraceFigures = _extend(one, two, layers)  # the same keys, each count extended
     figures["estimate_source"] = f"{DEPTH_RULE} (the meta-device trace failed: {reason})"
+    # time and energy are priced kernel by kernel, and the full depth's kernels were never traced: a shallow step's
+    # seconds would be read as the whole model's (and rank it first in a plan)
+    figures.pop("predicted", None)  # type: ignore[typeddict-item]
     return figures

@@ -136,8 +136,9 @@ def decode_reads(model, config) -> tuple[int, int]:
     """(bytes of the weights, FLOPs per row) of one generation step of ``model`` (a task model on any device, meta
     included): every parameter a new token passes, stored as it is (a quantised layer's packed bytes), read once a
     step; 2 FLOPs per weight of each linear layer it passes (the LM head included).  Not the encoder of an
-    encoder-decoder (it reads the prompt once), nor an input embedding's table (a step reads one row of it), unless
-    the LM head multiplies by it (tied)."""
+    encoder-decoder (it reads the prompt once) nor its cross-attention's key and value projections (computed once
+    over the encoder's output, then cached), nor an input embedding's table (a step reads one row of it), unless the
+    LM head multiplies by it (tied)."""
     # torch: slow to import, loaded only when used
     from torch import nn
 
@@ -148,6 +149,7 @@ def decode_reads(model, config) -> tuple[int, int]:
     hf = next(m for m in model.modules() if isinstance(m, PreTrainedModel))
     encoder = hf.get_encoder() if bool(getattr(config, "is_encoder_decoder", False)) else None
     skipped = {id(p) for p in encoder.parameters()} if encoder is not None else set()
+    skipped |= {id(p) for name, m in model.named_modules() if _cross_key_value(name) for p in m.parameters()}
     head = getattr(model, "untied_head", None) or hf.get_output_embeddings()
     tied = {id(head.weight)} if head is not None else set()
     for module in model.modules():
@@ -166,6 +168,18 @@ def decode_reads(model, config) -> tuple[int, int]:
                 2 * getattr(module, "in_features", weight.shape[0]) * getattr(module, "out_features", weight.shape[1])
             )
     return weights, flops
+
+
+# an encoder-decoder's cross-attention: its parent module's name, and its key and value projections' (T5, BART's
+# family, Marian, Pegasus, Whisper, ...), which read the encoder's output once and are cached for every later step
+_CROSS_ATTENTION = ("EncDecAttention", "encoder_attn", "crossattention", "cross_attn")
+_KEY_VALUE = ("k", "v", "k_proj", "v_proj", "key", "value")
+
+
+def _cross_key_value(name: str) -> bool:
+    """Whether module ``name`` (dotted) is a cross-attention's key or value projection."""
+    parts = name.split(".")
+    return len(parts) > 1 and parts[-1] in _KEY_VALUE and parts[-2] in _CROSS_ATTENTION
 
 
 def decode_step(model, config, settings, kv: KvCache, kernels: int) -> DecodeStep:

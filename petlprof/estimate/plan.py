@@ -22,14 +22,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from petlprof.errors import UsageError, printable, shown
+from petlprof.errors import UsageError, printable
 from petlprof.estimate import gpus
-from petlprof.estimate.command import add_estimate_options, duration, joules, price, size
+from petlprof.estimate.command import add_estimate_options, config_label, duration, joules, price, size, totals_line
 from petlprof.results.figures import ENERGY, TIME
-from petlprof.values import DURATION, flag, parse_bytes
-from petlprof.values import ENERGY as ENERGY_BUDGET
+from petlprof.values import DURATION_UNITS, ENERGY_UNITS, J_PER_KWH, Number, flag, parse_bytes
 
 MAX_PRICE_PER_KWH = 1e6  # no tariff comes near a million of any currency per kWh
+_PRICE = Number(0.0, maximum=MAX_PRICE_PER_KWH, what="a positive price per kWh (any currency)", optional=True)
 PLAN_FILE = "plan.jsonl"
 
 
@@ -93,42 +93,32 @@ def add_plan_parser(sub: Any) -> argparse.ArgumentParser:
 def read_budgets(args: argparse.Namespace) -> Budgets:
     """The budgets ``args`` name, each checked (one line, exit 2): at least one of them, energy and time with their
     units, a price a positive finite number."""
+    price_per_kwh = None if args.price_per_kwh is None else _PRICE.read(args.price_per_kwh)
+    _PRICE.check("price_per_kwh", price_per_kwh)
     budgets = Budgets(
         parse_bytes(args.device_memory, "--device-memory"),
-        ENERGY_BUDGET.parse(args.max_energy, "--max-energy"),
-        DURATION.parse(args.max_time, "--max-time"),
-        _price(args.price_per_kwh),
+        ENERGY_UNITS.parse(args.max_energy, "--max-energy"),
+        DURATION_UNITS.parse(args.max_time, "--max-time"),
+        None if price_per_kwh is None else float(price_per_kwh),
     )
     if budgets.device_memory_bytes is None and budgets.max_energy_j is None and budgets.max_time_s is None:
         raise UsageError("petlprof plan needs a budget to judge against: --device-memory, --max-energy or --max-time")
-    if budgets.needs_prediction() and args.train_size is None:
+    if budgets.device_memory_bytes is not None and gpus.usable_bytes(budgets.device_memory_bytes) == 0:
+        raise UsageError(
+            f"--device-memory {args.device_memory} leaves no memory for a step once the CUDA context "
+            f"({size(gpus.CUDA_CONTEXT_BYTES)}) is taken: give the device's whole memory, e.g. 24GiB"
+        )
+    if budgets.needs_prediction() and args.train_size is None and args.max_steps is None:
         raise UsageError(
             f"{budgets.needs_prediction()} judge a whole training run: give --train-size a number of examples "
-            "(an estimate has no data to count for 'all')"
+            "(an estimate has no data to count for 'all') or --max-steps"
         )
     return budgets
 
 
-def _price(value: str | None) -> float | None:
-    if value is None:
-        return None
-    try:
-        number = float(value)
-    except ValueError:
-        number = math.nan
-    if not math.isfinite(number) or not 0 < number <= MAX_PRICE_PER_KWH:
-        raise UsageError(
-            f"--price-per-kwh must be a positive number of at most {MAX_PRICE_PER_KWH:,.0f} (a price per kWh, "
-            f"any currency), got {shown(value)}"
-        )
-    return number
-
-
 def judge(record: dict, budgets: Budgets) -> Candidate:
     """``record`` (an estimate's) against ``budgets``."""
-    knob = record.get("pareto_knob")
-    config = f"{knob}={record['method_config'][knob]}" if knob else ""
-    names = {"backbone": record["backbone"], "method": record["method"], "config": config}
+    names = {"backbone": record["backbone"], "method": record["method"], "config": config_label(record)}
     names["quantize"] = record.get("quantize", "none")
     if record["status"] != "ok":
         return Candidate(**names, peak_train_bytes=None, train_time_s=None, train_energy_j=None, cost=None,
@@ -145,12 +135,15 @@ def judge(record: dict, budgets: Budgets) -> Candidate:
         ("time", time_s, budgets.max_time_s, duration),
     )
     for name, figure, budget, unit in checks:
-        if budget is None or figure is None:
+        if budget is None:
             continue
-        left[name] = (budget - figure) / budget if budget else -math.inf
+        if figure is None:  # a budget nothing priced cannot be said to fit
+            over.append(f"{name} not predicted")
+            continue
+        left[name] = (budget - figure) / budget
         if figure > budget:
             over.append(f"{name} {unit(figure)} > {unit(budget)}")
-    cost = None if energy_j is None or budgets.price_per_kwh is None else energy_j / 3.6e6 * budgets.price_per_kwh
+    cost = None if energy_j is None or budgets.price_per_kwh is None else energy_j / J_PER_KWH * budgets.price_per_kwh
     return Candidate(**names, peak_train_bytes=peak, train_time_s=time_s, train_energy_j=energy_j, cost=cost,
                      fits=not over, left=left, over=over)  # fmt: skip
 
@@ -194,7 +187,7 @@ def plan_table(candidates: Sequence[Candidate], budgets: Budgets) -> str:
         if budgets.max_energy_j is not None:
             row["energy_left"] = _share(candidate.left.get("energy"))
         if budgets.price_per_kwh is not None:
-            row["energy_cost"] = "-" if candidate.cost is None else f"{candidate.cost:,.3g}"
+            row["energy_cost"] = "-" if candidate.cost is None else _cost(candidate.cost)
         row["verdict"] = "fits" if candidate.fits else f"over: {'; '.join(candidate.over)}"
         if candidate.error:
             row["verdict"] = f"not estimated: {candidate.error}"
@@ -204,6 +197,11 @@ def plan_table(candidates: Sequence[Candidate], budgets: Budgets) -> str:
     lines = ["  ".join(c.ljust(widths[c]) for c in columns)]
     lines += ["  ".join(row.get(c, "").ljust(widths[c]) for c in columns) for row in rows]
     return "\n".join(lines)
+
+
+def _cost(value: float) -> str:
+    """A cost in the price's currency: cents where it has them, two significant figures below a cent."""
+    return f"{value:,.2f}" if value >= 0.01 else f"{value:.2g}" if value else "0"
 
 
 def _share(value: float | None) -> str:
@@ -224,7 +222,9 @@ def budget_line(budgets: Budgets) -> str:
     if budgets.max_time_s is not None:
         parts.append(f"time: the training run's predicted total against --max-time {duration(budgets.max_time_s)}")
     if budgets.price_per_kwh is not None:
-        parts.append(f"energy_cost: predicted kWh x --price-per-kwh {budgets.price_per_kwh:g}")
+        parts.append(
+            f"energy_cost: predicted kWh x --price-per-kwh {budgets.price_per_kwh:g}, in that price's currency"
+        )
     return "budgets: " + "; ".join(parts)
 
 
@@ -243,6 +243,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     )
     fitting = [c for c in candidates if c.fits]
     print(printable(budget_line(budgets)))
+    if totals := totals_line([record for each in priced for record in each.records]):
+        print(printable(totals))
     print(printable(f"figures: {basis}; ranked: those that fit, least predicted energy first, then time, then peak"))
     print(plan_table(candidates, budgets))
     print()

@@ -107,10 +107,10 @@ def phase_time(op_costs: Sequence[tuple[int, int]], device: DeviceModel, dtype: 
 @dataclass(frozen=True)
 class Budget:
     """A training run's length as ``petlprof run`` reads its options: ``train_size`` examples in batches of
-    ``batch_size`` (the last one short), ``epochs`` passes or ``max_steps`` optimiser steps (which override them),
-    ``accumulation`` batches a step."""
+    ``batch_size`` (the last one short), ``epochs`` passes or ``max_steps`` optimiser steps (which override them, and
+    need no ``train_size``), ``accumulation`` batches a step."""
 
-    train_size: int
+    train_size: int | None
     epochs: int
     max_steps: int | None
     batch_size: int
@@ -118,9 +118,8 @@ class Budget:
 
     def steps_and_batches(self) -> tuple[int, int]:
         """(optimiser steps, batches), as the run counts them (:func:`petlprof.sweep.resources.training_batches`)."""
-        return training_batches(
-            math.ceil(self.train_size / self.batch_size), self.epochs, self.max_steps, self.accumulation
-        )
+        per_epoch = 0 if self.train_size is None else math.ceil(self.train_size / self.batch_size)
+        return training_batches(per_epoch, self.epochs, self.max_steps, self.accumulation)
 
 
 def train_total(predicted: dict, budget: Budget) -> dict:

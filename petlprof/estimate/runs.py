@@ -8,8 +8,9 @@ was predicted on.  Nothing is predicted where there is no device model (a CPU ne
 imported then), or for a configuration the estimate cannot price (the reason is kept).  A classification step is
 priced with every row ``max_length`` tokens, as the estimate prices it; a run pads each batch to its longest row, so
 a run on short texts measures less.  A language-modelling step is priced with every row the training split's longest
-(prompt, target), as the run tokenises them (``lm_lengths``: its data decides them), an upper bound the same way;
-its record also keeps the estimate's generation prediction (tokens per second, joules per token).
+(prompt, target), as the run tokenises them (``lm_lengths``: its data decides them), an upper bound the same way.
+The estimate's generation prediction is not kept: the run generates after evaluation prompts, for
+``--max-new-tokens``, at lengths the training rows do not say.
 """
 
 from __future__ import annotations
@@ -102,6 +103,7 @@ def _predicted(spec, model: DeviceModel, num_labels, lm_lengths, settings_class,
         precision=spec.precision,
         device="cuda" if spec.device.startswith("cuda") else "cpu",
         device_model=model,
+        train_size=None,  # a run's record has its own length: the step is what is compared
         **objective,
         weights_dtype=spec.weights_dtype,
         gradient_checkpointing=spec.gradient_checkpointing,
@@ -128,5 +130,4 @@ def _predicted(spec, model: DeviceModel, num_labels, lm_lengths, settings_class,
             PEAK_MEMORY.name: record["memory"]["peak_train_bytes"],
         },
         "eval": {"batch_time_s": predicted["inference_batch_s"]},
-        **({"generation": predicted["generation"]} if "generation" in predicted else {}),
     }

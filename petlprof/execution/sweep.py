@@ -116,7 +116,7 @@ def drive(
     try:
         if executor is not None:
             if forks_from_this_process():  # the command forks its warm worker once it has imported the runtime:
-                check_backbone_shapes(options)  # what a config answers is said first, not after seconds of imports
+                check_backbone_shapes(options, presets=False)  # what a config answers first, not after the imports
             executor.prestart(fork=True)  # nothing computed yet: a fork carries no thread pool
         notes = preflight(
             options, meters_here=local, peak=peak

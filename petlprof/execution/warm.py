@@ -191,7 +191,7 @@ class ForkedWorker:
 
     The fork carries what a fresh warm worker imports (:func:`petlprof.execution.worker.preload`) and the driver's
     few modules of its own (the command line's parser, the sweep's options): nothing a run allocates before its
-    memory baseline.  In the child: Ctrl-C ignored from its first instruction (as the fresh one ignores it), the
+    memory baseline.  In the child: Ctrl-C held across the fork and then ignored (as the fresh one ignores it), the
     other stop signals back to their defaults, standard input from ``/dev/null``, the driver's end of the socket
     closed, the worker's environment (:func:`petlprof.execution.child.worker_env`) taken, output unbuffered, and
     death with the driver (``PR_SET_PDEATHSIG``); it never returns into the driver's code (``os._exit``)."""
@@ -203,17 +203,24 @@ class ForkedWorker:
     @classmethod
     def start(
         cls, theirs: socket.socket, ours: socket.socket, env: dict[str, str], preload: Preload, run_job: RunJob
-    ) -> ForkedWorker:
+    ) -> ForkedWorker | None:
+        """Import the runtime here, then fork the worker; None (nothing forked) where a Python thread started
+        meanwhile, which a fork would leave holding its locks: the caller starts a fresh interpreter then."""
         preload()  # in the driver, once, for itself and the fork: its own later imports of these libraries are free
+        if threading.active_count() != 1:
+            return None
         driver, resident = os.getpid(), resident_file_pages()  # a fork leaves file pages unmapped: mapped again below
         sys.stdout.flush()
         sys.stderr.flush()
+        # Ctrl-C held from before the fork until the child ignores it: never a KeyboardInterrupt in the new worker
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         pid = os.fork()
         if pid:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)  # the driver's Ctrl-C as before (a pending one now)
             return cls(pid)
         code = 1
         try:  # the forked worker: it never leaves this block but through os._exit
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # serve() unblocks it, ignored
             for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
                 signal.signal(sig, signal.SIG_DFL)
             ours.close()
@@ -228,6 +235,8 @@ class ForkedWorker:
             die_with_parent(driver)
             populate(resident)  # the library pages the driver had resident, so that serve finds (and passes on) them
             code = serve(theirs.detach(), run_job, lambda: None)  # imported and frozen above, before the fork
+        except SystemExit as exit_:  # die_with_parent's: the driver was gone before the fork could watch it
+            code = exit_.code if isinstance(exit_.code, int) else 1
         except BaseException:  # noqa: B036 - the fork must never return into the driver's code
             traceback.print_exc()
         finally:
@@ -282,12 +291,15 @@ class WarmWorker:
         self.start_s: float | None = None  # how long the driver waited for the imports: its first run's overhead
         self.imported_s = 0.0  # the driver's own imports for a worker forked from it (their time is that wait)
         self.proc: subprocess.Popen | ForkedWorker
+        forked = None
         if fork_with is not None and _may_fork_from_this_process():
             for name in DRIVER_LIBRARIES:  # the driver's own, not the runs': not charged to the first run
                 importlib.import_module(name)
             t0 = time.perf_counter()
-            self.proc = ForkedWorker.start(theirs, ours, env, *fork_with)
-            self.imported_s = time.perf_counter() - t0
+            forked = ForkedWorker.start(theirs, ours, env, *fork_with)
+            self.imported_s = time.perf_counter() - t0 if forked is not None else 0.0
+        if forked is not None:
+            self.proc = forked
         else:
             cmd = command("--serve", str(theirs.fileno()))  # Ctrl-C ignored from its first import on
             self.proc = subprocess.Popen(cmd, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=env)

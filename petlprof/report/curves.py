@@ -206,6 +206,16 @@ def target_lines(frame: pd.DataFrame) -> list[float]:
     return [t for t in sorted({float(t) for t in frame["target"].dropna()}) if low - pad <= t <= high + pad]
 
 
+def _fit_lines(ax, frame: pd.DataFrame, zero_shot: float | None) -> None:
+    """The value axis spans the curves, the targets drawn and the zero-shot line, not the bands: a 95% interval over
+    two seeds is 12.7 standard errors wide each side, and would squeeze the curves into a sliver (it runs off the
+    axes instead)."""
+    values = [*frame["value"].dropna(), *target_lines(frame), *([zero_shot] if zero_shot is not None else [])]
+    low, high = min(values), max(values)
+    pad = 0.08 * (high - low) or 0.05 * (abs(high) or 1.0)
+    ax.set_ylim(low - pad, high + pad)
+
+
 def draw_curves(frame: pd.DataFrame, title: str, zero_shot: float | None = None, interval: str = DEFAULT_INTERVAL):
     """The figure of one task and backbone's curves: a panel per axis with values (energy only where measured); a
     configuration of several seeds has its mean's ``interval`` as a band, at the steps two or more seeds reached."""
@@ -226,16 +236,16 @@ def draw_curves(frame: pd.DataFrame, title: str, zero_shot: float | None = None,
             mean = mean_curve(group, interval)
             name = f"{label} (mean of {seeds} seeds)" if seeds > 1 else f"{label} (1 seed)"
             ax.plot(mean[column], mean["value"], color=colour, marker="o", markersize=3, linewidth=1.6, label=name)
-            banded = mean[mean["half_width"].notna()]
-            if len(banded):
-                low, high = banded["value"] - banded["half_width"], banded["value"] + banded["half_width"]
-                ax.fill_between(banded[column], low, high, color=colour, alpha=0.15, linewidth=0)
+            if mean["half_width"].notna().any():  # NaN half-widths (one seed at a step) leave gaps in the band
+                low, high = mean["value"] - mean["half_width"], mean["value"] + mean["half_width"]
+                ax.fill_between(mean[column], low, high, color=colour, alpha=0.15, linewidth=0)
         for target in target_lines(frame):
             ax.axhline(target, color="0.3", linestyle="--", linewidth=1, label=f"target {target:g}")
         if zero_shot is not None:
             ax.axhline(
                 zero_shot, color="0.45", linestyle=":", linewidth=1.2, label=f"zero-shot {zero_shot:.3g} (eval split)"
             )
+        _fit_lines(ax, frame, zero_shot)
         kinds = "/".join(sorted({str(k) for k in frame["energy_kind"].dropna()})) or "unknown kind"
         ax.set_xlabel(text.replace("(J,", f"(J, {kinds},"))
         ax.set_ylabel(f"{frame['metric'].iloc[0]} ({frame['split'].iloc[0]} slice)")

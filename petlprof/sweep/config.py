@@ -29,7 +29,14 @@ from petlprof.meters.devices.nvml import availability as nvml_availability
 from petlprof.meters.power_limit import check_power_limits
 from petlprof.method_api import check_backbone, check_objective, check_quantize
 from petlprof.models import quantization
-from petlprof.models.backbones import backbone_config, check_random_init, check_shape, check_weights, model_class
+from petlprof.models.backbones import (
+    backbone_config,
+    check_random_init,
+    check_shape,
+    check_weights,
+    is_tiny_preset,
+    model_class,
+)
 from petlprof.models.families import check_gradient_checkpointing
 from petlprof.models.quantization import run_fields as quantize_fields
 from petlprof.registry import (
@@ -445,13 +452,16 @@ def _resolve_device(device: str, nproc: int, cluster_gpus: float | None) -> str:
     return device
 
 
-def check_backbone_shapes(options: RunOptions) -> None:
+def check_backbone_shapes(options: RunOptions, presets: bool = True) -> None:
     """What each backbone's config alone answers: its depth against ``--num-layers``, its positions against
     ``--max-length`` (the config of a folder or hub id: a bad one fails here).  The first of the preflight's model
     checks, and a driver's only ones before it forks its warm worker: they compute nothing (no tensor operation,
-    no tokenizer or data), so the fork carries no thread pool of theirs."""
+    no data), so the fork carries no thread pool of theirs.  ``presets=False`` leaves the tiny presets out: their
+    config is built with their tokenizer's vocabulary, and a fork would carry that tokenizer into every run."""
     for backbone in options.backbone:
-        check_shape(backbone, backbone_config(backbone), num_layers=options.num_layers, max_length=options.max_length)
+        if presets or not is_tiny_preset(backbone):
+            config = backbone_config(backbone)
+            check_shape(backbone, config, num_layers=options.num_layers, max_length=options.max_length)
 
 
 def preflight(options: RunOptions, meters_here: bool = True, peak: PeakEstimate | None = None) -> list[str]:
