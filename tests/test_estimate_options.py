@@ -129,3 +129,38 @@ def test_an_estimate_builds_the_backbone_model_a_run_loads(backbone, lm_head):
     assert run.config.num_hidden_layers == estimated.config.num_hidden_layers == 1
     assert getattr(run.config, "num_decoder_layers", 1) == getattr(estimated.config, "num_decoder_layers", 1) == 1
     assert run.config._attn_implementation == estimated.config._attn_implementation
+
+
+def test_a_task_prices_each_backbone_at_its_longest_training_batch(tmp_path, capsys):
+    """``--task``: the lengths a run of the task pads its longest batch to, per backbone (its tokenizer), instead of
+    every row --max-length tokens; the LM objective's prompt and target, a classifier's texts within --max-length."""
+    from petlprof.sweep.config import sweep_task
+    from petlprof.sweep.lengths import longest_rows
+    from petlprof.sweep.options import RunOptions
+
+    out = tmp_path / "lm"
+    base = ["estimate", "--methods", "lora", "--train-size", "60"]
+    assert main([*base, "--backbone", "tiny-gpt2,tiny-t5", "--task", "arith", "--output", str(out)]) == 0
+    assert "lengths: the longest training batch of task 'arith' (60 examples)" in capsys.readouterr().out
+    for record in (json.loads(line) for line in (out / "estimates.jsonl").read_text().splitlines()):
+        options = RunOptions(task=["arith"], objective="lm", train_size=60)
+        expected = longest_rows(options, "arith", sweep_task(options, "arith"), record["backbone"])
+        assert (record["max_length"], record["target_length"]) == expected and record["status"] == "ok"
+    full, data = (tmp_path / "full", tmp_path / "data")
+    assert main([*base, "--backbone", "tiny-bert", "--max-length", "512", "--output", str(full)]) == 0
+    assert (
+        main([*base, "--backbone", "tiny-bert", "--max-length", "512", "--task", "tweets", "--output", str(data)]) == 0
+    )
+    [padded], [real] = (
+        [json.loads(line) for line in (path / "estimates.jsonl").read_text().splitlines()] for path in (full, data)
+    )
+    assert padded["max_length"] == 512 and 1 < real["max_length"] < 512  # tweets are short
+    assert real["memory"]["peak_train_bytes"] < padded["memory"]["peak_train_bytes"]
+
+
+def test_a_task_on_a_backbone_without_its_tokenizer_here_is_one_line(tmp_path, capsys):
+    args = ["estimate", "--backbone", "llama-2-7b", "--task", "arith", "--methods", "lora"]
+    assert main([*args, "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "needs backbone 'llama-2-7b's tokenizer to read its lengths" in err
+    assert not (tmp_path / "out").exists()

@@ -73,6 +73,14 @@ def add_estimate_options(parser: argparse.ArgumentParser, command: str) -> None:
     # a run truncates to --max-length; an estimate has no text and prices the longest batch that allows
     _add_run_option(parser, "max_length", "{run}; an estimate prices every row full; with --objective lm the prompt's")
     _add_run_option(parser, "num_layers")
+    # a run always has a task (tweets by default); an estimate has none unless given one, and then prices its rows
+    parser.add_argument(
+        "--task",
+        help="price each step at the lengths this task's longest training batch pads to, as a run tokenises them "
+        "(--train-size examples of it; the LM objective: its prompt and target, so --target-length is the data's; "
+        "a classifier: its texts, within --max-length), instead of every row --max-length tokens; a backbone "
+        "needs its tokenizer here (a preset, a model folder or a hub id: not a bundled shape)",
+    )
     # a run reads its examples from its task; an estimate has none: the training length its predicted totals price
     _add_run_option(
         parser,
@@ -400,15 +408,25 @@ def price(args: argparse.Namespace, command: str, needs_prediction: str = "") ->
         _plan(args, settings, objective, backbones, overrides)
         for objective, backbones in _by_objective(args, resolved).items()
     ]
+    # a task's lengths are read (and a backbone without a tokenizer refused) before anything is written
+    lengths = {
+        (i, b.name): _task_lengths(args, plan.settings, b.name) for i, plan in enumerate(plans) for b in plan.backbones
+    }
     out = Path(args.output or f"petlprof-out/{command}-{time.strftime('%Y%m%d-%H%M%S')}")
     check_writable(out)  # the check `petlprof run --output` makes, before any estimate is traced
     priced: list[Priced] = []
     with open(out / "estimates.jsonl", "w") as fh:
-        for plan in plans:
+        for index, plan in enumerate(plans):
             records: list[EstimateRecord] = []
             for backbone in plan.backbones:
+                task_lengths = lengths[index, backbone.name]
+                at = dataclasses.replace(
+                    plan.settings,
+                    max_length=task_lengths.get("max_length", plan.settings.max_length),
+                    target_length=task_lengths.get("target_length", plan.settings.target_length),
+                )
                 for quantization in plan.quantizations:
-                    swept = dataclasses.replace(plan.settings, quantization=quantization)
+                    swept = dataclasses.replace(at, quantization=quantization)
                     for name, method_overrides in plan.configurations:
                         record = estimate(backbone, name, method_overrides, swept)
                         fh.write(json.dumps(record) + "\n")
@@ -416,6 +434,49 @@ def price(args: argparse.Namespace, command: str, needs_prediction: str = "") ->
                         records.append(record)
             priced.append(Priced(plan, records))
     return out, priced
+
+
+def _task_lengths(args: argparse.Namespace, settings: Settings, backbone: str) -> dict[str, int]:
+    """With ``--task``: the settings' lengths for ``backbone`` (``max_length``, and the LM objective's
+    ``target_length``) at the task's longest training batch, as a run of it tokenises it; none without one."""
+    if not args.task:
+        return {}
+    # the task's data and the run's tokenisation: kept out of petlprof --help's imports
+    from petlprof.models.backbones import backbone_tokenizer
+    from petlprof.run.train import encode_texts
+    from petlprof.sweep.config import sweep_task
+    from petlprof.sweep.lengths import longest_rows
+    from petlprof.sweep.options import RunOptions
+
+    options = RunOptions(
+        task=[args.task], objective=settings.objective, max_length=settings.max_length, train_size=args.train_size
+    )
+    task = sweep_task(options, args.task)
+    try:
+        if settings.objective == LM:
+            prompt, target = longest_rows(options, args.task, task, backbone)
+            return {"max_length": prompt, "target_length": target}
+        encoded = encode_texts(task.train, backbone_tokenizer(backbone), settings.max_length)["input_ids"]
+    except (OSError, ValueError) as error:  # a bundled shape: a config without its tokenizer
+        raise UsageError(
+            f"--task {args.task} needs backbone '{backbone}'s tokenizer to read its lengths, and it has none here "
+            f"({type(error).__name__}): give --max-length (and --target-length) instead"
+        ) from None
+    return {"max_length": max((len(ids) for ids in encoded), default=1)}
+
+
+def _lengths_line(args: argparse.Namespace, records: Sequence[EstimateRecord]) -> str | None:
+    """With ``--task``: the lengths each backbone was priced at (they replace the header's)."""
+    if not args.task:
+        return None
+    at = {
+        r["backbone"]: f"{r['max_length']}"
+        + (f" prompt + {r['target_length']} target" if r.get("target_length") else "")
+        for r in records
+    }
+    each = ", ".join(f"{backbone} {tokens} tokens" for backbone, tokens in at.items())
+    task = f"task '{args.task}' ({args.train_size} examples)"
+    return f"lengths: the longest training batch of {task}, as a run tokenises it: {each}"
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
@@ -430,7 +491,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     for each in priced:
         line = _objective_line(args, each.plan.settings, each.plan.backbones)
         table = format_table(each.records, each.plan.settings, each.plan.left_out)
-        tables.append("\n".join([*([line] if line else []), table]))
+        lengths = _lengths_line(args, each.records)
+        tables.append("\n".join([*([line] if line else []), *([lengths] if lengths else []), table]))
     print("\n\n".join(tables))
     print()
     print(printable(f"wrote {out / 'estimates.jsonl'}"))

@@ -40,6 +40,11 @@ from petlprof.sweep.resources import training_batches
 from petlprof.vocabulary import FP32
 
 
+def encode_texts(split, tokenizer, max_length: int):
+    """A classification split's texts (and their pairs) as a run tokenises them: each cut to ``max_length``."""
+    return tokenizer(split.texts, split.pairs, truncation=True, max_length=max_length)
+
+
 @dataclass
 class Batches:
     """A tokenised split, cut into dynamically padded batches."""
@@ -51,7 +56,7 @@ class Batches:
 
     @classmethod
     def from_split(cls, split, tokenizer, batch_size: int, max_length: int, regression: bool) -> Batches:
-        enc = tokenizer(split.texts, split.pairs, truncation=True, max_length=max_length)
+        enc = encode_texts(split, tokenizer, max_length)
         rows = [{k: enc[k][i] for k in ("input_ids", "attention_mask")} for i in range(len(split))]
         labels = torch.tensor(split.labels, dtype=torch.float32 if regression else torch.long)
         return cls(rows, labels, batch_size, tokenizer)
