@@ -265,9 +265,16 @@ def entry() -> NoReturn:
     (:func:`petlprof.execution.process.exit_now`: 1.3-1.6 s of CPU after a sweep or an estimate has imported torch).
     Its sweeps fork their warm worker from this process
     (:func:`~petlprof.execution.warm.fork_warm_workers_from_this_process`):
-    the command's state is its own, so its runs may inherit it."""
+    the command's state is its own, so its runs may inherit it.  Ctrl-C outside a sweep's runs (its imports, its
+    checks) is one line and exit code 130, not a traceback; a program calling :func:`main` gets the
+    KeyboardInterrupt."""
     fork_warm_workers_from_this_process()
-    exit_now(main())
+    try:
+        code = main()
+    except KeyboardInterrupt:  # outside a sweep's runs (which record it): while importing or checking the input
+        print("petlprof: interrupted (Ctrl-C); every run recorded before it is kept", file=sys.stderr)
+        code = 130
+    exit_now(code)
 
 
 if __name__ == "__main__":

@@ -315,6 +315,24 @@ def test_ctrl_c_while_a_worker_is_still_importing_prints_no_traceback(tmp_path):
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-2000:]
 
 
+def test_ctrl_c_while_the_command_imports_for_its_warm_worker_is_one_line(tmp_path):
+    """The command imports the runtime before its checks (to fork its warm worker from itself): Ctrl-C then is one
+    line and exit code 130, with nothing written."""
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "petlprof.cli", "run", "--methods", "bitfit", "--output", str(out)],
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # a test runner may start us ignoring it
+    )
+    time.sleep(1.0)  # past the command's own start, inside the runtime's imports (about 5 s here)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert err.strip() == "petlprof: interrupted (Ctrl-C); every run recorded before it is kept", err[-2000:]
+    assert not out.exists()
+
+
 def test_the_command_says_what_a_config_answers_before_it_imports_for_its_warm_worker(tmp_path):
     """The ``petlprof`` command forks its warm worker once it has imported the runtime (peft among it), after the
     checks a backbone's config answers: a ``--num-layers`` past the backbone's is refused without that import."""
