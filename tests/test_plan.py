@@ -4,7 +4,6 @@ estimate's own records, ranked, with the share of each budget left; bad budgets 
 from __future__ import annotations
 
 import json
-import math
 
 import pytest
 
@@ -55,7 +54,7 @@ B24 = Budgets(24 * GIB, None, None, None)
 def test_each_configuration_is_judged_against_each_budget_it_has_a_figure_for(budgets, rec, fits, left, over):
     candidate = judge(rec, budgets)
     assert candidate.fits is fits and candidate.over == over
-    assert candidate.left == pytest.approx(left)
+    assert candidate.left_share == pytest.approx(left)
 
 
 def test_a_configuration_that_could_not_be_estimated_never_fits_and_says_why():
@@ -120,7 +119,7 @@ def test_a_plan_ranks_what_the_estimate_predicts_and_keeps_it(tmp_path, capsys):
         assert total["optimiser_steps"] == 16  # 2 epochs of 64 examples in batches of 8
         assert candidate["train_energy_j"] == total["energy_j"] and candidate["train_time_s"] == total["time_s"]
         assert candidate["peak_train_bytes"] == estimates[candidate["method"]]["memory"]["peak_train_bytes"]
-        assert candidate["fits"] is (candidate["train_energy_j"] <= 30 and candidate["left"]["memory"] >= 0)
+        assert candidate["fits"] is (candidate["train_energy_j"] <= 30 and candidate["left_share"]["memory"] >= 0)
         assert candidate["cost"] == pytest.approx(candidate["train_energy_j"] / 3.6e6 * 0.3)
         assert candidate["kind"] == "predicted" and candidate["budgets"]["max_energy_j"] == 30.0
     fitting = [c for c in candidates if c["fits"]]
@@ -168,12 +167,13 @@ def test_energy_and_time_budgets_on_a_device_without_a_model_are_refused_in_one_
     assert "petlprof calibrate" in err and not (tmp_path / "out").exists()
     assert main(plan(tmp_path, "--device", "cpu", "--device-memory", "1GiB")) == 0  # memory alone: no prediction needed
     candidates = plan_records(tmp_path / "out")
-    assert all(c["train_energy_j"] is None and "memory" in c["left"] for c in candidates)
+    assert all(c["train_energy_j"] is None and "memory" in c["left_share"] for c in candidates)
 
 
-def test_a_candidate_is_a_typed_record():
-    candidate = judge(record("lora", 1, 10, 10), Budgets(GIB, None, None, None))
-    assert isinstance(candidate, Candidate) and candidate.config == "r=8" and not math.isnan(candidate.left["memory"])
+def test_a_candidate_names_its_configuration_by_the_estimates_knob_label():
+    candidate = judge(record("lora", 0.25, 10, 10), Budgets(GIB, None, None, None))
+    assert isinstance(candidate, Candidate) and candidate.config == "r=8"  # the estimate table's label, not re-derived
+    assert candidate.left_share["memory"] == pytest.approx(1 - 0.25 * GIB / gpus.usable_bytes(GIB))
 
 
 def test_the_budget_kinds_refuse_text_that_is_no_quantity():
@@ -189,7 +189,7 @@ def test_a_run_of_max_steps_needs_no_training_size(tmp_path, capsys):
 
 def test_a_budget_with_no_figure_to_judge_never_fits():
     unpriced = judge(record("lora", 0.25, None, None), Budgets(GIB, 1000.0, None, None))
-    assert not unpriced.fits and unpriced.over == ["energy not predicted"] and set(unpriced.left) == {"memory"}
+    assert not unpriced.fits and unpriced.over == ["energy not predicted"] and set(unpriced.left_share) == {"memory"}
 
 
 def test_a_configuration_extended_from_shallow_steps_is_not_predicted():

@@ -711,8 +711,6 @@ def _attention_label(record: Estimate) -> str:
 
 def format_table(records: Sequence[EstimateRecord], settings: Settings, left_out: Sequence[str] = ()) -> str:
     rows = table_rows(records, settings)
-    columns = list(dict.fromkeys(key for row in rows for key in row if key != "note"))
-    widths = {c: max(len(c), *(len(str(row.get(c, ""))) for row in rows)) for c in columns}
     lines = [
         f"batch {settings.batch_size} x {_tokens(settings)}, {_training(settings)}, {_precision(settings)}; "
         "step_time>= is a lower bound: FLOPs / the GPU's peak (see the GPU table in docs/estimating.md)",
@@ -735,12 +733,20 @@ def format_table(records: Sequence[EstimateRecord], settings: Settings, left_out
             "grows per generated token at this batch (2 x layers x kv_heads x head_dim x dtype bytes x batch); "
             "kv_cache_at_end: after the prompt and the target"
         )
-    lines.append("  ".join(c.ljust(widths[c]) for c in columns))
+    return "\n".join([*lines, *aligned(rows)])
+
+
+def aligned(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """``rows`` (column -> cell) as left-aligned text lines under a header of every column any row has; a row's
+    ``note`` goes on a line of its own below it."""
+    columns = list(dict.fromkeys(key for row in rows for key in row if key != "note"))
+    widths = {c: max(len(c), *(len(str(row.get(c, ""))) for row in rows)) for c in columns}
+    lines = ["  ".join(c.ljust(widths[c]) for c in columns)]
     for row in rows:
         lines.append("  ".join(str(row.get(c, "")).ljust(widths[c]) for c in columns))
         if row.get("note"):
             lines.append(f"    note: {row['note']}")
-    return "\n".join(lines)
+    return lines
 
 
 def _quantized(records: Sequence[EstimateRecord]) -> list[str]:

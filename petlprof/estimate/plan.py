@@ -24,7 +24,16 @@ from typing import Any
 
 from petlprof.errors import UsageError, printable
 from petlprof.estimate import gpus
-from petlprof.estimate.command import add_estimate_options, config_label, duration, joules, price, size, totals_line
+from petlprof.estimate.command import (
+    add_estimate_options,
+    aligned,
+    config_label,
+    duration,
+    joules,
+    price,
+    size,
+    totals_line,
+)
 from petlprof.results.figures import ENERGY, TIME
 from petlprof.values import DURATION_UNITS, ENERGY_UNITS, J_PER_KWH, Number, flag, parse_bytes
 
@@ -63,7 +72,7 @@ class Candidate:
     train_energy_j: float | None
     cost: float | None
     fits: bool
-    left: dict[str, float]
+    left_share: dict[str, float]  # budget -> (budget - figure) / budget: a fraction, negative when over
     over: list[str]
     error: str | None = None
 
@@ -122,7 +131,7 @@ def judge(record: dict, budgets: Budgets) -> Candidate:
     names["quantize"] = record.get("quantize", "none")
     if record["status"] != "ok":
         return Candidate(**names, peak_train_bytes=None, train_time_s=None, train_energy_j=None, cost=None,
-                         fits=False, left={}, over=["not estimated"], error=record.get("error"))  # fmt: skip
+                         fits=False, left_share={}, over=["not estimated"], error=record.get("error"))  # fmt: skip
     peak = int(record["memory"]["peak_train_bytes"])
     total = (record.get("predicted") or {}).get("train_total") or {}
     time_s, energy_j = total.get(TIME.name), total.get(ENERGY.name)
@@ -145,7 +154,7 @@ def judge(record: dict, budgets: Budgets) -> Candidate:
             over.append(f"{name} {unit(figure)} > {unit(budget)}")
     cost = None if energy_j is None or budgets.price_per_kwh is None else energy_j / J_PER_KWH * budgets.price_per_kwh
     return Candidate(**names, peak_train_bytes=peak, train_time_s=time_s, train_energy_j=energy_j, cost=cost,
-                     fits=not over, left=left, over=over)  # fmt: skip
+                     fits=not over, left_share=left, over=over)  # fmt: skip
 
 
 def ranked(candidates: Sequence[Candidate]) -> list[Candidate]:
@@ -153,7 +162,7 @@ def ranked(candidates: Sequence[Candidate]) -> list[Candidate]:
     the least over their tightest budget first; the unestimated last."""
 
     def key(candidate: Candidate) -> tuple:
-        worst = min(candidate.left.values(), default=0.0)
+        worst = min(candidate.left_share.values(), default=0.0)
         figures = (candidate.train_energy_j, candidate.train_time_s, candidate.peak_train_bytes)
         return (
             candidate.error is not None,
@@ -179,24 +188,20 @@ def plan_table(candidates: Sequence[Candidate], budgets: Budgets) -> str:
             row["quantize"] = candidate.quantize
         row["peak_train"] = "-" if candidate.peak_train_bytes is None else size(candidate.peak_train_bytes)
         if budgets.device_memory_bytes is not None:
-            row["memory_left"] = _share(candidate.left.get("memory"))
+            row["memory_left"] = _share(candidate.left_share.get("memory"))
         row["train_time_predicted"] = "-" if candidate.train_time_s is None else duration(candidate.train_time_s)
         if budgets.max_time_s is not None:
-            row["time_left"] = _share(candidate.left.get("time"))
+            row["time_left"] = _share(candidate.left_share.get("time"))
         row["train_energy_predicted"] = "-" if candidate.train_energy_j is None else joules(candidate.train_energy_j)
         if budgets.max_energy_j is not None:
-            row["energy_left"] = _share(candidate.left.get("energy"))
+            row["energy_left"] = _share(candidate.left_share.get("energy"))
         if budgets.price_per_kwh is not None:
             row["energy_cost"] = "-" if candidate.cost is None else _cost(candidate.cost)
         row["verdict"] = "fits" if candidate.fits else f"over: {'; '.join(candidate.over)}"
         if candidate.error:
             row["verdict"] = f"not estimated: {candidate.error}"
         rows.append(row)
-    columns = list(dict.fromkeys(key for row in rows for key in row))
-    widths = {c: max(len(c), *(len(row.get(c, "")) for row in rows)) for c in columns}
-    lines = ["  ".join(c.ljust(widths[c]) for c in columns)]
-    lines += ["  ".join(row.get(c, "").ljust(widths[c]) for c in columns) for row in rows]
-    return "\n".join(lines)
+    return "\n".join(aligned(rows))
 
 
 def _cost(value: float) -> str:
