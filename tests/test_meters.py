@@ -5,8 +5,10 @@ Real hardware is exercised only in tests marked ``gpu``.
 
 from __future__ import annotations
 
+import gc
 import json
 import time
+import weakref
 from pathlib import Path
 from unittest import mock
 
@@ -19,7 +21,7 @@ from petlprof.meters.cpu_power_model import EstimateEnergyMeter, cpu_power_per_c
 from petlprof.meters.devices.rapl import domains as rapl_domains
 from petlprof.meters.energy import NvmlEnergyMeter, RaplEnergyMeter
 from petlprof.meters.idle import IDLE_ENV
-from petlprof.meters.memory import CpuMemoryMeter
+from petlprof.meters.memory import CpuMemoryMeter, live_objects_unscanned, release_free_memory
 
 
 def make_powercap(root, packages):
@@ -319,6 +321,41 @@ def test_estimate_counts_hyper_threads_of_one_core_once(tmp_path, monkeypatch, c
     assert reading["cpu_time_s"] == cpu_s and reading["cpu_core_s"] == core_s
     assert core_s * 10.0 <= reading["energy_j"] <= core_s * 10.0 + 0.375 * 64 * 2.0  # + DRAM, < 64 GiB
     assert ("hyper-threads share a core" in reading["energy_model"]) is (siblings == 4)
+
+
+class _Cycle:
+    """An object that frees only through the garbage collector (it refers to itself)."""
+
+    def __init__(self):
+        self.me = self
+
+
+@pytest.mark.parametrize("frozen_before", [False, True], ids=["nothing frozen before", "a caller froze objects"])
+def test_an_in_process_run_scans_only_its_own_objects_and_its_garbage_is_still_freed(frozen_before):
+    """live_objects_unscanned: objects alive at the start leave the collector's scans; a cycle made in the block is
+    still collected by the phase's collection (release_free_memory); afterwards the freeze is undone, unless a
+    caller had frozen objects before (this suite's conftest does; its freeze is kept either way)."""
+    saved = gc.get_freeze_count()
+    gc.unfreeze()
+    if frozen_before:
+        gc.freeze()
+    try:
+        before = gc.get_freeze_count()
+        old = _Cycle()
+        with live_objects_unscanned():
+            assert gc.get_freeze_count() > before  # ``old`` among them
+            young = weakref.ref(_Cycle())
+            release_free_memory()
+            assert young() is None, "a run's own cyclic garbage is collected"
+        del old
+        if frozen_before:
+            assert gc.get_freeze_count() > before
+        else:
+            assert gc.get_freeze_count() == 0
+    finally:
+        gc.unfreeze()
+        if saved:
+            gc.freeze()
 
 
 def test_cpu_memory_meter_sees_an_allocation_and_not_the_past():

@@ -785,3 +785,29 @@ def test_records_load_from_one_path_as_from_a_list_of_it():
 
     one, listed = load_records(FIXTURE), load_records([str(FIXTURE)])
     assert [r.run_key for r in one] == [r.run_key for r in listed] and len(one) == 17
+
+
+@pytest.mark.parametrize("placed", [False, True], ids=["constrained layout", "labels placed first"])
+def test_a_figure_is_laid_out_once_and_drawn_once_per_file(tmp_path, monkeypatch, placed):
+    """save_figure: one layout pass, then one draw per file.  Before, savefig made a layout pass of its own for
+    every file of a figure with a layout engine (the placeholder ``set_layout_engine("none")`` leaves included),
+    2 of the 5 draws of each report plot."""
+    from matplotlib.figure import Figure
+
+    from petlprof.report.plotkit import place_labels, save_figure
+    from petlprof.report.plots import new_axes
+
+    fig, ax = new_axes(figsize=(4, 3))  # constrained layout, on the Agg canvas
+    ax.plot([1, 2, 3], [0.4, 0.6, 0.5], "o")
+    ax.set_xlabel("energy (J)")
+    if placed:
+        place_labels(fig, ax, [(2, 0.6, "r=8", "C0")], [(2, 0.6)])
+    draws = []
+    real_draw = Figure.draw
+    monkeypatch.setattr(Figure, "draw", lambda self, renderer: draws.append(1) or real_draw(self, renderer))
+    position = ax.get_position().bounds
+    save_figure(fig, [tmp_path / "plot.png", tmp_path / "plot.svg"])
+    assert len(draws) == (2 if placed else 3)  # the layout pass (unless the labels' placement made it), two files
+    assert fig.get_layout_engine() is None and matplotlib.image.imread(tmp_path / "plot.png").shape[2] == 4
+    if placed:
+        assert ax.get_position().bounds == position  # the files draw the layout the labels were placed on

@@ -36,6 +36,7 @@ from petlprof.errors import UsageError
 from petlprof.execution.child import charge_warm_start, execute_in_subprocess, release_signals, worker_env
 from petlprof.execution.warm import Runtime, WarmWorker, adopt, forks_from_this_process, keep, serves
 from petlprof.lookup import Registry
+from petlprof.meters.memory import live_objects_unscanned
 from petlprof.results.records import add_overhead
 from petlprof.run.execute import failed_record
 from petlprof.sweep.spec import RunSpec
@@ -138,7 +139,8 @@ class LocalExecutor:
                 on_start(spec)
             if self.in_process:
                 t0 = time.perf_counter()
-                record = add_overhead(execute(spec, max_memory_bytes=None), time.perf_counter() - t0)
+                with live_objects_unscanned():
+                    record = add_overhead(execute(spec, max_memory_bytes=None), time.perf_counter() - t0)
                 record["process"] = "the sweep's own process (--in-process)"
             else:
                 warm = self._warm(spec)
