@@ -4,6 +4,7 @@ every decision a run makes (its checks, its target), while the evaluation split 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -88,7 +89,85 @@ def test_a_validation_split_that_leaves_no_training_data_is_refused(tmp_path, va
         load_task(_user_file(tmp_path, rows=60), train_size=None, val_size=val_size)  # 80% of 60 rows train
 
 
+def _val_file(tmp_path: Path, kind: str, rows: int = 9) -> str:
+    """A validation file of ``rows`` rows laid out like the training data of ``kind`` (labelled, prompt/target),
+    rows no other split holds."""
+    if kind == "labelled":
+        path = tmp_path / "held-out.csv"
+        lines = ["text,label"] + [f"held-out review {i} is {'good' if i % 2 else 'bad'},{i % 2}" for i in range(rows)]
+        path.write_text("\n".join(lines) + "\n")
+    else:
+        path = tmp_path / "held-out.jsonl"
+        path.write_text(
+            "".join(json.dumps({"prompt": f"{i} plus two is", "completion": str(i + 2)}) + "\n" for i in range(rows))
+        )
+    return str(path)
+
+
+# (id, task, its kind, load_task keywords): the loaders of the user's files, both objectives
+USER_LOADERS = [c for c in LOADERS if c[0] in ("one user file", "a prompt/target folder")]
+
+
+@pytest.mark.parametrize("make, kwargs", [c[1:] for c in USER_LOADERS], ids=[c[0] for c in USER_LOADERS])
+@pytest.mark.parametrize("val_size", [None, 4], ids=["the whole file", "--val-size of its rows"])
+def test_a_users_validation_file_is_the_validation_split_and_leaves_the_other_splits_as_they_were(
+    tmp_path, make, kwargs, val_size
+):
+    task = make(tmp_path)
+    kind = "prompt/target" if "prompt" in str(task) or Path(task).is_dir() else "labelled"
+    val_file = _val_file(tmp_path, kind)
+    plain = load_task(task, **kwargs)
+    given = load_task(task, val_file=val_file, val_size=val_size, **kwargs)
+    again = load_task(task, val_file=val_file, val_size=val_size, **kwargs)
+    assert len(given.val) == (val_size or 9) and _rows(given.val) == _rows(again.val)
+    assert all("held-out" in text or "plus two" in text for text in given.val.texts), "the file's rows, no others"
+    assert _rows(given.train) == _rows(plain.train) and _rows(given.eval) == _rows(plain.eval)
+    assert "validation file held-out" in given.description
+
+
+def test_a_validation_file_of_a_labelled_task_shares_its_label_set(tmp_path):
+    given = load_task(_user_file(tmp_path), train_size=20, eval_size=10, val_file=_val_file(tmp_path, "labelled"))
+    assert given.label_names == load_task(_user_file(tmp_path), train_size=20, eval_size=10).label_names
+    assert sorted(set(given.val.labels)) == [0, 1]
+
+
+@pytest.mark.parametrize(
+    "task, val_file, message",
+    [
+        ("tweets", "held-out.csv", "--val-file applies only to your own data files, not to the registered task"),
+        ("reviews.csv", "missing.csv", "--val-file 'MISSING': no such file"),
+        ("reviews.csv", "reviews.csv", "is one of the task's own data files"),
+        ("reviews.csv", "notes.txt", "unsupported file type '.txt'"),
+        ("reviews.csv", "no-text.csv", "no-text.csv has no column 'text'"),
+    ],
+    ids=["a registered task", "no such file", "the training file itself", "an unknown file type", "other columns"],
+)
+def test_a_validation_file_that_cannot_serve_is_refused(tmp_path, task, val_file, message):
+    _user_file(tmp_path)
+    _val_file(tmp_path, "labelled")
+    (tmp_path / "notes.txt").write_text("a note\n")
+    (tmp_path / "no-text.csv").write_text("sentence_b,label\nsome words,1\n")
+    task = task if task == "tweets" else str(tmp_path / task)
+    path = str(tmp_path / val_file)
+    with pytest.raises(UsageError, match=re.escape(message.replace("MISSING", path))):
+        load_task(task, train_size=20, val_file=path)
+
+
 RUN = ["run", "--methods", "bitfit", "--backbone", "tiny-bert", "--batch-size", "8", "--in-process"]
+
+
+def test_a_run_checks_on_the_users_validation_file_and_records_it(tmp_path):
+    """``--val-file``: every check scores the file's rows (9 here), the run key says the file was given, and the
+    training and evaluation examples are those of the run without it."""
+    out, val_file = tmp_path / "out", _val_file(tmp_path, "labelled")
+    args = [*RUN, "--task", _user_file(tmp_path), "--train-size", "32", "--eval-every", "2", "--output", str(out)]
+    assert main([*args, "--val-file", val_file]) == 0
+    assert main([*args, "--val-size", "9"]) == 0  # the same sweep with 9 examples carved from the pool instead
+    given, carved = (json.loads(line) for line in (out / "results.jsonl").read_text().splitlines())
+    assert given["spec"]["val_file"] == val_file and carved["spec"]["val_file"] is None
+    assert given["run_key"] != carved["run_key"]
+    assert given["train"]["budget"]["check_eval_size"] == carved["train"]["budget"]["check_eval_size"] == 9
+    assert "validation file held-out.csv" in json.dumps(given["task_info"])
 
 
 @pytest.mark.parametrize(
@@ -104,6 +183,8 @@ RUN = ["run", "--methods", "bitfit", "--backbone", "tiny-bert", "--batch-size", 
         (["--eval-every", "40", "--val-size", "8"], "--eval-every 40: a run on task"),
         (["--eval-every", "2"], "is the default where runs check a validation split; give a smaller --val-size"),
         (["--target-eval-size", "4"], "--target-eval-size acts only with --target-value or --eval-every"),
+        (["--eval-every", "2", "--val-file", "nope.csv"], "--val-file 'nope.csv': no such file"),
+        (["--eval-every", "2", "--val-file", "/dev/null"], "--val-file '/dev/null' is a character device"),
     ],
     ids=[
         "nan",
@@ -116,6 +197,8 @@ RUN = ["run", "--methods", "bitfit", "--backbone", "tiny-bert", "--batch-size", 
         "no check inside a run",
         "the default split is larger than the pool",
         "a slice without checks",
+        "a validation file that is not there",
+        "a validation file that never ends",
     ],
 )
 def test_bad_validation_input_is_one_line_exit_2_nothing_written(tmp_path, capsys, args, message):

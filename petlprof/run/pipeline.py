@@ -232,6 +232,7 @@ def _load(spec: RunSpec, shown: bool = True) -> tuple:
         train_size=spec.train_size,
         eval_size=spec.eval_size,
         val_size=spec.val_size,
+        val_file=spec.val_file,
         data_dir=spec.data_dir,
         text_column=spec.text_column,
         text_pair_column=spec.text_pair_column,

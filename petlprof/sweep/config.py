@@ -614,18 +614,32 @@ def _cached_task(options: RunOptions, name: str):
         options.target_column,
         options.chat_template,
         resolved_val_size(options),
+        options.val_file,
     )
 
 
 @functools.cache
 def _sweep_task(
-    name, train_size, eval_size, data_dir, text, pair, label, objective, prompt, target, chat_template, val_size
+    name,
+    train_size,
+    eval_size,
+    data_dir,
+    text,
+    pair,
+    label,
+    objective,
+    prompt,
+    target,
+    chat_template,
+    val_size,
+    val_file,
 ):
     return load_task(
         name,
         train_size=train_size,
         eval_size=eval_size,
         val_size=val_size,
+        val_file=val_file,
         data_dir=data_dir,
         text_column=text,
         text_pair_column=pair,

@@ -146,10 +146,12 @@ def resolved_eval_every(options) -> int | None:
 
 
 def resolved_val_size(options) -> int | None:
-    """A run's validation examples: the option, else the default where checks need a split, else none (the run
-    loads the data it loaded before validation splits existed)."""
+    """A run's validation examples: the option, else all of ``--val-file``'s rows, else the default where checks need
+    a split, else none (the run loads the data it loaded before validation splits existed)."""
     if options.val_size is not None:
         return int(options.val_size)
+    if options.val_file is not None:  # the whole file
+        return None
     return DEFAULT_VAL_SIZE if _checks(options) else None
 
 
@@ -587,6 +589,14 @@ class RunOptions:
         "--eval-every checks)",
         Integer(1, 10**9, "examples", optional=True),
         spec=ToSpec(identity=WHEN_SET, derived=True),  # resolved_val_size
+    )
+    val_file: str | None = option(
+        None,
+        "your own validation file (CSV/TSV/JSON Lines/Parquet, the columns of your training file) as the validation "
+        "split, instead of examples carved from the training pool: all its rows, or --val-size of them drawn with "
+        "the split seed (only for a task read from your files)",
+        PATH,
+        spec=ToSpec(identity=WHEN_SET),  # runs without one keep their keys
     )
     max_train_time: float | None = option(
         None,

@@ -155,6 +155,7 @@ class RunSpec:
     eval_every: int | None = None
     target_eval_size: int | None = None
     val_size: int | None = None
+    val_file: str | None = None
     max_train_time_s: float | None = None  # --max-train-time
     extra_meters: list[str] = dataclasses.field(default_factory=list)  # --meters
     country_code: str | None = None
@@ -183,7 +184,8 @@ class RunSpec:
 BUDGET_FIELDS = tuple(
     name
     for name, (option, _) in spec_fields().items()
-    if option in ("target_value", "target_metric", "eval_every", "target_eval_size", "val_size", "max_train_time")
+    if option
+    in ("target_value", "target_metric", "eval_every", "target_eval_size", "val_size", "val_file", "max_train_time")
 )
 # what a run that trains nothing (the zero-shot row) leaves at its defaults: its budget and any search
 # the training settings of real jobs (petlprof.run.recipe) that act on training alone

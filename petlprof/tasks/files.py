@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from petlprof.errors import UsageError
+from petlprof.values import check_file
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -21,15 +22,33 @@ FILE_SUFFIXES = (".csv", ".tsv", ".jsonl", ".parquet")
 USER_EVAL_STEMS = ("validation", "dev", "test")
 
 
-def read_sources(data_path: str) -> dict[str, pd.DataFrame]:
+def read_sources(data_path: str, val_file: str | None = None) -> dict[str, pd.DataFrame]:
     """The user's data as frames by where they come from: the one file, or a folder's train and eval files
-    (in that order)."""
+    (in that order), then the validation file ``val_file`` when one is given (under :func:`val_key`)."""
     path = Path(data_path)
     if path.is_dir():
         train_path = find_split_file(path, ("train",), "train")
         eval_path = find_split_file(path, USER_EVAL_STEMS, "eval")
-        return {str(train_path): read_table(train_path), str(eval_path): read_table(eval_path)}
-    return {data_path: read_table(path)}
+        sources = {str(train_path): read_table(train_path), str(eval_path): read_table(eval_path)}
+    else:
+        sources = {data_path: read_table(path)}
+    if val_file is None:
+        return sources
+    validation = Path(val_file)
+    if not validation.exists():
+        raise UsageError(f"--val-file '{val_file}': no such file")
+    if any(validation.resolve() == Path(where).resolve() for where in sources):
+        raise UsageError(
+            f"--val-file '{val_file}' is one of the task's own data files: the validation split must be disjoint "
+            "from the training and evaluation examples"
+        )
+    check_file(validation, "--val-file")  # a FIFO or a device would never end
+    return {**sources, val_key(val_file): read_table(validation)}
+
+
+def val_key(val_file: str) -> str:
+    """Where the validation file's frame stands among the sources (its path as given, normalised)."""
+    return str(Path(val_file))
 
 
 def split_frames(
@@ -39,10 +58,17 @@ def split_frames(
     eval_size: int | None,
     split_seed: int,
     val_size: int | None = None,
+    val_file: str | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame | None, pd.DataFrame, str]:
     """(train frame, validation frame or None, eval frame, how they were split) of the user's data: a folder's
     files each subsampled, or one file split EVAL_FRACTION with ``split_seed``; the validation rows come out of
-    the training pool (:func:`take_train`)."""
+    the training pool (:func:`take_train`), or are ``val_file``'s (all, or ``val_size`` drawn with ``split_seed``),
+    the training rows then being those of a run without a validation split."""
+    if val_file is not None:
+        sources = dict(sources)
+        validation = subsample(sources.pop(val_key(val_file)), val_size, split_seed).reset_index(drop=True)
+        train, _, evaluation, how = split_frames(data_path, sources, train_size, eval_size, split_seed)
+        return train, validation, evaluation, f"{how}, validation file {Path(val_file).name}"
     if len(sources) == 2:
         train, evaluation = sources.values()
         train_name, eval_name = (Path(where).name for where in sources)

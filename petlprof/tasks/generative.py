@@ -333,9 +333,11 @@ def load_user_lm(
     prompt_column: str | None,
     target_column: str | None,
     val_size: int | None = None,
+    val_file: str | None = None,
 ) -> TaskData:
     """The user's prompt/target rows as an LM task (module docstring); each file's rows are read into prompts and
-    targets and checked (text, not empty) by their data row before the rows are split."""
+    targets and checked (text, not empty) by their data row before the rows are split (``val_file``'s too, the
+    validation split when given)."""
     layouts = {where: _layout(frame, where, prompt_column, target_column) for where, frame in sources.items()}
     first, layout = next(iter(layouts.items()))
     if layout is None:  # is_prompt_data found a layout in the first file, or --prompt-column names one
@@ -350,7 +352,9 @@ def load_user_lm(
         require_columns(frame, (layout.prompt, layout.target), where)
         tables[where] = _rows(frame, layout, where)
         warnings += _empty_targets(tables[where]["target"].tolist(), where)
-    train_frame, val_frame, eval_frame, how = split_frames(spec, tables, train_size, eval_size, split_seed, val_size)
+    train_frame, val_frame, eval_frame, how = split_frames(
+        spec, tables, train_size, eval_size, split_seed, val_size, val_file
+    )
     train, evaluation = (_split(frame) for frame in (train_frame, eval_frame))
     val = None if val_frame is None else _split(val_frame)
     return TaskData(

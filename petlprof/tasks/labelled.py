@@ -149,6 +149,7 @@ def load_task(
     eval_size: int | None = None,
     split_seed: int = 0,
     val_size: int | None = None,
+    val_file: str | None = None,
     data_dir: str | None = None,
     text_column: str | None = None,
     text_pair_column: str | None = None,
@@ -163,7 +164,8 @@ def load_task(
     target of the user's data; ``chat_template`` (auto, none) is checked here and applied by
     :class:`petlprof.run.lm_batches.LMBatches` (it acts only on LM tasks).  ``val_size``: a validation split of
     that many examples carved from the training pool with ``split_seed``, disjoint from both other splits (the
-    training examples stay those of a run without one wherever the pool holds both)."""
+    training examples stay those of a run without one wherever the pool holds both).  ``val_file``: the user's own
+    validation file instead (all its rows, or ``val_size`` of them), for a task read from the user's files."""
     for option, size in (("train_size", train_size), ("eval_size", eval_size), ("val_size", val_size)):
         if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
             raise UsageError(f"{option} must be a positive whole number (or unset for all rows); got {size!r}")
@@ -173,6 +175,11 @@ def load_task(
     )
     columns = {"text_column": text_column, "text_pair_column": text_pair_column, "label_column": label_column}
     lm_columns = {"prompt_column": prompt_column, "target_column": target_column}
+    if task in TASKS and val_file is not None:
+        raise UsageError(
+            f"--val-file applies only to your own data files, not to the registered task '{task}' "
+            "(its validation split is carved from its training pool: --val-size)"
+        )
     if task in TASKS:
         given = [
             "--" + option.replace("_", "-") for option, value in {**columns, **lm_columns}.items() if value is not None
@@ -191,13 +198,13 @@ def load_task(
         raise UsageError(
             f"data_dir '{data_dir}' applies only to GLUE tasks; the task '{task}' is already a path to your data"
         )
-    sources = read_sources(task)
+    sources = read_sources(task, val_file)
     labelled = any(value is not None for value in columns.values())
     if generative.is_prompt_data(next(iter(sources.values())), objective, prompt_column, label_column, labelled):
         return generative.load_user_lm(
-            task, sources, train_size, eval_size, split_seed, prompt_column, target_column, val_size
+            task, sources, train_size, eval_size, split_seed, prompt_column, target_column, val_size, val_file
         )
-    data = _load_user(task, sources, train_size, eval_size, split_seed, val_size, **columns)
+    data = _load_user(task, sources, train_size, eval_size, split_seed, val_size, val_file, **columns)
     return generative.with_objective(data, objective, chat_template)
 
 
@@ -377,6 +384,7 @@ def _load_user(
     eval_size: int | None,
     split_seed: int,
     val_size: int | None,
+    val_file: str | None,
     *,
     text_column: str | None,
     text_pair_column: str | None,
@@ -397,7 +405,7 @@ def _load_user(
         require_columns(frame, (text_column, text_pair_column, label_column), where)
 
     train_frame, val_frame, eval_frame, how = split_frames(
-        data_path, sources, train_size, eval_size, split_seed, val_size
+        data_path, sources, train_size, eval_size, split_seed, val_size, val_file
     )
     # pandas: slow to import, loaded only when used
     import pandas as pd
