@@ -276,3 +276,33 @@ def test_an_lm_estimate_predicts_generation_and_prints_it(tmp_path, capsys):
     assert generated["tokens"] == record["batch_size"] * 8
     busy_w = GPUS[DEFAULT_GPU].tdp_w * GPU_BUSY_POWER_SHARE  # the default GPU of the table, uncalibrated
     assert generated["energy_per_token_j"] * generated["tokens"] == pytest.approx(generated["time_s"] * busy_w)
+
+
+# a small mT5/T0-like config.json: the file unties the LM head, the transformers config class ties it anyway
+_UNTIED = {"vocab_size": 320, "d_model": 32, "d_kv": 8, "d_ff": 64, "num_layers": 2, "num_heads": 4}
+
+
+@pytest.mark.parametrize("model_type", ["mt5", "t5"])
+@pytest.mark.parametrize("tie", [False, True, None], ids=["untied in the file", "tied in the file", "not said"])
+def test_a_config_that_unties_its_lm_head_keeps_the_head_in_the_estimate_and_the_built_model(tmp_path, model_type, tie):
+    """mT5, mT0 and T0 checkpoints hold an LM head of their own; transformers 5's config classes tie it whatever
+    config.json says, and a pretrained load keeps both.  A model built from such a config (every estimate, a
+    random-init run) has the head of its own, its encoder and decoder embeddings still shared: vocab x width more
+    parameters than the tied model, priced in the weights."""
+    from petlprof.models.families import model_from_config
+
+    values = {"model_type": model_type, **_UNTIED, **({} if tie is None else {"tie_word_embeddings": tie})}
+    (tmp_path / "config.json").write_text(json.dumps(values))
+    tied_values = {**values, "tie_word_embeddings": True}
+    (tmp_path / "tied.json").write_text(json.dumps(tied_values))
+    resolved, tied = (resolve_backbone(str(tmp_path / name)) for name in ("config.json", "tied.json"))
+    with torch.device("meta"):
+        model = model_from_config(resolved.config, lm_head=True)
+    separate = tie is False
+    assert (model.lm_head.weight is model.shared.weight) is not separate
+    assert model.encoder.embed_tokens.weight is model.shared.weight is model.decoder.embed_tokens.weight
+    record, tied_record = (estimate(r, "full", {}, LM) for r in (resolved, tied))
+    head = _UNTIED["vocab_size"] * _UNTIED["d_model"]
+    assert record["total_params"] - tied_record["total_params"] == (head if separate else 0)
+    weights = record["memory"]["weights_bytes"] - tied_record["memory"]["weights_bytes"]
+    assert weights == (4 * head if separate else 0)

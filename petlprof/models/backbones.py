@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, TypedDict, cast
 from petlprof.errors import UsageError
 from petlprof.lookup import Registry
 from petlprof.models.converted import readable
-from petlprof.models.families import family_of, model_class, model_from_config
+from petlprof.models.families import family_of, keep_separate_head, model_class, model_from_config
 from petlprof.models.gguf import GgufProvenance, GgufWeights, provenance, smollm2_weights
 from petlprof.models.quantization import quantize_model
 from petlprof.models.shapes import (
@@ -290,11 +290,10 @@ def pretrained_config(name: str):
         check_sizes(values, name)  # before the config class computes with them (a head count of 0 divides)
         if "gguf_file" in kwargs:  # what AutoConfig does with these values, without parsing the file again
             config = CONFIG_MAPPING[values["model_type"]].from_dict(values, name_or_path=path)
-            check_heads(config, name)
-            return config
-        config = AutoConfig.from_pretrained(path, **kwargs)
+        else:
+            config = AutoConfig.from_pretrained(path, **kwargs)
         check_heads(config, name)
-        return config
+        return keep_separate_head(config, values)
     except UsageError:
         raise
     except (OSError, ValueError) as exc:

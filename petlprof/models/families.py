@@ -15,6 +15,8 @@ from typing import Any
 from petlprof.errors import UsageError
 
 ENCODER, ENCODER_DECODER, DECODER = "encoder", "encoder-decoder", "decoder"
+# set on a config whose config.json unties the LM head that its transformers config class ties anyway
+SEPARATE_HEAD = "petlprof_separate_lm_head"
 
 
 def family_of(config: Any) -> str:
@@ -53,20 +55,47 @@ def model_class(config: Any, lm_head: bool, spec: str = "this backbone") -> Any:
     return AutoModelForSeq2SeqLM if family == ENCODER_DECODER else AutoModelForCausalLM
 
 
+def keep_separate_head(config: Any, values: dict[str, Any]) -> Any:
+    """Mark ``config`` (:data:`SEPARATE_HEAD`) where its ``config.json`` ``values`` untie the LM head from the input
+    embeddings and the config class ties it anyway; returns ``config``.
+
+    transformers 5's T5 and mT5 config classes set ``tie_word_embeddings`` whatever the file says ("we have to tie
+    always"), so a model built from the config of mT5, mT0 or T0 (whose checkpoints hold a head of their own) had no
+    head of its own: 3.8 GiB of mt0-xxl's weights were missing from its estimate.  Loading the pretrained weights
+    keeps both (they differ in the checkpoint), so :func:`model_from_config` builds what that load gives."""
+    if values.get("tie_word_embeddings") is False and getattr(config, "tie_word_embeddings", False):
+        setattr(config, SEPARATE_HEAD, True)
+    return config
+
+
+def untie_head(model: Any) -> None:
+    """Give ``model`` an LM head of its own (a copy of the embeddings it was tied to, so a random start stays finite),
+    the input embeddings of encoder and decoder still shared, as a pretrained load of such a checkpoint leaves them."""
+    import torch  # as in family_of
+
+    head, embeddings = model.get_output_embeddings(), model.get_input_embeddings()
+    if head is not None and embeddings is not None and head.weight is embeddings.weight:
+        head.weight = torch.nn.Parameter(embeddings.weight.detach().clone())
+
+
 def model_from_config(config: Any, lm_head: bool = False, spec: str = "this backbone", **from_config: Any) -> Any:
     """The model ``config`` builds with random weights (:func:`model_class`'s; ``from_config``: more of its
     arguments, e.g. an attention implementation), on the current device: a run's with ``random_init``, every
     estimate's and every description's of a config (on the meta device).  In float32 whatever a config's
     ``torch_dtype`` says (transformers 5 applies it by default): ``--precision`` decides what the products run
-    in, and a bf16 config.json must not change that silently."""
+    in, and a bf16 config.json must not change that silently.  A config :func:`keep_separate_head` marked gets its
+    LM head of its own."""
     import torch  # as in family_of
 
     auto_class = model_class(config, lm_head, spec)
     try:
-        return auto_class.from_config(config, dtype=torch.float32, **from_config)
+        model = auto_class.from_config(config, dtype=torch.float32, **from_config)
     except ValueError as exc:  # the model's own check of its config, e.g. a width its heads do not divide
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise UsageError(f"backbone '{spec}' ({config.model_type}): transformers refuses its config: {first}") from None
+    if lm_head and getattr(config, SEPARATE_HEAD, False):
+        untie_head(model)
+    return model
 
 
 def check_gradient_checkpointing(config: Any, spec: str = "this backbone") -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from petlprof.errors import UsageError, shown
+from petlprof.models.families import keep_separate_head
 
 SHAPES_DIR = Path(__file__).resolve().parent / "shapes"
 
@@ -83,7 +84,7 @@ def config_from_dict(values: Any, label: str):
         raise UsageError(f"backbone config '{label}' is not a model config transformers knows: {exc}") from None
     config.source_url = source
     check_heads(config, label)
-    return config
+    return keep_separate_head(config, values)
 
 
 def json_kind(value: Any) -> str:
