@@ -204,3 +204,46 @@ def test_pruned_side_layers_are_the_backbone_layers_beside_them_pruned():
             head = row // side_head_dim
             candidates = query[head * head_dim : (head + 1) * head_dim]
             assert (candidates == side[row]).all(1).any(), (i, row)
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_the_side_attention_follows_the_backbones_implementation_and_computes_the_same(preset):
+    """Eager side attention (its scores materialised, as ``estimate --attention eager`` builds the backbone) gives
+    what scaled_dot_product_attention gives; the side network takes the backbone's implementation."""
+    from petlprof.methods.lst.model import Attention
+
+    classifier, model, inputs = build(preset)
+    assert not model.shape.eager and model.shape.describe()["attention"] == "sdpa"
+    model.eval()
+    with torch.no_grad():
+        sdpa = model(**inputs)
+        layers = [m for m in model.modules() if isinstance(m, Attention)]
+        for layer in layers:
+            layer.eager = True
+        eager = model(**inputs)
+    assert layers and torch.allclose(eager, sdpa, atol=1e-5), (eager - sdpa).abs().max()
+    classifier.backbone.config._attn_implementation = "eager"
+    spec = get_method("lst")
+    rebuilt = spec.build()(classifier, spec.make_config({}))
+    assert rebuilt.shape.eager and all(m.eager for m in rebuilt.modules() if isinstance(m, Attention))
+
+
+def test_an_eager_estimate_prices_the_side_networks_attention_scores():
+    """``estimate --attention eager``: LST's side layers materialise their scores too, so its training peak grows
+    beside the backbone's own; with sdpa neither does."""
+    from petlprof.estimate.core import Settings, estimate
+    from petlprof.estimate.model import resolve_backbone
+
+    resolved = resolve_backbone("bert-base", num_layers=2)
+    peaks = {}
+    for attention in ("sdpa", "eager"):
+        settings = Settings(batch_size=8, max_length=128, device="cpu", attention=attention)
+        for method in ("lst", "bitfit"):
+            record = estimate(resolved, method, {}, settings)
+            assert record["status"] == "ok", record["error"]
+            peaks[attention, method] = record["memory"]["peak_train_bytes"]
+    # a side layer's attention weights, saved for backward: batch 8 x 12 heads x 128 x 128 floats (the peak, late in
+    # the backward pass, holds at least one of the two layers'; measured: 11.2 MiB of the two layers' 12 MiB)
+    side_scores = 8 * 12 * 128 * 128 * 4
+    grown = (peaks["eager", "lst"] - peaks["sdpa", "lst"]) - (peaks["eager", "bitfit"] - peaks["sdpa", "bitfit"])
+    assert side_scores <= grown <= 2 * side_scores, (grown, side_scores, peaks)

@@ -103,6 +103,9 @@ class Shape:
             or self.model_type == "gpt2"
         )
         self.scaled = self.model_type != "t5"  # T5 folds the 1/sqrt(d) into its initialisation
+        # the backbone's attention implementation, which the side layers follow: eager (its scores materialised,
+        # as `estimate --attention eager` prices the backbone) or scaled_dot_product_attention (sdpa, flash)
+        self.eager = getattr(config, "_attn_implementation", None) == "eager"
 
     def norm(self) -> nn.Module:
         return RMSNorm(self.side, self.eps) if self.rms else nn.LayerNorm(self.side, eps=self.eps)
@@ -116,6 +119,7 @@ class Shape:
             "ffn": self.ffn,
             "norm": "rms" if self.rms else "layernorm",
             "placement": "post" if self.post_norm else "pre",
+            "attention": "eager" if self.eager else "sdpa",
             "activation": self.activation_name,
             "gated": self.gated,
         }
@@ -127,6 +131,7 @@ class Attention(nn.Module):
         side, kv = shape.side, shape.kv_heads * shape.head_dim
         self.heads, self.kv_heads, self.head_dim = shape.heads, shape.kv_heads, shape.head_dim
         self.scale = None if shape.scaled else 1.0
+        self.eager = shape.eager
         self.query = nn.Linear(side, side, bias=shape.bias)
         self.key = nn.Linear(side, kv, bias=False)  # softmax ignores a key bias: it would get no gradient
         self.value = nn.Linear(side, kv, bias=shape.bias)
@@ -139,14 +144,26 @@ class Attention(nn.Module):
             t = t.reshape(t.shape[0], t.shape[1], heads, self.head_dim).transpose(1, 2)
             return t.repeat_interleave(self.heads // heads, dim=1) if heads != self.heads else t
 
-        mixed = F.scaled_dot_product_attention(
+        query, key, value = (
             split(self.query(x), self.heads),
             split(self.key(memory), self.kv_heads),
             split(self.value(memory), self.kv_heads),
-            attn_mask=allowed,
-            scale=self.scale,
         )
+        if self.eager:
+            mixed = eager_attention(query, key, value, allowed, self.scale)
+        else:
+            mixed = F.scaled_dot_product_attention(query, key, value, attn_mask=allowed, scale=self.scale)
         return self.out(mixed.transpose(1, 2).reshape(x.shape))
+
+
+def eager_attention(query, key, value, allowed, scale: float | None):
+    """softmax(q k^T * scale) v with the scores materialised, as a backbone's eager attention computes it (``scale``
+    None: 1/sqrt(head dim)); a key a query may not read gets the dtype's lowest score, so a query that may read
+    none (a padding position) averages them all instead of giving NaN."""
+    scale = query.shape[-1] ** -0.5 if scale is None else scale
+    scores = torch.matmul(query, key.transpose(-2, -1)) * scale
+    scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+    return torch.matmul(torch.softmax(scores, dim=-1), value)
 
 
 class FeedForward(nn.Module):
