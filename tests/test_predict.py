@@ -3,6 +3,7 @@ profile (saved, read back, stale, corrupt), and ``petlprof estimate``'s predicte
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -45,6 +46,16 @@ def test_each_kernel_takes_the_longer_of_its_compute_and_memory_time_plus_its_fi
     assert time.time_s == pytest.approx(sum(expected)) and time.kernels == len(costs)
 
 
+def test_a_kernel_that_draws_random_numbers_is_priced_by_the_numbers_it_draws():
+    """A dropout mask of a million numbers at 6 ns a number (a CPU's calibrated cost): 6 ms of compute, though its
+    4 MB would take 40 ms at this device's 100 MB/s; a device without the figure prices the draw by its bytes."""
+    drawing = dataclasses.replace(DEVICE, random_s_per_number=6e-9)
+    mask = [(0, 4_000_000, 1_000_000)]
+    assert phase_time([(0, 400_000, 1_000_000)], drawing, "float32").compute_bound_s == pytest.approx(6e-3)
+    assert phase_time(mask, drawing, "float32").memory_bound_s == pytest.approx(0.04)  # the longer of the two
+    assert phase_time(mask, DEVICE, "float32").memory_bound_s == pytest.approx(0.04)
+
+
 def test_a_prediction_is_labelled_and_its_energy_is_time_times_busy_power():
     predicted = prediction([(1_000_000_000, 0)], [(0, 10_000_000)], DEVICE, "float32")
     assert predicted["kind"] == "predicted" and predicted["calibrated"] is True
@@ -72,11 +83,13 @@ def test_calibrate_measures_this_cpu_and_its_profile_reads_back(profiles):
     model = profile["model"]
     assert model["flops_per_s"]["float32"] > 1e8 and model["bytes_per_s"] > 1e8  # any CPU of this century
     assert 0 < model["kernel_overhead_s"] < 1e-2 and model["busy_w"] > 0
+    assert 0 < model["random_s_per_number"] < 1e-6  # a few nanoseconds a number on a CPU
     path = prof.save_profile(profile, "cpu")
     assert path.parent == profiles and path.name.startswith("cpu-")
     loaded, why = prof.load_profile("cpu")
     assert loaded is not None and loaded.calibrated and why == f"profile {path}"
     assert loaded.throughput("float32") == model["flops_per_s"]["float32"]
+    assert loaded.random_s_per_number == model["random_s_per_number"]
 
 
 @pytest.mark.parametrize(
@@ -102,6 +115,16 @@ def test_a_profile_from_another_machine_torch_or_thread_count_is_named_stale_and
         "[1, 2]",
         json.dumps({"version": 1, "model": {"flops_per_s": {"float32": math.nan}}}),
         json.dumps({"version": 1, "model": {"name": "x", "flops_per_s": {"float32": 1e9}, "bytes_per_s": -1}}),
+        json.dumps(
+            {
+                "version": 2,
+                "model": {
+                    **{"name": "x", "source": "s", "power_source": "p", "flops_per_s": {"float32": 1e9}},
+                    **{"bytes_per_s": 1e9, "kernel_overhead_s": 1e-6, "busy_w": 1, "idle_w": 0},
+                    "random_s_per_number": -1,
+                },
+            }
+        ),
     ],
 )
 def test_a_corrupt_profile_is_one_line_naming_the_file(profiles, text):
@@ -179,8 +202,11 @@ def test_every_counted_kernel_is_in_the_ops_the_roofline_prices():
     infer = inference_batch(model, inputs, device="cpu", op_costs=True)
     assert not train_steps(model, inputs, labels, device="cpu").op_costs  # off unless a prediction asks
     for trace in (train, infer):
-        assert sum(f for f, _ in trace.op_costs) == trace.flops and all(b >= 0 for _, b in trace.op_costs)
+        assert sum(f for f, _, _ in trace.op_costs) == trace.flops and all(b >= 0 for _, b, _ in trace.op_costs)
     assert len(train.op_costs) > len(infer.op_costs) > 10
+    # dropout's masks are drawn in training (at least the embeddings' output: 4 x 16 tokens x width), never in eval
+    drawn = sum(d for _, _, d in train.op_costs)
+    assert drawn >= 4 * 16 * resolved.config.hidden_size and sum(d for _, _, d in infer.op_costs) == 0
 
 
 def test_each_configuration_is_predicted_once_and_its_seeds_share_it(profiles, monkeypatch):

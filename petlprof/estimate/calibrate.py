@@ -1,11 +1,12 @@
 """``petlprof calibrate``: measure what a prediction needs on this machine's device and keep it as a profile.
 
-Four measurements, each a few seconds (about 15 s in all on a CPU):
+Five measurements, each a few seconds (about 17 s in all on a CPU):
 
 * matrix throughput: square float32 products (and bfloat16 on a GPU) of :data:`MATMUL_SIZES`, the best of them, in
   FLOP/s (2 n^3 a product), with the threads a run uses;
 * memory bandwidth: copies of a :data:`COPY_BYTES` tensor (read and written: twice its bytes a copy);
 * the fixed cost of a kernel: a loop of in-place additions on an 8-element tensor;
+* the cost of drawing a random number: ``bernoulli_`` on :data:`RANDOM_NUMBERS` elements, as a dropout mask draws;
 * power while busy and at idle: the matrix loop and a sleep, each in a window of the energy meter a run on this
   device would use (RAPL or NVML; the labelled CPU estimate where neither can be read, said in ``power_source``).
 
@@ -28,6 +29,7 @@ from petlprof.results.figures import ENERGY, ENERGY_SOURCE
 
 MATMUL_SIZES = (256, 512, 1024)
 COPY_BYTES = 64 * 2**20
+RANDOM_NUMBERS = 2**20
 MEASURE_S = 1.5  # each measurement repeats its work for at least this long
 
 
@@ -75,6 +77,14 @@ def kernel_overhead_s(device: str, seconds: float = MEASURE_S) -> float:
     return elapsed / (100 * count)
 
 
+def random_s_per_number(device: str, seconds: float = MEASURE_S) -> float:
+    """Seconds drawing one random number costs: a dropout mask's ``bernoulli_`` at rate 0.1 (keep 0.9), a million at
+    a time.  On a CPU the cost depends on the rate: 7.2 ns a number here at 0.9, 6.3 at LoRA's 0.95, 14.8 at 0.5."""
+    x = torch.empty(RANDOM_NUMBERS, device=device)
+    count, elapsed = _repeat(lambda: x.bernoulli_(0.9), device, seconds)
+    return elapsed / (RANDOM_NUMBERS * count)
+
+
 def power_w(device: str, work: Callable[[], object] | None, seconds: float = MEASURE_S) -> tuple[float, str]:
     """(mean W, the energy meter's source) over ``seconds`` of ``work`` repeated (None: asleep)."""
     meter = energy_meter_for(device)
@@ -110,5 +120,6 @@ def calibrate(device: str = "cpu", seconds: float = MEASURE_S) -> dict:
         calibrated=True,
         source=f"calibrated on {platform.node()} at {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC",
         power_source=source,
+        random_s_per_number=random_s_per_number(device, seconds),
     )
     return {"version": PROFILE_VERSION, "device": device.split(":")[0], **machine_facts(), "model": model.to_json()}

@@ -19,7 +19,7 @@ from petlprof.estimate.roofline import DeviceModel
 from petlprof.meters.cpu_power_model import cpu_topology
 from petlprof.values import is_number
 
-PROFILE_VERSION = 1
+PROFILE_VERSION = 2  # 2: the cost of drawing a random number
 PROFILE_ENV = "PETLPROF_PROFILE_DIR"
 
 
@@ -67,8 +67,11 @@ def _model_of(data: dict, path: Path) -> DeviceModel:
         if not all(is_number(v) and v > 0 for v in [*numbers[:3], *flops.values()]) or not is_number(numbers[3]):
             raise ValueError("a figure is not a positive number")
         bandwidth, overhead, busy, idle = (float(v) for v in numbers)
+        random = model.get("random_s_per_number", 0.0)
+        if not is_number(random) or random < 0:
+            raise ValueError("random_s_per_number is not a number >= 0")
         name, source, power = str(model["name"]), str(model["source"]), str(model["power_source"])
-        return DeviceModel(name, flops, bandwidth, overhead, busy, idle, True, source, power)
+        return DeviceModel(name, flops, bandwidth, overhead, busy, idle, True, source, power, float(random))
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         raise UsageError(
             f"device profile {path} is not a petlprof profile ({error}); run `petlprof calibrate` again"

@@ -1,10 +1,12 @@
 """Predicted time and energy of a traced step: a roofline per kernel on a device model, labelled *predicted*.
 
 The trace (:mod:`petlprof.estimate.trace`) records each kernel of a counted pass as (FLOPs, bytes it reads and
-writes).  On a :class:`DeviceModel` a kernel takes the longer of its compute time (FLOPs / the device's achieved
-matrix throughput in the step's compute dtype) and its memory time (bytes / the achieved memory bandwidth), plus a
-fixed cost per kernel (dispatch and launch); a phase's time is their sum, split into its compute-bound part, its
-memory-bound part and the per-kernel part, so a reader sees which one the prediction rests on.  Energy is that time
+writes, random numbers it draws).  On a :class:`DeviceModel` a kernel takes the longer of its compute time (FLOPs /
+the device's achieved matrix throughput in the step's compute dtype, plus the numbers it draws x the device's cost of
+one: a dropout mask on a CPU, where drawing costs about 6 ns a number and a LoRA step's masks were 6% of its time)
+and its memory time (bytes / the achieved memory bandwidth), plus a fixed cost per kernel (dispatch and launch); a
+phase's time is their sum, split into its compute-bound part, its memory-bound part and the per-kernel part, so a
+reader sees which one the prediction rests on.  Energy is that time
 times the device's power while busy.
 
 A device model comes from ``petlprof calibrate`` (measured on this machine: :mod:`petlprof.estimate.calibrate`) or,
@@ -51,6 +53,7 @@ class DeviceModel:
     calibrated: bool
     source: str
     power_source: str
+    random_s_per_number: float = 0.0  # drawing one random number (0: a draw costs its bytes, as on the GPU table)
 
     def throughput(self, dtype: str) -> float:
         """Achieved FLOP/s in ``dtype`` (float32's where the model has no figure for it)."""
@@ -90,12 +93,16 @@ class PhaseTime:
     kernels: int
 
 
-def phase_time(op_costs: Sequence[tuple[int, int]], device: DeviceModel, dtype: str) -> PhaseTime:
+Cost = tuple[int, ...]  # a kernel's (FLOPs, bytes read and written[, random numbers drawn])
+
+
+def phase_time(op_costs: Sequence[Cost], device: DeviceModel, dtype: str) -> PhaseTime:
     """The roofline sum over a pass's kernels (see the module)."""
     flops_per_s, bytes_per_s = device.throughput(dtype), device.bytes_per_s
     compute = memory = 0.0
-    for flops, moved in op_costs:
-        c, m = flops / flops_per_s, moved / bytes_per_s
+    for flops, moved, *drawn in op_costs:
+        c = flops / flops_per_s + sum(drawn) * device.random_s_per_number
+        m = moved / bytes_per_s
         if c >= m:
             compute += c
         else:
@@ -183,9 +190,7 @@ def generation(step: DecodeStep, device: DeviceModel, dtype: str) -> dict:
     }
 
 
-def prediction(
-    train_costs: Sequence[tuple[int, int]], inference_costs: Sequence[tuple[int, int]], device: DeviceModel, dtype: str
-) -> dict:
+def prediction(train_costs: Sequence[Cost], inference_costs: Sequence[Cost], device: DeviceModel, dtype: str) -> dict:
     """The record's ``predicted`` block: train step and evaluation batch times (s) with their split, and the train
     step's energy (J), on ``device``, every figure predicted."""
     train, infer = phase_time(train_costs, device, dtype), phase_time(inference_costs, device, dtype)

@@ -97,7 +97,8 @@ class MetaTrace(TorchDispatchMode):
         self.live_bytes = 0
         self.peak_bytes = 0
         self.flops = 0
-        self.op_costs: list[tuple[int, int]] = []  # (FLOPs, bytes read and written) of each counted kernel
+        # (FLOPs, bytes read and written, random numbers drawn) of each counted kernel
+        self.op_costs: list[tuple[int, int, int]] = []
         self._formulas: dict | None = None  # operation packet -> its FLOP formula while counting, else None
         self._storages: dict[int, list[int]] = {}  # storage key -> [bytes, tensors alive on it]
         # id of a weak reference to a tensor on a counted storage -> (the reference, kept so it calls back; the storage)
@@ -138,7 +139,7 @@ class MetaTrace(TorchDispatchMode):
             flops = formula(*args, **kwargs, out_val=out) if formula is not None else 0
             self.flops += flops
             if self.record_costs and func is not _PRIM_DEVICE and not _is_view(func):  # a view launches no kernel
-                self.op_costs.append((flops, _bytes_moved(args, kwargs, out)))
+                self.op_costs.append((flops, _bytes_moved(args, kwargs, out), _drawn(func, out)))
         return out
 
     def _run(self, func, args, kwargs) -> tuple[Any, set[int]]:
@@ -310,6 +311,23 @@ def _bytes_moved(args: tuple, kwargs: dict, out) -> int:
     return sum(seen.values())
 
 
+# the operations that draw random numbers, one per element of their output (dropout's masks: bernoulli_ where an
+# operation decomposes, native_dropout where it is one kernel)
+_RANDOM = frozenset(
+    getattr(aten, name)
+    for name in ("bernoulli", "bernoulli_", "uniform_", "normal_", "random_", "exponential_", "native_dropout")
+    if hasattr(aten, name)
+)
+
+
+def _drawn(func, out) -> int:
+    """Random numbers ``func`` drew: its (first) output's elements for a random operation, else 0."""
+    if getattr(func, "_overloadpacket", None) not in _RANDOM:
+        return 0
+    first = out[0] if isinstance(out, (tuple, list)) and out else out
+    return first.numel() if isinstance(first, torch.Tensor) else 0
+
+
 def _cache_key(func, spec, leaves: list) -> tuple | None:
     """The call's identity by its arguments' shapes, or None where that does not decide its output."""
     key = [func, spec]
@@ -449,7 +467,7 @@ class StepTrace:
     output_shape: tuple[int, ...] = ()
     output_bytes: int = 0
     attention_kernels: tuple[str, ...] = ()  # the kernels its scaled_dot_product_attention calls ran (eager: none)
-    op_costs: tuple[tuple[int, int], ...] = ()  # (FLOPs, bytes moved) of each kernel of the counted pass
+    op_costs: tuple[tuple[int, int, int], ...] = ()  # (FLOPs, bytes moved, numbers drawn) of each counted kernel
 
 
 def example_batch(batch_size: int, max_length: int, token_id: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
