@@ -317,14 +317,16 @@ def _deterministic(method_name):
     return model, make(task.train), make(task.eval), method.default_lr
 
 
-def _loop(model, train_batches, eval_batches, lr, ranks=ONE_PROCESS):
+ACCUMULATIONS = (1, 2)  # micro-batches per optimiser step: 2 accumulates on each rank and syncs once a step
+
+
+def _loop(model, train_batches, eval_batches, lr, ranks=ONE_PROCESS, accumulation=1):
     from petlprof.run.recipe import TrainRecipe
     from petlprof.run.train import PhaseIO, Steps, evaluate, train
 
     steps = Steps(epochs=1, max_steps=LOOP["max_steps"], warmup_steps=1)
-    trained = train(
-        ranks.wrap(model, "cpu"), train_batches, TrainRecipe(lr=lr), steps, PhaseIO("cpu", [], "t"), ranks=ranks
-    )
+    recipe = TrainRecipe(lr=lr, accumulation=accumulation)
+    trained = train(ranks.wrap(model, "cpu"), train_batches, recipe, steps, PhaseIO("cpu", [], "t"), ranks=ranks)
     scored, preds, golds = evaluate(model, eval_batches, PhaseIO("cpu", [], "e"), warmup_steps=1, ranks=ranks)
     params = {n: p.detach().numpy().tolist() for n, p in model.named_parameters() if p.requires_grad}
     return {"train": trained, "eval": scored, "preds": preds.tolist(), "golds": golds.tolist(), "params": params}
@@ -344,8 +346,9 @@ def _rank_main(rank, port, out_dir):
     distributed.init("cpu")
     try:
         for name in LOOP_METHODS:
-            result = _loop(*_deterministic(name), ranks=ranks)
-            Path(out_dir, f"{name}-{rank}.json").write_text(json.dumps(result))
+            for accumulation in ACCUMULATIONS:
+                result = _loop(*_deterministic(name), ranks=ranks, accumulation=accumulation)
+                Path(out_dir, f"{name}-{accumulation}-{rank}.json").write_text(json.dumps(result))
     finally:
         distributed.destroy()
 
@@ -361,26 +364,39 @@ def two_rank_loops(tmp_path_factory):
     out = tmp_path_factory.mktemp("loops")
     # forked, as a CPU run's ranks are from their launcher: this process has imported everything they need
     torch.multiprocessing.start_processes(_rank_main, args=(_free_port(), str(out)), nprocs=2, start_method="fork")
-    return {(name, r): json.loads((out / f"{name}-{r}.json").read_text()) for name in LOOP_METHODS for r in (0, 1)}
+    return {
+        (name, accumulation, r): json.loads((out / f"{name}-{accumulation}-{r}.json").read_text())
+        for name in LOOP_METHODS
+        for accumulation in ACCUMULATIONS
+        for r in (0, 1)
+    }
 
 
+@pytest.mark.parametrize("accumulation", ACCUMULATIONS, ids=["one batch a step", "two micro-batches a step"])
 @pytest.mark.parametrize("name", LOOP_METHODS)
-def test_two_ranks_are_the_one_rank_optimisation(name, two_rank_loops):
+def test_two_ranks_are_the_one_rank_optimisation(name, accumulation, two_rank_loops):
     """Same global batches, per-rank losses weighted by their share: the losses, trained weights and
     predictions equal one rank's up to float32 summation order (the ranks pad their halves of a batch
-    to different lengths, and masked positions add exact zeros), well inside 1e-5."""
-    one = _loop(*_deterministic(name))
+    to different lengths, and masked positions add exact zeros), well inside 1e-5.  With gradient accumulation too:
+    each rank accumulates its halves of the micro-batches and the gradients are averaged once a step (no_sync on
+    the others), which is one rank's accumulated step; and accumulating is not one batch a step (5 steps of 2
+    micro-batches see other batches than 5 of one)."""
+    one = _loop(*_deterministic(name), accumulation=accumulation)
+    if accumulation > 1:
+        plain = _loop(*_deterministic(name))
+        assert one["train"]["final_loss"] != pytest.approx(plain["train"]["final_loss"], abs=1e-5)
     for r in (0, 1):
-        two = two_rank_loops[(name, r)]
+        two = two_rank_loops[(name, accumulation, r)]
         assert two["train"]["first_loss"] == pytest.approx(one["train"]["first_loss"], abs=1e-5)
         assert two["train"]["final_loss"] == pytest.approx(one["train"]["final_loss"], abs=1e-5)
         for key, value in one["params"].items():
             np.testing.assert_allclose(two["params"][key], value, atol=1e-5, err_msg=key)
         # the metrics see the whole split once, in its order, on every rank
         assert two["golds"] == one["golds"] and two["preds"] == one["preds"]
-    counted = [two_rank_loops[(name, r)]["eval"]["samples"] for r in (0, 1)]
+    counted = [two_rank_loops[(name, accumulation, r)]["eval"]["samples"] for r in (0, 1)]
     assert sum(counted) == one["eval"]["samples"] and counted[1] < counted[0]
-    assert sum(two_rank_loops[(name, r)]["train"]["samples"] for r in (0, 1)) == one["train"]["samples"]
+    trained = [two_rank_loops[(name, accumulation, r)]["train"]["samples"] for r in (0, 1)]
+    assert sum(trained) == one["train"]["samples"]
 
 
 # --- whole runs through torchrun ------------------------------------------------------------------
