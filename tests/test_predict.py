@@ -56,6 +56,26 @@ def test_a_kernel_that_draws_random_numbers_is_priced_by_the_numbers_it_draws():
     assert phase_time(mask, DEVICE, "float32").memory_bound_s == pytest.approx(0.04)
 
 
+def test_a_product_timed_at_its_shape_computes_at_its_own_rate():
+    """2 GFLOP at the device's 1 GFLOP/s is 2 s; the same product measured at 0.5 GFLOP/s at its shape is 4 s, and a
+    product of another shape, or a kernel that is no product, keeps the device's rate."""
+    product, other = (2_000_000_000, 0, 0, (1, 1000, 1000, 1000)), (2_000_000_000, 0, 0, (1, 10, 10, 10))
+    rates = {(1, 1000, 1000, 1000): 0.5e9}
+    assert phase_time([product], DEVICE, "float32", rates).compute_bound_s == pytest.approx(4.0)
+    assert phase_time([other, (2_000_000_000, 0)], DEVICE, "float32", rates).compute_bound_s == pytest.approx(4.0)
+    assert prediction([product], [], DEVICE, "float32", rates)["products_timed_at_their_shapes"] == 1
+
+
+def test_the_products_small_enough_are_timed_once_at_their_shapes():
+    from petlprof.estimate.products import MAX_TIMED_FLOP, _rate, product_rates
+
+    small, large = (1, 8, 16, 4), (1, 4096, 4096, 4096)
+    assert 2 * 4096**3 > MAX_TIMED_FLOP
+    rates = product_rates([(0, 0, 0, small), (0, 0, 0, large), (0, 0, 0, ()), (0, 0)], "float32")
+    assert list(rates) == [small] and rates[small] > 0  # the large one runs at the calibrated rate
+    assert product_rates([(0, 0, 0, small)], "float32") == rates and _rate.cache_info().hits >= 1  # timed once
+
+
 def test_a_prediction_is_labelled_and_its_energy_is_time_times_busy_power():
     predicted = prediction([(1_000_000_000, 0)], [(0, 10_000_000)], DEVICE, "float32")
     assert predicted["kind"] == "predicted" and predicted["calibrated"] is True
@@ -90,6 +110,7 @@ def test_calibrate_measures_this_cpu_and_its_profile_reads_back(profiles):
     assert loaded is not None and loaded.calibrated and why == f"profile {path}"
     assert loaded.throughput("float32") == model["flops_per_s"]["float32"]
     assert loaded.random_s_per_number == model["random_s_per_number"]
+    assert loaded.measure_products  # a CPU profile times a step's products at their shapes
 
 
 @pytest.mark.parametrize(
@@ -173,6 +194,7 @@ def test_estimate_predicts_on_this_machines_profile_and_says_when_it_has_none(pr
         assert predicted["calibrated"] is True and predicted["kind"] == "predicted"
         assert predicted["train_step_s"] > predicted["inference_batch_s"] > 0
         assert predicted["train_step_energy_j"] > 0
+        assert predicted["products_timed_at_their_shapes"] > 0  # a CPU profile times the step's products
     full, lora = sorted(records(tmp_path / "b"), key=lambda r: r["method"])
     assert full["predicted"]["train_step_s"] > lora["predicted"]["train_step_s"]  # full trains every weight
 
@@ -202,11 +224,13 @@ def test_every_counted_kernel_is_in_the_ops_the_roofline_prices():
     infer = inference_batch(model, inputs, device="cpu", op_costs=True)
     assert not train_steps(model, inputs, labels, device="cpu").op_costs  # off unless a prediction asks
     for trace in (train, infer):
-        assert sum(f for f, _, _ in trace.op_costs) == trace.flops and all(b >= 0 for _, b, _ in trace.op_costs)
+        assert sum(c[0] for c in trace.op_costs) == trace.flops and all(c[1] >= 0 for c in trace.op_costs)
+        products = [c for c in trace.op_costs if c[3]]  # each product with its (batch, M, K, N): its FLOPs
+        assert products and all(c[0] == 2 * math.prod(c[3]) for c in products)
     assert len(train.op_costs) > len(infer.op_costs) > 10
     # dropout's masks are drawn in training (at least the embeddings' output: 4 x 16 tokens x width), never in eval
-    drawn = sum(d for _, _, d in train.op_costs)
-    assert drawn >= 4 * 16 * resolved.config.hidden_size and sum(d for _, _, d in infer.op_costs) == 0
+    drawn = sum(c[2] for c in train.op_costs)
+    assert drawn >= 4 * 16 * resolved.config.hidden_size and sum(c[2] for c in infer.op_costs) == 0
 
 
 def test_each_configuration_is_predicted_once_and_its_seeds_share_it(profiles, monkeypatch):

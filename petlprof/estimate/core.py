@@ -352,7 +352,13 @@ def _predicted(
     the training run's totals, and (the LM objective) generation."""
     if settings.device_model is None:
         return {}
-    predicted = prediction(train.op_costs, infer.op_costs, settings.device_model, dtype)
+    rates = None
+    if settings.device_model.measure_products and policy_device(settings.device) == "cpu":
+        # petlprof.estimate.products: times products on this CPU, only where a profile asks for it
+        from petlprof.estimate.products import product_rates
+
+        rates = product_rates([*train.op_costs, *infer.op_costs], dtype)
+    predicted = prediction(train.op_costs, infer.op_costs, settings.device_model, dtype, rates)
     if decode is not None:
         predicted["generation"] = generation(decode, settings.device_model, dtype)
     budget = settings.budget()

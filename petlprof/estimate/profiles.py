@@ -71,7 +71,8 @@ def _model_of(data: dict, path: Path) -> DeviceModel:
         if not is_number(random) or random < 0:
             raise ValueError("random_s_per_number is not a number >= 0")
         name, source, power = str(model["name"]), str(model["source"]), str(model["power_source"])
-        return DeviceModel(name, flops, bandwidth, overhead, busy, idle, True, source, power, float(random))
+        measure = str(data.get("device", "")) == "cpu"  # a CPU's products are timed at a step's shapes too
+        return DeviceModel(name, flops, bandwidth, overhead, busy, idle, True, source, power, float(random), measure)
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         raise UsageError(
             f"device profile {path} is not a petlprof profile ({error}); run `petlprof calibrate` again"

@@ -20,7 +20,7 @@ the step and the optimiser's host work are not in the trace.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 from petlprof.estimate.gpus import Gpu
@@ -54,6 +54,8 @@ class DeviceModel:
     source: str
     power_source: str
     random_s_per_number: float = 0.0  # drawing one random number (0: a draw costs its bytes, as on the GPU table)
+    # time each matrix product of a step at its own shape on this machine (a CPU profile's; petlprof.estimate.products)
+    measure_products: bool = False
 
     def throughput(self, dtype: str) -> float:
         """Achieved FLOP/s in ``dtype`` (float32's where the model has no figure for it)."""
@@ -93,15 +95,23 @@ class PhaseTime:
     kernels: int
 
 
-Cost = tuple[int, ...]  # a kernel's (FLOPs, bytes read and written[, random numbers drawn])
+Cost = tuple  # a kernel's (FLOPs, bytes read and written[, random numbers drawn[, a product's (batch, M, K, N)]])
+ProductRates = Mapping[tuple[int, ...], float]  # a matrix product's (batch, M, K, N) -> its achieved FLOP/s
 
 
-def phase_time(op_costs: Sequence[Cost], device: DeviceModel, dtype: str) -> PhaseTime:
-    """The roofline sum over a pass's kernels (see the module)."""
+def phase_time(
+    op_costs: Sequence[Cost], device: DeviceModel, dtype: str, product_rates: ProductRates | None = None
+) -> PhaseTime:
+    """The roofline sum over a pass's kernels (see the module); a matrix product with a rate in ``product_rates``
+    (measured at its shape) computes at that rate instead of the device's."""
     flops_per_s, bytes_per_s = device.throughput(dtype), device.bytes_per_s
+    rates = product_rates or {}
     compute = memory = 0.0
-    for flops, moved, *drawn in op_costs:
-        c = flops / flops_per_s + sum(drawn) * device.random_s_per_number
+    for cost in op_costs:
+        flops, moved = cost[0], cost[1]
+        drawn = cost[2] if len(cost) > 2 else 0
+        rate = rates.get(cost[3], flops_per_s) if len(cost) > 3 else flops_per_s
+        c = flops / rate + drawn * device.random_s_per_number
         m = moved / bytes_per_s
         if c >= m:
             compute += c
@@ -190,10 +200,17 @@ def generation(step: DecodeStep, device: DeviceModel, dtype: str) -> dict:
     }
 
 
-def prediction(train_costs: Sequence[Cost], inference_costs: Sequence[Cost], device: DeviceModel, dtype: str) -> dict:
+def prediction(
+    train_costs: Sequence[Cost],
+    inference_costs: Sequence[Cost],
+    device: DeviceModel,
+    dtype: str,
+    product_rates: ProductRates | None = None,
+) -> dict:
     """The record's ``predicted`` block: train step and evaluation batch times (s) with their split, and the train
-    step's energy (J), on ``device``, every figure predicted."""
-    train, infer = phase_time(train_costs, device, dtype), phase_time(inference_costs, device, dtype)
+    step's energy (J), on ``device``, every figure predicted (matrix products at ``product_rates`` where given)."""
+    train = phase_time(train_costs, device, dtype, product_rates)
+    infer = phase_time(inference_costs, device, dtype, product_rates)
     return {
         "kind": "predicted",
         "device": device.name,
@@ -209,4 +226,5 @@ def prediction(train_costs: Sequence[Cost], inference_costs: Sequence[Cost], dev
             "kernels": train.overhead_s,
         },
         "train_kernels": train.kernels,
+        "products_timed_at_their_shapes": len(product_rates or {}),
     }

@@ -97,8 +97,9 @@ class MetaTrace(TorchDispatchMode):
         self.live_bytes = 0
         self.peak_bytes = 0
         self.flops = 0
-        # (FLOPs, bytes read and written, random numbers drawn) of each counted kernel
-        self.op_costs: list[tuple[int, int, int]] = []
+        # (FLOPs, bytes read and written, random numbers drawn, a matrix product's (batch, M, K, N) or ()) of each
+        # counted kernel
+        self.op_costs: list[tuple[int, int, int, tuple[int, ...]]] = []
         self._formulas: dict | None = None  # operation packet -> its FLOP formula while counting, else None
         self._storages: dict[int, list[int]] = {}  # storage key -> [bytes, tensors alive on it]
         # id of a weak reference to a tensor on a counted storage -> (the reference, kept so it calls back; the storage)
@@ -139,7 +140,7 @@ class MetaTrace(TorchDispatchMode):
             flops = formula(*args, **kwargs, out_val=out) if formula is not None else 0
             self.flops += flops
             if self.record_costs and func is not _PRIM_DEVICE and not _is_view(func):  # a view launches no kernel
-                self.op_costs.append((flops, _bytes_moved(args, kwargs, out), _drawn(func, out)))
+                self.op_costs.append((flops, _bytes_moved(args, kwargs, out), _drawn(func, out), _product(func, args)))
         return out
 
     def _run(self, func, args, kwargs) -> tuple[Any, set[int]]:
@@ -328,6 +329,20 @@ def _drawn(func, out) -> int:
     return first.numel() if isinstance(first, torch.Tensor) else 0
 
 
+def _product(func, args: tuple) -> tuple[int, ...]:
+    """(batch, M, K, N) of a matrix product (mm, addmm, bmm: an (M, K) by (K, N) product, ``batch`` times), else ()."""
+    packet = getattr(func, "_overloadpacket", None)
+    operands = args[1:3] if packet is aten.addmm else args[:2] if packet in (aten.mm, aten.bmm) else ()
+    if len(operands) != 2 or not all(isinstance(t, torch.Tensor) for t in operands):
+        return ()
+    a, b = operands
+    if a.dim() == 2 and b.dim() == 2:
+        return (1, a.shape[0], a.shape[1], b.shape[1])
+    if a.dim() == 3 and b.dim() == 3:
+        return (a.shape[0], a.shape[1], a.shape[2], b.shape[2])
+    return ()
+
+
 def _cache_key(func, spec, leaves: list) -> tuple | None:
     """The call's identity by its arguments' shapes, or None where that does not decide its output."""
     key = [func, spec]
@@ -467,7 +482,7 @@ class StepTrace:
     output_shape: tuple[int, ...] = ()
     output_bytes: int = 0
     attention_kernels: tuple[str, ...] = ()  # the kernels its scaled_dot_product_attention calls ran (eager: none)
-    op_costs: tuple[tuple[int, int, int], ...] = ()  # (FLOPs, bytes moved, numbers drawn) of each counted kernel
+    op_costs: tuple[tuple[int, int, int, tuple[int, ...]], ...] = ()  # as MetaTrace.op_costs, of the counted pass
 
 
 def example_batch(batch_size: int, max_length: int, token_id: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
