@@ -22,7 +22,7 @@ from petlprof.cli import main
 from petlprof.execution.child import FRESH_PROCESS, WARM_PROCESS, execute_in_subprocess, worker_env
 from petlprof.execution.executors import LocalExecutor
 from petlprof.execution.process import command
-from petlprof.execution.warm import WarmWorker, _runs, close_kept, resident_file_pages
+from petlprof.execution.warm import WarmWorker, _runs, close_kept, ctrl_c_after_imports, resident_file_pages
 from petlprof.execution.worker import preload
 from petlprof.meters import idle
 from petlprof.results.records import add_overhead, measured_phases_s
@@ -360,3 +360,21 @@ def test_the_checks_before_the_commands_fork_load_no_tokenizer():
     assert backbones.shared_tokenizer.cache_info().currsize == 0
     check_backbone_shapes(options)  # the preflight's, after the fork: the presets checked too
     assert backbones.shared_tokenizer.cache_info().currsize > 0
+
+
+def test_ctrl_c_during_the_runtimes_imports_is_raised_when_they_end_even_past_a_bare_except():
+    """A library's optional import inside a bare ``except:`` swallowed the KeyboardInterrupt of a Ctrl-C that
+    arrived there, and the command ran its sweep; held until the imports end, it always stops the command."""
+    previous = signal.getsignal(signal.SIGINT)
+    reached_the_end = False
+    with pytest.raises(KeyboardInterrupt):
+        with ctrl_c_after_imports():
+            try:  # what such a library does around its own optional import
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.05)  # the handler runs here
+            except:  # noqa: E722 - the swallowing under test
+                pass
+            reached_the_end = True
+    assert reached_the_end and signal.getsignal(signal.SIGINT) is previous
+    with ctrl_c_after_imports():  # no Ctrl-C: nothing raised
+        pass

@@ -41,6 +41,7 @@ stderr pipe attached (``SCM_RIGHTS``); the warm worker answers
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import importlib
 import io
@@ -54,7 +55,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -185,6 +186,27 @@ def _may_fork_from_this_process() -> bool:
     return torch is None or not torch.cuda.is_initialized()
 
 
+@contextlib.contextmanager
+def ctrl_c_after_imports() -> Iterator[None]:
+    """Ctrl-C during the block is raised as KeyboardInterrupt when it ends, not where it arrived.
+
+    A library's import may catch every exception around an optional import of its own (a bare ``except:``), and a
+    KeyboardInterrupt raised inside it was swallowed: the command went on to run its sweep (seen once under a loaded
+    CI machine, the Ctrl-C a second into the runtime's imports).  Held here, it stops the command the moment the
+    imports are done (a few seconds at most).  Outside the main thread the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pressed: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: pressed.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if pressed:
+        raise KeyboardInterrupt
+
+
 class ForkedWorker:
     """A warm worker forked from this process after it imported the runtime: the part of ``subprocess.Popen`` that
     :class:`WarmWorker` uses (``pid``, ``returncode``, ``poll``, ``wait``, ``kill``).
@@ -206,7 +228,8 @@ class ForkedWorker:
     ) -> ForkedWorker | None:
         """Import the runtime here, then fork the worker; None (nothing forked) where a Python thread started
         meanwhile, which a fork would leave holding its locks: the caller starts a fresh interpreter then."""
-        preload()  # in the driver, once, for itself and the fork: its own later imports of these libraries are free
+        with ctrl_c_after_imports():
+            preload()  # in the driver, once, for itself and the fork: its own later imports of these libraries are free
         if threading.active_count() != 1:
             return None
         driver, resident = os.getpid(), resident_file_pages()  # a fork leaves file pages unmapped: mapped again below
