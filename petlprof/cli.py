@@ -75,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate = sub.add_parser(
         "calibrate",
         help="measure this machine's device for `petlprof estimate`'s time and energy predictions: matrix "
-        "throughput, memory bandwidth, the cost of a kernel, busy and idle power (about 15 s on a CPU)",
+        "throughput, memory bandwidth, the cost of a kernel and of a random number, busy and idle power "
+        "(about 17 s on a CPU)",
     )
     calibrate.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
     add_estimate_parser(sub)
@@ -184,13 +185,17 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
         if not torch.cuda.is_available():
             raise UsageError(f"--device {device}: torch sees no CUDA device here")
-    say(f"petlprof: calibrating {device} (measured: matrix products, copies, tiny kernels, power busy and idle)")
+    say(
+        f"petlprof: calibrating {device} (measured: matrix products, copies, tiny kernels, random numbers, power busy "
+        "and idle)"
+    )
     profile = calibrate(device)
     model = profile["model"]
     for dtype, flops in model["flops_per_s"].items():
         say(f"  matrix throughput ({dtype}): {flops / 1e9:,.1f} GFLOP/s (measured)")
     say(f"  memory bandwidth: {model['bytes_per_s'] / 1e9:,.2f} GB/s (measured, copies)")
     say(f"  cost of a kernel: {model['kernel_overhead_s'] * 1e6:,.1f} us (measured, tiny additions)")
+    say(f"  cost of a random number: {model['random_s_per_number'] * 1e9:,.2f} ns (measured, a dropout mask's draws)")
     power_kind = "estimated" if model["power_source"] == "estimate" else "measured"
     say(
         f"  power busy / idle: {model['busy_w']:,.1f} W / {model['idle_w']:,.1f} W "

@@ -73,7 +73,8 @@ def test_the_products_small_enough_are_timed_once_at_their_shapes():
     assert 2 * 4096**3 > MAX_TIMED_FLOP
     rates = product_rates([(0, 0, 0, small), (0, 0, 0, large), (0, 0, 0, ()), (0, 0)], "float32")
     assert list(rates) == [small] and rates[small] > 0  # the large one runs at the calibrated rate
-    assert product_rates([(0, 0, 0, small)], "float32") == rates and _rate.cache_info().hits >= 1  # timed once
+    hits = _rate.cache_info().hits
+    assert product_rates([(0, 0, 0, small)], "float32") == rates and _rate.cache_info().hits == hits + 1  # timed once
 
 
 def test_a_prediction_is_labelled_and_its_energy_is_time_times_busy_power():
@@ -174,6 +175,17 @@ def test_calibrate_on_a_gpu_this_machine_lacks_is_one_line(capsys):
         pytest.skip("this machine has a GPU")
     assert main(["calibrate", "--device", "cuda"]) == 2
     assert "torch sees no CUDA device here" in capsys.readouterr().err
+
+
+def test_calibrate_prints_each_figure_with_its_unit_and_how_it_was_obtained(profiles, capsys, monkeypatch):
+    quick = cal.calibrate("cpu", seconds=0.02)
+    monkeypatch.setattr(cal, "calibrate", lambda device: quick)  # the command's own 15 s measurement, shortened
+    assert main(["calibrate", "--device", "cpu"]) == 0
+    figures = [line.strip() for line in capsys.readouterr().err.splitlines() if line.startswith("  ")]
+    units = ("GFLOP/s", "GB/s", " us ", " ns ", " W ")
+    assert len(figures) == 5 and all(any(u in line for u in units) for line in figures), figures
+    assert all("(measured" in line or "(estimated" in line for line in figures), figures
+    assert any(line.startswith("cost of a random number:") for line in figures)
 
 
 def records(out) -> list[dict]:

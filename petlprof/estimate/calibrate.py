@@ -33,7 +33,7 @@ RANDOM_NUMBERS = 2**20
 MEASURE_S = 1.5  # each measurement repeats its work for at least this long
 
 
-def _repeat(work: Callable[[], object], device: str, seconds: float) -> tuple[int, float]:
+def repeat_timed(work: Callable[[], object], device: str, seconds: float) -> tuple[int, float]:
     """(times run, seconds taken) of ``work`` repeated for at least ``seconds``, after one unmeasured run."""
     work()
     synchronize(device)
@@ -52,7 +52,7 @@ def matmul_flops_per_s(device: str, dtype: str, seconds: float = MEASURE_S) -> f
     best = 0.0
     for n in MATMUL_SIZES:
         a = torch.randn(n, n, device=device, dtype=getattr(torch, dtype))
-        count, elapsed = _repeat(lambda: a @ a, device, seconds / len(MATMUL_SIZES))  # noqa: B023
+        count, elapsed = repeat_timed(lambda: a @ a, device, seconds / len(MATMUL_SIZES))  # noqa: B023
         best = max(best, 2 * n**3 * count / elapsed)
     return best
 
@@ -61,7 +61,7 @@ def bandwidth_bytes_per_s(device: str, seconds: float = MEASURE_S) -> float:
     """Achieved bytes/s of a large copy (each copy reads and writes :data:`COPY_BYTES`)."""
     source = torch.ones(COPY_BYTES // 4, device=device)
     target = torch.empty_like(source)
-    count, elapsed = _repeat(lambda: target.copy_(source), device, seconds)
+    count, elapsed = repeat_timed(lambda: target.copy_(source), device, seconds)
     return 2 * COPY_BYTES * count / elapsed
 
 
@@ -73,7 +73,7 @@ def kernel_overhead_s(device: str, seconds: float = MEASURE_S) -> float:
         for _ in range(100):
             x.add_(1.0)
 
-    count, elapsed = _repeat(hundred, device, seconds)
+    count, elapsed = repeat_timed(hundred, device, seconds)
     return elapsed / (100 * count)
 
 
@@ -81,7 +81,7 @@ def random_s_per_number(device: str, seconds: float = MEASURE_S) -> float:
     """Seconds drawing one random number costs: a dropout mask's ``bernoulli_`` at rate 0.1 (keep 0.9), a million at
     a time.  On a CPU the cost depends on the rate: 7.2 ns a number here at 0.9, 6.3 at LoRA's 0.95, 14.8 at 0.5."""
     x = torch.empty(RANDOM_NUMBERS, device=device)
-    count, elapsed = _repeat(lambda: x.bernoulli_(0.9), device, seconds)
+    count, elapsed = repeat_timed(lambda: x.bernoulli_(0.9), device, seconds)
     return elapsed / (RANDOM_NUMBERS * count)
 
 
@@ -93,7 +93,7 @@ def power_w(device: str, work: Callable[[], object] | None, seconds: float = MEA
             if work is None:
                 time.sleep(seconds)
             else:
-                _repeat(work, device, seconds)
+                repeat_timed(work, device, seconds)
     finally:
         meter.close()
     energy, window_s = window.reading.value(ENERGY), window.time_s or 0.0
