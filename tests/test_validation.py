@@ -139,14 +139,25 @@ def test_a_validation_file_of_a_labelled_task_shares_its_label_set(tmp_path):
         ("reviews.csv", "reviews.csv", "is one of the task's own data files"),
         ("reviews.csv", "notes.txt", "unsupported file type '.txt'"),
         ("reviews.csv", "no-text.csv", "no-text.csv has no column 'text'"),
+        ("reviews.csv", "copied.csv", "copied.csv' shares 1 row(s) with the evaluation split"),
     ],
-    ids=["a registered task", "no such file", "the training file itself", "an unknown file type", "other columns"],
+    ids=[
+        "a registered task",
+        "no such file",
+        "the training file itself",
+        "an unknown file type",
+        "other columns",
+        "an evaluation example in it",
+    ],
 )
 def test_a_validation_file_that_cannot_serve_is_refused(tmp_path, task, val_file, message):
     _user_file(tmp_path)
     _val_file(tmp_path, "labelled")
     (tmp_path / "notes.txt").write_text("a note\n")
     (tmp_path / "no-text.csv").write_text("sentence_b,label\nsome words,1\n")
+    evaluation = load_task(str(tmp_path / "reviews.csv"), train_size=20).eval  # the split a decision must not read
+    row = f"{evaluation.texts[0]},{int(evaluation.labels[0])}"
+    (tmp_path / "copied.csv").write_text(f"text,label\nsomething new,1\n{row}\n")
     task = task if task == "tweets" else str(tmp_path / task)
     path = str(tmp_path / val_file)
     with pytest.raises(UsageError, match=re.escape(message.replace("MISSING", path))):

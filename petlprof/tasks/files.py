@@ -46,6 +46,15 @@ def read_sources(data_path: str, val_file: str | None = None) -> dict[str, pd.Da
     return {**sources, val_key(val_file): read_table(validation)}
 
 
+def shared_rows(first: pd.DataFrame, second: pd.DataFrame) -> int:
+    """Rows of ``first`` equal, in every column both frames have, to a row of ``second``."""
+    columns = [c for c in first.columns if c in second.columns]
+    if not columns:
+        return 0
+    seen = set(second[columns].astype(str).itertuples(index=False, name=None))
+    return sum(row in seen for row in first[columns].astype(str).itertuples(index=False, name=None))
+
+
 def val_key(val_file: str) -> str:
     """Where the validation file's frame stands among the sources (its path as given, normalised)."""
     return str(Path(val_file))
@@ -68,6 +77,12 @@ def split_frames(
         sources = dict(sources)
         validation = subsample(sources.pop(val_key(val_file)), val_size, split_seed).reset_index(drop=True)
         train, _, evaluation, how = split_frames(data_path, sources, train_size, eval_size, split_seed)
+        shared = shared_rows(validation, evaluation)
+        if shared:
+            raise UsageError(
+                f"--val-file '{val_file}' shares {shared} row(s) with the evaluation split: every decision read from "
+                "it would read examples the runs are scored on; remove them from the file (or give another one)"
+            )
         return train, validation, evaluation, f"{how}, validation file {Path(val_file).name}"
     if len(sources) == 2:
         train, evaluation = sources.values()
