@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import textwrap
 import warnings
@@ -272,7 +273,9 @@ def entry() -> NoReturn:
     (:func:`~petlprof.execution.warm.fork_warm_workers_from_this_process`):
     the command's state is its own, so its runs may inherit it.  Ctrl-C outside a sweep's runs (its imports, its
     checks) is one line and exit code 130, not a traceback; a program calling :func:`main` gets the
-    KeyboardInterrupt."""
+    KeyboardInterrupt.  Ctrl-C and SIGTERM are unblocked first, as a run's worker does: a signal mask is inherited,
+    and a command started with them blocked (seen under a test runner's worker) held a Ctrl-C until its run ended."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT, signal.SIGTERM))
     fork_warm_workers_from_this_process()
     try:
         code = main()

@@ -315,15 +315,23 @@ def test_ctrl_c_while_a_worker_is_still_importing_prints_no_traceback(tmp_path):
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-2000:]
 
 
-def test_ctrl_c_while_the_command_imports_for_its_warm_worker_is_one_line(tmp_path):
+def _ignored_and_blocked() -> None:
+    """A test runner's worker may start us with Ctrl-C ignored and blocked: the command must undo both."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+
+
+@pytest.mark.parametrize("blocked", [False, True], ids=["as from a shell", "started with Ctrl-C blocked"])
+def test_ctrl_c_while_the_command_imports_for_its_warm_worker_is_one_line(tmp_path, blocked):
     """The command imports the runtime before its checks (to fork its warm worker from itself): Ctrl-C then is one
-    line and exit code 130, with nothing written."""
+    line and exit code 130, with nothing written.  Started with Ctrl-C blocked (an inherited signal mask), the
+    command held it until its run had ended (twice in CI, where the test runner's worker had it blocked)."""
     out = tmp_path / "out"
     proc = subprocess.Popen(
         [sys.executable, "-m", "petlprof.cli", "run", "--methods", "bitfit", "--output", str(out)],
         stderr=subprocess.PIPE,
         text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # a test runner may start us ignoring it
+        preexec_fn=_ignored_and_blocked if blocked else lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     time.sleep(1.0)  # past the command's own start, inside the runtime's imports (about 5 s here)
     proc.send_signal(signal.SIGINT)

@@ -190,10 +190,10 @@ def _may_fork_from_this_process() -> bool:
 def ctrl_c_after_imports() -> Iterator[None]:
     """Ctrl-C during the block is raised as KeyboardInterrupt when it ends, not where it arrived.
 
-    A library's import may catch every exception around an optional import of its own (a bare ``except:``), and a
-    KeyboardInterrupt raised inside it was swallowed: the command went on to run its sweep (seen once under a loaded
-    CI machine, the Ctrl-C a second into the runtime's imports).  Held here, it stops the command the moment the
-    imports are done (a few seconds at most).  Outside the main thread the block runs as it is."""
+    A library's import may catch every exception around an optional import of its own (a bare ``except:``), which
+    would swallow a KeyboardInterrupt raised inside it and let the command go on to its sweep.  Held here, it stops
+    the command the moment the imports are done (a few seconds at most).  Outside the main thread the block runs as
+    it is."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
