@@ -35,10 +35,9 @@ from petlprof.estimate.command import (
     totals_line,
 )
 from petlprof.results.figures import ENERGY, TIME
-from petlprof.values import DURATION_UNITS, ENERGY_UNITS, J_PER_KWH, Number, flag, parse_bytes
+from petlprof.results.units import cost_text, read_price
+from petlprof.values import DURATION_UNITS, ENERGY_UNITS, J_PER_KWH, flag, parse_bytes
 
-MAX_PRICE_PER_KWH = 1e6  # no tariff comes near a million of any currency per kWh
-_PRICE = Number(0.0, maximum=MAX_PRICE_PER_KWH, what="a positive price per kWh (any currency)", optional=True)
 PLAN_FILE = "plan.jsonl"
 
 
@@ -102,13 +101,12 @@ def add_plan_parser(sub: Any) -> argparse.ArgumentParser:
 def read_budgets(args: argparse.Namespace) -> Budgets:
     """The budgets ``args`` name, each checked (one line, exit 2): at least one of them, energy and time with their
     units, a price a positive finite number."""
-    price_per_kwh = None if args.price_per_kwh is None else _PRICE.read(args.price_per_kwh)
-    _PRICE.check("price_per_kwh", price_per_kwh)
+    price_per_kwh = read_price(args.price_per_kwh)
     budgets = Budgets(
         parse_bytes(args.device_memory, "--device-memory"),
         ENERGY_UNITS.parse(args.max_energy, "--max-energy"),
         DURATION_UNITS.parse(args.max_time, "--max-time"),
-        None if price_per_kwh is None else float(price_per_kwh),
+        price_per_kwh,
     )
     if budgets.device_memory_bytes is None and budgets.max_energy_j is None and budgets.max_time_s is None:
         raise UsageError("petlprof plan needs a budget to judge against: --device-memory, --max-energy or --max-time")
@@ -196,17 +194,12 @@ def plan_table(candidates: Sequence[Candidate], budgets: Budgets) -> str:
         if budgets.max_energy_j is not None:
             row["energy_left"] = _share(candidate.left_share.get("energy"))
         if budgets.price_per_kwh is not None:
-            row["energy_cost"] = "-" if candidate.cost is None else _cost(candidate.cost)
+            row["energy_cost"] = "-" if candidate.cost is None else cost_text(candidate.cost)
         row["verdict"] = "fits" if candidate.fits else f"over: {'; '.join(candidate.over)}"
         if candidate.error:
             row["verdict"] = f"not estimated: {candidate.error}"
         rows.append(row)
     return "\n".join(aligned(rows))
-
-
-def _cost(value: float) -> str:
-    """A cost in the price's currency: cents where it has them, two significant figures below a cent."""
-    return f"{value:,.2f}" if value >= 0.01 else f"{value:.2g}" if value else "0"
 
 
 def _share(value: float | None) -> str:

@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING
 
 from petlprof.meters.base import Meter, Provenance, Reading
 from petlprof.results.figures import CO2, CODECARBON_CPU, CODECARBON_ENERGY_J, CODECARBON_GPU, CODECARBON_RAM
+from petlprof.values import J_PER_KWH
 from petlprof.vocabulary import ESTIMATED
 
 if TYPE_CHECKING:
     from codecarbon import OfflineEmissionsTracker
 
 DEFAULT_COUNTRY = "USA"
-J_PER_KWH = 3.6e6
 
 
 class CodecarbonMeter(Meter):
