@@ -73,6 +73,12 @@ def build_parser() -> argparse.ArgumentParser:
             + f" (default {DEFAULT_INTERVAL}; petlprof run's report uses the default)"
         ).replace("%", "%%"),  # argparse formats help with %
     )
+    report.add_argument(
+        "--country-code",
+        help="grams of CO2e at this country's grid intensity (ISO 3166 alpha-3, e.g. FRA), from CodeCarbon's table",
+    )
+    report.add_argument("--carbon-intensity", help="grams of CO2e at this grid intensity, in g CO2e per kWh")
+    report.add_argument("--price-per-kwh", help="the price of a kWh, in any currency: the energy's cost in it")
     calibrate = sub.add_parser(
         "calibrate",
         help="measure this machine's device for `petlprof estimate`'s time and energy predictions: matrix "
@@ -211,7 +217,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     from petlprof.report import load_records, write_report
     from petlprof.report.terminal import print_summary
     from petlprof.results.store import check_writable
+    from petlprof.results.units import energy_units
 
+    units = energy_units(args.country_code, args.carbon_intensity, args.price_per_kwh)  # before reading anything
     paths = [Path(d) for d in args.dirs]
     for path in paths:
         check_file(path, "results", folder=True)  # a FIFO would be read forever
@@ -224,7 +232,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     out_dir = Path(args.output) if args.output else first
     check_writable(out_dir)  # before the summary: a folder that cannot take the report is one line
     print_summary(records, skipped)
-    for path in write_report(records, out_dir, interval=args.interval):
+    for path in write_report(records, out_dir, interval=args.interval, units=units):
         say(f"wrote {path}")
     return 0
 

@@ -232,8 +232,8 @@ def test_the_report_leads_with_the_sweeps_worst_grade_and_shows_it_beside_the_en
     records = load_records([folder])
     text = render_report(records, runs_frame(records), [])
     sections = text.split("\n## ")
-    assert sections[1].startswith("How far to trust the energy figures")
-    assert "Worst energy grade in this sweep: **D**" in sections[1] and "a model of power" in sections[1]
+    assert sections[1].startswith("Bottom line") and sections[2].startswith("How far to trust the energy figures")
+    assert "Worst energy grade in this sweep: **D**" in sections[2] and "a model of power" in sections[2]
     assert "| energy grade |" in text
     assert runs_frame(records)["energy_grade"].tolist() == ["D"] * len(records)
 

@@ -22,12 +22,14 @@ from petlprof.report.records import load_records
 REPORTS = Path(__file__).resolve().parents[1] / "reports"
 STORED = sorted(path.parent for path in REPORTS.rglob("results.jsonl") if (path.parent / REPORT_FILE).exists())
 PLOTTED = ("Pareto fronts", "Cost to reach the target", "Learning curves")
+PLOT_LINE = re.compile(r"^!\[[^\]]*\]\([^)]*\.png\)\n\n", flags=re.M)
 
 
 def sections(text: str) -> dict[str, str]:
-    """report.md's ``## `` sections by heading, those drawn from plots left out."""
+    """report.md's ``## `` sections by heading, those drawn from plots left out, and the lines naming a plot file in
+    the others (the lifecycle's)."""
     parts = re.split(r"^## (.+)$", text, flags=re.M)
-    found = {heading: body for heading, body in zip(parts[1::2], parts[2::2])}
+    found = {heading: re.sub(PLOT_LINE, "", body) for heading, body in zip(parts[1::2], parts[2::2])}
     return {heading: body for heading, body in found.items() if heading not in PLOTTED}
 
 

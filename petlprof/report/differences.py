@@ -107,18 +107,23 @@ def difference_table(runs: pd.DataFrame) -> str:
     return render_markdown(headers, rows, numeric)
 
 
-def difference_tables(runs: pd.DataFrame) -> list[tuple[str, str, str]]:
-    """(task, backbone, Markdown table) for every task and backbone with a finished run, from the runs
-    table (:func:`petlprof.report.frame.runs_frame`); runs on random weights (``--random-init``, cost-only)
-    and configurations with a run that answered every prompt with one text (``constant_output``) are left out:
-    their scores mean nothing."""
+def comparable(runs: pd.DataFrame) -> pd.DataFrame:
+    """The finished runs of the runs table (:func:`petlprof.report.frame.runs_frame`) whose scores can be compared:
+    with a score, not on random weights (``--random-init``, cost-only), and not of a configuration with a run that
+    answered every prompt with one text (``constant_output``): their scores mean nothing."""
     constant = set(runs.loc[runs["constant_output"].astype(bool), "config_key"])  # every seed of such a config
-    runs = runs[
+    return runs[
         ~runs["random_init"].astype(bool)
         & ~runs["config_key"].isin(constant)
         & (runs["status"] == "ok")
         & runs["quality"].notna()
     ]
+
+
+def difference_tables(runs: pd.DataFrame) -> list[tuple[str, str, str]]:
+    """(task, backbone, Markdown table) for every task and backbone with a finished run, from the runs
+    table (:func:`petlprof.report.frame.runs_frame`); only the :func:`comparable` runs count."""
+    runs = comparable(runs)
     return [
         (text(task), text(backbone), difference_table(group))
         for (task, backbone), group in runs.groupby(GROUP, sort=True, dropna=False)

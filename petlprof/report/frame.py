@@ -4,8 +4,9 @@
 the metric-direction table (``energy_j``, ``peak_memory_bytes``, ``time_s``, ``trainable_params``
 for the train phase; ``eval_*`` for the eval phase), each quality metric under its own name, and the
 generation phases' figures under their record paths (``generation.batch_1.tokens_per_s``), and what
-the report needs to know of each run besides (``random_init``, ``majority_rate``).  The report builds this
-table once and every table and plot of results reads it.
+the report needs to know of each run besides (``random_init``, ``majority_rate``, ``eval_samples``, and per
+phase whether other processes kept the CPUs busy during it: ``contended``, ``eval_contended``, ...).  The report
+builds this table once and every table and plot of results reads it.
 :func:`summarise` merges a configuration's seeds into one row: the mean of every figure, the
 half-width of its 95% confidence interval (Student's t, ``n - 1`` degrees of freedom) and its
 standard error (NaN for one seed).  :func:`frontier` marks the configurations no other one
@@ -16,6 +17,7 @@ figures are NaN, never an error.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -80,7 +82,22 @@ GENERATION_FIGURES = (  # per batch size of a generation phase, columns named by
     PEAK_MEMORY,
     SIDE_SHARE_OF_PER_TOKEN,
 )
-RUN_FACTS = ("random_init", "constant_output", "majority_rate")  # what a run is, not a figure to average over seeds
+# a window measured while other processes kept the machine's CPUs busy (its ``contended`` flag), per phase: its time,
+# energy and latency may be inflated; a batched phase's column says whether any of its batch sizes' windows was
+CONTENDED = {
+    phase: "contended" if phase == "train" else f"{phase}_contended"
+    for phase in ("train", "eval", "eval_merged", "inference", *GENERATION_PHASES)
+}
+# what serving a request costs once tuned (serving_figures): energy per request at batch 1 and at the largest batch
+# measured, as tuned and merged; the batch; the requests' kind and mean prompt and response lengths (tokens)
+REQUEST_B1, REQUEST_BATCH = "request_j_b1", "request_j_batch"
+REQUEST_B1_MERGED, REQUEST_BATCH_MERGED = "request_j_b1_merged", "request_j_batch_merged"
+SERVING_BATCH, REQUEST_KIND = "serving_batch", "request_kind"
+REQUEST_PROMPT_TOKENS, REQUEST_RESPONSE_TOKENS = "request_prompt_tokens", "request_response_tokens"
+REQUEST_ENERGY = (REQUEST_B1, REQUEST_BATCH, REQUEST_B1_MERGED, REQUEST_BATCH_MERGED)
+SERVING = (*REQUEST_ENERGY, SERVING_BATCH, REQUEST_KIND, REQUEST_PROMPT_TOKENS, REQUEST_RESPONSE_TOKENS)
+# what a run is, not a figure to average over seeds
+RUN_FACTS = ("random_init", "constant_output", "majority_rate", "eval_samples", *CONTENDED.values())
 GENERATION_COLUMN = re.compile(r"^(generation(?:_merged)?)\.batch_(\d+)\.(.+)$")
 
 
@@ -113,6 +130,7 @@ def _row(record: RunResult) -> Row:
         "random_init": is_random_init(record),  # on random weights (--random-init): its score is meaningless
         "constant_output": record.constant_output,  # one text for every prompt: its score is not the method's
         "majority_rate": record.task_info.majority_rate,
+        "eval_samples": record.task_info.eval_samples,  # what a share-of-samples metric was scored on
         "trainable_params": record.trainable_params,
         "total_params": record.total_params,
         "checkpoint_bytes": record.checkpoint_bytes,
@@ -147,6 +165,12 @@ def _row(record: RunResult) -> Row:
         }
     )
     row.update(_generation_figures(record))
+    row.update(serving_figures(record))
+    for window_of, column in CONTENDED.items():  # None where no window recorded the flag (no contention meter)
+        one = record.phase(window_of) if window_of in ("train", "eval", "eval_merged") else None
+        windows = [one] if one is not None else list(record.windows(window_of).values())
+        flags = [w.raw("contended") for w in windows if w.raw("contended") is not None]
+        row[column] = any(f is True for f in flags) if flags else None
     for name, value in record.metrics.items():
         row[name] = value
     if (primary := record.primary_metric) is not None and primary in record.metrics:
@@ -196,6 +220,46 @@ def _generation_figures(record: RunResult) -> Row:
     return row
 
 
+def _per_request(window: Any, phase: str) -> float | None:
+    """A window's energy per request: per generated response, or per classified sample (inference)."""
+    if window is None:
+        return None
+    value = window[ENERGY_PER_RESPONSE] if phase.startswith("generation") else window.raw("energy_per_sample_j")
+    return _typed(value, float)
+
+
+def _batch_sizes(windows: Mapping[str, Any]) -> list[int]:
+    return sorted(int(key.removeprefix("batch_")) for key in windows if key.removeprefix("batch_").isdigit())
+
+
+def serving_figures(record: RunResult) -> Row:
+    """What one request costs to serve once tuned (columns :data:`SERVING`): the energy per generated response (LM
+    objective) or per classified sample (inference phase), at batch 1 and at the largest batch measured, as tuned
+    and merged where the method merges (generation only: a classifier's inference phase measures the model as tuned,
+    and its merged evaluation, which also scores, is no like-for-like figure); the requests' mean prompt and
+    response tokens where generated."""
+    generating = bool(record.windows("generation"))
+    phase = "generation" if generating else "inference"
+    windows = record.windows(phase)
+    merged = record.windows("generation_merged") if generating else {}
+    sizes = _batch_sizes(windows)
+    batch = max((s for s in sizes if s > 1), default=None)
+    row: Row = {name: None for name in SERVING}
+    row[SERVING_BATCH] = batch
+    row[REQUEST_KIND] = None if not sizes else ("response" if generating else "sample")
+    row[REQUEST_B1] = _per_request(windows.get("batch_1"), phase)
+    row[REQUEST_BATCH] = None if batch is None else _per_request(windows.get(f"batch_{batch}"), phase)
+    row[REQUEST_B1_MERGED] = _per_request(merged.get("batch_1"), phase)
+    row[REQUEST_BATCH_MERGED] = None if batch is None else _per_request(merged.get(f"batch_{batch}"), phase)
+    first = windows.get("batch_1") if generating else None
+    responses = None if first is None else _typed(first.raw("responses"), int)
+    if first is not None and responses:
+        prompt, response = _typed(first.raw("prompt_tokens"), int), _typed(first.raw("response_tokens"), int)
+        row[REQUEST_PROMPT_TOKENS] = None if prompt is None else prompt / responses
+        row[REQUEST_RESPONSE_TOKENS] = None if response is None else response / responses
+    return row
+
+
 def generation_column(phase: str, batch: str, figure: Figure) -> str:
     """The column of one generation figure at one batch size (``batch``: ``batch_<n>``), as
     ``generation.batch_1.per_token_latency_s.p50``."""
@@ -235,6 +299,9 @@ def runs_frame(records: Sequence[RunResult | Mapping[str, Any]]) -> pd.DataFrame
         "target_value",
         "diverged_at_step",
         *SEARCH_COSTS,
+        *REQUEST_ENERGY,
+        REQUEST_PROMPT_TOKENS,
+        REQUEST_RESPONSE_TOKENS,
         *metrics,
         *(column for columns in PHASE_FIGURES.values() for column in columns),
         *(column for column in frame.columns if GENERATION_COLUMN.match(column) and not column.endswith(GRADE_KEY)),
@@ -264,9 +331,36 @@ def _numeric_columns(frame: pd.DataFrame) -> list[str]:
 
 def summarise(runs: pd.DataFrame, ok_only: bool = True) -> pd.DataFrame:
     """One row per configuration: ``n_seeds``, ``seeds``, each figure's mean under its own name and
-    its 95% CI half-width as ``<name>_ci95``; ``energy_kind`` is ``estimated`` when any seed's is."""
+    its 95% CI half-width as ``<name>_ci95``; ``energy_kind`` is ``estimated`` when any seed's is, a phase's
+    ``contended`` flag True when any seed's window was, ``eval_samples`` the seeds' common count."""
     if "n_seeds" in runs.columns:
         return runs  # already one row per configuration
+    key = _fingerprint(runs, ok_only)
+    if key is not None and key in _SUMMARIES:
+        return _SUMMARIES[key].copy()
+    configs = _summarise(runs, ok_only)
+    if key is not None:
+        _SUMMARIES[key] = configs.copy()
+        while len(_SUMMARIES) > SUMMARIES_KEPT:
+            _SUMMARIES.pop(next(iter(_SUMMARIES)))
+    return configs
+
+
+SUMMARIES_KEPT = 16  # a report summarises the same runs (and a few subsets) a dozen times: 0.8 s each at 500 runs
+_SUMMARIES: dict[tuple, pd.DataFrame] = {}
+
+
+def _fingerprint(runs: pd.DataFrame, ok_only: bool) -> tuple | None:
+    """A key for ``runs``' contents (columns, index and every cell); None when a cell cannot be hashed."""
+    try:
+        cells = pd.util.hash_pandas_object(runs.astype(str), index=True).to_numpy()
+    except (TypeError, ValueError):
+        return None
+    digest = hashlib.blake2b(cells.tobytes(), digest_size=16).hexdigest()
+    return (ok_only, tuple(map(str, runs.columns)), digest)
+
+
+def _summarise(runs: pd.DataFrame, ok_only: bool) -> pd.DataFrame:
     frame = runs[runs["status"] == "ok"] if ok_only else runs
     if frame.empty:
         return pd.DataFrame(columns=[*CONFIG, "n_seeds", "quality", *COSTS])
@@ -286,7 +380,10 @@ def summarise(runs: pd.DataFrame, ok_only: bool = True) -> pd.DataFrame:
             target_metric=group["target_metric"].iloc[0],
             target_value=group["target_value"].iloc[0],
             constant_output=int(group["constant_output"].astype(bool).sum()) if "constant_output" in group else 0,
+            eval_samples=_agreed(group["eval_samples"]) if "eval_samples" in group else None,
         )
+        for column in CONTENDED.values():  # any seed's window contended
+            row[column] = bool(group[column].map(lambda v: v is True).any()) if column in group else False
         # one conversion per configuration, not one per figure
         block = group[numeric].to_numpy(dtype=float, na_value=np.nan)
         for column, values in zip(numeric, block.T):
@@ -305,6 +402,12 @@ def summarise(runs: pd.DataFrame, ok_only: bool = True) -> pd.DataFrame:
                 row[column] = ", ".join(sorted({str(v) for v in group[column].dropna()})) or None
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _agreed(values: pd.Series) -> int | None:
+    """The one number of evaluation samples a configuration's seeds agree on, None when they differ or none says."""
+    numbers = {int(v) for v in pd.to_numeric(values, errors="coerce").dropna()}
+    return numbers.pop() if len(numbers) == 1 else None
 
 
 def frontier(frame: pd.DataFrame, x: str = ENERGY.name, y: str = "quality", by: Sequence[str] = GROUP) -> pd.DataFrame:

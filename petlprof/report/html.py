@@ -12,7 +12,11 @@ from __future__ import annotations
 import base64
 import html
 import re
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
+
+from petlprof.report.page import asset, embedded_json
 
 HTML_FILE = "report.html"
 MIME = {".svg": "image/svg+xml", ".png": "image/png"}
@@ -45,8 +49,28 @@ def _data_uri(folder: Path, name: str) -> str | None:
     return None
 
 
-def render_html(markdown_text: str, folder: Path, title: str) -> str:
-    """The page for ``markdown_text`` whose images and plot links point at files in ``folder``."""
+EXPLORER = """<section id="explorer" hidden>
+<h2>Explore the configurations</h2>
+<div id="explorer-controls"></div>
+<div id="explorer-chart"></div>
+<p id="explorer-frontier"></p>
+</section>
+<noscript><p><em>With JavaScript on, an explorer here plots any metric against any cost, filters by budget and
+recomputes the frontier; the tables and plots below are the whole report without it.</em></p></noscript>
+"""
+
+
+def _with_explorer(body: str, data: Mapping[str, Any]) -> str:
+    """``body`` with the explorer after the bottom line (or the title), its data and its script at the end."""
+    parts = EXPLORER, f'<script type="application/json" id="petlprof-data">{embedded_json(data)}</script>\n'
+    after = re.search(r"<h2[^>]*>Bottom line</h2>.*?(?=<h2)", body, flags=re.S) or re.search(r"</h1>\n?", body)
+    at = after.end() if after else 0
+    return body[:at] + parts[0] + body[at:] + parts[1] + f"<script>{asset('page.js')}</script>\n"
+
+
+def render_html(markdown_text: str, folder: Path, title: str, data: Mapping[str, Any] | None = None) -> str:
+    """The page for ``markdown_text`` whose images and plot links point at files in ``folder``, with the
+    explorer of :mod:`petlprof.report.page` drawing ``data`` where given."""
     # markdown: slow to import, loaded only when used
     import markdown
 
@@ -59,15 +83,19 @@ def render_html(markdown_text: str, folder: Path, title: str) -> str:
     body = re.sub(r'(<img[^>]*\ssrc=")([^":]+)(")', inline, body)
     # the SVG links point at files beside report.md; in the page, the inlined figure above them is the SVG
     body = re.sub(r'<a href="[^":]+\.svg">(SVG)</a>', r"\1 inline above", body)
+    style = STYLE + (asset("page.css") if data is not None else "")
+    if data is not None:
+        body = _with_explorer(body, data)
     return (
         '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
-        f"<title>{html.escape(title)}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n{body}\n</body>\n</html>\n"
+        f"<title>{html.escape(title)}</title>\n<style>{style}</style>\n</head>\n<body>\n{body}\n</body>\n</html>\n"
     )
 
 
-def write_html(markdown_text: str, out_dir: Path) -> Path:
-    """Write report.html for the report text into ``out_dir`` (where its plots are) and return its path."""
+def write_html(markdown_text: str, out_dir: Path, data: Mapping[str, Any] | None = None) -> Path:
+    """Write report.html for the report text into ``out_dir`` (where its plots are), with the explorer of
+    ``data`` where given, and return its path."""
     first = next((line[2:].strip() for line in markdown_text.splitlines() if line.startswith("# ")), "petlprof report")
     path = Path(out_dir) / HTML_FILE
-    path.write_text(render_html(markdown_text, Path(out_dir), first), encoding="utf-8")
+    path.write_text(render_html(markdown_text, Path(out_dir), first, data), encoding="utf-8")
     return path

@@ -7,6 +7,10 @@ t quantile of 12.7, so a 95% interval over two seeds is 12.7 standard errors wid
 standard error shows the spread without that factor, and the plot's caption says which is drawn.
 :func:`welch_difference` gives the 95% interval of the difference of two means with unequal
 variances (Welch's t), which tells whether one configuration's lead is larger than the noise.
+With one seed there is no spread over seeds; a score that is a share of the evaluation samples
+(:data:`PROPORTIONS`) still has :func:`wilson_interval`, the binomial interval from the number of
+samples it was scored on: how far it could move on another draw of evaluation examples, not on
+another seed.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
+from statistics import NormalDist
 
 from petlprof.errors import unknown_choice
 
@@ -24,6 +29,10 @@ INTERVALS = {  # kind -> what the plots' bars are (the --interval choices)
     SE: "± 1 standard error of the mean over seeds",
 }
 DEFAULT_INTERVAL = CI95
+# the quality metrics that are a share of the evaluation samples (petlprof.tasks.metrics: accuracy, and
+# exact_match over generated answers), so each sample is a trial and a binomial interval fits; f1, correlations,
+# ROUGE-L, loss and perplexity are not
+PROPORTIONS = ("accuracy", "exact_match")
 
 
 def check_interval(kind: str) -> str:
@@ -89,6 +98,25 @@ def welch_difference(a: Sequence[float], b: Sequence[float], confidence: float =
     return diff, t_quantile((1 + confidence) / 2, dof) * math.sqrt(va + vb)
 
 
+def wilson_interval(
+    proportion: float | None, samples: float | None, confidence: float = CONFIDENCE
+) -> tuple[float, float]:
+    """(low, high) of the Wilson score interval of a binomial ``proportion`` (in [0, 1]) of ``samples``
+    trials, within [0, 1]; (NaN, NaN) when either is missing or NaN, ``samples`` is below 1 or the
+    proportion is outside [0, 1]."""
+    if proportion is None or samples is None or math.isnan(proportion) or math.isnan(samples):
+        return math.nan, math.nan
+    if samples < 1 or not 0.0 <= proportion <= 1.0:
+        return math.nan, math.nan
+    z = NormalDist().inv_cdf((1 + confidence) / 2)
+    shrink = 1 + z * z / samples
+    centre = (proportion + z * z / (2 * samples)) / shrink
+    half = z / shrink * math.sqrt(proportion * (1 - proportion) / samples + z * z / (4 * samples * samples))
+    # at 0 and 1 the bound is exactly the proportion (the formula's rounding aside)
+    low = 0.0 if proportion == 0.0 else max(0.0, centre - half)
+    return low, 1.0 if proportion == 1.0 else min(1.0, centre + half)
+
+
 def caption(kind: str, seeds: Sequence[int]) -> str:
     """What a plot's bars are, e.g. ``bars: 95% CI over 3 seeds (Student's t)``; ``seeds`` are the
     configurations' seed counts."""
@@ -105,6 +133,7 @@ __all__ = [
     "CI95",
     "DEFAULT_INTERVAL",
     "INTERVALS",
+    "PROPORTIONS",
     "SE",
     "caption",
     "check_interval",
@@ -112,4 +141,5 @@ __all__ = [
     "half_width",
     "standard_error",
     "welch_difference",
+    "wilson_interval",
 ]

@@ -7,6 +7,7 @@ by :func:`write_report`, which also writes the same text as a self-contained rep
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -16,11 +17,14 @@ from typing import Any
 import pandas as pd
 
 from petlprof.errors import shown
+from petlprof.report.bottom_line import bottom_line
 from petlprof.report.curves import CurvePlot, learning_curve_figures
 from petlprof.report.differences import difference_tables
-from petlprof.report.frame import runs_frame
+from petlprof.report.frame import runs_frame, summarise
 from petlprof.report.html import write_html
 from petlprof.report.intervals import DEFAULT_INTERVAL, INTERVALS, check_interval
+from petlprof.report.lifecycle import LIFECYCLE_AXES, LifecyclePlot, lifecycle_plots, lifecycle_section, with_served
+from petlprof.report.page import page_data
 from petlprof.report.plots import PlotResult, pareto_figures
 from petlprof.report.power_plot import PowerPlot, power_limit_figures
 from petlprof.report.records import (
@@ -54,11 +58,21 @@ from petlprof.report.table import (
 )
 from petlprof.report.target import NOT_RECORDED, target_tables
 from petlprof.report.target_plot import TargetPlot, cost_to_target_figures
-from petlprof.results.figures import ENERGY, ENERGY_KIND, ENERGY_SOURCE, LATENCY, MEMORY_SOURCE, PEAK_MEMORY
+from petlprof.results.figures import (
+    CO2,
+    CODECARBON_ENERGY_J,
+    ENERGY,
+    ENERGY_KIND,
+    ENERGY_SOURCE,
+    LATENCY,
+    MEMORY_SOURCE,
+    PEAK_MEMORY,
+)
 from petlprof.results.grades import GRADES, Grade
 from petlprof.results.records import DIVERGED
 from petlprof.results.result import BATCHED_PHASES, RunResult, results_of
 from petlprof.results.store import Rejected
+from petlprof.results.units import EnergyUnits, GridIntensity, measured_intensity
 from petlprof.vocabulary import ESTIMATED, LOCAL
 
 REPORT_FILE = "report.md"
@@ -622,6 +636,8 @@ def render_report(
     curve_plots: Sequence[CurvePlot] = (),
     rejected: Sequence[Rejected] = (),
     power_plots: Sequence[PowerPlot] = (),
+    lifecycle_plots: Sequence[LifecyclePlot] = (),
+    units: EnergyUnits | None = None,
 ) -> str:
     """The text of report.md for ``records``, their runs table (:func:`petlprof.report.frame.runs_frame`,
     which every table of results reads) and the plots drawn from it (bars of kind ``interval``), naming the
@@ -630,10 +646,12 @@ def render_report(
         return "# petlprof report\n\nNo result records were given, so there is nothing to report.\n"
     records = results_of(records)
     lines = [f"# petlprof report: {_names(r.backbone for r in records)} on {_names(r.task for r in records)}", ""]
+    lines += bottom_line(runs)
     lines += _trust(records)
     lines += _what_was_run(records)
     lines += _configurations(records, runs)
     lines += _differences(records, runs)
+    lines += lifecycle_section(summarise(runs), runs, lifecycle_plots, with_measured_carbon(units, records))
     lines += _cost_to_target(runs, target_plots)
     lines += _curves(curve_plots, interval)
     lines += _power_limits(power_plots)
@@ -658,11 +676,28 @@ def render_report(
     return "\n".join(lines)
 
 
+def measured_carbon(records: Sequence[RunResult]) -> GridIntensity | None:
+    """CodeCarbon's own grid intensity over the training windows it measured (``--meters codecarbon``), if any."""
+    windows = [r.train for r in records if r.train is not None]
+    return measured_intensity((w[CO2], w[CODECARBON_ENERGY_J], w.text("co2eq_source")) for w in windows)
+
+
+def with_measured_carbon(units: EnergyUnits | None, records: Sequence[RunResult]) -> EnergyUnits:
+    """``units`` (none: kWh alone), with CodeCarbon's measured intensity where they name no grid."""
+    units = units or EnergyUnits()
+    return units if units.carbon is not None else dataclasses.replace(units, carbon=measured_carbon(records))
+
+
 def write_report(
-    records: Sequence[RunResult | Mapping[str, Any]], out_dir: Path, interval: str = DEFAULT_INTERVAL
+    records: Sequence[RunResult | Mapping[str, Any]],
+    out_dir: Path,
+    interval: str = DEFAULT_INTERVAL,
+    units: EnergyUnits | None = None,
 ) -> list[Path]:
-    """Write the Pareto and cost-to-target plots (PNG and SVG, bars of kind ``interval``), report.md
-    and the self-contained report.html for ``records`` into ``out_dir``; return the written paths.
+    """Write the Pareto, cost-to-target and lifecycle plots (PNG and SVG, bars of kind ``interval``), report.md
+    and the self-contained report.html for ``records`` into ``out_dir``; return the written paths.  Energy is
+    also shown in ``units`` (:func:`petlprof.results.units.energy_units`), CodeCarbon's
+    measured grid intensity where they name none (:func:`measured_carbon`).
     Records from :func:`~petlprof.report.records.load_records` carry the store's rejected lines, which
     report.md names."""
     check_interval(interval)
@@ -675,9 +710,20 @@ def write_report(
     target_plots = cost_to_target_figures(runs, out_dir, interval)
     curve_plots = learning_curve_figures(records, out_dir, interval)
     power_plots = power_limit_figures(runs, out_dir)
+    configs = with_served(summarise(runs))
+    life_plots = lifecycle_plots(configs, runs, out_dir)
     report = out_dir / REPORT_FILE
-    text_md = render_report(records, runs, figures, target_plots, interval, curve_plots, rejected, power_plots)
+    text_md = render_report(
+        records, runs, figures, target_plots, interval, curve_plots, rejected, power_plots, life_plots, units
+    )
     report.write_text(text_md, encoding="utf-8")
-    plots: list[PlotResult | TargetPlot | CurvePlot | PowerPlot] = [*figures, *target_plots, *curve_plots, *power_plots]
+    plots: list[PlotResult | TargetPlot | CurvePlot | PowerPlot | LifecyclePlot] = [
+        *figures,
+        *target_plots,
+        *curve_plots,
+        *power_plots,
+        *life_plots,
+    ]
     written = [path for plot in plots for path in plot.paths]
-    return written + [report, write_html(text_md, out_dir)]
+    metrics = distinct(name for r in records for name in r.metrics)
+    return written + [report, write_html(text_md, out_dir, page_data(configs, metrics, LIFECYCLE_AXES))]

@@ -7,11 +7,13 @@ span several, ``error`` only when a run did not finish.  Missing figures show as
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from petlprof.errors import unknown_choice
+from petlprof.report.intervals import PROPORTIONS, wilson_interval
 from petlprof.report.records import (
     MISSING,
     ZERO_SHOT_LABEL,
@@ -211,6 +213,80 @@ def _figure_ci(row: Mapping[str, Any], figure: Figure, phase: str = TRAIN) -> st
     return _mean_ci(row, figure.frame_column(phase), figure.scale, figure.decimals)
 
 
+CONTENDED_MARK = "†"
+CONTENDED_NOTE = (
+    f"{CONTENDED_MARK} measured while other processes kept the machine's CPUs busy (the window's `contended` flag; "
+    "with several seeds, in at least one): the time, energy, latency or throughput it marks may be worse than on an "
+    "idle machine.  Counts and memory, which other processes do not change, are not marked."
+)
+
+
+def contended_in(row: Mapping[str, Any], phase: str) -> bool:
+    """Whether a configuration's window of ``phase`` was measured on a contended machine (in any seed)."""
+    # petlprof.report.frame (pandas): slow to import, loaded only when used
+    from petlprof.report.frame import CONTENDED
+
+    value = row.get(CONTENDED[phase])
+    return value is not None and value == value and bool(value)
+
+
+def _marked(cell: str, contended: bool) -> str:
+    """``cell`` with :data:`CONTENDED_MARK` when its figure was measured on a contended machine."""
+    return f"{cell}{CONTENDED_MARK}" if contended and cell != MISSING else cell
+
+
+def _with_notes(table: str, rows: list[list[str]]) -> str:
+    """``table`` with the line explaining :data:`CONTENDED_MARK` under it where a cell of ``rows`` carries it."""
+    return table + (f"\n\n{CONTENDED_NOTE}" if any(c.endswith(CONTENDED_MARK) for r in rows for c in r) else "")
+
+
+def _samples(row: Mapping[str, Any]) -> int | None:
+    """The evaluation samples a configuration's score was taken on (``eval_samples``), None when unknown."""
+    value = row.get("eval_samples")
+    return int(value) if isinstance(value, (int, float)) and value == value and value >= 1 else None
+
+
+def _binomial(row: Mapping[str, Any]) -> tuple[float, float] | None:
+    """The 95% Wilson interval of a one-seed score that is a share of the evaluation samples (:data:`PROPORTIONS`),
+    from their number; None for several seeds (their interval is over seeds), another metric or no count."""
+    if int(row["n_seeds"]) != 1 or text(row.get("primary_metric")) not in PROPORTIONS:
+        return None
+    low, high = wilson_interval(row.get("quality"), _samples(row))
+    return None if math.isnan(low) else (low, high)
+
+
+def _quality(row: Mapping[str, Any]) -> str:
+    """The score as ``mean ± ci`` over seeds, or with one seed as ``score [low, high]``: its binomial interval."""
+    shown = _mean_ci(row, "quality", 1.0, 4)
+    interval = None if shown == MISSING or row.get("random_init") else _binomial(row)
+    return shown if interval is None else f"{shown} [{interval[0]:.4f}, {interval[1]:.4f}]"
+
+
+def _interval_notes(rows) -> list[str]:
+    """What the one-seed scores' intervals are (binomial, from the evaluation samples) or why there are none."""
+    single = [row for row in rows if int(row["n_seeds"]) == 1 and not row.get("random_init")]
+    single = [row for row in single if row.get("quality") == row.get("quality") and row.get("quality") is not None]
+    binomial = [row for row in single if _binomial(row) is not None]
+    notes = []
+    if binomial:
+        samples = {count for row in binomial if (count := _samples(row)) is not None}
+        counts = "/".join(str(count) for count in sorted(samples))
+        notes.append(
+            f"[low, high] after a score: its 95% interval, binomial (Wilson), from the {counts} evaluation samples; "
+            "one seed, so it says how far the score could move on another draw of evaluation examples, not on "
+            "another seed."
+        )
+    metrics = [row.get("primary_metric") for row in single]
+    others = distinct(text(m) for m in metrics if m is not None and m not in PROPORTIONS)
+    if others:
+        what = ", ".join(others)
+        notes.append(
+            f"A one-seed {what} has no interval: one seed gives no spread over seeds, and {what} is not a share of "
+            "the evaluation samples, so no binomial interval fits either."
+        )
+    return notes
+
+
 def _signed(value: Any, fmt: str, suffix: str = "") -> str:
     """``+5%`` / ``−72%`` with a real minus sign; ``-`` when missing."""
     if value is None or value != value:
@@ -234,6 +310,13 @@ OPTIONAL_COLUMNS = (
     ("infer_latency_per_sample_p50_s", "inference p50 per sample, train batch (ms)", 1000.0, 2),
     ("merged_latency_p50_s", "merged eval p50 (ms/batch)", 1000.0, 1),
 )
+OPTIONAL_PHASES = {  # the phase whose window measured an optional column's figure (marked when it was contended)
+    ENERGY_ABOVE_IDLE.frame_column(): TRAIN,
+    CO2.frame_column(): TRAIN,
+    "infer_b1_latency_p50_s": "inference",
+    "infer_latency_per_sample_p50_s": "inference",
+    "merged_latency_p50_s": "eval_merged",
+}
 COSTS_CAPTION = "Quality and costs"
 VS_CAPTION = f"Against `{REFERENCE}`"
 MORE_CAPTION = "Latency and other figures"
@@ -353,7 +436,8 @@ def _costs_table(group, majority: float | None, zero_shot) -> str:
     rows += [_costs_row(row, mixed=len(kinds) > 1, reference=True) for _, row in zero_shot.iterrows()]
     if majority is not None:
         rows.append([f"*{MAJORITY}*", "", "", f"{majority:.4f}"] + [""] * (len(headers) - 4))
-    return render_markdown(headers, rows, numeric)
+    notes = _interval_notes([row for _, row in group.iterrows()] + [row for _, row in zero_shot.iterrows()])
+    return _with_notes(render_markdown(headers, rows, numeric), rows) + "".join(f"\n\n{n}" for n in notes)
 
 
 def _costs_row(row, mixed: bool, reference: bool = False) -> list[str]:
@@ -361,10 +445,11 @@ def _costs_row(row, mixed: bool, reference: bool = False) -> list[str]:
     names = [f"*{ZERO_SHOT_LABEL}*", text(row["config"])] if reference else _names(row)
     cells = names + [
         str(int(row["n_seeds"])),
-        _score(_mean_ci(row, "quality", 1.0, 4), row["random_init"], _constant(row), int(row["n_seeds"])),
-        _figure_ci(row, ENERGY),
+        _score(_quality(row), row["random_init"], _constant(row), int(row["n_seeds"])),
+        _marked(_figure_ci(row, ENERGY), contended_in(row, TRAIN)),
         "" if reference else text(row.get(GRADE_KEY)),  # the worst seed's
-        *(_figure_ci(row, figure) for figure in (PEAK_MEMORY, TIME)),
+        _figure_ci(row, PEAK_MEMORY),
+        _marked(_figure_ci(row, TIME), contended_in(row, TRAIN)),
         _fixed(row.get("trainable_params"), 0),
         "" if reference else ", ".join(row["fronts"]) or MISSING,
     ]
@@ -376,17 +461,20 @@ def _vs_table(group) -> str:
     metric = text(group["primary_metric"].iloc[0])
     vs = f"vs {REFERENCE}"
     headers = ["method", "config", f"Δ {metric} {vs}", f"energy {vs}", f"memory {vs}", f"time {vs}", f"params {vs}"]
-    return render_markdown(headers, [_vs_row(row) for _, row in group.iterrows()], [False, False] + [True] * 5)
+    rows = [_vs_row(row) for _, row in group.iterrows()]
+    return _with_notes(render_markdown(headers, rows, [False, False] + [True] * 5), rows)
 
 
 def _vs_row(row) -> list[str]:
+    contended = contended_in(row, TRAIN)  # marks the energy and time changes, each a ratio of its figure
+    costs = ((ENERGY.name, contended), (PEAK_MEMORY.name, False), (TIME.name, contended), ("trainable_params", False))
     if row["method"] == REFERENCE:
-        return _names(row) + ["ref"] * 5
-    costs = (ENERGY.name, PEAK_MEMORY.name, TIME.name, "trainable_params")
+        return _names(row) + ["ref"] + [_marked("ref", marked) for _, marked in costs]
     quality = _score(
         _signed(row.get(f"quality_vs_{REFERENCE}"), ".4f"), row["random_init"], _constant(row), int(row["n_seeds"])
     )
-    return _names(row) + [quality] + [_signed(row.get(f"{cost}_vs_{REFERENCE}_pct"), ".0f", "%") for cost in costs]
+    changes = [_marked(_signed(row.get(f"{cost}_vs_{REFERENCE}_pct"), ".0f", "%"), marked) for cost, marked in costs]
+    return _names(row) + [quality] + changes
 
 
 def _more_table(group) -> str:
@@ -402,13 +490,16 @@ def _more_table(group) -> str:
             numeric.append(False)
     rows = []
     for _, row in group.iterrows():
-        cells = _names(row) + [_figure_ci(row, LATENCY, EVAL)]
+        cells = _names(row) + [_marked(_figure_ci(row, LATENCY, EVAL), contended_in(row, EVAL))]
         for column, _, factor, decimals in optional:
-            cells.append(_mean_ci(row, column, factor, decimals))
+            phase = OPTIONAL_PHASES.get(column)
+            cells.append(
+                _marked(_mean_ci(row, column, factor, decimals), phase is not None and contended_in(row, phase))
+            )
             if column == ENERGY_ABOVE_IDLE.frame_column():
                 cells.append(text(row.get(ABOVE_IDLE_GRADE_KEY)))
         rows.append(cells)
-    return render_markdown(headers, rows, numeric)
+    return _with_notes(render_markdown(headers, rows, numeric), rows)
 
 
 def _target_table(group) -> str:
@@ -420,12 +511,12 @@ def _target_table(group) -> str:
         + [
             text(row.get("target_reached")),
             _mean_ci(row, "steps_to_target", 1.0, 0),
-            _mean_ci(row, "time_to_target_s", 1.0, 1),
-            _mean_ci(row, "energy_to_target_j", 1.0, 1),
+            _marked(_mean_ci(row, "time_to_target_s", 1.0, 1), contended_in(row, TRAIN)),
+            _marked(_mean_ci(row, "energy_to_target_j", 1.0, 1), contended_in(row, TRAIN)),
         ]
         for _, row in group.iterrows()
     ]
-    return render_markdown(headers, rows, [False, False] + [True] * 4)
+    return _with_notes(render_markdown(headers, rows, [False, False] + [True] * 4), rows)
 
 
 # the generation table's figures, each with its header ({kind}: the energy kind when every run agrees on one); the
@@ -441,6 +532,8 @@ GENERATION_COLUMNS: tuple[tuple[Figure, str], ...] = (
 )
 GENERATION_VARIANTS = (("generation", "as tuned"), ("generation_merged", "merged"))
 SIDE_SHARE = (SIDE_SHARE_OF_PER_TOKEN, SIDE_SHARE_OF_PER_TOKEN.header)
+# the generation figures a contended window changes (peak memory is a count; the side share is one unmetered call's)
+GENERATION_TIMED = (TOKENS_PER_S, ENERGY_PER_TOKEN, ENERGY_PER_RESPONSE, TIME_TO_FIRST_TOKEN, PER_TOKEN_LATENCY)
 
 
 def _generation_table(group) -> str:
@@ -468,11 +561,15 @@ def _generation_table(group) -> str:
                 tokens_per_s = row[generation_column(phase, batch, TOKENS_PER_S)]
                 if tokens_per_s != tokens_per_s:
                     continue  # NaN: this configuration has no figures at this batch size
+                contended = contended_in(row, phase)
                 cells = [
-                    _mean_ci(row, generation_column(phase, batch, figure), figure.scale, figure.decimals)
+                    _marked(
+                        _mean_ci(row, generation_column(phase, batch, figure), figure.scale, figure.decimals),
+                        contended and figure in GENERATION_TIMED,
+                    )
                     for figure, _ in shown
                 ]
                 cells.insert(3, text(row.get(generation_grade_column(phase, batch))))  # beside the energy figures
                 rows.append(_names(row) + ([label] if len(variants) > 1 else []) + [str(size)] + cells)
     numeric = [False, False] + [False] * (len(variants) > 1) + [True] * 4 + [False] + [True] * (len(shown) - 3)
-    return render_markdown(headers, rows, numeric)
+    return _with_notes(render_markdown(headers, rows, numeric), rows)
