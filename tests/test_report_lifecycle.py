@@ -120,7 +120,7 @@ def test_missing_serving_figures_leave_the_cells_empty_with_the_reason(tmp_path)
 @pytest.mark.parametrize(
     "options, shown, not_shown",
     [
-        ({}, ["(kWh)"], ["g CO2e)", "(money)"]),
+        ({}, ["(kWh, estimated)"], ["g CO2e)", "(money)"]),
         ({"price_per_kwh": "0.30"}, ["(money)"], ["g CO2e)"]),
         ({"country_code": "fra"}, ["g CO2e)", "France grid"], ["(money)"]),
         ({"carbon_intensity": 400, "price_per_kwh": 0.3}, ["g CO2e)", "(money)", "given (--carbon-intensity 400)"], []),
@@ -191,7 +191,7 @@ def test_the_page_embeds_every_configuration_with_its_figures_in_shown_units(tmp
     records = load_records([CLASSIFIER])
     write_report(records, tmp_path)
     page = (tmp_path / "report.html").read_text()
-    data = json.loads(re.search(r'id="petlprof-data">(.*?)</script>', page, flags=re.S)[1].replace("<\\/", "</"))
+    data = json.loads(re.search(r'id="petlprof-data">(.*?)</script>', page, flags=re.S)[1])
     configs = summarise(runs_frame(records))
     assert len(data["points"]) == len(configs)
     keys = {axis["key"] for axis in data["axes"]}
@@ -200,15 +200,31 @@ def test_the_page_embeds_every_configuration_with_its_figures_in_shown_units(tmp
     first = configs.iloc[0]
     assert memory["unit"] == "MiB"
     assert data["points"][0]["values"]["peak_memory_bytes"] == pytest.approx(first["peak_memory_bytes"] / 2**20)
-    assert data["x"] == "energy_j" and data["y"] == "accuracy"
+    assert data["x"] == "energy_j" and data["y"] == "accuracy" and data["groups"][0]["y"] == "accuracy"
+    assert data["points"][0]["flags"]["energy_j"].startswith("estimated")  # these runs' energy is a CPU-time model
+    assert "accuracy" not in data["points"][0]["flags"] and "peak_memory_bytes" not in data["points"][0]["flags"]
     assert set(data["budgets"]) == {"peak_memory_bytes", "energy_j", "time_s"}
 
 
-def test_a_label_cannot_end_the_pages_script():
+@pytest.mark.parametrize("label", ["</script><script>alert(1)</script>", "<!--<script>", "a & b > c"])
+def test_a_label_cannot_end_or_hold_open_the_pages_script(label):
     configs = summarise(runs_frame(load_records([LM])))
-    configs.loc[configs.index[0], "config"] = "</script><script>alert(1)</script>"
+    configs.loc[configs.index[0], "config"] = label
     text = embedded_json(page_data(configs, ["exact_match"]))
-    assert "</script" not in text and json.loads(text.replace("<\\/", "</"))["points"][0]["config"].startswith("</")
+    assert not {"<", ">", "&"} & set(text)  # JSON escapes: the HTML parser sees none of them
+    assert json.loads(text)["points"][0]["config"] == label
+
+
+def test_html_in_the_records_is_shown_as_text_never_run(tmp_path):
+    data = lines_of(LM)
+    for line in data:
+        line["task"] = line["spec"]["task"] = "<img src=x onerror=alert(1)>"
+    path = tmp_path / "results.jsonl"
+    path.write_text("".join(json.dumps(d) + "\n" for d in data))
+    write_report(load_records([path]), tmp_path)
+    page = (tmp_path / "report.html").read_text()
+    assert "&lt;img src=x onerror=alert(1)&gt;" in page
+    assert "<img src=x" not in page and '<img src="x"' not in page
 
 
 def sweep_of(runs: int, configurations: int, folder: Path) -> Path:

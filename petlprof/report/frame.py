@@ -92,10 +92,17 @@ CONTENDED = {
 # measured, as tuned and merged; the batch; the requests' kind and mean prompt and response lengths (tokens)
 REQUEST_B1, REQUEST_BATCH = "request_j_b1", "request_j_batch"
 REQUEST_B1_MERGED, REQUEST_BATCH_MERGED = "request_j_b1_merged", "request_j_batch_merged"
-SERVING_BATCH, REQUEST_KIND = "serving_batch", "request_kind"
+SERVING_BATCH, REQUEST_KIND, REQUEST_ENERGY_KIND = "serving_batch", "request_kind", "request_energy_kind"
 REQUEST_PROMPT_TOKENS, REQUEST_RESPONSE_TOKENS = "request_prompt_tokens", "request_response_tokens"
 REQUEST_ENERGY = (REQUEST_B1, REQUEST_BATCH, REQUEST_B1_MERGED, REQUEST_BATCH_MERGED)
-SERVING = (*REQUEST_ENERGY, SERVING_BATCH, REQUEST_KIND, REQUEST_PROMPT_TOKENS, REQUEST_RESPONSE_TOKENS)
+SERVING = (
+    *REQUEST_ENERGY,
+    SERVING_BATCH,
+    REQUEST_KIND,
+    REQUEST_ENERGY_KIND,
+    REQUEST_PROMPT_TOKENS,
+    REQUEST_RESPONSE_TOKENS,
+)
 # what a run is, not a figure to average over seeds
 RUN_FACTS = ("random_init", "constant_output", "majority_rate", "eval_samples", *CONTENDED.values())
 GENERATION_COLUMN = re.compile(r"^(generation(?:_merged)?)\.batch_(\d+)\.(.+)$")
@@ -248,6 +255,7 @@ def serving_figures(record: RunResult) -> Row:
     row[SERVING_BATCH] = batch
     row[REQUEST_KIND] = None if not sizes else ("response" if generating else "sample")
     row[REQUEST_B1] = _per_request(windows.get("batch_1"), phase)
+    row[REQUEST_ENERGY_KIND] = next((w.raw(ENERGY_KIND) for w in windows.values() if w.raw(ENERGY_KIND)), None)
     row[REQUEST_BATCH] = None if batch is None else _per_request(windows.get(f"batch_{batch}"), phase)
     row[REQUEST_B1_MERGED] = _per_request(merged.get("batch_1"), phase)
     row[REQUEST_BATCH_MERGED] = None if batch is None else _per_request(merged.get(f"batch_{batch}"), phase)
@@ -357,7 +365,7 @@ def _fingerprint(runs: pd.DataFrame, ok_only: bool) -> tuple | None:
     except (TypeError, ValueError):
         return None
     digest = hashlib.blake2b(cells.tobytes(), digest_size=16).hexdigest()
-    return (ok_only, tuple(map(str, runs.columns)), digest)
+    return (ok_only, tuple(map(str, runs.columns)), tuple(map(str, runs.dtypes)), digest)
 
 
 def _summarise(runs: pd.DataFrame, ok_only: bool) -> pd.DataFrame:
@@ -380,6 +388,9 @@ def _summarise(runs: pd.DataFrame, ok_only: bool) -> pd.DataFrame:
             target_metric=group["target_metric"].iloc[0],
             target_value=group["target_value"].iloc[0],
             constant_output=int(group["constant_output"].astype(bool).sum()) if "constant_output" in group else 0,
+            random_init=bool(group["random_init"].fillna(False).astype(bool).any())
+            if "random_init" in group
+            else False,
             eval_samples=_agreed(group["eval_samples"]) if "eval_samples" in group else None,
         )
         for column in CONTENDED.values():  # any seed's window contended
@@ -394,7 +405,7 @@ def _summarise(runs: pd.DataFrame, ok_only: bool) -> pd.DataFrame:
         graded = [c for c in group.columns if c.endswith((GRADE_KEY, ABOVE_IDLE_GRADE_KEY))]
         for column in graded:  # a configuration is as trustworthy as its worst seed
             row[column] = worst(group[column])
-        for column in ("energy_kind", "eval_energy_kind", "generation_energy_kind"):
+        for column in ("energy_kind", "eval_energy_kind", "generation_energy_kind", REQUEST_ENERGY_KIND):
             kinds = set(group[column].dropna()) if column in group else set()
             row[column] = ESTIMATED if ESTIMATED in kinds else (kinds.pop() if len(kinds) == 1 else None)
         for column in (ENERGY_SOURCE, "energy_model", MEMORY_SOURCE):

@@ -74,7 +74,12 @@ def render_html(markdown_text: str, folder: Path, title: str, data: Mapping[str,
     # markdown: slow to import, loaded only when used
     import markdown
 
-    body = markdown.markdown(markdown_text, extensions=["tables", "fenced_code"], output_format="html")
+    converter = markdown.Markdown(extensions=["tables", "fenced_code"], output_format="html")
+    # the text is the report's own and the records' (labels, task paths, prompts, errors): HTML in it is shown as
+    # text, never run (an <img onerror> in a method config was a live element)
+    converter.preprocessors.deregister("html_block")
+    converter.inlinePatterns.deregister("html")
+    body = converter.convert(markdown_text)
 
     def inline(match: re.Match) -> str:
         uri = _data_uri(folder, html.unescape(match.group(2)))

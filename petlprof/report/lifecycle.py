@@ -28,6 +28,7 @@ from petlprof.report.frame import (
     REQUEST_B1_MERGED,
     REQUEST_BATCH,
     REQUEST_BATCH_MERGED,
+    REQUEST_ENERGY_KIND,
     REQUEST_KIND,
     REQUEST_PROMPT_TOKENS,
     REQUEST_RESPONSE_TOKENS,
@@ -37,7 +38,7 @@ from petlprof.report.page import Axis
 from petlprof.report.plotkit import save_figure
 from petlprof.report.plots import FORMATS, file_slug
 from petlprof.report.records import method_name, text
-from petlprof.report.table import render_markdown
+from petlprof.report.table import CONTENDED_MARK, CONTENDED_NOTE, contended_in, render_markdown
 from petlprof.results.figures import ENERGY, MIB
 from petlprof.results.units import EnergyUnits, cost_text, kwh
 from petlprof.vocabulary import ZERO_SHOT
@@ -47,8 +48,16 @@ MAX_LINES = 12  # past this many configurations a plot shows the references and 
 NEVER_PAST = 1e12  # a break-even past a trillion requests is "not within" it: the per-request figures barely differ
 SERVED_B1, SERVED_BATCH = "served_j_b1", "served_j_batch"  # per request as served: merged where the method merges
 LIFECYCLE_AXES = (
-    Axis(SERVED_B1, "energy per request served, batch 1", "J", "lower", "cost", True),
-    Axis(SERVED_BATCH, "energy per request served, evaluation batch", "J", "lower", "cost", True),
+    Axis(SERVED_B1, "energy per request served, batch 1", "J", "lower", "cost", True, energy_kind=REQUEST_ENERGY_KIND),
+    Axis(
+        SERVED_BATCH,
+        "energy per request served, largest batch",
+        "J",
+        "lower",
+        "cost",
+        True,
+        energy_kind=REQUEST_ENERGY_KIND,
+    ),
 )
 
 
@@ -262,36 +271,53 @@ def lifecycle_section(
     return lines + ["How the units were obtained: " + " ".join(units.how), ""]
 
 
+def _kind(group: pd.DataFrame, column: str) -> str:
+    """How a column's energies were obtained across the group: measured, estimated, or both."""
+    kinds = sorted({str(k) for k in group[column].dropna()}) if column in group else []
+    return "/".join(kinds) or "kind not recorded"
+
+
+def _marked(cell: str, row: pd.Series, phase: str) -> str:
+    """``cell`` with the contention mark where that phase's window was contended (in any seed)."""
+    return f"{cell}{CONTENDED_MARK}" if cell != "-" and contended_in(row, phase) else cell
+
+
 def _serving_table(group: pd.DataFrame, unit: str) -> list[str]:
+    serving = "generation" if unit == "responses" else "inference"
     rows, missing = [], []
     for _, row in group.iterrows():
         train = _train_j(row)
         ci = _finite(row.get(f"{ENERGY.name}_ci95"))
         checkpoint = _finite(row.get("checkpoint_bytes"))
-        cells = [_j(_finite(row.get(c))) for c in (REQUEST_B1, REQUEST_B1_MERGED, REQUEST_BATCH, REQUEST_BATCH_MERGED)]
+        columns = (REQUEST_B1, REQUEST_B1_MERGED, REQUEST_BATCH, REQUEST_BATCH_MERGED)
+        cells = [_marked(_j(_finite(row.get(c))), row, serving) for c in columns]
         if all(c == "-" for c in cells):
             missing.append(_name(row))
-        rows.append([_name(row), _j(train, ci), "-" if checkpoint is None else f"{checkpoint / MIB:,.3f}", *cells])
-    prompt, response = (
-        _finite(group[c].mean()) if c in group else None for c in (REQUEST_PROMPT_TOKENS, REQUEST_RESPONSE_TOKENS)
-    )
+        tokens = [_finite(row.get(c)) for c in (REQUEST_PROMPT_TOKENS, REQUEST_RESPONSE_TOKENS)]
+        shown_tokens = "-" if tokens[0] is None or tokens[1] is None else f"{tokens[0]:.1f} / {tokens[1]:.1f}"
+        checkpoint_mib = "-" if checkpoint is None else f"{checkpoint / MIB:,.3f}"
+        trained = _marked(_j(train, ci), row, "train") if row["method"] != ZERO_SHOT else _j(train)
+        rows.append([_name(row), trained, checkpoint_mib, *cells] + ([shown_tokens] if unit == "responses" else []))
     per = unit.removesuffix("s")
+    served_kind = _kind(group, REQUEST_ENERGY_KIND)
     headers = [
         "configuration",
-        "training energy (J)",
+        f"training energy (J, {_kind(group, 'energy_kind')})",
         "checkpoint (MiB)",
-        f"J per {per}, batch 1",
+        f"J per {per}, batch 1 ({served_kind})",
         f"J per {per}, batch 1, merged",
         f"J per {per}, {_batch_words(group)}",
         f"J per {per}, {_batch_words(group)}, merged",
-    ]
-    lines = [render_markdown(headers, rows, [False, True, True, True, True, True, True]), ""]
-    if prompt is not None and response is not None:
+    ] + (["prompt / response tokens (mean)"] if unit == "responses" else [])
+    lines = [render_markdown(headers, rows, [False] + [True] * (len(headers) - 1)), ""]
+    if unit == "responses":
         lines += [
-            f"A request: an evaluation prompt, {prompt:.1f} prompt tokens and {response:.1f} response tokens on "
-            "average (the batch-1 window's).",
+            "A request is an evaluation prompt; its response is as long as the configuration makes it (the "
+            "batch-1 window's mean tokens), and a longer response costs more energy.",
             "",
         ]
+    if any(CONTENDED_MARK in cell for row in rows for cell in row):
+        lines += [CONTENDED_NOTE, ""]
     if group["checkpoint_bytes"].isna().all() if "checkpoint_bytes" in group else True:
         lines += ["No checkpoint sizes: these records were written before runs recorded them.", ""]
     if missing:
@@ -300,13 +326,22 @@ def _serving_table(group: pd.DataFrame, unit: str) -> list[str]:
             "(a failed or older run, or one without an evaluation batch), so its cells are empty.",
             "",
         ]
+    sizes = sorted({int(s) for s in group[SERVING_BATCH].dropna()}) if SERVING_BATCH in group else []
+    if len(sizes) > 1:
+        lines += [
+            f"The largest batch measured differs between configurations ({', '.join(map(str, sizes))}): the "
+            "break-even at it compares energies per request at different batch sizes.",
+            "",
+        ]
     return lines
 
 
 def _break_even_table(group: pd.DataFrame, unit: str) -> list[str]:
     refs = {ref: group[group["method"] == ref].iloc[0] for ref in REFERENCES if (group["method"] == ref).any()}
     if not refs:
-        return []
+        return ["No break-even: neither full fine-tuning nor the zero-shot model ran here to weigh against.", ""]
+    several = [ref for ref in refs if (group["method"] == ref).sum() > 1]
+    first = [f"the first {ref} configuration, {_name(refs[ref])}" for ref in several]
     headers, columns = ["configuration"], []
     for ref_row in refs.values():
         for served, batch in ((SERVED_B1, "batch 1"), (SERVED_BATCH, _batch_words(group))):
@@ -318,12 +353,9 @@ def _break_even_table(group: pd.DataFrame, unit: str) -> list[str]:
         for ref_row, served in columns:
             cells.append(_break_even_cell(row, ref_row, served, unit))
         rows.append(cells)
-    return [
-        f"Break-even ({unit} served until the totals cross):",
-        "",
-        render_markdown(headers, rows, [False] * len(headers)),
-        "",
-    ]
+    table = render_markdown(headers, rows, [False] * len(headers))
+    against = f"; against {' and '.join(first)}" if first else ""
+    return [f"Break-even ({unit} served until the totals cross{against}):", "", table, ""]
 
 
 def _break_even_cell(row: pd.Series, ref_row: pd.Series, served: str, unit: str) -> str:
@@ -339,7 +371,8 @@ def _break_even_cell(row: pd.Series, ref_row: pd.Series, served: str, unit: str)
 
 def _units_table(group: pd.DataFrame, unit: str, units: EnergyUnits) -> list[str]:
     per = f"per 1,000 {unit}, batch 1"
-    headers = ["configuration", "training (kWh)", f"{per} (kWh)"]
+    trained, served = _kind(group, "energy_kind"), _kind(group, REQUEST_ENERGY_KIND)
+    headers = ["configuration", f"training (kWh, {trained})", f"{per} (kWh, {served})"]
     if units.carbon is not None:
         headers += ["training (g CO2e)", f"{per} (g CO2e)"]
     if units.price_per_kwh is not None:

@@ -33,6 +33,7 @@
   function linearTicks(lo, hi, n) {
     const raw = (hi - lo) / n, p = pow10(Math.floor(Math.log10(raw))), e = raw / p, out = [];
     const step = (e >= 7.5 ? 10 : e >= 3.5 ? 5 : e >= 1.5 ? 2 : 1) * p;
+    if (!(step > 0) || (hi - lo) / step > 100 || Math.abs(lo / step) > 1e12) return [lo, hi]; // no float steps
     for (let i = Math.ceil(lo / step); i * step <= hi + step * 1e-9; i++) out.push(+(i * step).toPrecision(12));
     return out;
   }
@@ -52,7 +53,11 @@
   function scale(values, log, r0, r1) {
     const f = log ? Math.log10 : (v) => v;
     let lo = Math.min(...values.map(f)), hi = Math.max(...values.map(f));
-    if (!(hi > lo)) { const d = log ? 0.5 : Math.abs(lo) * 0.1 || 1; lo -= d; hi += d; }
+    // equal values (or equal but for float rounding, as two sums of the same seeds can be) get a span of their own
+    if (!(hi - lo > 1e-9 * Math.max(Math.abs(lo), Math.abs(hi)))) {
+      const d = log ? 0.5 : Math.abs(lo) * 0.1 || 1;
+      lo -= d; hi += d;
+    }
     const pad = (hi - lo) * 0.05;
     lo -= pad; hi += pad;
     const s = (v) => r0 + ((f(v) - lo) / (hi - lo)) * (r1 - r0);
@@ -121,6 +126,11 @@
     const budgets = data.budgets.filter((k) => axes[k]).map((k) => labelled(budgetBox, withUnit(axes[k]),
       el("input", { type: "number", class: "budget", "data-axis": k, min: 0, step: "any", placeholder: "no limit" })));
     budgetBox.hidden = !budgets.length;
+    // another task: its own primary metric on the y axis, where the data names one
+    group.addEventListener("change", () => {
+      const own = (data.groups[+group.value] || {}).y;
+      if (own && axes[own] && ySel.value !== own) { ySel.value = own; yLog.checked = !!axes[own].log; }
+    });
     controls.addEventListener("change", render);
     controls.addEventListener("input", render);
     root.hidden = false;

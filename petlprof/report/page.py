@@ -11,7 +11,7 @@ The data (``<script type="application/json" id="petlprof-data">``)::
 
     {"axes": [{"key", "label", "unit", "direction": "higher"|"lower", "kind": "metric"|"cost", "log": bool,
                "range": [low, high]|null}],
-     "groups": [{"task", "backbone"}],
+     "groups": [{"task", "backbone", "y": the task's primary metric (its default y axis)|null}],
      "points": [{"id", "group", "method", "config", "seeds", "zero_shot": bool,
                  "values": {axis key: number|null}, "intervals": {axis key: half-width|null},
                  "interval": "how the intervals were obtained",
@@ -38,9 +38,9 @@ import pandas as pd
 from petlprof.report.frame import CONTENDED, GENERATION_FIGURES, GENERATION_PHASES, PHASE_FIGURES, generation_column
 from petlprof.report.intervals import PROPORTIONS, wilson_interval
 from petlprof.report.records import text
-from petlprof.results.figures import ENERGY, MIB, PEAK_MEMORY, TIME, TRAINABLE_PARAMS, Figure
+from petlprof.results.figures import ENERGY, ENERGY_KIND, MIB, PEAK_MEMORY, TIME, TRAINABLE_PARAMS, Figure
 from petlprof.tasks.metrics import METRIC_DIRECTIONS
-from petlprof.vocabulary import ZERO_SHOT
+from petlprof.vocabulary import ESTIMATED, ZERO_SHOT
 
 HIGHER, LOWER = "higher", "lower"
 SEED_INTERVAL = "95% confidence interval over the seeds (Student's t)"
@@ -49,6 +49,13 @@ NO_FRONT = "a seed answered every prompt with one text, so its score is not the 
 BINOMIAL_INTERVAL = "95% Wilson binomial interval from the {n} evaluation samples (one seed)"
 PHASE_NAMES = {"train": "training", "eval": "evaluation"}
 BUDGETS = (PEAK_MEMORY.name, ENERGY.name, TIME.name)  # the figures a reader may cap (train phase)
+ESTIMATED_FLAG = "estimated: a model of power, not a measurement (energy grade D)"
+KIND_COLUMNS = {  # phase -> the runs table's column saying how its energies were obtained
+    "train": ENERGY_KIND,
+    "eval": f"eval_{ENERGY_KIND}",
+    "generation": f"generation_{ENERGY_KIND}",
+    "generation_merged": f"generation_{ENERGY_KIND}",
+}
 CONTENDED_UNITS = ("s", "J", "1/s")  # what other processes on the machine inflate: times, energies, rates
 CONTENDED_FLAG = "measured while other processes kept the machine's CPUs busy (in at least one seed): may be worse"
 
@@ -66,6 +73,7 @@ class Axis:
     scale: float = 1.0  # the column's value times this is the shown value
     range: tuple[float, float] | None = None  # the values it can take (a share of samples: [0, 1]), if bounded
     phase: str | None = None  # the window whose contention inflates it (times, energies, rates); None: none does
+    energy_kind: str | None = None  # for an energy: the column saying whether it was measured or estimated
 
 
 def _phase_axes() -> list[Axis]:
@@ -82,7 +90,8 @@ def _figure_axis(key: str, label: str, figure: Figure, phase: str) -> Axis:
     log = figure.unit in ("J", "B", "count")
     inflated = phase if figure.unit in CONTENDED_UNITS else None
     unit, better = figure.shown_unit or figure.unit, figure.better or LOWER
-    return Axis(key, label, unit, better, "cost", log, figure.scale, phase=inflated)
+    kind = KIND_COLUMNS[phase] if figure.kind == ENERGY_KIND else None
+    return Axis(key, label, unit, better, "cost", log, figure.scale, phase=inflated, energy_kind=kind)
 
 
 def _generation_axes(configs: pd.DataFrame) -> list[Axis]:
@@ -136,11 +145,15 @@ def page_data(
     axes = [a for a in candidate_axes(metrics, extra) if _has_values(configs, a.key)]
     axes += [a for a in _generation_axes(configs) if _has_values(configs, a.key)]
     groups: list[tuple[str, str]] = []
+    primary: dict[tuple[str, str], str] = {}  # each task's primary metric: its default y axis
+    offered = {a.key for a in axes}
     points = []
     for i, (_, row) in enumerate(configs.iterrows()):
         group = (text(row.get("task")), text(row.get("backbone")))
         if group not in groups:
             groups.append(group)
+        if isinstance(metric := row.get("primary_metric"), str) and metric in offered:
+            primary.setdefault(group, metric)
         values = {a.key: _number(row.get(a.key), a.scale) for a in axes}
         intervals = {a.key: _number(row.get(f"{a.key}_ci95"), a.scale) for a in axes}
         points.append(
@@ -155,20 +168,20 @@ def page_data(
                 "intervals": {k: v for k, v in intervals.items() if v is not None},
                 "interval": SEED_INTERVAL,
                 "ranges": _binomial_ranges(row, axes),
-                "no_front": NO_FRONT if row.get("constant_output") else None,
-                "range_how": BINOMIAL_INTERVAL.format(n=row.get("eval_samples")),
-                "flags": {a.key: CONTENDED_FLAG for a in axes if a.phase and _contended(row, a.phase)},
+                "no_front": _no_front(row),
+                "range_how": BINOMIAL_INTERVAL.format(n=_count(row.get("eval_samples"))),
+                "flags": {a.key: flag for a in axes if (flag := _flag(row, a))},
             }
         )
     keys = [a.key for a in axes]
     metric_keys = [a.key for a in axes if a.kind == "metric"]
     return {
-        "axes": [{k: v for k, v in asdict(a).items() if k not in ("scale", "phase")} for a in axes],
-        "groups": [{"task": t, "backbone": b} for t, b in groups],
+        "axes": [{k: v for k, v in asdict(a).items() if k not in ("scale", "phase", "energy_kind")} for a in axes],
+        "groups": [{"task": t, "backbone": b, "y": primary.get((t, b))} for t, b in groups],
         "points": points,
         "budgets": [k for k in BUDGETS if k in keys],
         "x": ENERGY.name if ENERGY.name in keys else next((k for k in keys if k not in metric_keys), None),
-        "y": metric_keys[0] if metric_keys else None,
+        "y": (primary.get(groups[0]) if groups else None) or (metric_keys[0] if metric_keys else None),
     }
 
 
@@ -187,6 +200,28 @@ def _binomial_ranges(row: pd.Series, axes: Sequence[Axis]) -> dict[str, list[flo
     return ranges
 
 
+def _flag(row: pd.Series, axis: Axis) -> str:
+    """Why a configuration's figure on ``axis`` is marked (estimated, contended), or ""."""
+    estimated = axis.energy_kind is not None and row.get(axis.energy_kind) == ESTIMATED
+    contended = axis.phase is not None and _contended(row, axis.phase)
+    return "; ".join(why for why, applies in ((ESTIMATED_FLAG, estimated), (CONTENDED_FLAG, contended)) if applies)
+
+
+def _no_front(row: pd.Series) -> str | None:
+    """Why a configuration is on no frontier (its score is no result), as :func:`~petlprof.report.frame.frontier`
+    and the differences table judge; None when it may be."""
+    if row.get("constant_output"):
+        return NO_FRONT
+    if row.get("random_init"):
+        return "trained from random weights (--random-init): its score says nothing of the method"
+    return None
+
+
+def _count(value: Any) -> str:
+    number = _number(value)
+    return "?" if number is None else f"{number:,.0f}"
+
+
 def _contended(row: pd.Series, phase: str) -> bool:
     value = row.get(CONTENDED[phase])
     return isinstance(value, (bool, np.bool_)) and bool(value)
@@ -197,8 +232,10 @@ def _has_values(configs: pd.DataFrame, key: str) -> bool:
 
 
 def embedded_json(data: Mapping[str, Any]) -> str:
-    """``data`` as JSON safe inside a ``<script>`` element (no ``</`` that would end it early)."""
-    return json.dumps(data, allow_nan=False, separators=(",", ":")).replace("</", "<\\/")
+    """``data`` as JSON safe inside a ``<script>`` element: no ``<``, ``>`` or ``&`` (written as JSON escapes), so
+    neither ``</script>`` nor ``<!--<script>`` in a label can end it early or keep it open."""
+    text = json.dumps(data, allow_nan=False, separators=(",", ":"))
+    return text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
 
 
 def asset(name: str) -> str:

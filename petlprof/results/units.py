@@ -21,6 +21,7 @@ import json
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from importlib.metadata import version
 from pathlib import Path
 
 from petlprof.errors import UsageError, shown, unknown_choice
@@ -111,8 +112,6 @@ def _codecarbon_table() -> tuple[str, dict[str, dict]]:
     )
     if path is None:
         raise UsageError("--country-code reads CodeCarbon's table of grid intensities, and codecarbon is not installed")
-    from importlib.metadata import version
-
     return version("codecarbon"), json.loads(path.read_text(encoding="utf-8"))
 
 
