@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, NoReturn
 from petlprof import __version__
 from petlprof.errors import UsageError, printable, say
 from petlprof.estimate.command import add_estimate_parser, cmd_estimate
-from petlprof.estimate.plan import add_plan_parser, cmd_plan
+from petlprof.estimate.plan import add_plan_parser, make_plan, show_plan
 from petlprof.execution.process import exit_now
 from petlprof.execution.warm import fork_warm_workers_from_this_process
 from petlprof.report.intervals import DEFAULT_INTERVAL, INTERVALS
@@ -237,6 +237,18 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plan_and_verify(args: argparse.Namespace) -> int:
+    """``petlprof plan``, then with ``--verify`` a pilot of each configuration and the plan corrected by them."""
+    plan = make_plan(args)
+    show_plan(plan)
+    if not args.verify:
+        return 0
+    # the pilots' sweeps: the run's machinery, loaded only when asked for
+    from petlprof.pilot import verify
+
+    return verify(args, plan)
+
+
 MAX_ERROR_CHARS = 2000  # an error line is cut here, whatever value it echoes
 
 
@@ -257,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         "meters": cmd_meters,
         "report": cmd_report,
         "estimate": cmd_estimate,
-        "plan": cmd_plan,
+        "plan": cmd_plan_and_verify,
     }
     handlers["calibrate"] = cmd_calibrate
     handler = handlers[args.command]

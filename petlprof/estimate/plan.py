@@ -36,9 +36,12 @@ from petlprof.estimate.command import (
 )
 from petlprof.results.figures import ENERGY, TIME
 from petlprof.results.units import cost_text, read_price
-from petlprof.values import DURATION_UNITS, ENERGY_UNITS, J_PER_KWH, flag, parse_bytes
+from petlprof.values import DURATION_UNITS, ENERGY_UNITS, J_PER_KWH, Number, flag, parse_bytes
 
 PLAN_FILE = "plan.jsonl"
+DEFAULT_PILOT_STEPS = 6  # a pilot's measured steps: a median of six, after the run's warm-up steps
+MAX_PILOT_STEPS = 10_000
+_STEPS = Number(0, maximum=MAX_PILOT_STEPS, integer=True)
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,19 @@ def add_plan_parser(sub: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--price-per-kwh", help="the price of a kWh, in any currency: each configuration's energy cost in it"
+    )
+    parser.add_argument(
+        "--verify",
+        action="store_true",
+        help="then run a short pilot of each configuration on this machine (--verify-steps optimiser steps on "
+        "--task), scale each one's predicted time, energy and (on a GPU) memory by what its pilot measured against "
+        "what it predicted, and print the plan again so corrected (pilots under <output>/pilots)",
+    )
+    parser.add_argument(
+        "--verify-steps",
+        type=_STEPS.read,
+        default=DEFAULT_PILOT_STEPS,
+        help=f"measured optimiser steps of each pilot, after its warm-up steps (default {DEFAULT_PILOT_STEPS})",
     )
     return parser
 
@@ -172,8 +188,9 @@ def ranked(candidates: Sequence[Candidate]) -> list[Candidate]:
     return sorted(candidates, key=key)
 
 
-def plan_table(candidates: Sequence[Candidate], budgets: Budgets) -> str:
-    """The ranked candidates, one row each, every figure with its unit."""
+def plan_table(candidates: Sequence[Candidate], budgets: Budgets, basis: str = "predicted") -> str:
+    """The ranked candidates, one row each, every figure with its unit; ``basis`` names what the time and energy
+    columns hold (``predicted``; ``corrected``: predicted x a pilot's ratio)."""
     rows = []
     for rank, candidate in enumerate(candidates, 1):
         row = {
@@ -187,10 +204,10 @@ def plan_table(candidates: Sequence[Candidate], budgets: Budgets) -> str:
         row["peak_train"] = "-" if candidate.peak_train_bytes is None else size(candidate.peak_train_bytes)
         if budgets.device_memory_bytes is not None:
             row["memory_left"] = _share(candidate.left_share.get("memory"))
-        row["train_time_predicted"] = "-" if candidate.train_time_s is None else duration(candidate.train_time_s)
+        row[f"train_time_{basis}"] = "-" if candidate.train_time_s is None else duration(candidate.train_time_s)
         if budgets.max_time_s is not None:
             row["time_left"] = _share(candidate.left_share.get("time"))
-        row["train_energy_predicted"] = "-" if candidate.train_energy_j is None else joules(candidate.train_energy_j)
+        row[f"train_energy_{basis}"] = "-" if candidate.train_energy_j is None else joules(candidate.train_energy_j)
         if budgets.max_energy_j is not None:
             row["energy_left"] = _share(candidate.left_share.get("energy"))
         if budgets.price_per_kwh is not None:
@@ -226,34 +243,55 @@ def budget_line(budgets: Budgets) -> str:
     return "budgets: " + "; ".join(parts)
 
 
-def cmd_plan(args: argparse.Namespace) -> int:
+@dataclass(frozen=True)
+class Plan:
+    """A plan made: where it was written, its budgets, its candidates ranked and the estimate record of each."""
+
+    out: Path
+    budgets: Budgets
+    candidates: list[Candidate]
+    records: list[Any]  # the estimate record each candidate was judged from, in the candidates' order
+    basis: str  # what the figures rest on, in words
+
+
+def make_plan(args: argparse.Namespace) -> Plan:
+    """Estimate what ``args`` name, judge each configuration against the budgets, rank them and write plan.jsonl."""
+    _STEPS.check("verify_steps", args.verify_steps)  # before anything is traced: a bad count is one line
     budgets = read_budgets(args)
     out, priced = price(args, "plan", budgets.needs_prediction())
-    candidates = ranked([judge(dict(record), budgets) for each in priced for record in each.records])
+    judged = [(judge(dict(record), budgets), dict(record)) for each in priced for record in each.records]
+    order = ranked([candidate for candidate, _ in judged])
+    records = [next(r for c, r in judged if c is candidate) for candidate in order]
     with open(out / PLAN_FILE, "w") as fh:
-        for candidate in candidates:
+        for candidate in order:
             fh.write(json.dumps({**asdict(candidate), "budgets": asdict(budgets), "kind": "predicted"}) + "\n")
-    first: Any = next((r.get("predicted") for each in priced for r in each.records if r.get("predicted")), None)
+    first: Any = next((r.get("predicted") for r in records if r.get("predicted")), None)
     basis = (
         f"predicted on {first['device']} ({first['model'] if not first['calibrated'] else 'calibrated here'})"
         if first
         else "memory alone: no time or energy predicted on this device (petlprof calibrate)"
     )
-    fitting = [c for c in candidates if c.fits]
-    print(printable(budget_line(budgets)))
-    if totals := totals_line([record for each in priced for record in each.records]):
+    return Plan(out, budgets, order, records, basis)
+
+
+def show_plan(plan: Plan) -> None:
+    """The plan on the terminal: its budgets, what its figures rest on, the ranked table and what to run next."""
+    fitting = [c for c in plan.candidates if c.fits]
+    print(printable(budget_line(plan.budgets)))
+    if totals := totals_line(plan.records):
         print(printable(totals))
-    print(printable(f"figures: {basis}; ranked: those that fit, least predicted energy first, then time, then peak"))
-    print(plan_table(candidates, budgets))
+    print(
+        printable(f"figures: {plan.basis}; ranked: those that fit, least predicted energy first, then time, then peak")
+    )
+    print(plan_table(plan.candidates, plan.budgets))
     print()
-    summary = f"{len(fitting)} of {len(candidates)} configuration(s) predicted to fit"
+    summary = f"{len(fitting)} of {len(plan.candidates)} configuration(s) predicted to fit"
     if fitting:
         methods = ",".join(dict.fromkeys(c.method for c in fitting))
         summary += f"; accuracy is not predicted: `petlprof run --methods {methods}` with the same options measures it"
     print(printable(summary))
-    print(printable(f"wrote {out / PLAN_FILE}"))
-    print(printable(f"wrote {out / 'estimates.jsonl'}"))
-    return 0
+    print(printable(f"wrote {plan.out / PLAN_FILE}"))
+    print(printable(f"wrote {plan.out / 'estimates.jsonl'}"))
 
 
 def plan_records(folder: Path) -> list[dict]:

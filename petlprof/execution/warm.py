@@ -173,6 +173,14 @@ def fork_warm_workers_from_this_process() -> None:
     _fork_opted_in = True
 
 
+def stop_forking_from_this_process() -> None:
+    """Undo :func:`fork_warm_workers_from_this_process`: this process ran torch's kernels (``petlprof plan`` traces
+    steps before its pilots), and a fork of a process whose OpenMP pool has run hangs at the child's first parallel
+    region; its runs' warm worker starts a fresh interpreter instead."""
+    global _fork_opted_in
+    _fork_opted_in = False
+
+
 def forks_from_this_process() -> bool:
     """Whether this process opted in (:func:`fork_warm_workers_from_this_process`)."""
     return _fork_opted_in
