@@ -240,3 +240,33 @@ def test_the_bottom_line_has_an_item_per_task_and_comes_right_after_the_title():
 def test_the_bottom_line_without_a_finished_run():
     failed = record("full", {}, 0, 0.9, 100.0, "measured", 10, status="failed")
     assert "No run finished" in " ".join(bottom_line(runs_frame([failed])))
+
+
+def test_the_all_runs_table_marks_a_contended_runs_time_and_energy_not_its_memory():
+    from petlprof.report.table import summary_table
+
+    records = seeds_of("busy", [(0.8, 100.0), (0.7, 120.0)])
+    records[1]["train"]["contended"] = True
+    records[0]["train"]["contended"] = False
+    table = summary_table(records, fmt="markdown")
+    rows = [line for line in table.splitlines() if line.startswith("| busy")]
+    assert [row.count(CONTENDED_MARK) for row in rows] == [0, 2]  # seed 1: train time and energy, not memory
+    assert table.endswith(CONTENDED_NOTE)
+
+
+def test_the_cost_to_target_table_marks_a_contended_configuration_and_a_contended_reference():
+    from petlprof.report.target import target_tables
+
+    records = []
+    for method, energy, busy in (("full", 300.0, True), ("busy", 100.0, False)):
+        for seed, line in enumerate(seeds_of(method, [(0.8, energy), (0.8, energy)])):
+            line["train"]["budget"] = {
+                "target_metric": "accuracy", "target_value": 0.7, "reached": True, "reached_at_step": 10,
+                "stop_reason": "target", "energy_to_target_j": energy, "time_to_target_s": 5.0,
+            }  # fmt: skip
+            line["train"]["contended"] = busy and seed == 0
+            records.append(line)
+    ((_, _, table),) = target_tables(runs_frame(records))
+    rows = {line.split("|")[1].strip(): line for line in table.splitlines() if line.startswith("| ")}
+    assert "ref" + CONTENDED_MARK in rows["full"] and CONTENDED_MARK not in rows["busy"]
+    assert table.endswith(CONTENDED_NOTE)

@@ -38,7 +38,7 @@ from petlprof.report.page import Axis
 from petlprof.report.plotkit import save_figure
 from petlprof.report.plots import FORMATS, file_slug
 from petlprof.report.records import method_name, text
-from petlprof.report.table import CONTENDED_MARK, CONTENDED_NOTE, contended_in, render_markdown
+from petlprof.report.table import CONTENDED_MARK, CONTENDED_NOTE, contended_in, marked, render_markdown
 from petlprof.results.figures import ENERGY, MIB
 from petlprof.results.units import EnergyUnits, cost_text, kwh
 from petlprof.vocabulary import ZERO_SHOT
@@ -279,7 +279,7 @@ def _kind(group: pd.DataFrame, column: str) -> str:
 
 def _marked(cell: str, row: pd.Series, phase: str) -> str:
     """``cell`` with the contention mark where that phase's window was contended (in any seed)."""
-    return f"{cell}{CONTENDED_MARK}" if cell != "-" and contended_in(row, phase) else cell
+    return marked(cell, contended_in(row, phase))
 
 
 def _serving_table(group: pd.DataFrame, unit: str) -> list[str]:

@@ -38,6 +38,7 @@ import pandas as pd
 from petlprof.report.frame import CONTENDED, GENERATION_FIGURES, GENERATION_PHASES, PHASE_FIGURES, generation_column
 from petlprof.report.intervals import PROPORTIONS, wilson_interval
 from petlprof.report.records import text
+from petlprof.report.table import CONTENDED_UNITS
 from petlprof.results.figures import ENERGY, ENERGY_KIND, MIB, PEAK_MEMORY, TIME, TRAINABLE_PARAMS, Figure
 from petlprof.tasks.metrics import METRIC_DIRECTIONS
 from petlprof.vocabulary import ESTIMATED, ZERO_SHOT
@@ -56,7 +57,6 @@ KIND_COLUMNS = {  # phase -> the runs table's column saying how its energies wer
     "generation": f"generation_{ENERGY_KIND}",
     "generation_merged": f"generation_{ENERGY_KIND}",
 }
-CONTENDED_UNITS = ("s", "J", "1/s")  # what other processes on the machine inflate: times, energies, rates
 CONTENDED_FLAG = "measured while other processes kept the machine's CPUs busy (in at least one seed): may be worse"
 
 

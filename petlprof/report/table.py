@@ -81,10 +81,13 @@ def _params(record: RunResult) -> str:
 def _phase_column(phase: str, figure: Figure) -> Column:
     """One phase's figure, in its declared unit and format, for every run."""
 
+    inflated = figure.unit in CONTENDED_UNITS  # what other processes slow down: times, energies, rates
+
     def cell(record: RunResult) -> str:
         window = record.phase(phase)
         value = None if window is None else window[figure]
-        return _fixed(None if value is None else value * figure.scale, figure.decimals)
+        shown = _fixed(None if value is None else value * figure.scale, figure.decimals)
+        return marked(shown, inflated and window is not None and window.raw("contended") is True)
 
     return Column(f"{phase} {figure.header}", cell, numeric=True)
 
@@ -191,7 +194,7 @@ def summary_table(records: Sequence[RunResult | Mapping[str, Any]], fmt: str = "
     numeric = [c.numeric for c in cols]
     rows = [[c.cell(r) for c in cols] for r in sorted(records, key=sort_key)]
     render = _render_text if fmt == "text" else render_markdown
-    return render(headers, rows, numeric)
+    return with_contended_note(render(headers, rows, numeric), rows)
 
 
 # --- one row per configuration (seeds merged), per task and backbone -------------------------------
@@ -214,6 +217,7 @@ def _figure_ci(row: Mapping[str, Any], figure: Figure, phase: str = TRAIN) -> st
 
 
 CONTENDED_MARK = "†"
+CONTENDED_UNITS = ("s", "J", "1/s")  # the figures other processes inflate: times, energies, rates
 CONTENDED_NOTE = (
     f"{CONTENDED_MARK} measured while other processes kept the machine's CPUs busy (the window's `contended` flag; "
     "with several seeds, in at least one): the time, energy, latency or throughput it marks may be worse than on an "
@@ -230,12 +234,13 @@ def contended_in(row: Mapping[str, Any], phase: str) -> bool:
     return value is not None and value == value and bool(value)
 
 
-def _marked(cell: str, contended: bool) -> str:
-    """``cell`` with :data:`CONTENDED_MARK` when its figure was measured on a contended machine."""
-    return f"{cell}{CONTENDED_MARK}" if contended and cell != MISSING else cell
+def marked(cell: str, contended: bool, missing: str = MISSING) -> str:
+    """``cell`` with :data:`CONTENDED_MARK` when its figure was measured on a contended machine (not a ``missing``
+    one)."""
+    return f"{cell}{CONTENDED_MARK}" if contended and cell != missing else cell
 
 
-def _with_notes(table: str, rows: list[list[str]]) -> str:
+def with_contended_note(table: str, rows: list[list[str]]) -> str:
     """``table`` with the line explaining :data:`CONTENDED_MARK` under it where a cell of ``rows`` carries it."""
     return table + (f"\n\n{CONTENDED_NOTE}" if any(c.endswith(CONTENDED_MARK) for r in rows for c in r) else "")
 
@@ -437,7 +442,7 @@ def _costs_table(group, majority: float | None, zero_shot) -> str:
     if majority is not None:
         rows.append([f"*{MAJORITY}*", "", "", f"{majority:.4f}"] + [""] * (len(headers) - 4))
     notes = _interval_notes([row for _, row in group.iterrows()] + [row for _, row in zero_shot.iterrows()])
-    return _with_notes(render_markdown(headers, rows, numeric), rows) + "".join(f"\n\n{n}" for n in notes)
+    return with_contended_note(render_markdown(headers, rows, numeric), rows) + "".join(f"\n\n{n}" for n in notes)
 
 
 def _costs_row(row, mixed: bool, reference: bool = False) -> list[str]:
@@ -446,10 +451,10 @@ def _costs_row(row, mixed: bool, reference: bool = False) -> list[str]:
     cells = names + [
         str(int(row["n_seeds"])),
         _score(_quality(row), row["random_init"], _constant(row), int(row["n_seeds"])),
-        _marked(_figure_ci(row, ENERGY), contended_in(row, TRAIN)),
+        marked(_figure_ci(row, ENERGY), contended_in(row, TRAIN)),
         "" if reference else text(row.get(GRADE_KEY)),  # the worst seed's
         _figure_ci(row, PEAK_MEMORY),
-        _marked(_figure_ci(row, TIME), contended_in(row, TRAIN)),
+        marked(_figure_ci(row, TIME), contended_in(row, TRAIN)),
         _fixed(row.get("trainable_params"), 0),
         "" if reference else ", ".join(row["fronts"]) or MISSING,
     ]
@@ -462,18 +467,18 @@ def _vs_table(group) -> str:
     vs = f"vs {REFERENCE}"
     headers = ["method", "config", f"Δ {metric} {vs}", f"energy {vs}", f"memory {vs}", f"time {vs}", f"params {vs}"]
     rows = [_vs_row(row) for _, row in group.iterrows()]
-    return _with_notes(render_markdown(headers, rows, [False, False] + [True] * 5), rows)
+    return with_contended_note(render_markdown(headers, rows, [False, False] + [True] * 5), rows)
 
 
 def _vs_row(row) -> list[str]:
     contended = contended_in(row, TRAIN)  # marks the energy and time changes, each a ratio of its figure
     costs = ((ENERGY.name, contended), (PEAK_MEMORY.name, False), (TIME.name, contended), ("trainable_params", False))
     if row["method"] == REFERENCE:
-        return _names(row) + ["ref"] + [_marked("ref", marked) for _, marked in costs]
+        return _names(row) + ["ref"] + [marked("ref", inflated) for _, inflated in costs]
     quality = _score(
         _signed(row.get(f"quality_vs_{REFERENCE}"), ".4f"), row["random_init"], _constant(row), int(row["n_seeds"])
     )
-    changes = [_marked(_signed(row.get(f"{cost}_vs_{REFERENCE}_pct"), ".0f", "%"), marked) for cost, marked in costs]
+    changes = [marked(_signed(row.get(f"{cost}_vs_{REFERENCE}_pct"), ".0f", "%"), inflated) for cost, inflated in costs]
     return _names(row) + [quality] + changes
 
 
@@ -490,16 +495,16 @@ def _more_table(group) -> str:
             numeric.append(False)
     rows = []
     for _, row in group.iterrows():
-        cells = _names(row) + [_marked(_figure_ci(row, LATENCY, EVAL), contended_in(row, EVAL))]
+        cells = _names(row) + [marked(_figure_ci(row, LATENCY, EVAL), contended_in(row, EVAL))]
         for column, _, factor, decimals in optional:
             phase = OPTIONAL_PHASES.get(column)
             cells.append(
-                _marked(_mean_ci(row, column, factor, decimals), phase is not None and contended_in(row, phase))
+                marked(_mean_ci(row, column, factor, decimals), phase is not None and contended_in(row, phase))
             )
             if column == ENERGY_ABOVE_IDLE.frame_column():
                 cells.append(text(row.get(ABOVE_IDLE_GRADE_KEY)))
         rows.append(cells)
-    return _with_notes(render_markdown(headers, rows, numeric), rows)
+    return with_contended_note(render_markdown(headers, rows, numeric), rows)
 
 
 def _target_table(group) -> str:
@@ -511,12 +516,12 @@ def _target_table(group) -> str:
         + [
             text(row.get("target_reached")),
             _mean_ci(row, "steps_to_target", 1.0, 0),
-            _marked(_mean_ci(row, "time_to_target_s", 1.0, 1), contended_in(row, TRAIN)),
-            _marked(_mean_ci(row, "energy_to_target_j", 1.0, 1), contended_in(row, TRAIN)),
+            marked(_mean_ci(row, "time_to_target_s", 1.0, 1), contended_in(row, TRAIN)),
+            marked(_mean_ci(row, "energy_to_target_j", 1.0, 1), contended_in(row, TRAIN)),
         ]
         for _, row in group.iterrows()
     ]
-    return _with_notes(render_markdown(headers, rows, [False, False] + [True] * 4), rows)
+    return with_contended_note(render_markdown(headers, rows, [False, False] + [True] * 4), rows)
 
 
 # the generation table's figures, each with its header ({kind}: the energy kind when every run agrees on one); the
@@ -563,7 +568,7 @@ def _generation_table(group) -> str:
                     continue  # NaN: this configuration has no figures at this batch size
                 contended = contended_in(row, phase)
                 cells = [
-                    _marked(
+                    marked(
                         _mean_ci(row, generation_column(phase, batch, figure), figure.scale, figure.decimals),
                         contended and figure in GENERATION_TIMED,
                     )
@@ -572,4 +577,4 @@ def _generation_table(group) -> str:
                 cells.insert(3, text(row.get(generation_grade_column(phase, batch))))  # beside the energy figures
                 rows.append(_names(row) + ([label] if len(variants) > 1 else []) + [str(size)] + cells)
     numeric = [False, False] + [False] * (len(variants) > 1) + [True] * 4 + [False] + [True] * (len(shown) - 3)
-    return _with_notes(render_markdown(headers, rows, numeric), rows)
+    return with_contended_note(render_markdown(headers, rows, numeric), rows)

@@ -24,7 +24,7 @@ import pandas as pd
 
 from petlprof.report.frame import summarise
 from petlprof.report.records import MISSING, text
-from petlprof.report.table import render_markdown
+from petlprof.report.table import contended_in, marked, render_markdown, with_contended_note
 from petlprof.results.figures import HIGHER
 from petlprof.tasks.metrics import direction
 
@@ -129,9 +129,9 @@ def _cell(row: Mapping[str, Any], column: str, decimals: int, factor: float = 1.
 
 def _ratio(row: Mapping[str, Any], column: str) -> str:
     if row.get("method") == REFERENCE:
-        return "ref"
+        return marked("ref", contended_in(row, "train"))  # every ratio leans on it
     value = row.get(f"{column}_vs_{REFERENCE}")
-    return NOT_RECORDED if value is None or value != value else f"{value:.2f}×"
+    return NOT_RECORDED if value is None or value != value else marked(f"{value:.2f}×", contended_in(row, "train"))
 
 
 def _share(row: Mapping[str, Any], cost: TargetCost) -> str:
@@ -153,13 +153,14 @@ def target_table(group: pd.DataFrame) -> str:
     for _, row in by_cost(group, ENERGY_TO_TARGET.with_checks).iterrows():
         cells = [text(row["method"]), text(row["config"]), f"{row['reached']} of {int(row['n_seeds'])}"]
         for cost in TARGET_COSTS:
-            cells += [_cell(row, cost.with_checks, cost.decimals), _share(row, cost)]
-            cells += [_cell(row, cost.without_checks, cost.decimals)]
+            contended = contended_in(row, "train")
+            cells += [marked(_cell(row, cost.with_checks, cost.decimals), contended, NOT_RECORDED), _share(row, cost)]
+            cells += [marked(_cell(row, cost.without_checks, cost.decimals), contended, NOT_RECORDED)]
             if with_full:
                 cells += [_ratio(row, cost.with_checks), _ratio(row, cost.without_checks)]
         rows.append(cells)
     numeric = [False, False] + [True] * (len(headers) - 2)
-    return render_markdown(headers, rows, numeric)
+    return with_contended_note(render_markdown(headers, rows, numeric), rows)
 
 
 def target_tables(runs: pd.DataFrame) -> list[tuple[tuple, str, str]]:
