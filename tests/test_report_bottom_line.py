@@ -270,3 +270,8 @@ def test_the_cost_to_target_table_marks_a_contended_configuration_and_a_contende
     rows = {line.split("|")[1].strip(): line for line in table.splitlines() if line.startswith("| ")}
     assert "ref" + CONTENDED_MARK in rows["full"] and CONTENDED_MARK not in rows["busy"]
     assert table.endswith(CONTENDED_NOTE)
+
+
+def test_the_bottom_line_of_the_zero_shot_model_alone_says_nothing_was_tuned():
+    records = seeds_of("zero_shot", [(0.6, 0.0)])
+    assert "Nothing was tuned (the zero-shot model alone)" in "\n".join(bottom_line(runs_frame(records)))

@@ -169,8 +169,8 @@ def test_codecarbons_own_intensity_is_used_where_it_measured(tmp_path):
         (["--carbon-intensity=-5"], "--carbon-intensity must be a carbon intensity"),
         (["--carbon-intensity", "1e308"], "--carbon-intensity must be at most 5000"),
         (["--carbon-intensity=-inf"], "--carbon-intensity must be a carbon intensity"),
-        (["--country-code", "ZZZ"], "unknown --country-code 'ZZZ'"),
-        (["--country-code", "FR"], "unknown --country-code 'FR'"),
+        (["--country-code", "ZZZ"], "unknown --country-code 'ZZZ'. Give an ISO 3166 alpha-3 code"),
+        (["--country-code", "FR"], "unknown --country-code 'FR'; did you mean FRO, FRA?"),
         (["--country-code", "FRA", "--carbon-intensity", "50"], "not both"),
     ],
 )

@@ -94,6 +94,8 @@ def _frontiers(scored: pd.DataFrame, metric: str) -> list[str]:
     tuned = configs[configs["method"] != ZERO_SHOT]
     front = tuned[tuned["on_front"]].sort_values(ENERGY.name)
     off = tuned[~tuned["on_front"] & tuned["quality"].notna() & tuned[ENERGY.name].notna()]
+    if tuned.empty:
+        return ["Nothing was tuned (the zero-shot model alone), so there is no frontier of tuning methods."]
     if front.empty:
         return [f"No configuration has both a {metric} and a training energy figure, so there is no frontier."]
     points = [

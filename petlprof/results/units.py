@@ -15,6 +15,7 @@ default price.  Each figure carries the sentence saying how it was obtained (:at
 
 from __future__ import annotations
 
+import difflib
 import functools
 import importlib.util
 import json
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
 
-from petlprof.errors import UsageError, shown, unknown_choice
+from petlprof.errors import UsageError, shown
 from petlprof.values import J_PER_KWH, Number
 
 MAX_PRICE_PER_KWH = 1e6  # no tariff comes near a million of any currency per kWh
@@ -121,7 +122,13 @@ def country_intensity(code: str) -> GridIntensity:
     row = table.get(code.strip().upper(), {}) if isinstance(code, str) else {}
     value = row.get("carbon_intensity")
     if not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise unknown_choice("--country-code", code, table, "(ISO 3166 alpha-3, from CodeCarbon's table)")
+        given = code.strip().upper() if isinstance(code, str) else str(code)
+        close = difflib.get_close_matches(given, sorted(table), n=3, cutoff=0.6) if len(given) <= 8 else []
+        hint = f"; did you mean {', '.join(close)}?" if close else "."
+        raise UsageError(
+            f"unknown --country-code {shown(code)}{hint} Give an ISO 3166 alpha-3 code from CodeCarbon's table "
+            f"({len(table)} countries, e.g. USA, FRA, DEU, GBR, IND, CHN)"
+        )
     year = row.get("year")
     return GridIntensity(
         float(value),
