@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -102,7 +101,7 @@ def page(tmp_path_factory):
     return {"url": (folder / "report" / "report.html").as_uri(), "configs": configs, "data": data}
 
 
-def _start(javascript=True):
+def _start(profile, javascript=True):
     """A headless Chromium on the system's binaries; skipped (or failed under PETLPROF_REQUIRE_BROWSER=1)
     where they or selenium are missing."""
     missing = [
@@ -121,7 +120,7 @@ def _start(javascript=True):
     options.binary_location = str(CHROMIUM)
     for arg in ARGS:
         options.add_argument(arg)
-    options.add_argument(f"--user-data-dir={tempfile.mkdtemp(prefix='petlprof-chromium-')}")
+    options.add_argument(f"--user-data-dir={profile}")  # a fresh profile in pytest's temporary folders
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     if not javascript:
         options.add_experimental_option("prefs", {"profile.managed_default_content_settings.javascript": 2})
@@ -129,8 +128,8 @@ def _start(javascript=True):
 
 
 @pytest.fixture(scope="module")
-def driver():
-    browser = _start()
+def driver(tmp_path_factory):
+    browser = _start(tmp_path_factory.mktemp("chromium"))
     yield browser
     browser.quit()
 
@@ -290,8 +289,8 @@ def test_a_table_header_click_sorts_that_table(driver, page):
         assert header.get_attribute("aria-sort") == ("ascending" if order[0] < order[-1] else "descending")
 
 
-def test_without_javascript_the_page_is_the_static_report(page):
-    browser = _start(javascript=False)
+def test_without_javascript_the_page_is_the_static_report(page, tmp_path):
+    browser = _start(tmp_path / "chromium", javascript=False)
     try:
         browser.get(page["url"])
         assert not browser.find_element(by("ID"), "explorer").is_displayed()
