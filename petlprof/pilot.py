@@ -24,13 +24,14 @@ from typing import Any
 
 from petlprof.api import estimated_peak, predictions_of
 from petlprof.errors import UsageError, printable
+from petlprof.estimate.command import aligned
 from petlprof.estimate.plan import Candidate, Plan, judge, plan_table, ranked
 from petlprof.execution.sweep import drive
 from petlprof.execution.warm import stop_forking_from_this_process
 from petlprof.results.figures import ENERGY, LATENCY, PEAK_MEMORY, TIME
 from petlprof.results.result import RunResult
 from petlprof.sweep.config import build_options
-from petlprof.sweep.options import TRAINING_SETTINGS
+from petlprof.sweep.options import TRAINING_SETTINGS, RunOptions
 
 PILOTS = "pilots"  # the pilots' sweeps, one folder each, under the plan's output
 VERIFIED_FILE = "plan_verified.jsonl"
@@ -132,10 +133,8 @@ def corrected(record: Mapping[str, Any], ratios: Mapping[str, float | None]) -> 
     return fixed
 
 
-def run_pilot(values: dict[str, Any]) -> list[RunResult]:
-    """Run one pilot sweep (checked as ``petlprof run`` checks its options; no report: the plan is the report) and
-    return its records."""
-    options = build_options({}, values)
+def run_pilot(options: RunOptions) -> list[RunResult]:
+    """Run one pilot sweep (no report: the plan is the report) and return its records."""
     outcome = drive(options, finish=None, peak=estimated_peak, predict=predictions_of(options))
     if outcome.exit_code in (130, 143):  # Ctrl-C or SIGTERM: the plan stops with its pilot, as a sweep would
         raise KeyboardInterrupt
@@ -149,6 +148,12 @@ def verify(args: argparse.Namespace, plan: Plan) -> int:
     stop_forking_from_this_process()  # the plan ran torch here: a fork of this process would hang
     pilots: list[Pilot] = []
     fixed_records = []
+    # every pilot's options checked as petlprof run checks them, before the first pilot runs: one line, exit 2
+    checked = {
+        index: build_options({}, pilot_options(args, record, device, plan.out / PILOTS / f"{index}-{candidate.method}"))
+        for index, (candidate, record) in enumerate(zip(plan.candidates, plan.records), 1)
+        if candidate.error is None
+    }
     for index, (candidate, record) in enumerate(zip(plan.candidates, plan.records), 1):
         folder = plan.out / PILOTS / f"{index}-{candidate.method}"
         if candidate.error is not None:
@@ -157,7 +162,7 @@ def verify(args: argparse.Namespace, plan: Plan) -> int:
             fixed_records.append(record)
             continue
         print(printable(f"pilot {index}/{len(plan.candidates)}: {candidate.method} {candidate.config}"), flush=True)
-        results = run_pilot(pilot_options(args, record, device, folder))
+        results = run_pilot(checked[index])
         ratios, why = pilot_ratios(results[-1], device) if results else (dict.fromkeys(RATIOS), "no record written")
         pilots.append(Pilot(candidate.method, candidate.config, str(folder), ratios, why))
         fixed_records.append(corrected(record, ratios))
@@ -181,13 +186,14 @@ def verify(args: argparse.Namespace, plan: Plan) -> int:
 
 def pilot_table(candidates: list[Candidate], pilots: list[Pilot]) -> str:
     """One row per configuration: its ratios and what the pilot corrected, or why it could not."""
-    rows = [["method", "config", "step time", "energy per step", "peak memory", "note"]]
+    rows = []
     for candidate, pilot in zip(candidates, pilots):
-        cells = [f"{pilot.ratios[n]:.2f}x" if pilot.ratios[n] is not None else "-" for n in RATIOS]
-        note = pilot.why or ("" if pilot.ratios["memory"] is not None else "peak not corrected on a CPU (RSS)")
-        rows.append([candidate.method, candidate.config, *cells, note])
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows)
+        row = {"method": candidate.method, "config": candidate.config}
+        for name, header in zip(RATIOS, ("step time", "energy per step", "peak memory")):
+            row[header] = "-" if pilot.ratios[name] is None else f"{pilot.ratios[name]:.2f}x"
+        row["note"] = pilot.why or ("" if pilot.ratios["memory"] is not None else "peak not corrected on a CPU (RSS)")
+        rows.append(row)
+    return "\n".join(aligned(rows))
 
 
 __all__ = ["Pilot", "corrected", "pilot_options", "pilot_ratios", "run_pilot", "verify"]

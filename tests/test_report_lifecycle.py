@@ -258,3 +258,16 @@ def test_five_hundred_runs_report_in_under_10_cpu_seconds(tmp_path):
     spent = time.process_time() - start
     assert len(summarise(runs_frame(load_records([path])))) == 100
     assert spent < 10.0, f"500 runs took {spent:.1f} CPU-s to report"
+
+
+@pytest.mark.parametrize("edge", [math.nan, math.inf, -math.inf, 10**400, "12", True, None])
+def test_a_figure_at_its_edge_is_left_out_of_the_page_and_the_tables(edge):
+    runs = runs_frame(load_records([LM]))
+    configs = summarise(runs).astype({"energy_j": object})
+    configs.loc[configs.index[1], "energy_j"] = edge
+    data = page_data(configs, ["exact_match"])
+    assert data["points"][1]["values"]["energy_j"] is None
+    json.loads(embedded_json(data))  # strict JSON: no NaN or Infinity
+    section = "\n".join(lifecycle_section(configs, runs, (), energy_units()))
+    row = next(line for line in section.splitlines() if line.startswith(f"| {configs.iloc[1]['method']}"))
+    assert row.split("|")[2].strip() == "-"  # its training energy: empty, not nan or a huge number

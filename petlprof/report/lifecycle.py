@@ -40,6 +40,7 @@ from petlprof.report.plots import FORMATS, file_slug
 from petlprof.report.records import method_name, text
 from petlprof.report.table import CONTENDED_MARK, CONTENDED_NOTE, contended_in, marked, render_markdown
 from petlprof.results.figures import ENERGY, MIB
+from petlprof.results.result import finite
 from petlprof.results.units import EnergyUnits, cost_text, kwh
 from petlprof.vocabulary import ZERO_SHOT
 
@@ -96,10 +97,6 @@ def break_even(
     return BreakEven(crossing, ref, name) if d_train > 0 else BreakEven(crossing, name, ref)
 
 
-def _finite(value: object) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and math.isfinite(float(value)) else None
-
-
 def with_served(configs: pd.DataFrame) -> pd.DataFrame:
     """``configs`` with the per-request energy as served (:data:`SERVED_B1`, :data:`SERVED_BATCH`): the cheaper of
     merged and as tuned where the configuration has both (a user serves the cheaper way), else as tuned."""
@@ -149,7 +146,7 @@ def _unit(runs: pd.DataFrame) -> str:
 
 def _train_j(row: pd.Series) -> float | None:
     """A configuration's training energy; exactly 0 for the zero-shot row, which trained nothing."""
-    return 0.0 if row["method"] == ZERO_SHOT else _finite(row.get(ENERGY.name))
+    return 0.0 if row["method"] == ZERO_SHOT else finite(row.get(ENERGY.name))
 
 
 def lifecycle_plots(configs: pd.DataFrame, runs: pd.DataFrame, out_dir: Path) -> list[LifecyclePlot]:
@@ -166,7 +163,7 @@ def lifecycle_plots(configs: pd.DataFrame, runs: pd.DataFrame, out_dir: Path) ->
             drawn = [
                 (index in references, Line(_name(row), train, request))
                 for index, row in group.iterrows()
-                if (train := _train_j(row)) is not None and (request := _finite(row.get(column))) is not None
+                if (train := _train_j(row)) is not None and (request := finite(row.get(column))) is not None
             ]
             if len(drawn) < 2:
                 continue
@@ -287,13 +284,13 @@ def _serving_table(group: pd.DataFrame, unit: str) -> list[str]:
     rows, missing = [], []
     for _, row in group.iterrows():
         train = _train_j(row)
-        ci = _finite(row.get(f"{ENERGY.name}_ci95"))
-        checkpoint = _finite(row.get("checkpoint_bytes"))
+        ci = finite(row.get(f"{ENERGY.name}_ci95"))
+        checkpoint = finite(row.get("checkpoint_bytes"))
         columns = (REQUEST_B1, REQUEST_B1_MERGED, REQUEST_BATCH, REQUEST_BATCH_MERGED)
-        cells = [_marked(_j(_finite(row.get(c))), row, serving) for c in columns]
+        cells = [_marked(_j(finite(row.get(c))), row, serving) for c in columns]
         if all(c == "-" for c in cells):
             missing.append(_name(row))
-        tokens = [_finite(row.get(c)) for c in (REQUEST_PROMPT_TOKENS, REQUEST_RESPONSE_TOKENS)]
+        tokens = [finite(row.get(c)) for c in (REQUEST_PROMPT_TOKENS, REQUEST_RESPONSE_TOKENS)]
         shown_tokens = "-" if tokens[0] is None or tokens[1] is None else f"{tokens[0]:.1f} / {tokens[1]:.1f}"
         checkpoint_mib = "-" if checkpoint is None else f"{checkpoint / MIB:,.3f}"
         trained = _marked(_j(train, ci), row, "train") if row["method"] != ZERO_SHOT else _j(train)
@@ -362,7 +359,7 @@ def _break_even_cell(row: pd.Series, ref_row: pd.Series, served: str, unit: str)
     if row.name == ref_row.name:
         return "(reference)"
     train, ref_train = _train_j(row), _train_j(ref_row)
-    request, ref_request = _finite(row.get(served)), _finite(ref_row.get(served))
+    request, ref_request = finite(row.get(served)), finite(ref_row.get(served))
     if None in (train, ref_train, request, ref_request):
         return "- (no serving figure)" if train is not None and ref_train is not None else "- (no training energy)"
     assert train is not None and ref_train is not None and request is not None and ref_request is not None
@@ -379,7 +376,7 @@ def _units_table(group: pd.DataFrame, unit: str, units: EnergyUnits) -> list[str
         headers += ["training (money)", f"{per} (money)"]
     rows = []
     for _, row in group.iterrows():
-        train, request = _train_j(row), _finite(row.get(SERVED_B1))
+        train, request = _train_j(row), finite(row.get(SERVED_B1))
         thousand = None if request is None else 1000 * request
         cells = [_name(row), _kwh(train), _kwh(thousand)]
         if units.carbon is not None:

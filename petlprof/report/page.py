@@ -40,6 +40,7 @@ from petlprof.report.intervals import PROPORTIONS, wilson_interval
 from petlprof.report.records import text
 from petlprof.report.table import CONTENDED_UNITS
 from petlprof.results.figures import ENERGY, ENERGY_KIND, MIB, PEAK_MEMORY, TIME, TRAINABLE_PARAMS, Figure
+from petlprof.results.result import finite
 from petlprof.tasks.metrics import METRIC_DIRECTIONS
 from petlprof.vocabulary import ESTIMATED, ZERO_SHOT
 
@@ -128,10 +129,8 @@ def candidate_axes(metrics: Iterable[str], extra: Sequence[Axis] = ()) -> list[A
 
 def _number(value: Any, scale: float = 1.0) -> float | None:
     """A finite figure in its shown unit, else None (JSON has no NaN)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    value = float(value) * scale
-    return value if math.isfinite(value) else None
+    number = finite(value)
+    return None if number is None else finite(number * scale)
 
 
 def page_data(
@@ -228,7 +227,7 @@ def _contended(row: pd.Series, phase: str) -> bool:
 
 
 def _has_values(configs: pd.DataFrame, key: str) -> bool:
-    return key in configs.columns and pd.to_numeric(configs[key], errors="coerce").notna().any()
+    return key in configs.columns and any(finite(value) is not None for value in configs[key])
 
 
 def embedded_json(data: Mapping[str, Any]) -> str:
