@@ -154,3 +154,36 @@ def _no_device_profile_of_the_developers(tmp_path_factory, monkeypatch):
     one: a developer's calibrated profile in ~/.cache would otherwise make every test sweep predict its runs (and
     carry ``predicted`` in its records), where CI's fresh machine predicts nothing."""
     monkeypatch.setenv("PETLPROF_PROFILE_DIR", str(tmp_path_factory.getbasetemp() / "device-profiles"))
+
+
+@pytest.fixture(scope="session")
+def lm_folder(tmp_path_factory) -> str:
+    """A model folder as a user brings one: a tiny random Llama with its LM head and a word-level tokenizer, saved
+    by transformers (safetensors): pretrained weights to petlprof, so its runs take the backbone the warm worker
+    kept."""
+    # tokenizers, transformers, torch: slow to import, and only the tests that use the folder need them
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    vocab = ["[PAD]", "[UNK]", "<s>", "</s>", *"0123456789+-=", *[f"w{i}" for i in range(83)]]
+    word_level = Tokenizer(models.WordLevel({word: i for i, word in enumerate(vocab)}, unk_token="[UNK]"))
+    word_level.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(
+        tokenizer_object=word_level, pad_token="[PAD]", unk_token="[UNK]", bos_token="<s>", eos_token="</s>"
+    ).save_pretrained(folder)
+    config = LlamaConfig(
+        vocab_size=len(vocab),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        pad_token_id=0,
+        bos_token_id=2,
+        eos_token_id=3,
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    return str(folder)

@@ -11,7 +11,9 @@ and a forked child maps again the file pages (library code) that the warm worker
 (``MADV_POPULATE_READ``), which ``fork`` leaves unmapped, so code that a fresh process had already paged
 in while importing is not counted in the child's peak as it pages in again.
 
-Fork safety: the warm worker never touches CUDA and runs nothing after its imports; it forks only while
+Fork safety: the warm worker never touches CUDA and runs nothing after its imports but the reading of a run's
+pretrained backbone, with torch at one thread (:mod:`petlprof.run.kept`: read once per sweep, the runs forked
+after it take it); it forks only while
 Python has one thread and no native thread has started since the imports (checked before every fork).
 The native threads the imports start are idle pools of libraries that re-arm themselves in a forked
 child (``pthread_atfork``): OpenBLAS's (numpy, scipy) and jemalloc's background thread (pyarrow).
@@ -62,6 +64,7 @@ from typing import BinaryIO
 from petlprof.execution.process import command, die_with_parent
 
 READY_TIMEOUT_S = 300.0  # the imports of a cold disk cache; past it the sweep uses fresh processes
+FORK_TIMEOUT_S = 600.0  # a fork request's answer: the warm worker reads the run's backbone first (petlprof.run.kept)
 # variables that name the moment, not the process: pytest's name of the test in progress changes with every test and
 # is read by nothing the worker imports, so it does not stop a kept worker from serving the next sweep
 _MOMENTARY = frozenset({"PYTEST_CURRENT_TEST"})
@@ -159,7 +162,8 @@ class WarmChild:
 DRIVER_LIBRARIES = ("torch", "transformers", "peft", "pandas")
 Preload = Callable[[], None]  # imports a run's libraries (petlprof.execution.worker.preload)
 RunJob = Callable[[Path, Path], int]  # runs a spec file into a record file (petlprof.execution.worker.run_job)
-Runtime = tuple[Preload, RunJob]
+BeforeFork = Callable[[Path], None]  # readies what the run of a spec file may take (petlprof.execution.worker.keep)
+Runtime = tuple[Preload, RunJob, BeforeFork]
 _fork_opted_in = False  # set by the ``petlprof`` command (fork_warm_workers_from_this_process)
 
 
@@ -232,7 +236,13 @@ class ForkedWorker:
 
     @classmethod
     def start(
-        cls, theirs: socket.socket, ours: socket.socket, env: dict[str, str], preload: Preload, run_job: RunJob
+        cls,
+        theirs: socket.socket,
+        ours: socket.socket,
+        env: dict[str, str],
+        preload: Preload,
+        run_job: RunJob,
+        before_fork: BeforeFork,
     ) -> ForkedWorker | None:
         """Import the runtime here, then fork the worker; None (nothing forked) where a Python thread started
         meanwhile, which a fork would leave holding its locks: the caller starts a fresh interpreter then."""
@@ -265,7 +275,7 @@ class ForkedWorker:
                     stream.reconfigure(write_through=True)
             die_with_parent(driver)
             populate(resident)  # the library pages the driver had resident, so that serve finds (and passes on) them
-            code = serve(theirs.detach(), run_job, lambda: None)  # imported and frozen above, before the fork
+            code = serve(theirs.detach(), run_job, lambda: None, before_fork)  # imported and frozen before the fork
         except SystemExit as exit_:  # die_with_parent's: the driver was gone before the fork could watch it
             code = exit_.code if isinstance(exit_.code, int) else 1
         except BaseException:  # noqa: B036 - the fork must never return into the driver's code
@@ -367,10 +377,10 @@ class WarmWorker:
             os.close(write_end)
         stderr = os.fdopen(read_end, "rb")
         try:
-            message = self.lines.read(60.0)
+            message = self.lines.read(FORK_TIMEOUT_S)
         except TimeoutError:
             self.proc.kill()  # it may still fork this run: killed, it cannot run it beside the caller's
-            message = {"why": "no answer to a fork request within 60 s"}
+            message = {"why": f"no answer to a fork request within {FORK_TIMEOUT_S:g} s"}
         if not message or "pid" not in message:
             stderr.close()
             self.broken = (message or {}).get("why") or "the warm worker ended before forking"
@@ -489,12 +499,14 @@ def populate(ranges: list[tuple[int, int]]) -> None:
         madvise(address, length, _MADV_POPULATE_READ)
 
 
-def serve(fd: int, run_job, preload) -> int:
+def serve(fd: int, run_job: RunJob, preload: Preload, before_fork: BeforeFork | None = None) -> int:
     """The warm worker's loop: import, say ready, then fork one child per request until end of stream.
 
     ``run_job(spec_path, out_path) -> exit code`` is what a child runs; ``preload()`` imports the
-    libraries.  Ctrl-C is the run's and the sweep's to handle: this process ignores it.  The stop signals
-    are unblocked, as in a fresh worker (:data:`petlprof.execution.process.LAUNCH`), for the children to inherit."""
+    libraries; ``before_fork(spec_path)`` readies what that run may take from this process (its backbone, read once
+    per sweep: :mod:`petlprof.run.kept`), before the checks that make a fork safe.  Ctrl-C is the run's and the
+    sweep's to handle: this process ignores it.  The stop signals are unblocked, as in a fresh worker
+    (:data:`petlprof.execution.process.LAUNCH`), for the children to inherit."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT, signal.SIGTERM))
     sock = socket.socket(fileno=fd)
@@ -510,6 +522,8 @@ def serve(fd: int, run_job, preload) -> int:
     try:
         while (request := lines.read()) is not None:
             fds, lines.fds = lines.fds, []
+            if before_fork is not None:
+                before_fork(Path(request["spec"]))
             if len(fds) != 1 or _threads() > threads:
                 _send(sock, {"why": "no stderr pipe sent" if len(fds) != 1 else "a thread started after the imports"})
                 return 1

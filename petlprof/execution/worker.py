@@ -31,6 +31,7 @@ from pathlib import Path
 from petlprof.execution.process import die_with_parent, exit_now, expected_parent
 from petlprof.execution.warm import serve
 from petlprof.results.records import FINAL_STATUSES
+from petlprof.run import kept
 from petlprof.run.execute import execute
 from petlprof.run.libraries import import_runtime_libraries
 from petlprof.sweep.spec import RunSpec
@@ -39,7 +40,7 @@ from petlprof.sweep.spec import RunSpec
 def main(argv: list[str]) -> int:
     if argv[0] == "--serve":
         die_with_parent(expected_parent())
-        return serve(int(argv[1]), run_job, preload)
+        return serve(int(argv[1]), run_job, preload, keep_backbone)
     if argv[0] == "--nproc":
         # torch's elastic launcher: the launcher's only; a run's libraries load in preload(), in order
         from petlprof.execution.launch import forks_ranks, launch
@@ -66,6 +67,16 @@ def preload() -> None:
     import_runtime_libraries()
     gc.collect()  # the imports' garbage first: what is frozen is never freed
     gc.freeze()
+
+
+def keep_backbone(spec_path: Path) -> None:
+    """In the warm worker, before it forks the run in ``spec_path``: read that run's backbone for the run to take
+    (:mod:`petlprof.run.kept`).  An unreadable spec leaves the run to fail on it itself."""
+    try:
+        spec = RunSpec(**json.loads(spec_path.read_text())["spec"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    kept.keep_for(spec)
 
 
 def run_job(spec_path: Path, out_path: Path) -> int:

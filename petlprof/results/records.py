@@ -250,6 +250,15 @@ class TaskInfo(_TaskInfoExtras):
     majority_rate: float | None  # the evaluation split's most common class's share (None for regression)
 
 
+class Load(TypedDict):
+    """A run's loading before its first phase (part of its ``overhead_s``): the warm worker's reading of a kept
+    backbone (:mod:`petlprof.run.kept`) is charged to the first run it served, in both times."""
+
+    time_s: float  # wall time of the loading: data, backbone, method applied
+    backbone_s: float  # of it, the backbone's: read here, read for this run by the warm worker, or taken kept
+    backbone_from: str  # where the backbone came from, in words
+
+
 class FailedAt(TypedDict, total=False):
     """Where a failed run was (phase, step) and its memory then (bytes)."""
 
@@ -410,6 +419,7 @@ class RunRecord(TypedDict, total=False):
     traceback: str
     failed_at: FailedAt
     env: Environment
+    load: Load  # its loading before the first phase (part of overhead_s)
     process: str  # what the run executed in: a fresh interpreter, or a child of the sweep's warm worker
     process_wall_time_s: float  # from the start of the run's process (or execute) to its record read back
     overhead_s: float  # process_wall_time_s minus the measured phases (measured_phases_s): the harness's cost

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import resource
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
@@ -39,6 +40,7 @@ from petlprof.results.records import (
     Example,
     Generation,
     Inference,
+    Load,
     Phase,
     RunPhases,
     RunRecord,
@@ -47,6 +49,7 @@ from petlprof.results.records import (
     TrainPhase,
     safetensors_bytes,
 )
+from petlprof.run import kept
 from petlprof.run.budget import make_budget
 from petlprof.run.libraries import import_runtime_libraries
 from petlprof.run.recipe import TrainRecipe, prepare_model
@@ -130,6 +133,7 @@ class RunContext:
     timeline_warnings: list[str]
     cache: Any  # petlprof.run.cache.HiddenStateCache or None
     budget: Any  # petlprof.run.budget.Budget or None
+    load: Load  # how long the data, backbone and method took to load, and where the backbone came from
 
     @property
     def label(self) -> str:
@@ -156,10 +160,13 @@ def prepare(spec: RunSpec, ranks, progress, max_memory_bytes: int | None = None)
     if spec.device.startswith("cuda:"):  # work and CUDA events with no device named go to the run's GPU, not GPU 0
         torch.cuda.set_device(spec.device)
     release_free_memory()
-    runtime_baseline = rss_bytes()  # Python + torch/transformers/peft code, before any model or data exists
+    # Python + torch/transformers/peft code, before any model or data exists (less a backbone inherited from the warm
+    # worker, which a fresh process would read after this point)
+    runtime_baseline = rss_bytes()
+    runtime_baseline = None if runtime_baseline is None else runtime_baseline - kept.inherited_bytes()
     if max_memory_bytes is not None:
         _cap_memory(spec.device, max_memory_bytes)
-    method, method_config, task, backbone, model = _load(spec, shown=ranks.is_main)
+    method, method_config, task, backbone, model, load = _load(spec, shown=ranks.is_main)
     timeline, timeline_warnings = _start_timeline(spec)
     breakdown = static_breakdown(model, spec.optimizer != ADAMW)
     make_batches = _batches(spec, task, backbone)
@@ -187,6 +194,7 @@ def prepare(spec: RunSpec, ranks, progress, max_memory_bytes: int | None = None)
         timeline_warnings=timeline_warnings,
         cache=_hidden_state_cache(spec, method, ranks),
         budget=make_budget(spec, task, model, make_batches, _budget_meter(spec, timeline)),  # checks, target, time
+        load=load,
     )
 
 
@@ -214,7 +222,8 @@ def _recipe(spec: RunSpec, method):
 
 
 def _load(spec: RunSpec, shown: bool = True) -> tuple:
-    """(method, its config, task, backbone, model): the data and the backbone with the method applied.
+    """(method, its config, task, backbone, model, what loading them took): the data and the backbone with the
+    method applied.
     A language-modelling task (``task.objective == "lm"``) loads the backbone with its own LM head and
     applies the method to a :class:`~petlprof.models.classifier.LanguageModel`; any other, a classifier.
     ``shown``: whether the loading's status line is this process's to show (rank 0's of several)."""
@@ -224,6 +233,7 @@ def _load(spec: RunSpec, shown: bool = True) -> tuple:
     from petlprof.models.classifier import trainable_model
     from petlprof.tasks.labelled import load_task
 
+    start = time.perf_counter()
     method = get_method(spec.method)
     check_quantize(method, spec.quantize)  # `petlprof run` refuses it before any run; this guards a direct caller
     method_config = method.make_config(spec.method_config)
@@ -246,19 +256,29 @@ def _load(spec: RunSpec, shown: bool = True) -> tuple:
     torch.manual_seed(spec.seed)
     lm = task.objective == LM
     with StatusLine(f"{method.name} s{spec.seed} load: backbone {spec.backbone}", shown=shown):  # one rank's line
-        backbone = load_backbone(
-            spec.backbone,
-            num_layers=spec.num_layers,
-            seed=spec.seed,
-            random_init=spec.random_init,
-            lm_head=lm,
-            quantization=Quantization.of(spec),
-            device=spec.device,
+        t0 = time.perf_counter()
+        taken = kept.take(spec)  # read once by the sweep's warm worker, or by this process now
+        backbone = (
+            taken.backbone
+            if taken is not None
+            else load_backbone(
+                spec.backbone,
+                num_layers=spec.num_layers,
+                seed=spec.seed,
+                random_init=spec.random_init,
+                lm_head=lm,
+                quantization=Quantization.of(spec),
+                device=spec.device,
+            )
         )
+        charged_s = 0.0 if taken is None else taken.charged_s  # the warm worker's reading for this run
+        backbone_s = time.perf_counter() - t0 + charged_s
+        backbone_from = kept.not_kept() if taken is None else taken.source
         check_shape(spec.backbone, backbone.config, max_length=spec.max_length)
         model = trainable_model(backbone, task.objective, task.num_labels, method, method_config).to(spec.device)
         prepare_model(model, spec.weights_dtype, spec.gradient_checkpointing)
-    return method, method_config, task, backbone, model
+    load = Load(time_s=time.perf_counter() - start + charged_s, backbone_s=backbone_s, backbone_from=backbone_from)
+    return method, method_config, task, backbone, model, load
 
 
 def _batches(spec: RunSpec, task, backbone) -> Callable:
@@ -666,6 +686,7 @@ def _described(ctx: RunContext) -> RunRecord:
         "trainable_params": ctx.trainable_params,
         "total_params": ctx.total_params,
         "checkpoint_bytes": ctx.checkpoint_bytes,
+        "load": ctx.load,
     }
 
 

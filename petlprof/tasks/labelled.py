@@ -52,6 +52,7 @@ from petlprof.tasks.files import (
     take_train,
 )
 from petlprof.values import check_file
+from petlprof.vocabulary import AUTO, CLASSIFICATION, LM
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -140,6 +141,18 @@ def generative_possible(task: str, prompt_column: str | None = None) -> bool:
     """Whether ``task`` may be an LM task under ``--objective auto``, without reading any data: a generative
     task, or the user's data (whose columns decide; :func:`load_task` tells), never a labelled built-in."""
     return task in GENERATIVE_TASKS or prompt_column is not None or task not in TASKS
+
+
+def objective_without_data(task: str, objective: str, prompt_column: str | None = None) -> str | None:
+    """The objective ``task`` runs on (``lm`` or ``classification``) where its name and the options decide it,
+    without reading any data; None where only the user's data can tell (``--objective auto`` on their files)."""
+    if objective != AUTO:
+        return objective
+    if task in GENERATIVE_TASKS:
+        return LM
+    if task in TASKS and prompt_column is None:
+        return CLASSIFICATION
+    return None
 
 
 def load_task(

@@ -1,0 +1,121 @@
+"""The backbone the warm worker reads once per sweep (petlprof.run.kept): which runs take it, and when it is refused.
+
+The fork itself (the same metrics, losses and peaks as a fresh process's reading) is tested in test_warm.py; here
+the rules, in this process: what is kept, that a run takes only its own backbone and only once, that the first run
+is charged the reading and the later ones are not, and that a reading which draws random numbers (a weight missing
+from the checkpoint, initialised at load) or would not fit twice in memory is refused with its reason.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from petlprof.models import backbones
+from petlprof.models.backbones import minilm_path
+from petlprof.run import kept
+from petlprof.sweep.spec import RunSpec
+
+
+@pytest.fixture(autouse=True)
+def nothing_kept(monkeypatch):
+    monkeypatch.setattr(kept, "_kept", None)
+    monkeypatch.setattr(kept, "_refused", {})
+    monkeypatch.setattr(kept, "_why_not", None)
+
+
+@pytest.mark.parametrize(
+    ("fields", "key"),
+    [
+        ({}, kept.BackboneKey("minilm", None, False)),
+        ({"num_layers": 2}, kept.BackboneKey("minilm", 2, False)),
+        ({"task": "arith"}, kept.BackboneKey("minilm", None, True)),
+        ({"objective": "lm"}, kept.BackboneKey("minilm", None, True)),  # a labelled task verbalised
+        ({"backbone": "smollm2", "task": "gsm"}, kept.BackboneKey("smollm2", None, True)),
+        ({"random_init": True}, None),  # random weights: seeded per run
+        ({"backbone": "tiny-bert"}, None),  # a tiny preset has random weights too
+        ({"quantize": "int8"}, None),  # quantising runs kernels in the warm worker
+        ({"device": "cuda"}, None),  # never forked
+        ({"nproc": 2}, None),  # torchrun's ranks
+        ({"task": "data/my.csv"}, None),  # --objective auto on the user's file: only its columns tell
+        ({"task": "data/my.csv", "objective": "classification"}, kept.BackboneKey("minilm", None, False)),
+    ],
+)
+def test_which_runs_backbone_is_kept_and_by_what_key(fields, key):
+    assert kept.key_of(RunSpec(method="lora", **{"backbone": "minilm", **fields})) == key
+
+
+def test_the_first_run_is_charged_the_reading_a_later_run_takes_it_free_and_only_its_own():
+    spec = RunSpec(method="lora", backbone="minilm")
+    kept.keep_for(spec)
+    first = kept.take(spec)
+    assert first is not None and first.source == kept.READ_FOR_THIS_RUN and first.charged_s > 0
+    assert kept.take(spec) is None  # taken once: a second load in the process reads its own
+    kept._kept = kept.Kept(kept.key_of(spec), first.backbone, first.charged_s, 0)
+    kept.keep_for(spec)  # the next run of the same backbone: nothing read again
+    later = kept.take(spec)
+    assert later is not None and later.backbone is first.backbone
+    assert later.source == kept.KEPT and later.charged_s == 0.0
+    kept.keep_for(spec)
+    assert kept.take(RunSpec(method="lora", backbone="minilm", num_layers=2)) is None  # another backbone: its own
+    assert kept.inherited_bytes() == 0  # nothing left to inherit once taken
+
+
+def test_the_kept_backbone_has_the_weights_a_fresh_reading_has(lm_folder):
+    spec = RunSpec(method="full", backbone=lm_folder, task="arith")  # with its LM head
+    kept.keep_for(spec)
+    taken = kept.take(spec)
+    assert taken is not None, kept.not_kept()
+    torch.manual_seed(0)
+    fresh = backbones.load_backbone(lm_folder, lm_head=True)
+    assert type(taken.backbone.model) is type(fresh.model)
+    ours, theirs = taken.backbone.model.state_dict(), fresh.model.state_dict()
+    assert ours.keys() == theirs.keys()
+    assert all(torch.equal(ours[name], theirs[name]) for name in ours)
+
+
+@pytest.fixture
+def missing_weight(tmp_path) -> Path:
+    """MiniLM's folder with one attention weight left out of its checkpoint: transformers initialises it at load
+    from the random number generator."""
+    for path in minilm_path().iterdir():
+        if path.is_file():
+            (tmp_path / path.name).write_bytes(path.read_bytes())
+    weights = load_file(tmp_path / "model.safetensors")
+    missing = next(name for name in weights if name.endswith("attention.self.query.weight"))
+    save_file({name: t for name, t in weights.items() if name != missing}, tmp_path / "model.safetensors")
+    return tmp_path
+
+
+def test_a_reading_that_draws_random_numbers_is_not_kept_and_the_run_says_why(missing_weight):
+    spec = RunSpec(method="lora", backbone=str(missing_weight))
+    kept.keep_for(spec)
+    assert kept.take(spec) is None
+    assert kept.not_kept().startswith(kept.READ_HERE) and "draws random numbers" in kept.not_kept()
+    kept.keep_for(spec)  # refused once: not read again to find out again
+    assert kept._kept is None and "draws random numbers" in kept.not_kept()
+
+
+def test_a_reading_too_large_to_hold_twice_is_not_kept(monkeypatch):
+    monkeypatch.setattr(kept, "available_memory_bytes", lambda: 1)  # the machine's free memory, as /proc says
+    spec = RunSpec(method="lora", backbone="minilm")
+    kept.keep_for(spec)
+    assert kept.take(spec) is None and "no room for two" in kept.not_kept()
+
+
+def test_a_reading_that_fails_leaves_the_run_to_fail_on_it_itself(tmp_path):
+    spec = RunSpec(method="lora", backbone=str(tmp_path))  # an empty folder: no config
+    kept.keep_for(spec)
+    assert kept.take(spec) is None and "the warm worker did not keep it" in kept.not_kept()
+
+
+def test_the_reading_leaves_torchs_thread_count_and_transformers_progress_bars_as_they_were():
+    from transformers.utils import logging as hf_logging
+
+    threads, bars = torch.get_num_threads(), hf_logging.is_progress_bar_enabled()
+    kept.keep_for(RunSpec(method="lora", backbone="minilm"))
+    assert kept._kept is not None
+    assert (torch.get_num_threads(), hf_logging.is_progress_bar_enabled()) == (threads, bars)
