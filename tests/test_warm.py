@@ -91,6 +91,9 @@ _CASES = {
 # some of them after it (4.2-4.5 MiB on the tiny Llama's 74 MiB train peak, measured with nothing kept), so its RSS
 # peak is that much lower: a fixed amount, a rounding error on a real backbone's peak
 DRIVER_MODULES_BYTES = 8 * 2**20
+# identical fresh runs of the tiny Llama's LoRA differ by up to 2.3 MiB in their RSS train peak (73.6-75.8 MiB
+# measured in four fresh runs): 2% of its 74 MiB is within that noise, which the exact cpu-tensors peaks are not
+RSS_NOISE_BYTES = 2.5 * 2**20
 
 
 @pytest.mark.parametrize("case", list(_CASES))
@@ -118,7 +121,7 @@ def test_a_forked_run_measures_what_a_fresh_interpreter_measures(case, lm_folder
     for i, (method, (fresh, spawned, forked)) in enumerate(json.loads(done.stdout.splitlines()[-1]).items()):
         assert fresh["process"] == FRESH_PROCESS and spawned["process"] == forked["process"] == WARM_PROCESS
         assert fresh["load"]["backbone_from"] == kept.READ_HERE
-        for run, slack in ((spawned, 0), (forked, DRIVER_MODULES_BYTES)):
+        for run, slack in ((spawned, RSS_NOISE_BYTES), (forked, RSS_NOISE_BYTES + DRIVER_MODULES_BYTES)):
             assert run["status"] == fresh["status"] == "ok", (method, run.get("error"))
             assert run["metrics"] == fresh["metrics"]  # exactly: same seed, same arithmetic
             assert run["train"]["final_loss"] == fresh["train"]["final_loss"]

@@ -162,7 +162,8 @@ class WarmChild:
 DRIVER_LIBRARIES = ("torch", "transformers", "peft", "pandas")
 Preload = Callable[[], None]  # imports a run's libraries (petlprof.execution.worker.preload)
 RunJob = Callable[[Path, Path], int]  # runs a spec file into a record file (petlprof.execution.worker.run_job)
-BeforeFork = Callable[[Path], None]  # readies what the run of a spec file may take (petlprof.execution.worker.keep)
+# readies what the run of a spec file may take; whether it read a backbone now (petlprof.execution.worker.keep_backbone)
+BeforeFork = Callable[[Path], bool]
 Runtime = tuple[Preload, RunJob, BeforeFork]
 _fork_opted_in = False  # set by the ``petlprof`` command (fork_warm_workers_from_this_process)
 
@@ -504,7 +505,8 @@ def serve(fd: int, run_job: RunJob, preload: Preload, before_fork: BeforeFork | 
 
     ``run_job(spec_path, out_path) -> exit code`` is what a child runs; ``preload()`` imports the
     libraries; ``before_fork(spec_path)`` readies what that run may take from this process (its backbone, read once
-    per sweep: :mod:`petlprof.run.kept`), before the checks that make a fork safe.  Ctrl-C is the run's and the
+    per sweep: :mod:`petlprof.run.kept`, whose file pages the children then map too), before the checks that make a
+    fork safe.  Ctrl-C is the run's and the
     sweep's to handle: this process ignores it.  The stop signals are unblocked, as in a fresh worker
     (:data:`petlprof.execution.process.LAUNCH`), for the children to inherit."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -522,8 +524,8 @@ def serve(fd: int, run_job: RunJob, preload: Preload, before_fork: BeforeFork | 
     try:
         while (request := lines.read()) is not None:
             fds, lines.fds = lines.fds, []
-            if before_fork is not None:
-                before_fork(Path(request["spec"]))
+            if before_fork is not None and before_fork(Path(request["spec"])):
+                resident = resident_file_pages()  # and the pages the reading touched: a fresh run's reading maps them
             if len(fds) != 1 or _threads() > threads:
                 _send(sock, {"why": "no stderr pipe sent" if len(fds) != 1 else "a thread started after the imports"})
                 return 1

@@ -69,14 +69,14 @@ def preload() -> None:
     gc.freeze()
 
 
-def keep_backbone(spec_path: Path) -> None:
+def keep_backbone(spec_path: Path) -> bool:
     """In the warm worker, before it forks the run in ``spec_path``: read that run's backbone for the run to take
-    (:mod:`petlprof.run.kept`).  An unreadable spec leaves the run to fail on it itself."""
+    (:mod:`petlprof.run.kept`); whether it read one now.  An unreadable spec leaves the run to fail on it itself."""
     try:
         spec = RunSpec(**json.loads(spec_path.read_text())["spec"])
     except (OSError, ValueError, KeyError, TypeError):
-        return
-    kept.keep_for(spec)
+        return False
+    return kept.keep_for(spec)
 
 
 def run_job(spec_path: Path, out_path: Path) -> int:

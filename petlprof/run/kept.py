@@ -22,10 +22,12 @@ What is kept, and what is not (the run then reads its backbone itself, as before
   reading grew the warm worker's memory by more than half of what the machine had left (two copies would not fit).
 
 Figures unchanged: the run's memory baseline is taken as a fresh process takes it, before its backbone exists:
-the anonymous memory the kept backbone added to the warm worker (``RssAnon``, which a fork's child inherits in its
-resident set) is taken off the child's baseline (:func:`inherited_bytes`), so every phase's peak counts the
-backbone as a fresh read counts it.  Weights memory-mapped from the checkpoint are file pages, which a fork leaves
-unmapped: the child maps them as it touches them, as a fresh process does.  The reading's time is the first run's
+the resident memory the reading added to the warm worker (``VmRSS``: its objects, which a fork's child inherits in
+its resident set, and the file pages it touched, the loader's code and the checkpoint's, which the child maps again
+before its baseline as it does the libraries' pages, :func:`petlprof.execution.warm.populate`) is taken off the
+child's baseline (:func:`inherited_bytes`), so every phase's peak counts the backbone as a fresh reading counts it.
+Weights memory-mapped from the checkpoint and not yet touched stay unmapped: the child maps them as it touches
+them, as a fresh process does.  The reading's time is the first run's
 (it is inside that run's process wall time, which the sweep measures from before the fork request): its record
 says ``load.backbone_s`` and where the backbone came from; a later run's ``load.backbone_s`` is what taking it cost.
 
@@ -69,7 +71,7 @@ class Kept:
     key: BackboneKey
     backbone: Backbone
     read_s: float  # wall time of the reading, in the warm worker
-    inherited_bytes: int  # anonymous memory the reading added to the warm worker: a forked run's resident set holds it
+    inherited_bytes: int  # resident memory the reading added to the warm worker: a forked run's resident set holds it
     just_read: bool = True  # read for the run now being forked (it is charged the reading), not for an earlier one
 
 
@@ -89,21 +91,22 @@ def key_of(spec: RunSpec) -> BackboneKey | None:
     return BackboneKey(spec.backbone, spec.num_layers, objective == LM)
 
 
-def keep_for(spec: RunSpec) -> None:
+def keep_for(spec: RunSpec) -> bool:
     """In the warm worker, before it forks ``spec``'s run: keep that run's backbone (read now unless already kept).
-    Where it cannot be kept, the run reads its own and its record says why (:func:`not_kept`)."""
+    Where it cannot be kept, the run reads its own and its record says why (:func:`not_kept`).  Returns whether a
+    backbone was read now (the warm worker's resident file pages changed: the forked run maps them again)."""
     global _kept, _why_not
     _why_not = None
     key = key_of(spec)
     if key is None:
-        return
+        return False
     if _kept is not None and _kept.key == key:
         _kept.just_read = False
-        return
+        return False
     _kept = None
     if key in _refused:
         _why_not = _refused[key]
-        return
+        return False
     gc.collect()  # the other backbone's memory back before this one is read
     try:
         _kept, why = _read(key)
@@ -112,6 +115,7 @@ def keep_for(spec: RunSpec) -> None:
     if _kept is None:
         _refused[key] = _why_not = why
         gc.collect()
+    return True
 
 
 def not_kept() -> str:
@@ -130,10 +134,10 @@ def _read(key: BackboneKey) -> tuple[Kept | None, str]:
     try:
         torch.manual_seed(0)
         rng = torch.get_rng_state()
-        anonymous, t0 = status_bytes("RssAnon"), time.perf_counter()
+        resident, t0 = status_bytes("VmRSS"), time.perf_counter()
         backbone = load_backbone(key.name, num_layers=key.num_layers, lm_head=key.lm_head)
         read_s = time.perf_counter() - t0
-        grown = max(0, (status_bytes("RssAnon") or 0) - (anonymous or 0))
+        grown = max(0, (status_bytes("VmRSS") or 0) - (resident or 0))
         drew = not torch.equal(rng, torch.get_rng_state())
     finally:
         torch.set_num_threads(threads)
