@@ -113,7 +113,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     from petlprof.models.backbones import BACKBONES
     from petlprof.models.shapes import shape_names
     from petlprof.registry import config_field_help, get_method, method_names
-    from petlprof.sweep.options import DEFAULT_TUNE_POINTS
+    from petlprof.sweep.options import DEFAULT_TUNE_POINTS, knob_target
     from petlprof.sweep.tuning import lr_space
     from petlprof.tasks.labelled import TASKS
 
@@ -122,7 +122,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         method = get_method(name)
         knob = f"knob {method.pareto_knob}" if method.pareto_knob else "no knob"
         if method.default_grid:
-            knob += f" (grid {', '.join(str(v) for v in method.default_grid)})"
+            knob += f" (grid {', '.join(str(v) for v in method.default_grid)}; --tune {knob_target(method)})"
         side = "; side-tuning (no backbone autograd)" if method.side_tuning else ""
         objectives = "+".join(method.objectives)
         space = lr_space(method.default_lr, DEFAULT_TUNE_POINTS) if method.default_lr else None
@@ -133,7 +133,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     # not the names themselves: they come from PEFT's registry, seconds of imports for one line
     print(
         f"  --tune lr searches {DEFAULT_TUNE_POINTS} learning rates (--tune-points) log-spaced over each method's "
-        "default x 10^[-1, 1] by successive halving on the validation split"
+        "default x 10^[-1, 1] by successive halving on the validation split; --tune METHOD.KNOB searches a "
+        "method's knob over its grid (with lr too: over their product)"
     )
     print(
         f"  {PEFT_PREFIX + 'TYPE':<13} PEFT's tuners by their PeftType in lower case ({PEFT_PREFIX}vera, "

@@ -18,7 +18,8 @@ from petlprof.cli import main
 from petlprof.execution.tune import TRIALS_FILE
 from petlprof.report.markdown import write_report
 from petlprof.report.records import load_records
-from petlprof.sweep.tuning import choose, lr_space, ranked, rungs, space_text
+from petlprof.sweep.spec import RunSpec
+from petlprof.sweep.tuning import choose, lr_space, ranked, rungs, space_of, space_text, targets_of, trial_spec
 
 TINY = ["--backbone", "tiny-bert", "--train-size", "48", "--eval-size", "16", "--batch-size", "8", "--val-size", "16"]
 TRIALS_PER_SEARCH = 7  # 5 points: 5 pilots of 2 steps, the best 2 at the full 6 steps
@@ -56,6 +57,14 @@ def test_successive_halving_rungs(budget, points, expected):
     assert rungs(budget, points) == expected
 
 
+def _lr(value: float) -> tuple:
+    return (("lr", value),)
+
+
+def _lr_r(lr: float, r: int) -> tuple:
+    return (("lr", lr), ("lora.r", r))
+
+
 @pytest.mark.parametrize(
     "scores, metric, default, best_first",
     [
@@ -66,8 +75,30 @@ def test_successive_halving_rungs(budget, points, expected):
     ],
 )
 def test_the_choice_ranks_by_the_validation_score(scores, metric, default, best_first):
-    assert ranked(scores, metric, default) == best_first
-    assert choose(scores, metric, default) == best_first[0]
+    points = {_lr(lr): score for lr, score in scores.items()}
+    assert ranked(points, metric, _lr(default)) == [_lr(lr) for lr in best_first]
+    assert choose(points, metric, _lr(default)) == _lr(best_first[0])
+
+
+def test_a_tie_between_points_of_two_targets_goes_to_the_one_nearest_both_defaults():
+    scores = {_lr_r(1e-3, 32): 0.5, _lr_r(1e-2, 8): 0.5, _lr_r(1e-3, 8): 0.5, _lr_r(1e-3, 2): 0.4}
+    assert ranked(scores, "accuracy", _lr_r(1e-3, 8)) == [
+        _lr_r(1e-3, 8),  # the default itself
+        _lr_r(1e-3, 32),  # log distance 1.39 (4x the rank)
+        _lr_r(1e-2, 8),  # 2.30 (10x the learning rate)
+        _lr_r(1e-3, 2),  # a lower score, whatever its distance
+    ]
+
+
+def test_a_knobs_space_is_its_grid_and_with_lr_their_product():
+    spec = RunSpec(method="lora", backbone="tiny-bert", lr=2e-3, tune=["lr", "lora.r"])
+    assert targets_of(spec) == ["lr", "lora.r"]
+    assert space_of(["lora.r"], spec, 5) == [(("lora.r", 2),), (("lora.r", 8),), (("lora.r", 32),)]
+    assert len(space_of(["lr", "lora.r"], spec, 3)) == 9
+    assert targets_of(RunSpec(method="read", backbone="tiny-bert", lr=1e-3, tune=["lora.r"])) == []  # lora's only
+    trial = trial_spec(spec, _lr_r(2e-4, 32), 2, 0)
+    assert (trial.lr, trial.method_config, trial.max_steps, trial.train_only) == (2e-4, {"r": 32}, 2, True)
+    assert trial.run_key != trial_spec(spec, _lr_r(2e-4, 8), 2, 0).run_key
 
 
 RUN = ["run", "--methods", "bitfit", *TINY, "--in-process"]
@@ -76,7 +107,11 @@ RUN = ["run", "--methods", "bitfit", *TINY, "--in-process"]
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--tune", "lrate"], "unknown tuning target 'lrate'"),
+        (["--tune", "lrate"], "unknown --tune target 'lrate': lr, or a method's Pareto knob as METHOD.KNOB"),
+        (["--tune", "lora.alpha"], "unknown --tune target 'lora.alpha'"),  # a field without a declared grid
+        (["--tune", "lora.r"], "--tune lora.r: lora is not among --methods bitfit"),
+        (["--methods", "lora", "--tune", "lora.r", "--grid"], "--tune lora.r searches r itself; it cannot be given"),
+        (["--methods", "lora", "--tune", "lora.r", "--method-config", "lora.r=4"], "with --method-config lora.r"),
         (["--tune", "lr", "--tune-points", "1"], "--tune-points must be an integer >= 2"),
         (["--tune", "lr", "--tune-points", "nan"], "--tune-points must be"),
         (["--tune", "lr", "--tune-points", str(10**30)], "--tune-points must be at most"),
@@ -84,7 +119,19 @@ RUN = ["run", "--methods", "bitfit", *TINY, "--in-process"]
         (["--tune", "lr", "--val-size", "1000000"], "--val-size 1000000 leaves no training data"),
         (["--train-only"], "--train-only scores nothing but the validation checks"),
     ],
-    ids=["unknown target", "one point", "nan", "10**30", "points without a search", "no training left", "train only"],
+    ids=[
+        "unknown target",
+        "a knobless field",
+        "not swept",
+        "with --grid",
+        "with its config",
+        "one point",
+        "nan",
+        "10**30",
+        "points without a search",
+        "no training left",
+        "train only",
+    ],
 )
 def test_bad_tuning_input_is_one_line_exit_2_nothing_written(tmp_path, capsys, args, message):
     out = tmp_path / "out"
@@ -128,6 +175,25 @@ def test_a_search_runs_its_trials_as_runs_and_charges_them_to_the_final_runs(tmp
     text = (out / "report.md").read_text()
     assert "## Learning-rate search" in text and "search share of energy" in text
     assert any(p.name == "pareto_accuracy_vs_energy_with_search.png" for p in written)
+
+
+def test_a_knob_search_trains_each_grid_value_and_the_final_run_takes_the_chosen_one(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main([*RUN, "--methods", "lora", "--tune", "lora.r", "--output", str(out)]) == 0
+    trials, results = _lines(out / TRIALS_FILE), _lines(out / "results.jsonl")
+    assert sorted(t["method_config"]["r"] for t in trials) == [2, 8, 32]  # its grid, one rung at the full budget
+    assert {t["training"]["lr"] for t in trials} == {2e-3}, "the learning rate stays the method's default"
+    (record,) = results
+    tuning = record["tuning"]
+    assert tuning["target"] == ["lora.r"] and tuning["space"] == [{"lora.r": 2}, {"lora.r": 8}, {"lora.r": 32}]
+    assert record["method_config"]["r"] == tuning["chosen"]["lora.r"]
+    assert not record["training"]["lr_source"].startswith("searched")  # the rank was searched, not the lr
+    best = max(t["train"]["budget"]["checks"][-1]["value"] for t in trials)
+    assert tuning["validation_score"] == best
+    assert f"lora.r {tuning['chosen']['lora.r']} chosen by 3 trial(s)" in capsys.readouterr().err
+    write_report(load_records(out / "results.jsonl"), out)
+    text = (out / "report.md").read_text()
+    assert "| points tried" in text and "lora.r 2, lora.r 8, lora.r 32" in text
 
 
 def test_an_interrupted_search_repeats_no_finished_trial_and_loses_none(tmp_path, monkeypatch, capsys):

@@ -358,7 +358,8 @@ def test_changing_the_evaluation_split_changes_no_decision(tmp_path, args, key):
                 {"text": f"{name} review {i} was {'fine' if i % 2 else 'poor'}", "label": i % 2} for i in range(count)
             ]
         (folder / f"{name}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    decide = [*args, "--target-value", "1", "--tune", "lr", "--tune-points", "3"]
+    tune = "lr,lora.r" if "lora" in args else "lr"  # lora's rank too: 3 learning rates x 3 ranks
+    decide = [*args, "--target-value", "1", "--tune", tune, "--tune-points", "3"]
     before = _sweep(tmp_path, "before", str(folder), decide)
     _relabel_eval(folder, key)
     after = _sweep(tmp_path, "after", str(folder), decide)
@@ -376,7 +377,8 @@ def test_changing_the_evaluation_split_changes_no_decision(tmp_path, args, key):
         }
 
     assert decisions(before) == decisions(after) and all(checks for checks, _, _ in decisions(before).values())
-    assert sum(r.get("kind") == "trial" for r in before) == 3, "three points: one rung, each at the full budget"
+    # three learning rates: one rung, each at the full budget; with lora's 3 ranks, 9 pilots of 2 steps and 3 of 6
+    assert sum(r.get("kind") == "trial" for r in before) == (12 if "lora.r" in tune else 3)
     trained = [r for r in before if r["method"] != "zero_shot" and r.get("kind") != "trial"]
     assert all(r["tuning"]["chosen"] in r["tuning"]["space"] for r in trained)
     assert all(r["train"]["budget"]["check_eval_size"] == 8 for r in trained)

@@ -49,7 +49,7 @@ from petlprof.sweep.resources import trained_examples
 from petlprof.sweep.spec import RunSpec
 from petlprof.sweep.tuning import TRIAL_KIND
 from petlprof.values import parse_bytes
-from petlprof.vocabulary import LOCAL, ZERO_SHOT
+from petlprof.vocabulary import LOCAL, LR, ZERO_SHOT
 
 NVIDIA_DRIVER = Path("/proc/driver/nvidia/version")  # present where NVIDIA's kernel driver is loaded
 
@@ -214,7 +214,8 @@ def _run_locked(
         )
 
     if options.tune:  # the final runs are known once each configuration's search has chosen its learning rate
-        say(f"petlprof: searching the learning rate of each configuration first; writing to {out_dir}")
+        searched = " and ".join(options.tune)
+        say(f"petlprof: searching each configuration's {searched} first; writing to {out_dir}")
     else:
         announce()
     in_main = threading.current_thread() is threading.main_thread()  # a handler can be set in the main thread only
@@ -267,8 +268,9 @@ def _progress(spec, position: int, total: int, started: float, finished: int, le
     method = get_method(spec.method)
     point = f" {method.pareto_knob}={spec.method_config.get(method.pareto_knob)}" if method.pareto_knob else ""
     trial = ""
-    if getattr(spec, "train_only", False) and spec.lr:  # a search's pilot: what it tries
-        trial = f" (trial: lr {spec.lr:g}, {spec.max_steps} steps)"
+    if getattr(spec, "train_only", False) and spec.tune:  # a search's pilot: what it tries (a knob: in `point`)
+        lr = f"lr {spec.lr:g}, " if LR in spec.tune and spec.lr else ""
+        trial = f" (trial: {lr}{spec.max_steps} steps)"
     line = f"[{position}/{total}] {method.name}{point} on {spec.backbone} / {spec.task}, seed {spec.seed}{trial}"
     if finished and left_s is not None:
         line += f" (elapsed {_clock(time.monotonic() - started)}, about {_clock(left_s)} left)"

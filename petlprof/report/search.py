@@ -15,6 +15,7 @@ from petlprof.report.records import config_key, is_ok, run_label
 from petlprof.report.table import render_markdown
 from petlprof.results.figures import ENERGY
 from petlprof.results.result import RunResult, TuningResult
+from petlprof.vocabulary import LR
 
 
 def _number(value: float | None, fmt: str) -> str:
@@ -26,12 +27,12 @@ def _row(runs: Sequence[RunResult], tuning: TuningResult) -> list[str]:
     known = [float(t) for t in trains if t is not None]
     total = None if tuning.energy_j is None or len(known) != len(trains) else tuning.energy_j + sum(known)
     share = None if total is None or total <= 0 or tuning.energy_j is None else tuning.energy_j / total
-    space = ", ".join(f"{v:g}" for v in tuning.space)
+    space = ("; " if len(tuning.targets) > 1 else ", ").join(tuning.text(point) for point in tuning.space)
     failed = f" ({tuning.failed_trials} failed)" if tuning.failed_trials else ""
     return [
         run_label(runs[0]),
         space,
-        _number(tuning.chosen, "g"),
+        "-" if tuning.chosen is None else tuning.text(tuning.chosen),
         f"{_number(tuning.validation_score, '.4f')} {tuning.metric or ''}".strip(),
         f"{tuning.trials if tuning.trials is not None else '-'}{failed}",
         f"{_number(tuning.energy_j, ',.1f')} ({tuning.energy_kind or 'unknown kind'})",
@@ -55,10 +56,11 @@ def search_section(records: Sequence[RunResult]) -> list[str]:
         if tuning is not None:
             rows.append(_row(runs, tuning))
     strategy = next((r[0].tuning.strategy for r in configurations.values() if r[0].tuning), None) or "a search"
+    knobs = any(r[0].tuning is not None and r[0].tuning.targets != (LR,) for r in configurations.values())
     headers = [
         "configuration",
-        "learning rates tried",
-        "chosen lr",
+        "points tried" if knobs else "learning rates tried",
+        "chosen" if knobs else "chosen lr",
         "validation score",
         "trials",
         "search energy (J)",
@@ -66,10 +68,12 @@ def search_section(records: Sequence[RunResult]) -> list[str]:
         "seeds",
         "search share of energy",
     ]
+    what = "learning rate and Pareto knob were" if knobs else "learning rate was"
+    flags = "`--tune lr`, `--tune METHOD.KNOB`" if knobs else "`--tune lr`"
     return [
         "## Learning-rate search",
         "",
-        f"Each configuration's learning rate was chosen before its runs (`--tune lr`) by {strategy}, never on the "
+        f"Each configuration's {what} chosen before its runs ({flags}) by {strategy}, never on the "
         "evaluation split the tables report. Every trial is a real run, recorded in the output folder's "
         "`trials.jsonl`; the search's energy and time are its trials' train phases (their validation checks "
         "included), by the runs' own energy meter. *Search share of energy*: the search's energy over the search "

@@ -24,6 +24,7 @@ from typing import Any
 from petlprof.results.figures import ENERGY, ENERGY_KIND, FIGURES, TIME, Figure
 from petlprof.results.grades import Grade, above_idle_grade, grade_of
 from petlprof.results.records import OK, warmup_time_s
+from petlprof.vocabulary import LR
 
 # a value as JSON holds it (a record's field, a method config's value, a cell of the runs table)
 JSONValue = str | int | float | bool | None | list["JSONValue"] | dict[str, "JSONValue"]
@@ -192,12 +193,15 @@ def _checks(value: object) -> tuple[Check, ...]:
 
 @dataclass(frozen=True)
 class TuningResult:
-    """What a tuned run's search cost and chose (``tuning``, written by ``petlprof run --tune lr``): the trials
-    (pilot runs, in the output folder's trials.jsonl), their train phases' energy and time, the space searched, the
-    chosen learning rate and the validation score that chose it."""
+    """What a tuned run's search cost and chose (``tuning``, written by ``petlprof run --tune lr`` or ``--tune
+    METHOD.KNOB``): the trials (pilot runs, in the output folder's trials.jsonl), their train phases' energy and time,
+    the points searched, the chosen point and the validation score that chose it.  A learning-rate search's record
+    gives its space and choice as numbers; one with a knob, each point as ``{target: value}``: both read here as
+    points (``targets`` in order, each point's values in that order)."""
 
-    chosen: float | None
-    space: tuple[float, ...]
+    targets: tuple[str, ...]
+    chosen: tuple[float, ...] | None
+    space: tuple[tuple[float, ...], ...]
     trials: int | None
     failed_trials: int | None
     energy_j: float | None  # the trials' train phases, their validation checks included; None: a trial unmeasured
@@ -212,10 +216,14 @@ class TuningResult:
     def from_json(cls, value: object) -> TuningResult | None:
         if not isinstance(value, Mapping):
             return None
+        target = value.get("target")
+        targets = tuple(str(t) for t in target) if isinstance(target, list) else (str(target or LR),)
         space = value.get("space")
+        points = [_point(p, targets) for p in (space if isinstance(space, list) else [])]
         return cls(
-            chosen=finite(value.get("chosen")),
-            space=tuple(v for v in (finite(x) for x in (space if isinstance(space, list) else [])) if v is not None),
+            targets=targets,
+            chosen=_point(value.get("chosen"), targets),
+            space=tuple(p for p in points if p is not None),
             trials=_int(value.get("trials")),
             failed_trials=_int(value.get("failed_trials")),
             energy_j=finite(value.get(ENERGY.name)),
@@ -226,6 +234,21 @@ class TuningResult:
             validation_score=finite(value.get("validation_score")),
             strategy=_text(value.get("strategy")),
         )
+
+    def text(self, point: tuple[float, ...]) -> str:
+        """A point as the report shows it: the learning rate alone as a number, else ``lr 0.002, lora.r 8``."""
+        if self.targets == (LR,):
+            return f"{point[0]:g}"
+        return ", ".join(f"{target} {value:g}" for target, value in zip(self.targets, point))
+
+
+def _point(value: object, targets: tuple[str, ...]) -> tuple[float, ...] | None:
+    """A point of a search's record: a number (a learning-rate search) or ``{target: value}``; None if unreadable."""
+    values = [value] if not isinstance(value, Mapping) else [value.get(t) for t in targets]
+    numbers = [finite(v) for v in values]
+    if len(numbers) != len(targets) or any(n is None for n in numbers):
+        return None
+    return tuple(float(n) for n in numbers if n is not None)
 
 
 @dataclass(frozen=True)

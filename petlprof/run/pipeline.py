@@ -54,7 +54,7 @@ from petlprof.run.budget import make_budget
 from petlprof.run.libraries import import_runtime_libraries
 from petlprof.run.recipe import TrainRecipe, prepare_model
 from petlprof.sweep.spec import RunSpec
-from petlprof.vocabulary import ADAMW, CLASSIFICATION, LM
+from petlprof.vocabulary import ADAMW, CLASSIFICATION, LM, LR
 
 # what prepare imports before it takes the run's memory baseline (the warm worker imports the same)
 
@@ -669,7 +669,7 @@ def _described(ctx: RunContext) -> RunRecord:
         "max_steps": spec.max_steps,
         "batch_size": spec.batch_size,
         "lr": lr,
-        "lr_source": TUNED_LR if spec.tune else method.lr_source if lr == method.default_lr else "user",
+        "lr_source": TUNED_LR if LR in spec.tune else method.lr_source if lr == method.default_lr else "user",
         "max_length": spec.max_length,
         "warmup_steps": spec.warmup_steps,
         "device": spec.device,

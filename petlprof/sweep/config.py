@@ -17,6 +17,7 @@ import importlib.util
 import itertools
 import re
 import sys
+from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any
@@ -54,7 +55,7 @@ from petlprof.sweep.spec import UNTRAINED_DEFAULTS, RunSpec, spec_default, spec_
 from petlprof.tasks.labelled import generative_possible, load_task
 from petlprof.tasks.metrics import check_target
 from petlprof.values import check_file, flag, parse_watts
-from petlprof.vocabulary import ADAMW, AUTO, CLASSIFICATION, FLOAT32, FP32, LM, RAY, ZERO_SHOT
+from petlprof.vocabulary import ADAMW, AUTO, CLASSIFICATION, FLOAT32, FP32, LM, LR, RAY, ZERO_SHOT
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -329,6 +330,28 @@ def _validate_methods(options: RunOptions) -> None:
     for method in options.methods:
         for point in grid_points(options, method):
             get_method(method).make_config(point)
+    _validate_tuned_knobs(options, named)
+
+
+def _validate_tuned_knobs(options: RunOptions, named: Mapping[str, str]) -> None:
+    """A ``--tune METHOD.KNOB`` names a method of the sweep whose knob nothing else sets."""
+    for target in options.tune:
+        if target == LR:
+            continue
+        name, knob = target.split(".", 1)
+        if name not in named:
+            raise UsageError(f"--tune {target}: {name} is not among --methods {','.join(options.methods)}")
+        setters = [
+            what
+            for what, given in (
+                (f"--method-config {target}=...", knob in options.method_config.get(name, {})),
+                (f"--method-grid {target}=...", knob in options.method_grid.get(name, {})),
+                ("--grid", options.grid),
+            )
+            if given
+        ]
+        if setters:
+            raise UsageError(f"--tune {target} searches {knob} itself; it cannot be given with {setters[0]} as well")
 
 
 def _given(value: Any) -> bool:

@@ -40,10 +40,10 @@ from petlprof.vocabulary import (
     FLOAT32,
     FP32,
     LOCAL,
+    LR,
     OBJECTIVE_CHOICES,
     OPTIMIZERS,
     PRECISIONS,
-    TUNE_TARGETS,
     WEIGHT_DTYPES,
 )
 
@@ -124,6 +124,26 @@ def _budget(options, method: str) -> bool:
 def _checks(options, method: str = "") -> bool:
     """Whether runs decide on the validation split (a target, a learning curve, a search)."""
     return options.target_value is not None or options.eval_every is not None or bool(options.tune)
+
+
+def knob_target(method) -> str | None:
+    """``METHOD.KNOB``: what ``--tune`` calls ``method``'s Pareto knob, None for a method without a knob grid."""
+    return f"{method.name}.{method.pareto_knob}" if method.pareto_knob and method.default_grid else None
+
+
+def check_tune_target(value: str) -> None:
+    """``lr``, or a method's Pareto knob as ``METHOD.KNOB`` (searched over its declared grid): one line naming the
+    targets otherwise."""
+    if value == LR:
+        return
+    from petlprof.registry import get_method, method_names  # the entry points of installed plug-ins
+
+    knobs = [t for t in (knob_target(get_method(n)) for n in method_names()) if t]
+    if value not in knobs:
+        raise UsageError(
+            f"unknown --tune target {value!r}: lr, or a method's Pareto knob as METHOD.KNOB, searched over the "
+            f"knob's grid ({', '.join(knobs)})"
+        )
 
 
 def _tuning(options, method: str) -> bool:
@@ -538,11 +558,12 @@ class RunOptions:
     )
     tune: list[str] = option(
         [],
-        "search each configuration's learning rate before its runs (lr): successive halving over short pilots, "
-        "each scored on the validation split (--val-size), then the chosen value trained at the full budget on "
-        "every seed; every pilot is a real run recorded in the output folder's trials.jsonl, and its energy and "
-        "time are charged to the configuration (`petlprof list` states each method's space)",
-        Names(item=Choice(choices=TUNE_TARGETS, kind="tuning target")),
+        "search each configuration's learning rate (lr) and/or its method's Pareto knob (METHOD.KNOB, e.g. "
+        "lora.r, over the knob's grid) before its runs: successive halving over short pilots, each scored on the "
+        "validation split (--val-size), then the chosen values trained at the full budget on every seed; every "
+        "pilot is a real run recorded in the output folder's trials.jsonl, and its energy and time are charged to "
+        "the configuration (`petlprof list` states each method's space)",
+        Names(item=Text(non_empty=True, known=check_tune_target)),
         spec=ToSpec(identity=WHEN_CHANGED, convert=list),  # untuned runs keep their keys
     )
     tune_points: int | None = option(
