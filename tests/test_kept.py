@@ -1,4 +1,4 @@
-"""The backbone the warm worker reads once per sweep (petlprof.run.kept): which runs take it, and when it is refused.
+"""The backbone a holder reads once per sweep (petlprof.run.kept): which runs take it, and when it is refused.
 
 The fork itself (the same metrics, losses and peaks as a fresh process's reading) is tested in test_warm.py; here
 the rules, in this process: what is kept, that a run takes only its own backbone and only once, that the first run
@@ -23,8 +23,14 @@ from petlprof.sweep.spec import RunSpec
 @pytest.fixture(autouse=True)
 def nothing_kept(monkeypatch):
     monkeypatch.setattr(kept, "_kept", None)
-    monkeypatch.setattr(kept, "_refused", {})
     monkeypatch.setattr(kept, "_why_not", None)
+
+
+def _hold(spec: RunSpec) -> str | None:
+    """What a holder does for ``spec``'s backbone, here in this process."""
+    key = kept.key_of(spec)
+    assert key is not None
+    return kept.hold(key)
 
 
 @pytest.mark.parametrize(
@@ -50,31 +56,38 @@ def test_which_runs_backbone_is_kept_and_by_what_key(fields, key):
 
 def test_the_first_run_is_charged_the_reading_a_later_run_takes_it_free_and_only_its_own():
     spec = RunSpec(method="lora", backbone="minilm")
-    kept.keep_for(spec)
+    assert _hold(spec) is None
+    assert kept.inherited_bytes() > 0  # the reading's memory, which a fresh run holds only after its baseline
     first = kept.take(spec)
     assert first is not None and first.source == kept.READ_FOR_THIS_RUN and first.charged_s > 0
     assert kept.take(spec) is None  # taken once: a second load in the process reads its own
-    kept._kept = kept.Kept(kept.key_of(spec), first.backbone, first.charged_s, 0)
-    kept.keep_for(spec)  # the next run of the same backbone: nothing read again
+    assert _hold(spec) is None
+    kept.forked()  # the holder forked the first run: the next takes it kept
     later = kept.take(spec)
-    assert later is not None and later.backbone is first.backbone
-    assert later.source == kept.KEPT and later.charged_s == 0.0
-    kept.keep_for(spec)
+    assert later is not None and later.source == kept.KEPT and later.charged_s == 0.0
+    assert _hold(spec) is None
     assert kept.take(RunSpec(method="lora", backbone="minilm", num_layers=2)) is None  # another backbone: its own
     assert kept.inherited_bytes() == 0  # nothing left to inherit once taken
 
 
 def test_the_kept_backbone_has_the_weights_a_fresh_reading_has(lm_folder):
     spec = RunSpec(method="full", backbone=lm_folder, task="arith")  # with its LM head
-    kept.keep_for(spec)
+    assert _hold(spec) is None
     taken = kept.take(spec)
-    assert taken is not None, kept.not_kept()
+    assert taken is not None
     torch.manual_seed(0)
     fresh = backbones.load_backbone(lm_folder, lm_head=True)
     assert type(taken.backbone.model) is type(fresh.model)
     ours, theirs = taken.backbone.model.state_dict(), fresh.model.state_dict()
     assert ours.keys() == theirs.keys()
     assert all(torch.equal(ours[name], theirs[name]) for name in ours)
+
+
+def test_a_run_that_reads_its_own_says_why_its_backbone_was_not_kept():
+    kept.reads_own(None)
+    assert kept.not_kept() == kept.READ_HERE  # not one to keep: nothing to explain
+    kept.reads_own("reading it draws random numbers")
+    assert kept.not_kept() == f"{kept.READ_HERE} (the warm worker did not keep it: reading it draws random numbers)"
 
 
 @pytest.fixture
@@ -90,32 +103,28 @@ def missing_weight(tmp_path) -> Path:
     return tmp_path
 
 
-def test_a_reading_that_draws_random_numbers_is_not_kept_and_the_run_says_why(missing_weight):
+def test_a_reading_that_draws_random_numbers_is_not_kept(missing_weight):
     spec = RunSpec(method="lora", backbone=str(missing_weight))
-    kept.keep_for(spec)
+    assert "draws random numbers" in (_hold(spec) or "")
     assert kept.take(spec) is None
-    assert kept.not_kept().startswith(kept.READ_HERE) and "draws random numbers" in kept.not_kept()
-    kept.keep_for(spec)  # refused once: not read again to find out again
-    assert kept._kept is None and "draws random numbers" in kept.not_kept()
 
 
 def test_a_reading_too_large_to_hold_twice_is_not_kept(monkeypatch):
     monkeypatch.setattr(kept, "available_memory_bytes", lambda: 1)  # the machine's free memory, as /proc says
     spec = RunSpec(method="lora", backbone="minilm")
-    kept.keep_for(spec)
-    assert kept.take(spec) is None and "no room for two" in kept.not_kept()
+    assert "no room for two" in (_hold(spec) or "")
+    assert kept.take(spec) is None
 
 
 def test_a_reading_that_fails_leaves_the_run_to_fail_on_it_itself(tmp_path):
     spec = RunSpec(method="lora", backbone=str(tmp_path))  # an empty folder: no config
-    kept.keep_for(spec)
-    assert kept.take(spec) is None and "the warm worker did not keep it" in kept.not_kept()
+    assert _hold(spec)
+    assert kept.take(spec) is None
 
 
 def test_the_reading_leaves_torchs_thread_count_and_transformers_progress_bars_as_they_were():
     from transformers.utils import logging as hf_logging
 
     threads, bars = torch.get_num_threads(), hf_logging.is_progress_bar_enabled()
-    kept.keep_for(RunSpec(method="lora", backbone="minilm"))
-    assert kept._kept is not None
+    assert _hold(RunSpec(method="lora", backbone="minilm")) is None
     assert (torch.get_num_threads(), hf_logging.is_progress_bar_enabled()) == (threads, bars)

@@ -59,20 +59,23 @@ from petlprof.execution import warm
 warm.fork_warm_workers_from_this_process()
 from petlprof.execution.child import execute_in_subprocess, worker_env
 from petlprof.sweep.spec import RunSpec
-from petlprof.execution.worker import keep_backbone, preload, run_job
+from petlprof.execution.worker import KEEPER, preload, run_job
 # forked from this process after its imports
-forked = warm.WarmWorker(worker_env(), fork_with=(preload, run_job, keep_backbone))
+forked = warm.WarmWorker(worker_env(), fork_with=(preload, run_job, KEEPER))
 assert isinstance(forked.proc, warm.ForkedWorker), forked.proc
 spawned = warm.WarmWorker(worker_env())  # a fresh interpreter, started with this environment
 assert not isinstance(spawned.proc, warm.ForkedWorker), spawned.proc
 records = {}
-for method in sys.argv[2:]:
-    spec = RunSpec(method=method, seed=3, **json.loads(sys.argv[1]))
-    fresh = execute_in_subprocess(spec, timeout_s=600)
-    saved = {name: os.environ.pop(name) for name in list(os.environ) if name.startswith("MALLOC_")}
-    # each forked run has its warm worker's allocator, whatever the driver's environment says now
-    records[method] = [fresh, *(execute_in_subprocess(spec, timeout_s=600, warm=w) for w in (spawned, forked))]
-    os.environ.update(saved)
+for case, settings, methods in json.loads(sys.argv[1]):  # one case after another, from the same two workers
+    records[case] = {}
+    for method in methods:
+        spec = RunSpec(method=method, seed=3, **settings)
+        fresh = execute_in_subprocess(spec, timeout_s=600)
+        saved = {name: os.environ.pop(name) for name in list(os.environ) if name.startswith("MALLOC_")}
+        # each forked run has its warm worker's allocator, whatever the driver's environment says now
+        runs = [execute_in_subprocess(spec, timeout_s=600, warm=w) for w in (spawned, forked)]
+        records[case][method] = [fresh, *runs]
+        os.environ.update(saved)
 print(json.dumps(records))
 """
 
@@ -96,49 +99,64 @@ DRIVER_MODULES_BYTES = 8 * 2**20
 RSS_NOISE_BYTES = 2.5 * 2**20
 
 
-@pytest.mark.parametrize("case", list(_CASES))
-def test_a_forked_run_measures_what_a_fresh_interpreter_measures(case, lm_folder):
+def _settings(backbone: str, task: str) -> dict:
+    settings = {**TINY, "backbone": backbone, "task": task, "extra_meters": ["cpu-tensors"]}
+    if backbone == "minilm":
+        settings["num_layers"] = 2  # its first 2 layers: kept by that key, and a third of the time
+    if task == "arith":
+        settings.update(max_new_tokens=4, max_length=32)
+    return settings
+
+
+def test_a_forked_run_measures_what_a_fresh_interpreter_measures(lm_folder):
     """From either kind of warm worker: the same metrics and losses, each phase's peak within 2% of the fresh run's
     (the child maps again the library pages its worker had resident: without that, the runtime baseline is about
     35% lower and those pages count in the run's peak as they page in again), the ``cpu-tensors`` peaks equal.  The
     baseline of a run forked from the driver also holds the driver's own few modules (about 9% more on tiny-bert):
     above a fresh run's, never below.  Where the warm worker kept the backbone (pretrained weights), the first run
-    is charged its reading and the second takes it: the same figures as a fresh process's reading of its own."""
-    backbone, task, methods = _CASES[case]
-    settings = {**TINY, "backbone": backbone or lm_folder, "task": task, "extra_meters": ["cpu-tensors"]}
-    if backbone == "minilm":
-        settings["num_layers"] = 2  # its first 2 layers: kept by that key, and a third of the time
-    if task == "arith":
-        settings.update(max_new_tokens=4, max_length=32)
+    is charged its reading and the second takes it: the same figures as a fresh process's reading of its own; the
+    next case's backbone replaces it.  The cases run in one driver, from the same two warm workers (each case a
+    driver and two workers of its own took 40 s more of CI)."""
+    cases = [
+        [case, _settings(backbone or lm_folder, task), methods] for case, (backbone, task, methods) in _CASES.items()
+    ]
     done = subprocess.run(
-        [sys.executable, "-c", _THREE_WAYS, json.dumps(settings), *methods],
+        [sys.executable, "-c", _THREE_WAYS, json.dumps(cases)],
         capture_output=True,
         text=True,
         env={**os.environ, **EXACT_HEAP},
         timeout=900,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    for i, (method, (fresh, spawned, forked)) in enumerate(json.loads(done.stdout.splitlines()[-1]).items()):
-        assert fresh["process"] == FRESH_PROCESS and spawned["process"] == forked["process"] == WARM_PROCESS
-        assert fresh["load"]["backbone_from"] == kept.READ_HERE
-        for run, slack in ((spawned, RSS_NOISE_BYTES), (forked, RSS_NOISE_BYTES + DRIVER_MODULES_BYTES)):
-            assert run["status"] == fresh["status"] == "ok", (method, run.get("error"))
-            assert run["metrics"] == fresh["metrics"]  # exactly: same seed, same arithmetic
-            assert run["train"]["final_loss"] == fresh["train"]["final_loss"]
-            assert run["trainable_params"] == fresh["trainable_params"]
-            for phase in ("train", "eval"):  # each phase's peak above its baseline: the issue's 2%
-                peaks = [r[phase]["peak_memory_bytes"] for r in (fresh, run)]
-                assert abs(peaks[1] - peaks[0]) <= 0.02 * peaks[0] + slack, (method, phase, peaks)
-                tensors = [r[phase]["peak_tensor_bytes"] for r in (fresh, run)]
-                assert tensors[1] == tensors[0], (method, phase, tensors)
-            assert run["env"]["allocator"] == fresh["env"]["allocator"] == "MALLOC_MMAP_THRESHOLD_=131072"
-            if backbone == "tiny-bert":
-                assert run["load"]["backbone_from"] == kept.READ_HERE  # random weights: each run builds its own
-            else:  # read by the warm worker for the first run, kept for the second
-                assert run["load"]["backbone_from"] == (kept.READ_FOR_THIS_RUN, kept.KEPT)[i], run["load"]
-        baselines = [r["train"]["rss_baseline_bytes"] for r in (fresh, spawned, forked)]
-        assert abs(baselines[1] - baselines[0]) < 0.05 * baselines[0], (method, baselines)
-        assert 0.95 * baselines[0] < baselines[2] < 1.25 * baselines[0], (method, baselines)
+    for case, records in json.loads(done.stdout.splitlines()[-1]).items():
+        for i, (method, (fresh, spawned, forked)) in enumerate(records.items()):
+            _same_as_fresh(case, i, method, fresh, spawned, forked)
+
+
+def _same_as_fresh(case: str, i: int, method: str, fresh: dict, spawned: dict, forked: dict) -> None:
+    what = (case, method)
+    assert fresh["process"] == FRESH_PROCESS and spawned["process"] == forked["process"] == WARM_PROCESS
+    assert fresh["load"]["backbone_from"] == kept.READ_HERE
+    for run, slack in ((spawned, RSS_NOISE_BYTES), (forked, RSS_NOISE_BYTES + DRIVER_MODULES_BYTES)):
+        assert run["status"] == fresh["status"] == "ok", (what, run.get("error"))
+        assert run["metrics"] == fresh["metrics"], what  # exactly: same seed, same arithmetic
+        # two fresh runs of MiniLM's full fine-tuning differed by 3e-8 in their loss (0.72124408 against 0.72124410):
+        # the BLAS's sums depend on where its buffers lie in memory; exact on the tiny runs, 1e-6 apart here at most
+        assert run["train"]["final_loss"] == pytest.approx(fresh["train"]["final_loss"], rel=1e-6, abs=0), what
+        assert run["trainable_params"] == fresh["trainable_params"], what
+        for phase in ("train", "eval"):  # each phase's peak above its baseline: the issue's 2%
+            peaks = [r[phase]["peak_memory_bytes"] for r in (fresh, run)]
+            assert abs(peaks[1] - peaks[0]) <= 0.02 * peaks[0] + slack, (what, phase, peaks)
+            tensors = [r[phase]["peak_tensor_bytes"] for r in (fresh, run)]
+            assert tensors[1] == tensors[0], (what, phase, tensors)
+        assert run["env"]["allocator"] == fresh["env"]["allocator"] == "MALLOC_MMAP_THRESHOLD_=131072"
+        if _CASES[case][0] == "tiny-bert":
+            assert run["load"]["backbone_from"] == kept.READ_HERE  # random weights: each run builds its own
+        else:  # read by the warm worker for the first run, kept for the second
+            assert run["load"]["backbone_from"] == (kept.READ_FOR_THIS_RUN, kept.KEPT)[i], (what, run["load"])
+    baselines = [r["train"]["rss_baseline_bytes"] for r in (fresh, spawned, forked)]
+    assert abs(baselines[1] - baselines[0]) < 0.05 * baselines[0], (what, baselines)
+    assert 0.95 * baselines[0] < baselines[2] < 1.25 * baselines[0], (what, baselines)
 
 
 def test_the_warm_worker_forks_again_after_a_run_it_had_to_kill(warm):

@@ -166,14 +166,14 @@ class LocalExecutor:
 
 def _fork_runtime() -> Runtime | None:
     """What a warm worker forked from this process runs (the worker's ``preload``, ``run_job`` and
-    ``keep_backbone``), where this process opted in to forking it (the ``petlprof`` command); None elsewhere, without
+    ``KEEPER``), where this process opted in to forking it (the ``petlprof`` command); None elsewhere, without
     importing them (they import torch)."""
     if not forks_from_this_process():
         return None
     # petlprof.execution.worker (torch): imported only by a process about to import the runtime for its fork
-    from petlprof.execution.worker import keep_backbone, preload, run_job
+    from petlprof.execution.worker import KEEPER, preload, run_job
 
-    return preload, run_job, keep_backbone
+    return preload, run_job, KEEPER
 
 
 def _ray_task(spec_dict: dict, timeout_s: float | None, max_memory_bytes: int | None, cpus: float) -> RunRecord:

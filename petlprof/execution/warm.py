@@ -11,9 +11,9 @@ and a forked child maps again the file pages (library code) that the warm worker
 (``MADV_POPULATE_READ``), which ``fork`` leaves unmapped, so code that a fresh process had already paged
 in while importing is not counted in the child's peak as it pages in again.
 
-Fork safety: the warm worker never touches CUDA and runs nothing after its imports but the reading of a run's
-pretrained backbone, with torch at one thread (:mod:`petlprof.run.kept`: read once per sweep, the runs forked
-after it take it); it forks only while
+Fork safety: the warm worker never touches CUDA and runs nothing after its imports; a run of a pretrained
+backbone is forked from a :class:`Holder`, a child of the warm worker that read that backbone with torch at one
+thread (:mod:`petlprof.run.kept`: read once per sweep); each forks only while
 Python has one thread and no native thread has started since the imports (checked before every fork).
 The native threads the imports start are idle pools of libraries that re-arm themselves in a forked
 child (``pthread_atfork``): OpenBLAS's (numpy, scipy) and jemalloc's background thread (pyarrow).
@@ -57,9 +57,9 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
 from petlprof.execution.process import command, die_with_parent
 
@@ -162,9 +162,7 @@ class WarmChild:
 DRIVER_LIBRARIES = ("torch", "transformers", "peft", "pandas")
 Preload = Callable[[], None]  # imports a run's libraries (petlprof.execution.worker.preload)
 RunJob = Callable[[Path, Path], int]  # runs a spec file into a record file (petlprof.execution.worker.run_job)
-# readies what the run of a spec file may take; whether it read a backbone now (petlprof.execution.worker.keep_backbone)
-BeforeFork = Callable[[Path], bool]
-Runtime = tuple[Preload, RunJob, BeforeFork]
+Runtime = tuple[Preload, RunJob, "Keeper"]
 _fork_opted_in = False  # set by the ``petlprof`` command (fork_warm_workers_from_this_process)
 
 
@@ -243,7 +241,7 @@ class ForkedWorker:
         env: dict[str, str],
         preload: Preload,
         run_job: RunJob,
-        before_fork: BeforeFork,
+        keeper: Keeper,
     ) -> ForkedWorker | None:
         """Import the runtime here, then fork the worker; None (nothing forked) where a Python thread started
         meanwhile, which a fork would leave holding its locks: the caller starts a fresh interpreter then."""
@@ -276,7 +274,7 @@ class ForkedWorker:
                     stream.reconfigure(write_through=True)
             die_with_parent(driver)
             populate(resident)  # the library pages the driver had resident, so that serve finds (and passes on) them
-            code = serve(theirs.detach(), run_job, lambda: None, before_fork)  # imported and frozen before the fork
+            code = serve(theirs.detach(), run_job, lambda: None, keeper)  # imported and frozen before the fork
         except SystemExit as exit_:  # die_with_parent's: the driver was gone before the fork could watch it
             code = exit_.code if isinstance(exit_.code, int) else 1
         except BaseException:  # noqa: B036 - the fork must never return into the driver's code
@@ -500,14 +498,13 @@ def populate(ranges: list[tuple[int, int]]) -> None:
         madvise(address, length, _MADV_POPULATE_READ)
 
 
-def serve(fd: int, run_job: RunJob, preload: Preload, before_fork: BeforeFork | None = None) -> int:
+def serve(fd: int, run_job: RunJob, preload: Preload, keeper: Keeper | None = None) -> int:
     """The warm worker's loop: import, say ready, then fork one child per request until end of stream.
 
-    ``run_job(spec_path, out_path) -> exit code`` is what a child runs; ``preload()`` imports the
-    libraries; ``before_fork(spec_path)`` readies what that run may take from this process (its backbone, read once
-    per sweep: :mod:`petlprof.run.kept`, whose file pages the children then map too), before the checks that make a
-    fork safe.  Ctrl-C is the run's and the
-    sweep's to handle: this process ignores it.  The stop signals are unblocked, as in a fresh worker
+    ``run_job(spec_path, out_path) -> exit code`` is what a child runs; ``preload()`` imports the libraries;
+    ``keeper`` says which backbone a run's spec needs (:class:`Keeper`): its runs are forked from a :class:`Holder`
+    that read it once (:mod:`petlprof.run.kept`), the others from this process.  Ctrl-C is the run's and the sweep's
+    to handle: this process ignores it.  The stop signals are unblocked, as in a fresh worker
     (:data:`petlprof.execution.process.LAUNCH`), for the children to inherit."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT, signal.SIGTERM))
@@ -521,25 +518,151 @@ def serve(fd: int, run_job: RunJob, preload: Preload, before_fork: BeforeFork | 
         return 1
     resident = resident_file_pages()
     _send(sock, {"ready": True})
+    holder: Holder | None = None
+    refused: dict[Hashable, str] = {}  # backbones a holder could not keep, and why (not read again to find out again)
     try:
         while (request := lines.read()) is not None:
             fds, lines.fds = lines.fds, []
-            if before_fork is not None and before_fork(Path(request["spec"])):
-                resident = resident_file_pages()  # and the pages the reading touched: a fresh run's reading maps them
             if len(fds) != 1 or _threads() > threads:
                 _send(sock, {"why": "no stderr pipe sent" if len(fds) != 1 else "a thread started after the imports"})
                 return 1
-            sys.stdout.flush()
-            sys.stderr.flush()
-            pid = os.fork()
-            if pid == 0:
-                _child(sock, fds[0], run_job, request, resident)
-            os.close(fds[0])
-            _send(sock, {"pid": pid})
-            _, status = os.waitpid(pid, 0)
-            _send(sock, {"returncode": os.waitstatus_to_exitcode(status)})
+            key = None if keeper is None else keeper.key(Path(request["spec"]))
+            if keeper is not None and key is not None and key not in refused and getattr(holder, "key", None) != key:
+                if holder is not None:
+                    holder.close()
+                holder, why = Holder.start(key, keeper, run_job, sock, resident)
+                if why is not None:
+                    refused[key] = why
+            if key is not None and holder is not None and holder.key == key:
+                holder.relay(sock, request, fds[0])
+                continue
+            if keeper is not None:
+                keeper.reads_own(refused.get(key) if key is not None else None)
+            fork_and_wait(sock, fds[0], run_job, request, resident)
     except (ConnectionResetError, BrokenPipeError):  # the driver ended with an answer of ours unread (stopped by a
         pass  # signal mid-run): the end of the stream, which its death's SIGKILL may not have come before
+    finally:
+        if holder is not None:
+            holder.close()
+    return 0
+
+
+def fork_and_wait(
+    sock: socket.socket, stderr_fd: int, run_job: RunJob, request: dict, resident: list, after: Callable | None = None
+) -> None:
+    """Fork the run of ``request`` (:func:`_child`), answer its pid on ``sock``, wait for it, answer its code."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        _child(sock, stderr_fd, run_job, request, resident)
+    os.close(stderr_fd)
+    if after is not None:
+        after()
+    _send(sock, {"pid": pid})
+    _, status = os.waitpid(pid, 0)
+    _send(sock, {"returncode": os.waitstatus_to_exitcode(status)})
+
+
+class Keeper(Protocol):
+    """What the warm worker asks of the backbone a run needs (``petlprof.execution.worker.KEEPER`` answers from
+    :mod:`petlprof.run.kept`)."""
+
+    def key(self, spec_path: Path) -> Hashable | None:
+        """The backbone the run of ``spec_path`` needs, None where it reads its own (random weights, CUDA, ...)."""
+
+    def hold(self, key: Hashable) -> str | None:
+        """In a holder: read the backbone and keep it; why it cannot be kept, None when it is."""
+
+    def forked(self) -> None:
+        """In a holder, after each fork: the next run takes the backbone kept (the first was charged the reading)."""
+
+    def reads_own(self, why: str | None) -> None:
+        """Before this process forks a run that reads its own backbone: why it was not kept (None: not one to keep)."""
+
+
+class Holder:
+    """A process forked from the warm worker that read one backbone and forks that backbone's runs; the warm worker
+    passes it each such request and relays its answers (``pid``, then ``returncode``) to the driver.  It dies with
+    the warm worker, and ends when the warm worker closes it (a run of another backbone, or the sweep's end)."""
+
+    def __init__(self, key: Hashable, pid: int, sock: socket.socket):
+        self.key, self.pid, self.sock, self.lines = key, pid, sock, _Lines(sock)
+
+    @classmethod
+    def start(
+        cls, key: Hashable, keeper: Keeper, run_job: RunJob, driver: socket.socket, resident: list
+    ) -> tuple[Holder | None, str | None]:
+        """Fork the holder of ``key``'s backbone and wait for its reading: (the holder, None), or (None, why not);
+        ``driver``: the warm worker's socket to the sweep, which the holder closes (it answers through ours);
+        ``resident``: the warm worker's resident file pages, which the holder maps before it reads (else the library
+        pages the reading pages in would count as the reading's, and come off the runs' baselines)."""
+        ours, theirs = socket.socketpair()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:  # the holder: it never leaves this block but through os._exit
+                ours.close()
+                driver.close()
+                die_with_parent(os.getppid())
+                populate(resident)
+                code = _hold(theirs, key, keeper, run_job)
+            except BaseException:  # noqa: B036 - a holder must never return into the warm worker's loop
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        theirs.close()
+        holder = cls(key, pid, ours)
+        answer = holder.lines.read()
+        if answer is not None and answer.get("ready"):
+            return holder, None
+        holder.close()
+        return None, (answer or {}).get("why") or "the process reading it ended"
+
+    def relay(self, driver: socket.socket, request: dict, stderr_fd: int) -> None:
+        """Have the holder fork ``request``'s run; its answers go on to ``driver`` (a holder gone: a killed run)."""
+        try:
+            _send(self.sock, request, (stderr_fd,))
+        finally:
+            os.close(stderr_fd)
+        for expected in ("pid", "returncode"):
+            answer = self.lines.read()
+            if answer is None:  # the holder died (it takes its run with it): the run ended as killed
+                answer = {"returncode": -signal.SIGKILL} if expected == "returncode" else {"why": "its holder ended"}
+            _send(driver, answer)
+            if expected not in answer:
+                return
+
+    def close(self) -> None:
+        self.sock.close()  # end of stream: the holder exits
+        try:
+            os.waitpid(self.pid, 0)
+        except ChildProcessError:
+            pass
+
+
+def _hold(sock: socket.socket, key: Hashable, keeper: Keeper, run_job: RunJob) -> int:
+    """The holder's life: read the backbone, say ready (or why not), then fork one run per request."""
+    why = keeper.hold(key)
+    threads = _threads()
+    if why is None and threading.active_count() != 1:
+        why = f"{threading.active_count()} Python threads after reading it"
+    if why is not None:
+        _send(sock, {"ready": False, "why": why})
+        return 0
+    resident = resident_file_pages()  # the libraries' and what the reading touched: a fresh run's reading maps them
+    _send(sock, {"ready": True})
+    lines = _Lines(sock)
+    while (request := lines.read()) is not None:
+        fds, lines.fds = lines.fds, []
+        if len(fds) != 1 or _threads() > threads:
+            _send(sock, {"why": "no stderr pipe sent" if len(fds) != 1 else "a thread started after the reading"})
+            return 1
+        fork_and_wait(sock, fds[0], run_job, request, resident, after=keeper.forked)
     return 0
 
 

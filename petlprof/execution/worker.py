@@ -25,7 +25,7 @@ import signal
 import sys
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from pathlib import Path
 
 from petlprof.execution.process import die_with_parent, exit_now, expected_parent
@@ -40,7 +40,7 @@ from petlprof.sweep.spec import RunSpec
 def main(argv: list[str]) -> int:
     if argv[0] == "--serve":
         die_with_parent(expected_parent())
-        return serve(int(argv[1]), run_job, preload, keep_backbone)
+        return serve(int(argv[1]), run_job, preload, KEEPER)
     if argv[0] == "--nproc":
         # torch's elastic launcher: the launcher's only; a run's libraries load in preload(), in order
         from petlprof.execution.launch import forks_ranks, launch
@@ -69,14 +69,27 @@ def preload() -> None:
     gc.freeze()
 
 
-def keep_backbone(spec_path: Path) -> bool:
-    """In the warm worker, before it forks the run in ``spec_path``: read that run's backbone for the run to take
-    (:mod:`petlprof.run.kept`); whether it read one now.  An unreadable spec leaves the run to fail on it itself."""
-    try:
-        spec = RunSpec(**json.loads(spec_path.read_text())["spec"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
-    return kept.keep_for(spec)
+class _Keeper:
+    """The warm worker's :class:`petlprof.execution.warm.Keeper`: the backbones of :mod:`petlprof.run.kept`."""
+
+    def key(self, spec_path: Path) -> kept.BackboneKey | None:
+        try:
+            return kept.key_of(RunSpec(**json.loads(spec_path.read_text())["spec"]))
+        except (OSError, ValueError, KeyError, TypeError):  # the run fails on its spec itself
+            return None
+
+    def hold(self, key: Hashable) -> str | None:
+        assert isinstance(key, kept.BackboneKey), key  # what key() made
+        return kept.hold(key)
+
+    def forked(self) -> None:
+        kept.forked()
+
+    def reads_own(self, why: str | None) -> None:
+        kept.reads_own(why)
+
+
+KEEPER = _Keeper()
 
 
 def run_job(spec_path: Path, out_path: Path) -> int:

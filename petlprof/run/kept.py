@@ -1,13 +1,14 @@
-"""A backbone read once per sweep: the warm worker reads it before it forks a run, and the runs forked from it take it.
+"""A backbone read once per sweep: a holder process reads it, and the runs of that backbone are forked from it.
 
 Each run of a sweep used to read its backbone in its own process: parse the config, build the model, map the
-weights, build the tokenizer and compile transformers' weight-renaming patterns (0.4-2 s a run on this CPU for a
-1B-parameter folder, more for a backbone whose checkpoint is not memory-mapped).  The warm worker
-(:mod:`petlprof.execution.warm`) now reads the backbone of the run it is about to fork (:func:`keep_for`), keeps it,
-and forks; the child finds it in its copy of the warm worker's memory (:func:`take`) and builds the run's model on
-it.  A fork shares the pages copy-on-write: a method that trains the backbone's weights writes its own copies, as a
-fresh process would have its own, and the warm worker's copy is never touched.  The next run of the same backbone
-is forked with the same kept copy; a run of another backbone makes the warm worker drop it and read that one.
+weights, build the tokenizer and compile transformers' weight-renaming patterns (0.2-2 s a run on this CPU for a
+1B-parameter folder, more for a backbone whose checkpoint is not memory-mapped).  Now the warm worker
+(:mod:`petlprof.execution.warm`) forks a *holder* for the backbone of the run it is about to start: the holder reads
+it (:func:`hold`) and forks that run and every later run of the same backbone; each finds it in its copy of the
+holder's memory (:func:`take`) and builds the run's model on it.  A fork shares the pages copy-on-write: a method
+that trains the backbone's weights writes its own copies, as a fresh process would have its own, and the holder's
+copy is never touched.  A run of another backbone ends the holder (its memory back) and starts the next one, again
+from the warm worker, which itself never reads a backbone: every holder starts from the same runtime alone.
 
 What is kept, and what is not (the run then reads its backbone itself, as before):
 
@@ -19,27 +20,27 @@ What is kept, and what is not (the run then reads its backbone itself, as before
   converted copy is made once per machine, :mod:`petlprof.models.converted`), a run whose objective only its data
   can tell (``--objective auto`` on the user's files), a backbone whose reading draws random numbers (a missing
   weight initialised at load: a fresh run draws them after its seed, the kept copy could not), and one whose
-  reading grew the warm worker's memory by more than half of what the machine had left (two copies would not fit).
+  reading grew the holder's memory by more than half of what the machine had left (two copies would not fit).
 
 Figures unchanged: the run's memory baseline is taken as a fresh process takes it, before its backbone exists:
-the resident memory the reading added to the warm worker (``VmRSS``: its objects, which a fork's child inherits in
-its resident set, and the file pages it touched, the loader's code and the checkpoint's, which the child maps again
-before its baseline as it does the libraries' pages, :func:`petlprof.execution.warm.populate`) is taken off the
-child's baseline (:func:`inherited_bytes`), so every phase's peak counts the backbone as a fresh reading counts it.
-Weights memory-mapped from the checkpoint and not yet touched stay unmapped: the child maps them as it touches
-them, as a fresh process does.  The reading's time is the first run's
-(it is inside that run's process wall time, which the sweep measures from before the fork request): its record
-says ``load.backbone_s`` and where the backbone came from; a later run's ``load.backbone_s`` is what taking it cost.
+the resident memory the reading added to the holder (``VmRSS``: the backbone's objects and the modules the reading
+imported, which a fork's child inherits in its resident set; the file pages the reading touched, the loader's code
+and the checkpoint's, which the child maps again before its baseline as it does the libraries' pages,
+:func:`petlprof.execution.warm.populate`) is taken off the child's baseline (:func:`inherited_bytes`), so every
+phase's peak counts the backbone as a fresh reading counts it.  Weights memory-mapped from the checkpoint and not
+yet touched stay unmapped: the child maps them as it touches them, as a fresh process does.  (A warm worker that
+read the backbones itself would carry each reading's leftovers into the next backbone's runs: 20 MiB of MiniLM's
+reading stayed resident after it was dropped, and the next reading, of a small Llama, then grew by 2.4 MiB instead
+of the 11.5 MiB it grows in a fresh process.)
 
-Fork safety: reading runs with torch at one thread, so no OpenMP team exists in the warm worker (a fork of a process
+Fork safety: reading runs with torch at one thread, so no OpenMP team exists in the holder (a fork of a process
 whose team ran hangs at the child's first parallel region); the thread count is set back before the fork.  The
-warm worker's own checks before each fork (one Python thread, no native thread started since the imports) still
-stand: a reading that left a thread running makes the fork refuse, and the sweep goes on in fresh interpreters.
+holder makes the warm worker's own checks before each fork (one Python thread, no native thread started since the
+reading): a reading that left a thread running makes it refuse, and that backbone's runs read their own.
 """
 
 from __future__ import annotations
 
-import gc
 import time
 from dataclasses import dataclass
 
@@ -51,8 +52,9 @@ from petlprof.tasks.labelled import objective_without_data
 from petlprof.vocabulary import LM
 
 READ_HERE = "read by the run's own process"
-READ_FOR_THIS_RUN = "read once by the sweep's warm worker before this run (charged to this run)"
-KEPT = "kept by the sweep's warm worker, read for an earlier run"
+# a run's load.backbone_from
+READ_FOR_THIS_RUN = "read once for the sweep by a holder forked from the warm worker, before this run (charged to it)"
+KEPT = "kept by a holder forked from the sweep's warm worker, read for an earlier run"
 
 
 @dataclass(frozen=True)
@@ -66,17 +68,16 @@ class BackboneKey:
 
 @dataclass
 class Kept:
-    """The warm worker's backbone: what reading it cost, and how many runs were forked with it."""
+    """The holder's backbone: what reading it cost, and whether the run being forked is its first."""
 
     key: BackboneKey
     backbone: Backbone
-    read_s: float  # wall time of the reading, in the warm worker
-    inherited_bytes: int  # resident memory the reading added to the warm worker: a forked run's resident set holds it
+    read_s: float  # wall time of the reading, in the holder
+    inherited_bytes: int  # resident memory the reading added to the holder: a forked run's resident set holds it
     just_read: bool = True  # read for the run now being forked (it is charged the reading), not for an earlier one
 
 
-_kept: Kept | None = None  # the warm worker's; in a forked run, the copy it inherited until it takes it
-_refused: dict[BackboneKey, str] = {}  # backbones found not to keep, and why (not read again to find out again)
+_kept: Kept | None = None  # the holder's; in a forked run, the copy it inherited until it takes it
 _why_not: str | None = None  # why the run being forked reads its own backbone, where the warm worker tried to keep it
 
 
@@ -91,31 +92,28 @@ def key_of(spec: RunSpec) -> BackboneKey | None:
     return BackboneKey(spec.backbone, spec.num_layers, objective == LM)
 
 
-def keep_for(spec: RunSpec) -> bool:
-    """In the warm worker, before it forks ``spec``'s run: keep that run's backbone (read now unless already kept).
-    Where it cannot be kept, the run reads its own and its record says why (:func:`not_kept`).  Returns whether a
-    backbone was read now (the warm worker's resident file pages changed: the forked run maps them again)."""
-    global _kept, _why_not
-    _why_not = None
-    key = key_of(spec)
-    if key is None:
-        return False
-    if _kept is not None and _kept.key == key:
-        _kept.just_read = False
-        return False
-    _kept = None
-    if key in _refused:
-        _why_not = _refused[key]
-        return False
-    gc.collect()  # the other backbone's memory back before this one is read
+def hold(key: BackboneKey) -> str | None:
+    """In the holder, just forked from the warm worker: read ``key``'s backbone and keep it for the runs the holder
+    forks.  Returns why it cannot be kept (those runs then read their own), None when it is."""
+    global _kept
     try:
         _kept, why = _read(key)
     except Exception as exc:  # the run reads it itself, and fails there with its own error if it must
         _kept, why = None, f"{type(exc).__name__}: {exc}"
-    if _kept is None:
-        _refused[key] = _why_not = why
-        gc.collect()
-    return True
+    return why if _kept is None else None
+
+
+def forked() -> None:
+    """In the holder, after it forked a run: the reading is that first run's, the later runs take it kept."""
+    if _kept is not None:
+        _kept.just_read = False
+
+
+def reads_own(why: str | None) -> None:
+    """In the warm worker, before it forks a run that reads its own backbone: why the backbone was not kept (None:
+    it was not one to keep), for the run's record (:func:`not_kept`)."""
+    global _why_not
+    _why_not = why
 
 
 def not_kept() -> str:
@@ -124,12 +122,12 @@ def not_kept() -> str:
 
 
 def _read(key: BackboneKey) -> tuple[Kept | None, str]:
-    # torch, transformers: the warm worker has imported them (its runtime) before it serves
+    # torch, transformers: the warm worker imported them (its runtime) before it forked the holder
     import torch
     from transformers.utils import logging as hf_logging
 
     threads, bars = torch.get_num_threads(), hf_logging.is_progress_bar_enabled()
-    torch.set_num_threads(1)  # no OpenMP team in the warm worker (module docstring)
+    torch.set_num_threads(1)  # no OpenMP team in the holder (module docstring)
     hf_logging.disable_progress_bar()  # a tqdm bar starts tqdm's monitor thread, and a fork must find none
     try:
         torch.manual_seed(0)
@@ -152,20 +150,20 @@ def _read(key: BackboneKey) -> tuple[Kept | None, str]:
 
 
 def inherited_bytes() -> int:
-    """In a forked run: the anonymous memory of the backbone it inherited (0 where it inherited none), which a
-    fresh process would not hold before its memory baseline."""
+    """In a forked run: the resident memory the reading of the backbone it inherited added to its holder (0 where it
+    inherited none), which a fresh process would not hold before its memory baseline."""
     return _kept.inherited_bytes if _kept is not None else 0
 
 
 @dataclass(frozen=True)
 class Taken:
     backbone: Backbone
-    charged_s: float  # the warm worker's reading, before this run's process existed: the first run's, else 0
+    charged_s: float  # the holder's reading, before this run's process existed: the first run's, else 0
     source: str
 
 
 def take(spec: RunSpec) -> Taken | None:
-    """In a forked run: the backbone its warm worker kept for it, None where the run must read its own.  Taken once:
+    """In a forked run: the backbone its holder kept for it, None where the run must read its own.  Taken once:
     a later load in this process reads again (nothing here is shared with another run's state)."""
     global _kept
     kept, _kept = _kept, None
