@@ -8,6 +8,7 @@ from the checkpoint, initialised at load) or would not fit twice in memory is re
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -128,3 +129,27 @@ def test_the_reading_leaves_torchs_thread_count_and_transformers_progress_bars_a
     threads, bars = torch.get_num_threads(), hf_logging.is_progress_bar_enabled()
     assert _hold(RunSpec(method="lora", backbone="minilm")) is None
     assert (torch.get_num_threads(), hf_logging.is_progress_bar_enabled()) == (threads, bars)
+
+
+def test_a_local_backbone_is_keyed_by_where_it_resolves_and_its_files(tmp_path, monkeypatch):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    spec = RunSpec(method="lora", backbone="model")
+    here = kept.key_of(spec, str(tmp_path))
+    assert here is not None and here.where == str(folder.resolve()) and [f[0] for f in here.files] == ["config.json"]
+    assert kept.key_of(spec, str(tmp_path / "elsewhere")).where == ""  # not there: what the run resolves itself
+    (folder / "config.json").write_text('{"changed": true}')  # new weights in the same folder: read again
+    assert kept.key_of(spec, str(tmp_path)) != here
+    monkeypatch.chdir(tmp_path)
+    assert kept.key_of(spec) == kept.key_of(spec, str(tmp_path))  # a run resolves in its own working directory
+
+
+def test_a_run_with_a_memory_cap_is_not_forked_from_a_holder(tmp_path):
+    from petlprof.execution.worker import KEEPER
+
+    job = tmp_path / "spec.json"
+    job.write_text(json.dumps({"spec": RunSpec(method="lora", backbone="minilm").to_dict(), "max_memory_bytes": None}))
+    assert KEEPER.key(job, str(tmp_path)) is not None
+    job.write_text(json.dumps({"spec": RunSpec(method="lora", backbone="minilm").to_dict(), "max_memory_bytes": 2**30}))
+    assert KEEPER.key(job, str(tmp_path)) is None

@@ -143,7 +143,7 @@ def test_list_shows_an_installed_plugin_with_its_options(example_installed, caps
     assert main(["list"]) == 0
     out = capsys.readouterr().out
     line = (
-        r"^  normtune +LayerNorm/RMSNorm gains and biases .*; knob last \(grid 1, 4, 0\); "
+        r"^  normtune +LayerNorm/RMSNorm gains and biases .*; knob last \(grid 1, 4, 0; --tune normtune.last\); "
         r"lr 0.001 \(--tune lr: 0.0001\.\.0\.01\); classification$"
     )
     assert re.search(line, out, re.M)

@@ -18,6 +18,8 @@ from petlprof.cli import main
 from petlprof.execution.tune import TRIALS_FILE
 from petlprof.report.markdown import write_report
 from petlprof.report.records import load_records
+from petlprof.sweep.config import build_options, expand
+from petlprof.sweep.options import tune_targets
 from petlprof.sweep.spec import RunSpec
 from petlprof.sweep.tuning import choose, lr_space, ranked, rungs, space_of, space_text, targets_of, trial_spec
 
@@ -255,3 +257,13 @@ def test_a_search_killed_with_sigkill_resumes_where_it_stopped(tmp_path, monkeyp
     assert len(ok) == TRIALS_PER_SEARCH and set(ok.values()) == {1}
     assert not before & set(executed), "no trial recorded before the kill ran again"
     assert len(_lines(out / "results.jsonl")) == 1
+
+
+@pytest.mark.parametrize("given", [["lora.r", "lr"], ["lr", "lora.r", "lr"], ["lr", "lora.r"]])
+def test_the_targets_are_one_search_whatever_their_order_or_repeats(given):
+    assert tune_targets(given) == ["lr", "lora.r"]
+    keys = set()
+    for tune in (given, ["lr", "lora.r"]):
+        options = build_options({}, {"methods": "lora", "backbone": "tiny-bert", "tune": ",".join(tune)})
+        keys |= {spec.run_key for spec in expand(options, "cpu")}
+    assert len(keys) == 1  # the same runs: a resume with the targets in another order repeats nothing

@@ -45,6 +45,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import dataclasses
 import importlib
 import io
 import json
@@ -380,6 +381,11 @@ class WarmWorker:
         except TimeoutError:
             self.proc.kill()  # it may still fork this run: killed, it cannot run it beside the caller's
             message = {"why": f"no answer to a fork request within {FORK_TIMEOUT_S:g} s"}
+        except BaseException:  # Ctrl-C while a holder reads the backbone: its answers would meet the next request
+            self.broken = "interrupted while it forked a run"
+            self.proc.kill()
+            stderr.close()
+            raise
         if not message or "pid" not in message:
             stderr.close()
             self.broken = (message or {}).get("why") or "the warm worker ended before forking"
@@ -526,19 +532,23 @@ def serve(fd: int, run_job: RunJob, preload: Preload, keeper: Keeper | None = No
             if len(fds) != 1 or _threads() > threads:
                 _send(sock, {"why": "no stderr pipe sent" if len(fds) != 1 else "a thread started after the imports"})
                 return 1
-            key = None if keeper is None else keeper.key(Path(request["spec"]))
+            key = None if keeper is None else keeper.key(Path(request["spec"]), request["cwd"])
             if keeper is not None and key is not None and key not in refused and getattr(holder, "key", None) != key:
                 if holder is not None:
                     holder.close()
-                holder, why = Holder.start(key, keeper, run_job, sock, resident)
+                context = _HolderContext(sock, fds[0], resident, threads, request["cwd"])
+                holder, why = Holder.start(key, keeper, run_job, context)
                 if why is not None:
                     refused[key] = why
             if key is not None and holder is not None and holder.key == key:
-                holder.relay(sock, request, fds[0])
-                continue
+                if holder.relay(sock, request, fds[0]):
+                    continue
+                refused[key] = "its holder process ended"  # (killed from outside): this backbone's runs read their own
+                holder.close()
+                holder = None
             if keeper is not None:
                 keeper.reads_own(refused.get(key) if key is not None else None)
-            fork_and_wait(sock, fds[0], run_job, request, resident)
+            fork_and_wait(sock, fds[0], run_job, request, resident, others=[] if holder is None else [holder.sock])
     except (ConnectionResetError, BrokenPipeError):  # the driver ended with an answer of ours unread (stopped by a
         pass  # signal mid-run): the end of the stream, which its death's SIGKILL may not have come before
     finally:
@@ -548,13 +558,22 @@ def serve(fd: int, run_job: RunJob, preload: Preload, keeper: Keeper | None = No
 
 
 def fork_and_wait(
-    sock: socket.socket, stderr_fd: int, run_job: RunJob, request: dict, resident: list, after: Callable | None = None
+    sock: socket.socket,
+    stderr_fd: int,
+    run_job: RunJob,
+    request: dict,
+    resident: list,
+    after: Callable | None = None,
+    others: list[socket.socket] | None = None,
 ) -> None:
-    """Fork the run of ``request`` (:func:`_child`), answer its pid on ``sock``, wait for it, answer its code."""
+    """Fork the run of ``request`` (:func:`_child`), answer its pid on ``sock``, wait for it, answer its code;
+    ``others``: this process's other sockets, closed in the run (a holder's: the holder must see its end)."""
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:
+        for other in others or []:
+            other.close()
         _child(sock, stderr_fd, run_job, request, resident)
     os.close(stderr_fd)
     if after is not None:
@@ -568,8 +587,9 @@ class Keeper(Protocol):
     """What the warm worker asks of the backbone a run needs (``petlprof.execution.worker.KEEPER`` answers from
     :mod:`petlprof.run.kept`)."""
 
-    def key(self, spec_path: Path) -> Hashable | None:
-        """The backbone the run of ``spec_path`` needs, None where it reads its own (random weights, CUDA, ...)."""
+    def key(self, spec_path: Path, cwd: str) -> Hashable | None:
+        """The backbone the run of ``spec_path`` needs, a path resolved in ``cwd`` (the driver's working directory),
+        None where it reads its own (random weights, CUDA, ...)."""
 
     def hold(self, key: Hashable) -> str | None:
         """In a holder: read the backbone and keep it; why it cannot be kept, None when it is."""
@@ -581,22 +601,34 @@ class Keeper(Protocol):
         """Before this process forks a run that reads its own backbone: why it was not kept (None: not one to keep)."""
 
 
+@dataclasses.dataclass(frozen=True)
+class _HolderContext:
+    """What a holder is forked with: the warm worker's socket to the driver and the request's stderr pipe (both
+    closed in the holder: the driver must see their ends), its resident file pages (which the holder maps before it
+    reads, else the library pages the reading pages in would count as the reading's and come off the runs'
+    baselines), its thread count (a reading that starts a thread is refused) and the driver's working directory (a
+    relative path resolves there)."""
+
+    driver: socket.socket
+    stderr_fd: int
+    resident: list
+    threads: int
+    cwd: str
+
+
 class Holder:
     """A process forked from the warm worker that read one backbone and forks that backbone's runs; the warm worker
     passes it each such request and relays its answers (``pid``, then ``returncode``) to the driver.  It dies with
-    the warm worker, and ends when the warm worker closes it (a run of another backbone, or the sweep's end)."""
+    the warm worker, and ends when the warm worker closes it (a run of another backbone, or the warm worker's end)."""
 
     def __init__(self, key: Hashable, pid: int, sock: socket.socket):
         self.key, self.pid, self.sock, self.lines = key, pid, sock, _Lines(sock)
 
     @classmethod
     def start(
-        cls, key: Hashable, keeper: Keeper, run_job: RunJob, driver: socket.socket, resident: list
+        cls, key: Hashable, keeper: Keeper, run_job: RunJob, context: _HolderContext
     ) -> tuple[Holder | None, str | None]:
-        """Fork the holder of ``key``'s backbone and wait for its reading: (the holder, None), or (None, why not);
-        ``driver``: the warm worker's socket to the sweep, which the holder closes (it answers through ours);
-        ``resident``: the warm worker's resident file pages, which the holder maps before it reads (else the library
-        pages the reading pages in would count as the reading's, and come off the runs' baselines)."""
+        """Fork the holder of ``key``'s backbone and wait for its reading: (the holder, None), or (None, why not)."""
         ours, theirs = socket.socketpair()
         sys.stdout.flush()
         sys.stderr.flush()
@@ -605,10 +637,12 @@ class Holder:
             code = 1
             try:  # the holder: it never leaves this block but through os._exit
                 ours.close()
-                driver.close()
+                context.driver.close()
+                os.close(context.stderr_fd)
                 die_with_parent(os.getppid())
-                populate(resident)
-                code = _hold(theirs, key, keeper, run_job)
+                os.chdir(context.cwd)
+                populate(context.resident)
+                code = _hold(theirs, key, keeper, run_job, context.threads)
             except BaseException:  # noqa: B036 - a holder must never return into the warm worker's loop
                 traceback.print_exc()
             finally:
@@ -623,19 +657,21 @@ class Holder:
         holder.close()
         return None, (answer or {}).get("why") or "the process reading it ended"
 
-    def relay(self, driver: socket.socket, request: dict, stderr_fd: int) -> None:
-        """Have the holder fork ``request``'s run; its answers go on to ``driver`` (a holder gone: a killed run)."""
+    def relay(self, driver: socket.socket, request: dict, stderr_fd: int) -> bool:
+        """Have the holder fork ``request``'s run; its answers go on to ``driver``.  False (nothing sent to the
+        driver) where the holder is gone before it forked; a holder gone during the run ends it as killed."""
         try:
             _send(self.sock, request, (stderr_fd,))
-        finally:
-            os.close(stderr_fd)
-        for expected in ("pid", "returncode"):
             answer = self.lines.read()
-            if answer is None:  # the holder died (it takes its run with it): the run ended as killed
-                answer = {"returncode": -signal.SIGKILL} if expected == "returncode" else {"why": "its holder ended"}
-            _send(driver, answer)
-            if expected not in answer:
-                return
+        except OSError:
+            answer = None
+        if answer is None or "pid" not in answer:
+            return False
+        os.close(stderr_fd)
+        _send(driver, answer)
+        done = self.lines.read()
+        _send(driver, done if done is not None else {"returncode": -signal.SIGKILL})
+        return True
 
     def close(self) -> None:
         self.sock.close()  # end of stream: the holder exits
@@ -645,12 +681,11 @@ class Holder:
             pass
 
 
-def _hold(sock: socket.socket, key: Hashable, keeper: Keeper, run_job: RunJob) -> int:
+def _hold(sock: socket.socket, key: Hashable, keeper: Keeper, run_job: RunJob, threads: int) -> int:
     """The holder's life: read the backbone, say ready (or why not), then fork one run per request."""
     why = keeper.hold(key)
-    threads = _threads()
-    if why is None and threading.active_count() != 1:
-        why = f"{threading.active_count()} Python threads after reading it"
+    if why is None and (threading.active_count() != 1 or _threads() > threads):
+        why = "reading it started a thread, which a fork would carry broken"
     if why is not None:
         _send(sock, {"ready": False, "why": why})
         return 0

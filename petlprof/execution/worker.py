@@ -72,9 +72,12 @@ def preload() -> None:
 class _Keeper:
     """The warm worker's :class:`petlprof.execution.warm.Keeper`: the backbones of :mod:`petlprof.run.kept`."""
 
-    def key(self, spec_path: Path) -> kept.BackboneKey | None:
+    def key(self, spec_path: Path, cwd: str) -> kept.BackboneKey | None:
         try:
-            return kept.key_of(RunSpec(**json.loads(spec_path.read_text())["spec"]))
+            job = json.loads(spec_path.read_text())
+            if job.get("max_memory_bytes") is not None:  # its cap is on the address space a kept backbone is part of
+                return None
+            return kept.key_of(RunSpec(**job["spec"]), cwd)
         except (OSError, ValueError, KeyError, TypeError):  # the run fails on its spec itself
             return None
 

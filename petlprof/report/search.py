@@ -71,7 +71,7 @@ def search_section(records: Sequence[RunResult]) -> list[str]:
     what = "learning rate and Pareto knob were" if knobs else "learning rate was"
     flags = "`--tune lr`, `--tune METHOD.KNOB`" if knobs else "`--tune lr`"
     return [
-        "## Learning-rate search",
+        "## Search" if knobs else "## Learning-rate search",
         "",
         f"Each configuration's {what} chosen before its runs ({flags}) by {strategy}, never on the "
         "evaluation split the tables report. Every trial is a real run, recorded in the output folder's "

@@ -251,8 +251,8 @@ class TaskInfo(_TaskInfoExtras):
 
 
 class Load(TypedDict):
-    """A run's loading before its first phase (part of its ``overhead_s``): the warm worker's reading of a kept
-    backbone (:mod:`petlprof.run.kept`) is charged to the first run it served, in both times."""
+    """A run's loading before its first phase (part of its ``overhead_s``): a holder's reading of a kept backbone
+    (:mod:`petlprof.run.kept`) is charged to the first run it forked, in both times."""
 
     time_s: float  # wall time of the loading: data, backbone, method applied
     backbone_s: float  # of it, the backbone's: read here, read for this run by the warm worker, or taken kept

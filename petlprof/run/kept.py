@@ -41,10 +41,12 @@ reading): a reading that left a thread running makes it refuse, and that backbon
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
-from petlprof.meters.memory import status_bytes
+from petlprof.meters.memory import release_free_memory, status_bytes
 from petlprof.models.backbones import Backbone, available_memory_bytes, is_tiny_preset, load_backbone
 from petlprof.models.quantization import Quantization
 from petlprof.sweep.spec import RunSpec
@@ -59,11 +61,24 @@ KEPT = "kept by a holder forked from the sweep's warm worker, read for an earlie
 
 @dataclass(frozen=True)
 class BackboneKey:
-    """What a run's backbone is read by: its name, layer count and whether it carries its LM head."""
+    """What a run's backbone is read by: its name, layer count and whether it carries its LM head; for a local
+    folder or file, where it resolves and each of its files' name, size and modification time (a folder whose
+    weights changed since the holder read them is read again)."""
 
     name: str
     num_layers: int | None
     lm_head: bool
+    where: str = ""
+    files: tuple[tuple[str, int, int], ...] = ()
+
+
+def _local(name: str, cwd: str) -> tuple[str, tuple[tuple[str, int, int], ...]]:
+    """A local backbone's resolved path and its files' (name, size, mtime in ns); ("", ()) for a preset or hub id."""
+    path = Path(cwd, name)
+    if not path.exists():
+        return "", ()
+    files = [path] if path.is_file() else sorted(f for f in path.iterdir() if f.is_file())
+    return str(path.resolve()), tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files)
 
 
 @dataclass
@@ -81,15 +96,17 @@ _kept: Kept | None = None  # the holder's; in a forked run, the copy it inherite
 _why_not: str | None = None  # why the run being forked reads its own backbone, where the warm worker tried to keep it
 
 
-def key_of(spec: RunSpec) -> BackboneKey | None:
-    """The key of the backbone ``spec`` runs on, None where it is not kept (see the module's list)."""
+def key_of(spec: RunSpec, cwd: str | None = None) -> BackboneKey | None:
+    """The key of the backbone ``spec`` runs on, a relative path resolved in ``cwd`` (default: this process's
+    working directory), None where it is not kept (see the module's list)."""
     quantized = Quantization.of(spec) is not None
     if spec.device != "cpu" or spec.nproc != 1 or spec.random_init or is_tiny_preset(spec.backbone) or quantized:
         return None
     objective = objective_without_data(spec.task, spec.objective, spec.prompt_column)
     if objective is None:
         return None
-    return BackboneKey(spec.backbone, spec.num_layers, objective == LM)
+    where, files = _local(spec.backbone, cwd or os.getcwd())
+    return BackboneKey(spec.backbone, spec.num_layers, objective == LM, where, files)
 
 
 def hold(key: BackboneKey) -> str | None:
@@ -132,9 +149,11 @@ def _read(key: BackboneKey) -> tuple[Kept | None, str]:
     try:
         torch.manual_seed(0)
         rng = torch.get_rng_state()
+        release_free_memory()  # as the run does before its baseline: what is freed is not counted as the reading's
         resident, t0 = status_bytes("VmRSS"), time.perf_counter()
         backbone = load_backbone(key.name, num_layers=key.num_layers, lm_head=key.lm_head)
         read_s = time.perf_counter() - t0
+        release_free_memory()
         grown = max(0, (status_bytes("VmRSS") or 0) - (resident or 0))
         drew = not torch.equal(rng, torch.get_rng_state())
     finally:

@@ -146,6 +146,12 @@ def check_tune_target(value: str) -> None:
         )
 
 
+def tune_targets(values: list[str]) -> list[str]:
+    """``--tune``'s targets once each, in one order (``lr`` first, then the knobs by name): ``lora.r,lr`` and
+    ``lr,lora.r,lr`` are the search ``lr,lora.r`` is, with its run keys."""
+    return sorted(set(values), key=lambda target: (target != LR, target))
+
+
 def _tuning(options, method: str) -> bool:
     return bool(options.tune)
 
@@ -564,7 +570,7 @@ class RunOptions:
         "pilot is a real run recorded in the output folder's trials.jsonl, and its energy and time are charged to "
         "the configuration (`petlprof list` states each method's space)",
         Names(item=Text(non_empty=True, known=check_tune_target)),
-        spec=ToSpec(identity=WHEN_CHANGED, convert=list),  # untuned runs keep their keys
+        spec=ToSpec(identity=WHEN_CHANGED, convert=tune_targets),  # untuned runs keep their keys
     )
     tune_points: int | None = option(
         DEFAULT_TUNE_POINTS,
