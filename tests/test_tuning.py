@@ -18,7 +18,7 @@ from petlprof.cli import main
 from petlprof.execution.tune import TRIALS_FILE
 from petlprof.report.markdown import write_report
 from petlprof.report.records import load_records
-from petlprof.sweep.config import build_options, expand
+from petlprof.sweep.config import build_options, expand, tried_points
 from petlprof.sweep.options import tune_targets
 from petlprof.sweep.spec import RunSpec
 from petlprof.sweep.tuning import choose, lr_space, ranked, rungs, space_of, space_text, targets_of, trial_spec
@@ -267,3 +267,28 @@ def test_the_targets_are_one_search_whatever_their_order_or_repeats(given):
         options = build_options({}, {"methods": "lora", "backbone": "tiny-bert", "tune": ",".join(tune)})
         keys |= {spec.run_key for spec in expand(options, "cpu")}
     assert len(keys) == 1  # the same runs: a resume with the targets in another order repeats nothing
+
+
+def test_a_searched_knob_value_the_backbone_cannot_take_is_refused_before_any_trial(tmp_path, lm_folder, capsys):
+    """The preflight checks every value a search will try, as it checks --grid's: a LoRA rank wider than the model."""
+    # shutil, transformers: only this test builds a model folder
+    import shutil
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    narrow = tmp_path / "narrow"
+    shutil.copytree(lm_folder, narrow)
+    config = LlamaConfig.from_pretrained(narrow)
+    config.update({"hidden_size": 16, "intermediate_size": 32, "num_attention_heads": 2, "num_key_value_heads": 1})
+    LlamaForCausalLM(config).save_pretrained(narrow)
+    assert tried_points(build_options({}, {"methods": "lora", "tune": "lora.r"}), "lora") == [
+        {"r": 2},
+        {"r": 8},
+        {"r": 32},
+    ]
+    out = tmp_path / "out"
+    args = ["run", "--methods", "lora", "--backbone", str(narrow), "--task", "arith", "--tune", "lora.r"]
+    assert main([*args, "--train-size", "16", "--eval-size", "8", "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "lora r 32 is larger than the width 16" in err and "Traceback" not in err
+    assert not (out / TRIALS_FILE).exists()

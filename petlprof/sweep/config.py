@@ -49,7 +49,15 @@ from petlprof.registry import (
     read_peft_config_file,
 )
 from petlprof.sweep.lengths import PeakEstimate, check_lm_lengths
-from petlprof.sweep.options import OPTIONS, RunOptions, default_of, kind_of, resolved_eval_every, resolved_val_size
+from petlprof.sweep.options import (
+    OPTIONS,
+    RunOptions,
+    default_of,
+    kind_of,
+    knob_target,
+    resolved_eval_every,
+    resolved_val_size,
+)
 from petlprof.sweep.resources import check_resources, optimiser_steps
 from petlprof.sweep.spec import UNTRAINED_DEFAULTS, RunSpec, spec_default, spec_fields
 from petlprof.tasks.labelled import generative_possible, load_task
@@ -429,6 +437,16 @@ def grid_points(options: RunOptions, method: str) -> list[dict[str, Any]]:
     return [{**base, **point} for point in points]
 
 
+def tried_points(options: RunOptions, method: str) -> list[dict[str, Any]]:
+    """Every method config a sweep may run: its grid points (:func:`grid_points`) and, where ``--tune`` searches the
+    method's knob, each with every value of the knob's grid (what its trials try; the preflight checks them all)."""
+    spec = get_method(method)
+    target, knob = knob_target(spec), spec.pareto_knob
+    if target is None or knob is None or target not in options.tune:
+        return grid_points(options, method)
+    return [{**point, knob: value} for point in grid_points(options, method) for value in spec.default_grid]
+
+
 def resolve_device(
     device: str, nproc: int = 1, cluster_gpus: float | None = None, memory_snapshot: bool = False
 ) -> str:
@@ -512,7 +530,7 @@ def preflight(options: RunOptions, meters_here: bool = True, peak: PeakEstimate 
         if options.random_init:  # the weights are built on this machine unless the runs go to a cluster
             check_random_init(backbone, config, options.num_layers, memory=meters_here)
         for method in options.methods:
-            for point in grid_points(options, method):  # every grid point, e.g. a LoRA rank wider than the model
+            for point in tried_points(options, method):  # every point, e.g. a LoRA rank wider than the model
                 method_config = get_method(method).make_config(point)
                 depth = options.num_layers or int(config.num_hidden_layers)
                 check_backbone(get_method(method), method_config, int(config.hidden_size), depth, backbone)
@@ -529,7 +547,7 @@ def preflight(options: RunOptions, meters_here: bool = True, peak: PeakEstimate 
             check_objective(get_method(method), LM if task.objective == LM else CLASSIFICATION)
         if task.objective == LM:
             _check_lm_options(options, name)
-            points = {method: grid_points(options, method) for method in options.methods}
+            points = {method: tried_points(options, method) for method in options.methods}
             for backbone in options.backbone:
                 check_lm_lengths(options, name, task, backbone, peak if meters_here else None, points)
         elif options.max_new_tokens is not None:
@@ -551,7 +569,7 @@ def preflight(options: RunOptions, meters_here: bool = True, peak: PeakEstimate 
                     f"task '{name}' has {len(split)} {'training' if split is task.train else 'evaluation'} "
                     f"examples; {option} {asked} uses those"
                 )
-    points = {method: grid_points(options, method) for method in options.methods}  # each one's grid points
+    points = {method: tried_points(options, method) for method in options.methods}  # each one's points, trials too
     notes += check_resources(options, {name: sweep_task(options, name) for name in options.task}, points, meters_here)
     return notes
 
@@ -705,7 +723,7 @@ def unsupported_pairs(options: RunOptions) -> list[str]:
         f"{method} on {backbone}: {reason}": None
         for backbone in options.backbone
         for method in options.methods
-        for point in grid_points(options, method)
+        for point in tried_points(options, method)
         for lm in objectives
         if (reason := _unsupported(backbone, method, point, lm))
     }
