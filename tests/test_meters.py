@@ -42,7 +42,11 @@ def make_powercap(root, packages):
 
 
 def set_energy(root, domain, value):
-    (root / domain / "energy_uj").write_text(str(value))
+    # atomically, as sysfs reads are: write_text truncates first, and a polling thread that read the empty
+    # file in between died on int("") (the 1.2 J CI saw, wraps lost after it)
+    path = root / domain / "energy_uj"
+    path.with_suffix(".tmp").write_text(str(value))
+    path.with_suffix(".tmp").replace(path)
 
 
 def test_rapl_counts_packages_and_dram_but_not_core(tmp_path):
@@ -120,8 +124,8 @@ def test_rapl_polling_thread_reads_while_the_window_is_open(tmp_path):
     meter = RaplEnergyMeter(root=root, poll_s=0.01)
     meter.begin()
     for value in (600_000, 100_000, 700_000, 200_000):  # wraps twice: 0.6 + 0.5 + 0.6 + 0.5 = 2.2 J
-        reads = meter.tracker.readings
         set_energy(root, "intel-rapl:0", value)
+        reads = meter.tracker.readings  # counted after the write: the second read from here began after it
         deadline = time.monotonic() + 30
         while meter.tracker.readings < reads + 2 and time.monotonic() < deadline:  # a read after the write
             time.sleep(0.005)
