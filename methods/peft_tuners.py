@@ -56,7 +56,7 @@ from petlprof.models.architecture import describe, lora_targets
 from petlprof.models.backbones import backbone_config, family_of, model_class
 from petlprof.models.quantization import NONE, QUANTIZE_CHOICES
 from petlprof.registry import get_method
-from petlprof.vocabulary import CLASSIFICATION, OBJECTIVES
+from petlprof.vocabulary import CLASSIFICATION, LM, OBJECTIVES
 
 # tuners that cannot run in petlprof whatever the backbone, and why
 REFUSED = {
@@ -171,6 +171,8 @@ def tuner_spec(name: str) -> TunerSpec:
     config_cls.tuner_name = name
     fields = {f.name for f in dataclasses.fields(config_cls)}
     like = {"prompt": "prompt_tuning", "prefix": "prefix_tuning"}.get(tuner.kind, "lora")
+    objectives = (CLASSIFICATION,) if tuner.peft_type in NOT_LM else OBJECTIVES
+    lm_lr, lm_lr_source = _lm_lr(like, objectives)
     what = {"prompt": "trained virtual tokens before the input", "prefix": "trained key/value prefixes"}
     return TunerSpec(
         name=name,
@@ -182,9 +184,22 @@ def tuner_spec(name: str) -> TunerSpec:
         lr_source=f"not tuned for this tuner: the built-in {like}'s default (see `petlprof list`); give --lr for "
         "the tuner's own recipe",
         pareto_knob=KNOB.get(tuner.peft_type) or next((knob for knob in KNOBS if knob in fields), None),
-        objectives=(CLASSIFICATION,) if tuner.peft_type in NOT_LM else OBJECTIVES,
+        objectives=objectives,
         quantize=QUANTIZE_CHOICES if _runs_quantized(tuner) else (NONE,),
         peft_type=tuner.peft_type,
+        lm_lr=lm_lr,
+        lm_lr_source=lm_lr_source,
+    )
+
+
+def _lm_lr(like: str, objectives: tuple[str, ...]) -> tuple[float | None, str | None]:
+    """A tuner's LM default and its source: the built-in ``like``'s, where it has one and the tuner runs on LM."""
+    lm_lr = get_method(like).lm_lr
+    if lm_lr is None or LM not in objectives:
+        return None, None
+    return (
+        lm_lr,
+        f"not tuned for this tuner: the built-in {like}'s LM default (see `petlprof list`); give --lr for its own",
     )
 
 

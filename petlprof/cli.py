@@ -106,6 +106,26 @@ def cmd_run(args: argparse.Namespace) -> int:
     return drive(options, finish=report_sweep, peak=estimated_peak, predict=predictions_of(options)).exit_code
 
 
+def _lr_text(method) -> str:
+    """A method's default learning rate for ``petlprof list``, with the space ``--tune lr`` searches around it; one
+    per objective where the LM objective's differs."""
+    # the tuning module: as cmd_list's imports, not for --help
+    from petlprof.sweep.options import DEFAULT_TUNE_POINTS
+    from petlprof.sweep.tuning import lr_space
+    from petlprof.vocabulary import CLASSIFICATION, LM
+
+    if not method.default_lr:
+        return "lr 0"
+    shown = [CLASSIFICATION, LM] if method.lr_for(LM)[0] != method.default_lr else [CLASSIFICATION]
+    texts = []
+    for objective in shown:
+        lr = method.lr_for(objective)[0]
+        space = lr_space(lr, DEFAULT_TUNE_POINTS)
+        label = "lr" if len(shown) == 1 else f"lr ({objective})"
+        texts.append(f"{label} {lr:g} (--tune lr: {space[0]:g}..{space[-1]:g})")
+    return "; ".join(texts)
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     # not for --help: the meters probe NVML and RAPL, the tasks bring numpy, the registry reads entry points
     from petlprof.meters import meter_status
@@ -114,7 +134,6 @@ def cmd_list(args: argparse.Namespace) -> int:
     from petlprof.models.shapes import shape_names
     from petlprof.registry import config_field_help, get_method, method_names
     from petlprof.sweep.options import DEFAULT_TUNE_POINTS, knob_target
-    from petlprof.sweep.tuning import lr_space
     from petlprof.tasks.labelled import TASKS
 
     print("Methods (name: what trains; Pareto knob; default learning rate; objectives; options for --method-config):")
@@ -125,16 +144,14 @@ def cmd_list(args: argparse.Namespace) -> int:
             knob += f" (grid {', '.join(str(v) for v in method.default_grid)}; --tune {knob_target(method)})"
         side = "; side-tuning (no backbone autograd)" if method.side_tuning else ""
         objectives = "+".join(method.objectives)
-        space = lr_space(method.default_lr, DEFAULT_TUNE_POINTS) if method.default_lr else None
-        searched = f" (--tune lr: {space[0]:g}..{space[-1]:g})" if space else ""
-        print(f"  {name:<13} {method.description}; {knob}; lr {method.default_lr:g}{searched}; {objectives}{side}")
+        print(f"  {name:<13} {method.description}; {knob}; {_lr_text(method)}; {objectives}{side}")
         for field_name, default, text in config_field_help(method.config_cls):
             print(f"  {'':<15}{name}.{field_name}={default}  {text}")
     # not the names themselves: they come from PEFT's registry, seconds of imports for one line
     print(
         f"  --tune lr searches {DEFAULT_TUNE_POINTS} learning rates (--tune-points) log-spaced over each method's "
-        "default x 10^[-1, 1] by successive halving on the validation split; --tune METHOD.KNOB searches a "
-        "method's knob over its grid (with lr too: over their product)"
+        "default on the run's objective x 10^[-1, 1] by successive halving on the validation split; --tune "
+        "METHOD.KNOB searches a method's knob over its grid (with lr too: over their product)"
     )
     print(
         f"  {PEFT_PREFIX + 'TYPE':<13} PEFT's tuners by their PeftType in lower case ({PEFT_PREFIX}vera, "

@@ -23,7 +23,9 @@ it the same way.  A method is a :class:`MethodSpec`:
   leaves them so (and never reads them as float weights) may declare ``QUANTIZE_CHOICES``; a plug-in that
   says nothing is refused for ``--quantize int8|nf4|fp4`` up front (:func:`check_quantize`) rather than
   failing mid-run or training what it cannot;
-* ``default_lr`` and ``lr_source`` (where that learning rate comes from), optionally a
+* ``default_lr`` and ``lr_source`` (where that learning rate comes from), optionally ``lm_lr`` and
+  ``lm_lr_source``: its default on the LM objective where that differs (a method that says nothing trains
+  generative runs at ``default_lr`` too), optionally a
   ``pareto_knob`` (a config field) with a ``default_grid`` of 3-4 values for ``--grid``, and a
   ``merge(model) -> model`` folding trained weights into the backbone for inference;
 * ``side_tuning=True`` for a method whose ``apply`` returns a
@@ -76,8 +78,8 @@ from typing import Any
 from petlprof.errors import UsageError, shown, unknown_choice
 from petlprof.lookup import resolve
 from petlprof.models.quantization import NONE, QUANTIZE_CHOICES
-from petlprof.values import Choice, Number, Text, is_number
-from petlprof.vocabulary import CLASSIFICATION, OBJECTIVES
+from petlprof.values import MAX_LR, Choice, Number, Text, is_number
+from petlprof.vocabulary import CLASSIFICATION, LM, OBJECTIVES
 
 MAX_WIDTH = 2**14  # no transformer in use is wider (LLaMA-3 405B: 16384): ranks, side widths, RNN sizes
 MAX_COUNT = 2**12  # virtual tokens, heads, multipliers: beyond any backbone's positions or memory
@@ -303,11 +305,20 @@ class MethodSpec:
     merge: str | Callable | None = None  # model -> model with the trained weights folded into the backbone
     objectives: tuple[str, ...] = (CLASSIFICATION,)  # task objectives it supports (OBJECTIVES)
     quantize: tuple[str, ...] = (NONE,)  # --quantize values whose backbone it runs on (QUANTIZE_CHOICES)
+    # last, so that a spec made with positional fields before them means what it meant
+    lm_lr: float | None = None  # its default learning rate on the LM objective (None: default_lr there too)
+    lm_lr_source: str | None = None  # where lm_lr comes from
 
     def __post_init__(self):
         problem = spec_problem(self)
         if problem:
             raise MethodSpecError(f"method spec '{self.name}': {problem}")
+
+    def lr_for(self, objective: str) -> tuple[float, str]:
+        """The default learning rate on ``objective`` (``"classification"`` or ``"lm"``) and where it comes from."""
+        if objective == LM and self.lm_lr is not None:
+            return self.lm_lr, str(self.lm_lr_source)
+        return self.default_lr, self.lr_source
 
     def make_config(self, overrides: dict[str, Any] | None = None):
         """The method's config dataclass from user overrides, rejecting unknown fields and bad values by name."""
@@ -431,10 +442,20 @@ def spec_problem(method_spec: MethodSpec) -> str | None:
         return f"default_lr must be a positive finite number, got {shown(lr)}"
     if not (isinstance(method_spec.lr_source, str) and method_spec.lr_source.strip()):
         return f"lr_source must say where default_lr comes from, got {shown(method_spec.lr_source)}"
+    if method_spec.lm_lr is None:
+        if method_spec.lm_lr_source is not None:
+            return f"lm_lr_source is given ({shown(method_spec.lm_lr_source)}) but lm_lr is not"
+    else:
+        if not (is_number(method_spec.lm_lr) and 0 < method_spec.lm_lr <= MAX_LR):
+            return f"lm_lr must be a positive number of at most {MAX_LR:g}, or None, got {shown(method_spec.lm_lr)}"
+        if not (isinstance(method_spec.lm_lr_source, str) and method_spec.lm_lr_source.strip()):
+            return f"lm_lr_source must say where lm_lr comes from, got {shown(method_spec.lm_lr_source)}"
     objectives = method_spec.objectives
     if not (isinstance(objectives, (tuple, list)) and objectives and all(o in OBJECTIVES for o in objectives)):
         allowed = ", ".join(repr(o) for o in OBJECTIVES)
         return f"objectives must be a non-empty tuple of {allowed}, got {shown(objectives)}"
+    if method_spec.lm_lr is not None and LM not in objectives:
+        return f"lm_lr is set but objectives {shown(objectives)} do not include '{LM}'"
     quantize = method_spec.quantize
     if not (isinstance(quantize, (tuple, list)) and quantize and all(q in QUANTIZE_CHOICES for q in quantize)):
         allowed = ", ".join(repr(q) for q in QUANTIZE_CHOICES)

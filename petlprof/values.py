@@ -61,6 +61,9 @@ def check_file(path: str | Path, what: str, folder: bool = False) -> None:
     raise UsageError(f"{what} {shown(str(path))} is {kind}, not {expected}")
 
 
+MAX_LR = 10.0  # the largest learning rate --lr or a method's default may give (AdamW diverges far below it)
+
+
 def is_number(value: Any) -> bool:
     """A real, finite number: not a bool, not inf, not nan (any int, even one too large for a float)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):

@@ -134,8 +134,7 @@ def _what_was_run(records: Sequence[RunResult]) -> list[str]:
         values = distinct(r.training.get(key) for r in records)  # nulls (not set) are left out
         if key in ("lr", "lr_source") and len(values) > 1:  # per-method defaults: say whose is whose
             if key == "lr":
-                per_method = distinct(f"{r.method}={_setting(r.training.get('lr'))}" for r in records)
-                settings.append("lr per method: " + ", ".join(per_method))
+                settings.append("lr per method: " + ", ".join(_lr_per_method(records)))
             continue  # each method's learning-rate source is in the table of defaults in docs/running.md
         if values:
             shown = " / ".join(_setting(v) for v in values)
@@ -144,6 +143,19 @@ def _what_was_run(records: Sequence[RunResult]) -> list[str]:
     if overhead := overhead_line(records):
         lines.append(f"- **Time outside the measurements:** {overhead.removeprefix('harness overhead: ')}.")
     return lines + [""]
+
+
+def _lr_per_method(records: Sequence) -> list[str]:
+    """``method=lr`` per method; ``method on task=lr`` for a method whose runs on different tasks took different
+    learning rates (its defaults on the classification and LM objectives in one sweep)."""
+    several = {
+        m
+        for m in distinct(r.method for r in records)
+        if len(distinct(r.training.get("lr") for r in records if r.method == m)) > 1
+    }
+    return distinct(
+        f"{r.method}{f' on {r.task}' if r.method in several else ''}={_setting(r.training.get('lr'))}" for r in records
+    )
 
 
 def _setting(value: Any) -> str:

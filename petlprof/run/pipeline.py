@@ -178,7 +178,7 @@ def prepare(spec: RunSpec, ranks, progress, max_memory_bytes: int | None = None)
         progress=progress,
         method=method,
         method_config=method_config,
-        recipe=_recipe(spec, method),
+        recipe=_recipe(spec, method, task.objective),
         task=task,
         backbone=backbone,
         model=model,
@@ -211,10 +211,10 @@ def _budget_meter(spec: RunSpec, timeline) -> Callable[[], Any]:
     return make
 
 
-def _recipe(spec: RunSpec, method):
-
+def _recipe(spec: RunSpec, method, objective: str):
+    """The run's optimiser settings: its learning rate is the spec's, or the method's default on ``objective``."""
     return TrainRecipe(
-        lr=spec.lr if spec.lr is not None else method.default_lr,
+        lr=spec.lr if spec.lr is not None else method.lr_for(objective)[0],
         precision=spec.precision,
         optimizer_kind=spec.optimizer,
         accumulation=spec.gradient_accumulation,
@@ -640,6 +640,16 @@ def _metrics(task, phases: Phases) -> dict[str, float | None]:
 
 
 TUNED_LR = "searched on the validation split (--tune lr)"  # a tuned run's lr_source, its trials' too
+
+
+def _lr_source(spec: RunSpec, method, objective: str, lr: float) -> str:
+    """Where the run's learning rate comes from: the search, the method's default on the objective, or the user."""
+    if LR in spec.tune:
+        return TUNED_LR
+    default, source = method.lr_for(objective)
+    return source if lr == default else "user"
+
+
 EXAMPLES_KEPT = 3  # generated responses kept in the record beside their references, so a reader sees what scored
 
 
@@ -669,7 +679,7 @@ def _described(ctx: RunContext) -> RunRecord:
         "max_steps": spec.max_steps,
         "batch_size": spec.batch_size,
         "lr": lr,
-        "lr_source": TUNED_LR if LR in spec.tune else method.lr_source if lr == method.default_lr else "user",
+        "lr_source": _lr_source(spec, method, task.objective, lr),
         "max_length": spec.max_length,
         "warmup_steps": spec.warmup_steps,
         "device": spec.device,

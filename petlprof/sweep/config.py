@@ -736,11 +736,18 @@ def expand(options: RunOptions, device: str, out_dir: Path | None = None) -> lis
     RunSpec field as declared (:class:`~petlprof.sweep.options.ToSpec`); the derived ones are set here: the
     sweep axes, the method's full config and learning rate, the device, and the folders in the sweep's output
     folder ``out_dir`` (none without it) where a hidden-state cache spills and memory snapshots go."""
-    resolved = {}  # the full configs and learning rate, so an explicit default gives the same run key
-    for method in options.methods:
-        method_spec = get_method(method)
-        configs = [dataclasses.asdict(method_spec.make_config(point)) for point in grid_points(options, method)]
-        resolved[method] = (configs, options.lr if options.lr is not None else method_spec.default_lr)
+    configs = {  # the full configs and learning rates, so an explicit default gives the same run key
+        method: [dataclasses.asdict(get_method(method).make_config(point)) for point in grid_points(options, method)]
+        for method in options.methods
+    }
+    lm = {str(task): _is_lm(options, str(task)) for task in options.task}
+    lrs = {  # --lr, or each method's default on each task's objective
+        (method, task): options.lr
+        if options.lr is not None
+        else get_method(method).lr_for(LM if is_lm else CLASSIFICATION)[0]
+        for method in options.methods
+        for task, is_lm in lm.items()
+    }
     shared = {method: _copied(options, method) for method in options.methods}
     limits = [parse_watts(limit) for limit in options.power_limit] or [None]  # a sweep axis, outermost
     specs = [
@@ -751,7 +758,7 @@ def expand(options: RunOptions, device: str, out_dir: Path | None = None) -> lis
             seed=int(seed),
             device=device,
             method_config=config,
-            lr=resolved[method][1],
+            lr=lrs[method, str(task)],
             eval_every=resolved_eval_every(options),
             val_size=resolved_val_size(options),
             **quantize_fields(quantize, options.quantize_compute_dtype, options.quantize_double),
@@ -764,9 +771,9 @@ def expand(options: RunOptions, device: str, out_dir: Path | None = None) -> lis
         for quantize in options.quantize
         for task in options.task
         for method in options.methods
-        for config in resolved[method][0]
+        for config in configs[method]
         for seed in options.seeds
-        if not (options.skip_unsupported and _unsupported(str(backbone), method, config, _is_lm(options, str(task))))
+        if not (options.skip_unsupported and _unsupported(str(backbone), method, config, lm[str(task)]))
     ]
     specs = [*_zero_shot_runs(options, specs, out_dir), *specs]
     specs.sort(key=lambda spec: limits.index(spec.power_limit_w))  # each limit's runs together: set once per limit

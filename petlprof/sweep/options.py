@@ -19,6 +19,7 @@ from typing import Any
 from petlprof.errors import UsageError, shown, unknown_choice
 from petlprof.models.quantization import COMPUTE_DTYPES, DEFAULT_COMPUTE_DTYPE, NONE, QUANTIZE_CHOICES
 from petlprof.values import (
+    MAX_LR,
     Bytes,
     Choice,
     Examples,
@@ -59,7 +60,6 @@ MAX_BATCH = 2**20
 MAX_WARMUP_STEPS = 10_000  # unmeasured steps repeated before each phase's figures
 MAX_SECONDS = 366 * 24 * 3600  # a year: a longer wait overflows the timers it is given to
 MAX_WINDOW_S = 3600.0  # the inference phase repeats each batch size this long at most
-MAX_LR = 10.0  # AdamW diverges far below it
 MAX_ACCUMULATION = 2**16  # micro-batches per optimiser step: an effective batch past any published recipe's
 MAX_NEW_TOKENS = 2**16  # tokens generated per evaluation prompt: past the context window of nearly every released LM
 # the lower end of --max-memory: a run's process imports Python, torch and transformers before the limit is set;
