@@ -11,13 +11,14 @@ import re
 import pytest
 
 from petlprof.cli import main
+from petlprof.execution.tune import searches
 from petlprof.method_api import MethodSpec, MethodSpecError
 from petlprof.registry import builtin_method_names, get_method
 from petlprof.run.execute import execute
 from petlprof.sweep.config import build_options, expand
 from petlprof.sweep.spec import RunSpec
-from petlprof.sweep.tuning import target_space
-from petlprof.vocabulary import CLASSIFICATION, LM, LR, ZERO_SHOT
+from petlprof.sweep.tuning import lr_space
+from petlprof.vocabulary import CLASSIFICATION, LM, ZERO_SHOT
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -51,13 +52,22 @@ def test_a_sweep_gives_each_run_its_objectives_default_and_lr_overrides_both(met
 
 
 @pytest.mark.parametrize("method", sorted(MOVED))
-def test_the_lr_search_centres_on_the_objectives_default(method):
+def test_the_lr_search_tries_rates_around_the_objectives_default(method):
+    """What the search itself builds (execution.tune.searches): its space and its first rung's trials."""
     lm_lr, default_lr = get_method(method).lm_lr, get_method(method).default_lr
     for task, centre in (("arith", lm_lr), ("tweets", default_lr)):
-        options = build_options({}, {"methods": method, "backbone": "tiny-llama", "task": task, "tune": "lr"})
-        [spec] = [s for s in expand(options, "cpu") if s.method == method]
-        space = target_space(LR, spec, 5)
-        assert space[2] == pytest.approx(centre) and space[0] == pytest.approx(centre / 10, rel=5e-3), (task, space)
+        values = {"methods": method, "backbone": "tiny-llama", "task": task, "tune": "lr", "train_size": "64"}
+        options = build_options({}, values)
+        [search] = searches(options, [s for s in expand(options, "cpu") if s.method == method]).values()
+        assert [point[0][1] for point in search.space] == lr_space(centre, 5), task
+        assert sorted(trial.lr for trial in search.next_trials()) == lr_space(centre, 5), task
+        assert search.default == (("lr", centre),)  # a tie goes to the objective's default
+
+
+def test_a_users_model_folder_takes_the_objectives_default_too(lm_folder):
+    lora = get_method("lora")
+    options = build_options({}, {"methods": "lora", "backbone": lm_folder, "task": "tweets,arith"})
+    assert {s.task: s.lr for s in expand(options, "cpu")} == {"tweets": lora.default_lr, "arith": lora.lm_lr}
 
 
 @pytest.mark.parametrize(
