@@ -473,3 +473,29 @@ def test_ctrl_c_during_the_runtimes_imports_is_raised_when_they_end_even_past_a_
     assert reached_the_end and signal.getsignal(signal.SIGINT) is previous
     with ctrl_c_after_imports():  # no Ctrl-C: nothing raised
         pass
+
+
+_THREADS_END = """
+import threading, time
+from petlprof.execution.warm import _threads, _threads_ended
+base = _threads()
+ending = threading.Thread(target=time.sleep, args=(0.3,))  # a pool shut down without waiting: still ending
+ending.start()
+assert threading.active_count() == 2 and _threads() > base
+ended = _threads_ended(base, 10.0)
+stop = threading.Event()
+stuck = threading.Thread(target=stop.wait)  # a thread that stays: the holder must not fork over it
+stuck.start()
+started = time.monotonic()
+print(ended, _threads_ended(base, 0.2), time.monotonic() - started >= 0.2)
+stop.set()
+"""
+
+
+def test_a_holder_waits_for_the_threads_its_reading_leaves_ending():
+    """transformers loads weights on a thread pool it shuts down without waiting: a holder that checked its threads
+    at once refused to keep the backbone when they had not ended yet (seen in the suite under load); it waits for
+    them, and still refuses a thread that stays.  In a process of its own: a pytest worker has threads of its own."""
+    done = subprocess.run([sys.executable, "-c", _THREADS_END], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["True", "False", "True"]

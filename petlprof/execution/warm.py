@@ -681,10 +681,26 @@ class Holder:
             pass
 
 
+THREADS_END_S = 5.0  # how long a holder waits for the threads its reading started to end before it gives up
+
+
+def _threads_ended(threads: int, timeout_s: float = THREADS_END_S) -> bool:
+    """Whether this process is back to its one Python thread and at most ``threads`` OS threads, waiting up to
+    ``timeout_s`` for them: transformers loads weights on a thread pool that it shuts down without waiting
+    (``shutdown(wait=False)``), so its threads may still be ending when the reading returns (under load, seen in
+    the suite), and a joined thread leaves the kernel's count a moment after Python's."""
+    deadline = time.monotonic() + timeout_s
+    while threading.active_count() != 1 or _threads() > threads:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 def _hold(sock: socket.socket, key: Hashable, keeper: Keeper, run_job: RunJob, threads: int) -> int:
     """The holder's life: read the backbone, say ready (or why not), then fork one run per request."""
     why = keeper.hold(key)
-    if why is None and (threading.active_count() != 1 or _threads() > threads):
+    if why is None and not _threads_ended(threads):
         why = "reading it started a thread, which a fork would carry broken"
     if why is not None:
         _send(sock, {"ready": False, "why": why})
