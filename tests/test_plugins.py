@@ -166,6 +166,49 @@ def test_method_config_and_grid_address_a_module_attr_plugin_by_its_name(example
     }
 
 
+@pytest.fixture
+def plugin_module(tmp_path, monkeypatch):
+    """The example plug-in as a module of the current folder, ``mytune`` (no entry point: reachable as
+    ``mytune:SPEC`` alone, its spec named ``normtune``)."""
+    (tmp_path / "mytune.py").write_text((EXAMPLE / "petlprof_normtune" / "__init__.py").read_text())
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    forget_plugins()
+    if ENTRY_POINT in registry.method_names():
+        pytest.skip("petlprof-normtune is installed here: its name would not need the sweep's methods")
+    yield "mytune:SPEC"
+    sys.modules.pop("mytune", None)
+    forget_plugins()
+
+
+def test_a_module_attr_plugins_knob_is_tuned_by_its_specs_name(plugin_module, tmp_path, capsys):
+    """``--tune normtune.last`` where normtune is known only through ``--methods mytune:SPEC``: its declared grid
+    searched on validation, the final run at the chosen value."""
+    out = tmp_path / "out"
+    args = ["run", "--methods", plugin_module, *SMALL_CLI, "--max-steps", "3", "--val-size", "8", "--in-process"]
+    assert main([*args, "--tune", "normtune.last", "--output", str(out)]) == 0, capsys.readouterr().err[-2000:]
+    trials = [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()]
+    assert sorted(t["method_config"]["last"] for t in trials) == [0, 1, 4]  # the plug-in's default_grid
+    (record,) = load_records(out / "results.jsonl")
+    assert record["spec"]["method"] == plugin_module and record["tuning"]["target"] == ["normtune.last"]
+    assert record["method_config"]["last"] == record["tuning"]["chosen"]["normtune.last"]
+
+
+@pytest.mark.parametrize(
+    "target, message",
+    [
+        ("normtune.parts", "'normtune.parts': normtune's Pareto knob is searched as normtune.last"),
+        ("normtun.last", "--tune normtun.last: normtun is not among --methods mytune:SPEC"),
+    ],
+)
+def test_a_module_attr_plugins_wrong_knob_is_one_line(plugin_module, tmp_path, capsys, target, message):
+    out = tmp_path / "out"
+    code = main(["run", "--methods", plugin_module, *SMALL_CLI, "--tune", target, "--output", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err[-1500:]
+    assert not out.exists()
+
+
 def readme_example() -> tuple[str, list[str]]:
     """docs/plugins.md's plug-in module (the block after 'normtune.py:') and its `petlprof run` command."""
     text = (ROOT / "docs" / "plugins.md").read_text()

@@ -349,6 +349,11 @@ def _validate_tuned_knobs(options: RunOptions, named: Mapping[str, str]) -> None
         name, knob = target.split(".", 1)
         if name not in named:
             raise UsageError(f"--tune {target}: {name} is not among --methods {','.join(options.methods)}")
+        if (own := knob_target(get_method(named[name]))) != target:  # a module:ATTR plug-in's, checked only here
+            raise UsageError(
+                f"unknown --tune target {target!r}: {name}'s Pareto knob is "
+                + (f"searched as {own}" if own else "not declared (the method has no pareto_knob and default_grid)")
+            )
         setters = [
             what
             for what, given in (

@@ -133,13 +133,17 @@ def knob_target(method) -> str | None:
 
 def check_tune_target(value: str) -> None:
     """``lr``, or a method's Pareto knob as ``METHOD.KNOB`` (searched over its declared grid): one line naming the
-    targets otherwise."""
+    targets otherwise.  A ``NAME.KNOB`` whose NAME no built-in or installed method has may be a ``module:ATTR``
+    plug-in of ``--methods`` addressed by its spec's name: the sweep's check (``_validate_tuned_knobs`` in
+    :mod:`petlprof.sweep.config`) decides it with the methods resolved."""
     if value == LR:
         return
     from petlprof.registry import get_method, method_names  # the entry points of installed plug-ins
 
-    knobs = [t for t in (knob_target(get_method(n)) for n in method_names()) if t]
-    if value not in knobs:
+    names = method_names()
+    knobs = [t for t in (knob_target(get_method(n)) for n in names) if t]
+    name, dot, knob = value.partition(".")
+    if value not in knobs and not (dot and name and knob and name not in names):
         raise UsageError(
             f"unknown --tune target {value!r}: lr, or a method's Pareto knob as METHOD.KNOB, searched over the "
             f"knob's grid ({', '.join(knobs)})"
