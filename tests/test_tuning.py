@@ -92,6 +92,19 @@ def test_a_tie_between_points_of_two_targets_goes_to_the_one_nearest_both_defaul
     ]
 
 
+@pytest.mark.parametrize(
+    "default, best_first",
+    [
+        (0, [0, 1, 4]),  # the default (0: "all layers") itself, then the rest, smaller first: no log of 0 taken
+        (4, [4, 1, 0]),  # nearer 4 on the log scale, 0 infinitely far
+    ],
+)
+def test_a_tie_on_a_grid_with_zero_ranks_without_a_log_of_zero(default, best_first):
+    """A knob grid may hold 0 (normtune's ``last``: 1, 4, 0); a tie once divided by it (ZeroDivisionError)."""
+    scores = {(("normtune.last", v),): 0.5 for v in (1, 4, 0)}
+    assert ranked(scores, "accuracy", (("normtune.last", default),)) == [(("normtune.last", v),) for v in best_first]
+
+
 def test_a_knobs_space_is_its_grid_and_with_lr_their_product():
     spec = RunSpec(method="lora", backbone="tiny-bert", lr=2e-3, tune=["lr", "lora.r"])
     assert targets_of(spec) == ["lr", "lora.r"]
@@ -164,8 +177,12 @@ def test_a_search_runs_its_trials_as_runs_and_charges_them_to_the_final_runs(tmp
             t["run_key"] for t in mine
         )
         assert tuning["chosen"] in tuning["space"] and record["training"]["lr"] == tuning["chosen"]
-        assert tuning["energy_j"] == pytest.approx(sum(t["train"]["energy_j"] for t in mine))
-        assert tuning["time_s"] == pytest.approx(sum(t["train"]["time_s"] for t in mine))
+        # the trials' warm-up steps are paid for too: metered apart from their windows, charged to the search
+        warmups = [t["train"]["warmup_energy_j"] for t in mine]
+        assert all(w > 0 for w in warmups) and tuning["warmup_energy_j"] == pytest.approx(sum(warmups))
+        assert tuning["energy_j"] == pytest.approx(sum(t["train"]["energy_j"] for t in mine) + sum(warmups))
+        assert tuning["warmup_time_s"] == pytest.approx(sum(t["train"]["warmup_time_s"] for t in mine))
+        assert tuning["time_s"] == pytest.approx(sum(t["train"]["time_s"] + t["train"]["warmup_time_s"] for t in mine))
         last_rung = [t for t in mine if t["spec"]["max_steps"] == 6]
         best = max(t["train"]["budget"]["checks"][-1]["value"] for t in last_rung)
         assert tuning["validation_score"] == best
@@ -176,6 +193,7 @@ def test_a_search_runs_its_trials_as_runs_and_charges_them_to_the_final_runs(tmp
     written = write_report(load_records(out / "results.jsonl"), out)
     text = (out / "report.md").read_text()
     assert "## Learning-rate search" in text and "search share of energy" in text
+    assert f"warm-ups {results[0]['tuning']['warmup_energy_j']:,.1f} J of it" in text
     assert any(p.name == "pareto_accuracy_vs_energy_with_search.png" for p in written)
 
 

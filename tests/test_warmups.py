@@ -1,12 +1,17 @@
-"""The phases' warm-up steps are timed (``warmup_time_s``), so a sweep's overhead line tells the warm-ups, which the
-measurement needs, from the harness's own cost (issue 39: a run's overhead on smollm2 is mostly warm-ups)."""
+"""The phases' warm-up steps are timed (``warmup_time_s``) and metered for energy apart from the phases' windows
+(``warmup_energy_j``), so a sweep's overhead line tells the warm-ups, which the measurement needs, from the harness's
+own cost (issue 39: a run's overhead on smollm2 is mostly warm-ups), and a search charges what its trials' warm-ups
+cost (issue 37)."""
 
 from __future__ import annotations
 
 import pytest
 
+from petlprof.meters.base import Meter, Reading
+from petlprof.meters.energy import WarmUp
 from petlprof.report.records import overhead_line
-from petlprof.results.records import add_overhead, warmup_time_s
+from petlprof.results.figures import ENERGY, PEAK_MEMORY
+from petlprof.results.records import add_overhead, warmup_energy_j, warmup_time_s
 from petlprof.results.result import RunResult
 from petlprof.run.execute import execute
 from petlprof.sweep.spec import RunSpec
@@ -30,21 +35,24 @@ SMALL = dict(train_size=16, eval_size=12, batch_size=4, max_steps=4, warmup_step
 def test_every_phase_times_its_warm_ups_and_the_overhead_line_splits_them_off(fields, windows):
     record = execute(RunSpec(**SMALL, **fields))
     assert record["status"] == "ok", record.get("error")
-    for phase in ("train", "eval"):
-        assert record[phase]["warmup_steps"] == 2 and record[phase]["warmup_time_s"] > 0
+    phases = [record[phase] for phase in ("train", "eval", "eval_merged") if phase in record]
+    assert len(phases) == 3 and all(p["warmup_steps"] == 2 and p["warmup_time_s"] > 0 for p in phases)
     for name in windows:
         batches = [v for k, v in record[name].items() if k.startswith("batch_")]
         assert batches and all(b["warmup_time_s"] > 0 for b in batches)
-    total = warmup_time_s(record)
+        phases += batches
+    # each window's warm-ups metered apart by the run's energy meter, never inside the window's own energy_j
+    assert all(p["warmup_energy_j"] > 0 and p["energy_j"] > 0 for p in phases), [p["warmup_energy_j"] for p in phases]
+    total, joules = warmup_time_s(record), warmup_energy_j(record)
+    assert joules == pytest.approx(sum(p["warmup_energy_j"] for p in phases))
     add_overhead(record, 1000.0)  # a process that took 1000 s: the warm-ups are part of its overhead
     assert 0 < total < record["overhead_s"]
     result = RunResult.from_json(record)
-    assert result.warmup_time_s == pytest.approx(total)
+    assert result.warmup_time_s == pytest.approx(total) and result.warmup_energy_j == pytest.approx(joules)
     line = overhead_line([result])
     rest = record["overhead_s"] - total
-    assert (
-        f"of it {total:,.1f} s" in line and f"the rest {rest:,.1f} s" in line and f"median {rest:.1f} s a run" in line
-    )
+    assert f"of it {total:,.1f} s" in line and f"(timed, {joules:,.1f} J metered)" in line
+    assert f"the rest {rest:,.1f} s" in line and f"median {rest:.1f} s a run" in line
 
 
 def test_records_written_before_warm_ups_were_timed_keep_the_old_line():
@@ -55,13 +63,61 @@ def test_records_written_before_warm_ups_were_timed_keep_the_old_line():
     new = {**old, "overhead_s": 4.0, "train": {"time_s": 5.0, "warmup_time_s": 1.5}, "eval": {"warmup_time_s": 0.5}}
     line = overhead_line([result, RunResult.from_json(new)])  # a sweep of both: the split over the timed one
     assert "of it (over the 1 runs whose warm-ups were timed) 2.0 s (20%)" in line and "the rest 2.0 s (20%)" in line
+    assert "(timed)" in line and "metered" not in line, "timed before their energy was metered: no energy claimed"
+    assert RunResult.from_json(new).warmup_energy_j is None
 
 
-def test_a_two_rank_phase_keeps_the_slower_ranks_warm_ups():
+def test_a_two_rank_phase_keeps_the_slower_ranks_warm_ups_and_sums_their_energy():
     from petlprof.run.distributed import _aggregate_phase
 
     ranks = [
-        {"time_s": 1.0, "warmup_time_s": 0.5, "warnings": []},
-        {"time_s": 2.0, "warmup_time_s": 0.7, "warnings": []},
+        {"time_s": 1.0, "warmup_time_s": 0.5, "warmup_energy_j": 2.0, "energy_meter": "estimate", "warnings": []},
+        {"time_s": 2.0, "warmup_time_s": 0.7, "warmup_energy_j": 3.0, "energy_meter": "estimate", "warnings": []},
     ]
-    assert _aggregate_phase(ranks, [0, 1], ["host", "host"], ["cpu", "cpu"])["warmup_time_s"] == 0.7
+    phase = _aggregate_phase(ranks, [0, 1], ["host", "host"], ["cpu", "cpu"])
+    assert phase["warmup_time_s"] == 0.7 and phase["warmup_energy_j"] == 5.0
+    node_wide = [{**r, "energy_meter": "rapl"} for r in ranks]  # one node's counter, read by both ranks: once
+    assert _aggregate_phase(node_wide, [0, 1], ["host", "host"], ["cpu", "cpu"])["warmup_energy_j"] in (2.0, 3.0)
+
+
+class _Counting(Meter):
+    """A fake energy meter: 1 J for every window it is begun in, its begins counted."""
+
+    name = "fake-energy"
+    FIGURES = (ENERGY,)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.begun = 0
+
+    def _begin(self) -> None:
+        self.begun += 1
+
+    def _end(self) -> Reading:
+        return Reading({ENERGY: 1.0})
+
+
+class _Peak(Meter):
+    """A fake memory meter that must never be begun by a warm-up."""
+
+    name = "fake-memory"
+    FIGURES = (PEAK_MEMORY,)
+
+    def _begin(self) -> None:
+        raise AssertionError("a warm-up window reset the phase's memory peak")
+
+
+@pytest.mark.parametrize("steps, energy", [(2, 1.0), (0, 0.0)])
+def test_a_warm_up_is_metered_by_the_energy_meters_alone(steps, energy):
+    counting = _Counting()
+    with WarmUp([_Peak(), counting], "cpu", steps) as warming:
+        pass
+    figures = warming.figures()
+    assert figures["warmup_energy_j"] == energy and counting.begun == (steps > 0)
+    assert figures["warmup_time_s"] >= 0 and (steps > 0 or figures["warmup_time_s"] == 0)
+
+
+def test_without_an_energy_meter_a_warm_up_is_timed_and_its_energy_unknown():
+    with WarmUp([_Peak()], "cpu", 2) as warming:
+        pass
+    assert warming.figures()["warmup_energy_j"] is None and warming.figures()["warmup_time_s"] >= 0

@@ -40,6 +40,8 @@ from petlprof.results.figures import (
     ENERGY_WINDOW,
     IDLE_POWER,
     MEAN_POWER,
+    WARMUP_ENERGY,
+    WARMUP_TIME,
 )
 from petlprof.results.grades import (
     ASSUMED_NVML_UPDATE_S,
@@ -404,6 +406,39 @@ def repeats_needed(phase: Mapping[str, Any]) -> int:
     return max(1, min(math.ceil(needed_s / window_s), MAX_REPEATS, math.floor(MAX_REPEAT_S / window_s)))
 
 
+def energy_meters(meters: list[Meter]) -> list[Meter]:
+    """The meters of ``meters`` that read the run's energy figure (``energy_j``)."""
+    return [m for m in meters if ENERGY in m.FIGURES]
+
+
+class WarmUp:
+    """A phase's warm-up steps, calls or repeats (allocator warm-up, lazy initialisation): outside the phase's
+    measured window, so their start-up costs never enter its figures, but timed and metered in a window of the
+    phase's energy meters alone, so what they cost is known and a search can charge it (:meth:`figures`:
+    ``warmup_time_s`` and ``warmup_energy_j``; the energy None without an energy meter or where one failed, and
+    0 for a phase without warm-ups, which runs no window).  Memory is not read: the phase's peak stays its
+    measured window's."""
+
+    def __init__(self, meters: list[Meter], device: str, steps: int):
+        self._window = Window(energy_meters(meters), device) if steps > 0 else None
+
+    def __enter__(self) -> WarmUp:
+        if self._window is not None:
+            self._window.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._window is not None:
+            self._window.__exit__(*exc)
+
+    def figures(self) -> dict[str, float | None]:
+        """``warmup_time_s`` (s, device-synchronised) and ``warmup_energy_j`` (J, by the phase's energy meter)."""
+        if self._window is None:
+            return {WARMUP_TIME: 0.0, WARMUP_ENERGY.name: 0.0}
+        self._window.reading.take_warnings()  # a short window's doubts belong to no figure the phase reports
+        return {WARMUP_TIME: self._window.time_s, WARMUP_ENERGY.name: self._window.reading.value(ENERGY)}
+
+
 def lengthened(phase: Mapping[str, Any], meters: list[Meter], device: str, work: Callable[[], None]) -> dict[str, Any]:
     """The energy keys of ``phase`` re-measured over :func:`repeats_needed` passes of ``work`` (one pass of the
     phase's measured work, run again without scoring) in a window of the energy meters alone, as per-pass figures:
@@ -411,10 +446,10 @@ def lengthened(phase: Mapping[str, Any], meters: list[Meter], device: str, work:
     pass is enough or cannot be helped.  The keys say how many passes (``energy_repeats``) and whether the cap
     stopped them short (``energy_repeat_cap``); time, latency and memory stay the first pass's."""
     repeats = repeats_needed(phase)
-    energy_meters = [m for m in meters if ENERGY in m.FIGURES]
-    if repeats <= 1 or not energy_meters:
+    metering = energy_meters(meters)
+    if repeats <= 1 or not metering:
         return {}
-    with Window(energy_meters, device) as window:
+    with Window(metering, device) as window:
         for _ in range(repeats):
             work()
     record = window.reading.record()

@@ -304,7 +304,12 @@ def overhead_line(results: Sequence[RunResult]) -> str | None:
     warmups, rest = sum(w for _, _, w in timed), [o - w for o, _, w in timed]
     timed_wall = sum(t for _, t, _ in timed)
     which = "" if len(timed) == len(pairs) else f" (over the {len(timed)} runs whose warm-ups were timed)"
+    # their energy where every one of those runs metered it (records since warm-ups were metered, with an energy meter)
+    energies = [r.warmup_energy_j for r in results if r.warmup_time_s is not None and r.overhead_s is not None]
+    known = [e for e in energies if e is not None]
+    metered = f", {sum(known):,.1f} J metered" if len(known) == len(energies) else ""
     return (
-        f"{line}; of it{which} {warmups:,.1f} s ({warmups / timed_wall:.0%}) the phases' warm-up steps (timed), the "
-        f"rest {sum(rest):,.1f} s ({sum(rest) / timed_wall:.0%}), median {statistics.median(rest):.1f} s a run"
+        f"{line}; of it{which} {warmups:,.1f} s ({warmups / timed_wall:.0%}) the phases' warm-up steps "
+        f"(timed{metered}), the rest {sum(rest):,.1f} s ({sum(rest) / timed_wall:.0%}), "
+        f"median {statistics.median(rest):.1f} s a run"
     )

@@ -22,6 +22,11 @@ def _number(value: float | None, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
 
+def _warmups(tuning: TuningResult) -> str:
+    """How much of the search's energy its trials' warm-up steps took (nothing for a search that did not meter them)."""
+    return "" if tuning.warmup_energy_j is None else f"; warm-ups {tuning.warmup_energy_j:,.1f} J of it"
+
+
 def _row(runs: Sequence[RunResult], tuning: TuningResult) -> list[str]:
     trains = [r.train[ENERGY] if r.train is not None else None for r in runs]
     known = [float(t) for t in trains if t is not None]
@@ -35,7 +40,7 @@ def _row(runs: Sequence[RunResult], tuning: TuningResult) -> list[str]:
         "-" if tuning.chosen is None else tuning.text(tuning.chosen),
         f"{_number(tuning.validation_score, '.4f')} {tuning.metric or ''}".strip(),
         f"{tuning.trials if tuning.trials is not None else '-'}{failed}",
-        f"{_number(tuning.energy_j, ',.1f')} ({tuning.energy_kind or 'unknown kind'})",
+        f"{_number(tuning.energy_j, ',.1f')} ({tuning.energy_kind or 'unknown kind'}{_warmups(tuning)})",
         _number(tuning.time_s, ",.1f"),
         f"{len(runs)}",
         "-" if share is None else f"{share:.0%}",
@@ -76,7 +81,8 @@ def search_section(records: Sequence[RunResult]) -> list[str]:
         f"Each configuration's {what} chosen before its runs ({flags}) by {strategy}, never on the "
         "evaluation split the tables report. Every trial is a real run, recorded in the output folder's "
         "`trials.jsonl`; the search's energy and time are its trials' train phases (their validation checks "
-        "included), by the runs' own energy meter. *Search share of energy*: the search's energy over the search "
+        "included, and their warm-up steps where the energy cell says so), by the runs' own energy meter. "
+        "*Search share of energy*: the search's energy over the search "
         "plus every seed's train phase. The plot *including the learning-rate search* charges each run its "
         "configuration's whole search.",
         "",

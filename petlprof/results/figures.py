@@ -136,6 +136,10 @@ ENERGY = Figure(
     "energy_j", "J", LOWER, DEVICE_ENERGY, "energy", ALL, "J",
     kind=ENERGY_KIND, source=ENERGY_SOURCE, per_rank=True, column="energy_j", grade="energy_grade",
 )  # fmt: skip
+# a phase's warm-up steps, calls or repeats, metered by its energy meters alone in a window of their own before the
+# measured one (petlprof.meters.energy.WarmUp): what the warm-ups cost, never part of the phase's energy_j
+WARMUP_ENERGY = Figure("warmup_energy_j", "J", LOWER, DEVICE_ENERGY, "warm-up energy", ALL)
+WARMUP_TIME = "warmup_time_s"  # the phase's key beside it: the warm-ups' device-synchronised wall time, not a Figure
 ENERGY_COUNTER = Figure("energy_counter_j", "J", LOWER, DEVICE_ENERGY, "energy counter", ALL)
 ENERGY_INTEGRATED = Figure("energy_integrated_j", "J", LOWER, DEVICE_ENERGY, "integrated power", ALL)
 PEAK_MEMORY = Figure(
@@ -268,6 +272,7 @@ FIGURES: tuple[Figure, ...] = (
     MEAN_POWER,
     CPU_TIME,
     CPU_CORES,
+    WARMUP_ENERGY,
     CODECARBON_ENERGY_J,
     CODECARBON_CPU,
     CODECARBON_GPU,

@@ -11,10 +11,11 @@ may lack a field added since.  ``SCHEMA_VERSION`` and ``RESULTS_FILE`` are defin
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from petlprof.results.figures import TIME
+from petlprof.results.figures import TIME, WARMUP_ENERGY, WARMUP_TIME
 
 if TYPE_CHECKING:  # shapes declared by the layers that build them, which this one may not import at run time
     from petlprof.meters.idle import IdleBaseline
@@ -51,7 +52,9 @@ class Phase(TypedDict, total=False):
     steps: int
     samples: int
     warmup_steps: int
-    warmup_time_s: float  # the warm-up steps' wall time, outside the window (part of the run's overhead_s)
+    # the warm-up steps' device-synchronised wall time, outside the window (part of the run's overhead_s); their
+    # energy, metered apart, is keyed by its declaration (figures.WARMUP_ENERGY)
+    warmup_time_s: float
     samples_per_s: float | None
     latency_s: Latency
     latency_source: str
@@ -157,7 +160,7 @@ class InferenceBatch(TypedDict, total=False):
     batch and per sample, samples per second and the meters' readings."""
 
     batch_size: int
-    warmup_time_s: float  # the unmeasured repeats' wall time, outside the window
+    warmup_time_s: float  # the warm-up repeats' wall time, outside the window (their energy: figures.WARMUP_ENERGY)
     repeats: int
     latency_source: str
     energy_per_sample_j: float | None
@@ -190,7 +193,7 @@ class GenerationBatch(TypedDict, total=False):
     second, energy per token and per response, time to first token, per-token latency and the meters' readings."""
 
     batch_size: int
-    warmup_time_s: float  # the unmeasured warm-up calls' wall time, outside the window
+    warmup_time_s: float  # the warm-up calls' wall time, outside the window (their energy: figures.WARMUP_ENERGY)
     batches: int  # generate calls in the window
     prompt_tokens: int
     response_tokens: int  # the responses' tokens without the EOS that ended them
@@ -501,8 +504,19 @@ def warmup_time_s(record: Mapping[str, Any]) -> float | None:
     """Seconds of the run's warm-up steps, calls and repeats (``warmup_time_s`` of each window that has them): the
     part of ``overhead_s`` that is unmeasured work of the phases themselves rather than the harness's.  None for a
     record with none timed (written before they were, or failed before its phases)."""
-    timed = [p["warmup_time_s"] for p in _windows(record) if isinstance(p.get("warmup_time_s"), (int, float))]
+    timed = [p[WARMUP_TIME] for p in _windows(record) if isinstance(p.get(WARMUP_TIME), (int, float))]
     return sum(timed) if timed else None
+
+
+def warmup_energy_j(record: Mapping[str, Any]) -> float | None:
+    """Joules of the run's warm-up steps, calls and repeats, each phase's metered apart by its energy meter
+    (:class:`petlprof.meters.energy.WarmUp`).  None unless every window with timed warm-ups has its energy (a record
+    written before they were metered, a run without an energy meter)."""
+    timed = [p for p in _windows(record) if isinstance(p.get(WARMUP_TIME), (int, float))]
+    energies = [WARMUP_ENERGY.of(p) for p in timed]
+    if not timed or not all(isinstance(e, (int, float)) and math.isfinite(e) for e in energies):
+        return None
+    return float(sum(energies))
 
 
 def add_overhead(record: RunRecord, process_wall_time_s: float) -> RunRecord:

@@ -21,9 +21,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from petlprof.results.figures import ENERGY, ENERGY_KIND, FIGURES, TIME, Figure
+from petlprof.results.figures import ENERGY, ENERGY_KIND, FIGURES, TIME, WARMUP_ENERGY, Figure
 from petlprof.results.grades import Grade, above_idle_grade, grade_of
-from petlprof.results.records import OK, warmup_time_s
+from petlprof.results.records import OK, warmup_energy_j, warmup_time_s
 from petlprof.vocabulary import LR
 
 # a value as JSON holds it (a record's field, a method config's value, a cell of the runs table)
@@ -205,6 +205,7 @@ class TuningResult:
     trials: int | None
     failed_trials: int | None
     energy_j: float | None  # the trials' train phases, their validation checks included; None: a trial unmeasured
+    warmup_energy_j: float | None  # of energy_j, the trials' warm-up steps (None: a search that did not meter them)
     energy_kind: str | None
     time_s: float | None
     wall_time_s: float | None
@@ -227,6 +228,7 @@ class TuningResult:
             trials=_int(value.get("trials")),
             failed_trials=_int(value.get("failed_trials")),
             energy_j=finite(value.get(ENERGY.name)),
+            warmup_energy_j=finite(value.get(WARMUP_ENERGY.name)),
             energy_kind=_text(value.get(ENERGY_KIND)),
             time_s=finite(value.get(TIME.name)),
             wall_time_s=finite(value.get("wall_time_s")),
@@ -353,6 +355,7 @@ class RunResult:
     overhead_s: float | None = None
     process_wall_time_s: float | None = None
     warmup_time_s: float | None = None  # of overhead_s, the phases' warm-up steps (None: a record without them timed)
+    warmup_energy_j: float | None = None  # their energy, metered apart (None: not metered, or no energy meter)
     predicted: Mapping[str, Any] = field(default_factory=dict)  # what the sweep predicted of it before it ran
 
     @classmethod
@@ -397,6 +400,7 @@ class RunResult:
             overhead_s=finite(data.get("overhead_s")),
             process_wall_time_s=finite(data.get("process_wall_time_s")),
             warmup_time_s=finite(warmup_time_s(data)),
+            warmup_energy_j=finite(warmup_energy_j(data)),
         )
 
     @classmethod

@@ -73,7 +73,7 @@ NODE_WIDE_ENERGY_METERS = frozenset({"rapl"})  # their counter covers the node, 
 ENERGY_FIELDS = figures.combined_by(figures.DEVICE_ENERGY)
 CODECARBON_FIELDS = figures.combined_by(figures.CODECARBON_ENERGY)
 # the figures the slowest or largest rank gives, and the warm-ups' wall time (ranks warm up side by side)
-MAX_FIELDS = (*(f.name for f in figures.FIGURES if f.ranks in (figures.SLOWEST, figures.MAX)), "warmup_time_s")
+MAX_FIELDS = (*(f.name for f in figures.FIGURES if f.ranks in (figures.SLOWEST, figures.MAX)), figures.WARMUP_TIME)
 KIND_FIELDS = tuple(dict.fromkeys(f.kind for f in figures.FIGURES if f.kind is not None))
 PER_RANK_FIELDS = tuple(f.name for f in figures.FIGURES if f.per_rank)
 

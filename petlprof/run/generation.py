@@ -36,7 +36,7 @@ import torch
 from petlprof.errors import StatusLine
 from petlprof.meters import Meter, Window
 from petlprof.meters.base import phase_warnings, synchronize
-from petlprof.meters.energy import SHORT_WINDOW_S
+from petlprof.meters.energy import SHORT_WINDOW_S, WarmUp
 from petlprof.models.language_model import greedy_generate
 from petlprof.results.figures import (
     ENERGY,
@@ -299,14 +299,7 @@ def measure_generation(
         rows = int(batches[0]["input_ids"].shape[0])
         progress.at("generation", rows)
         with autocast(precision, device), StatusLine(f"{label} generation, batch {rows}") as line:
-            started = time.perf_counter()
-            for step in range(warmup_steps):
-                line.update(f"warm-up call {step + 1} of {warmup_steps}")
-                decoding.call(batches[step % len(batches)], max_new_tokens=min(max_new_tokens, WARMUP_NEW_TOKENS))
-            warmup_s = time.perf_counter() - started
-            line.update(f"measuring: up to {limit} calls of {max_new_tokens} new tokens, at least {min_window_s:g} s")
-            entry = _measure(decoding, batches, make_meters(rows), limit, min_window_s)
-            entry["warmup_time_s"] = warmup_s
+            entry = _batch_size(decoding, batches, make_meters(rows), warmup_steps, limit, min_window_s, line)
             if side is not None:
                 entry["side_network"] = side_network_share(decoding, side, batches[0])
         if (time_s := TIME.of(entry)) is not None and time_s < min_window_s:
@@ -318,17 +311,36 @@ def measure_generation(
     return cast(Generation, {**phase, **measured})  # batch_<rows> keys: the rows each batch size had name them
 
 
-def _measure(decoding: Decoding, batches, meters: list[Meter], limit: int, min_window_s: float) -> GenerationBatch:
-    """One batch size's window: batch after batch until the stopping rule, then its figures."""
-    calls: list[tuple[list[list[int]], Timeline]] = []
+def _batch_size(
+    decoding: Decoding, batches, meters: list[Meter], warmup_steps: int, limit: int, min_window_s: float, line
+) -> GenerationBatch:
+    """One batch size: its warm-up calls (:class:`~petlprof.meters.energy.WarmUp`, a few new tokens each), then its
+    measured window (:func:`_measure`); ``line`` says which on the terminal."""
     try:
-        with Window(meters, decoding.device) as window:
-            t0 = time.perf_counter()
-            while len(calls) < limit and (len(calls) < MIN_BATCHES or time.perf_counter() - t0 < min_window_s):
-                calls.append(decoding.timed(batches[len(calls) % len(batches)]))
+        with WarmUp(meters, decoding.device, warmup_steps) as warming:
+            for step in range(warmup_steps):
+                line.update(f"warm-up call {step + 1} of {warmup_steps}")
+                decoding.call(
+                    batches[step % len(batches)], max_new_tokens=min(decoding.max_new_tokens, WARMUP_NEW_TOKENS)
+                )
+        line.update(
+            f"measuring: up to {limit} calls of {decoding.max_new_tokens} new tokens, at least {min_window_s:g} s"
+        )
+        entry = _measure(decoding, batches, meters, limit, min_window_s)
     finally:
         for meter in meters:
             meter.close()
+    # the warm-ups' figures are keyed by their declarations (WARMUP_ENERGY.name): the entry is cast
+    return cast(GenerationBatch, {**entry, **warming.figures()})
+
+
+def _measure(decoding: Decoding, batches, meters: list[Meter], limit: int, min_window_s: float) -> GenerationBatch:
+    """One batch size's window: batch after batch until the stopping rule, then its figures."""
+    calls: list[tuple[list[list[int]], Timeline]] = []
+    with Window(meters, decoding.device) as window:
+        t0 = time.perf_counter()
+        while len(calls) < limit and (len(calls) < MIN_BATCHES or time.perf_counter() - t0 < min_window_s):
+            calls.append(decoding.timed(batches[len(calls) % len(batches)]))
     warnings = phase_warnings(window.reading)
     resolved = [(out, timeline.resolve()) for out, timeline in calls]
     figures = _figures(resolved, batches, window, int(batches[0]["input_ids"].shape[0]))

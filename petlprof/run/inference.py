@@ -20,7 +20,7 @@ import torch
 
 from petlprof.meters import Meter, Window
 from petlprof.meters.base import phase_warnings
-from petlprof.meters.energy import SHORT_WINDOW_S
+from petlprof.meters.energy import SHORT_WINDOW_S, WarmUp
 from petlprof.meters.latency import StepTimer
 from petlprof.results.figures import ENERGY, LATENCY, LATENCY_PER_SAMPLE, SAMPLES_PER_S, TIME
 from petlprof.results.records import Inference, InferenceBatch
@@ -65,13 +65,11 @@ def measure_inference(
         progress.at("inference", size)
         fixed = Batches(batches.encodings[:size], batches.labels[:size], size, batches.tokenizer)
         inputs, _ = next(fixed.iterate(device))
-        started = time.perf_counter()
-        with autocast(precision, device):
-            for _ in range(warmup_steps):
-                model(**inputs)
-        warmup_s = time.perf_counter() - started
         timer, repeats, meters = StepTimer(device), 0, make_meters(size)
         try:
+            with WarmUp(meters, device, warmup_steps) as warming, autocast(precision, device):
+                for _ in range(warmup_steps):
+                    model(**inputs)
             with Window(meters, device) as window, autocast(precision, device):
                 t0 = time.perf_counter()
                 while repeats < MAX_REPEATS and (repeats < MIN_REPEATS or time.perf_counter() - t0 < min_window_s):
@@ -91,7 +89,7 @@ def measure_inference(
             {
                 "batch_size": size,
                 "repeats": repeats,
-                "warmup_time_s": warmup_s,
+                **warming.figures(),
                 TIME.name: window.time_s,
                 LATENCY.name: percentiles(latencies),
                 LATENCY_PER_SAMPLE.name: percentiles([t / size for t in latencies]),

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import itertools
 import math
-import time
 
 import torch
 
 from petlprof.meters import Window
+from petlprof.meters.energy import WarmUp
 from petlprof.meters.latency import StepTimer
 from petlprof.results.records import EvalPhase
 from petlprof.run.ranks import ONE_PROCESS
@@ -83,15 +83,14 @@ def evaluate_lm(
     prompts = math.ceil(len(batches.references) / batches.batch_size)
     order = enumerate(batches.batch_indices())
     with io.bar(len(batches) + prompts, "batch", ONE_PROCESS) as bar:
-        started = time.perf_counter()
-        total, tokens = _loss_pass(model, batches, io, precision, itertools.islice(order, warmup), bar)
-        warmup_s = time.perf_counter() - started
+        with WarmUp(io.meters, io.device, warmup) as warming:
+            total, tokens = _loss_pass(model, batches, io, precision, itertools.islice(order, warmup), bar)
         with window:
             rest_total, rest_tokens = _loss_pass(model, batches, io, precision, order, bar)
             texts = generate_texts(model, batches, io.device, precision, generate, max_new_tokens, timer, bar)
     mean = (total + rest_total) / max(tokens + rest_tokens, 1)
     summary: EvalPhase = {
-        **phase_summary(window, timer, prompts, len(texts), warmup, warmup_steps, warmup_s),
+        **phase_summary(window, timer, prompts, len(texts), warming, warmup, warmup_steps),
         "eval_loss": mean,
         "perplexity": math.exp(mean) if mean < 700 else None,  # past e**700 a float overflows
         "target_tokens": tokens + rest_tokens,

@@ -19,7 +19,6 @@ import contextlib
 import functools
 import itertools
 import math
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -30,7 +29,7 @@ from tqdm.auto import tqdm
 
 from petlprof.meters import Window
 from petlprof.meters.base import phase_warnings
-from petlprof.meters.energy import lengthened
+from petlprof.meters.energy import WarmUp, lengthened
 from petlprof.meters.latency import StepTimer
 from petlprof.results.figures import LATENCY, SAMPLES, SAMPLES_PER_S, TIME, TOKENS, TOKENS_PER_S, rate
 from petlprof.results.records import Divergence, EvalPhase, FailedAt, Latency, Phase, TrainPhase
@@ -110,11 +109,9 @@ def percentiles(latencies: list[float]) -> Latency:
     return {"p50": float(p50), "p90": float(p90), "p99": float(p99), "mean": float(np.mean(latencies))}
 
 
-def phase_summary(
-    window: Window, timer: StepTimer, steps, samples, warmup, requested_warmup, warmup_time_s: float = 0.0
-) -> Phase:
+def phase_summary(window: Window, timer: StepTimer, steps, samples, warmed: WarmUp, warmup, requested_warmup) -> Phase:
     """A measured phase's fixed figures and its window's reading (:class:`petlprof.results.records.Phase`);
-    ``warmup_time_s``: the wall time of its warm-up steps, before the window."""
+    ``warmed``: its ``warmup`` warm-up steps before the window, with their time and energy."""
     warnings = phase_warnings(window.reading)
     if warmup < requested_warmup:
         warnings.append(
@@ -129,7 +126,7 @@ def phase_summary(
             "steps": steps,
             SAMPLES.name: samples,
             "warmup_steps": warmup,
-            "warmup_time_s": warmup_time_s,
+            **warmed.figures(),
             SAMPLES_PER_S.name: rate(samples, window.time_s),
             LATENCY.name: percentiles(timer.latencies_s()),
             "latency_source": timer.source,
@@ -301,9 +298,8 @@ def train(
     model.train()
     window = Window(io.meters, io.device)
     with io.bar(total, "step", ranks, leave=True) as bar:
-        started = time.perf_counter()
-        warmed = all(fit.step(batch, bar, measured=False) for batch in itertools.islice(order, warmup))
-        warmup_s = time.perf_counter() - started
+        with WarmUp(io.meters, io.device, warmup) as warming:
+            warmed = all(fit.step(batch, bar, measured=False) for batch in itertools.islice(order, warmup))
         if warmed:  # a run that diverged in its warm-up has no measured window
             with window:
                 for batch in order:
@@ -312,7 +308,7 @@ def train(
     del fit.optimizer
     losses = ranks.sum_over(fit.losses)
     measured = max(fit.steps - warmup, 0)
-    phase = phase_summary(window, fit.timer, measured, fit.samples, warmup, steps.warmup_steps, warmup_s)
+    phase = phase_summary(window, fit.timer, measured, fit.samples, warming, warmup, steps.warmup_steps)
     # the tokens and their rate are keyed by their declarations, like the reading's figures
     summary = cast(TrainPhase, {**phase, TOKENS.name: fit.tokens, TOKENS_PER_S.name: rate(fit.tokens, window.time_s)})
     summary["epochs_run"] = round(fit.micro_batches / len(batches), 3)
@@ -387,14 +383,13 @@ def evaluate(
     seen, window = _Predictions(model, batches, io, ranks, precision), Window(io.meters, io.device)
     order = enumerate(batches.batch_indices())
     with io.bar(len(batches), "batch", ranks) as bar:
-        started = time.perf_counter()
-        for step, batch in itertools.islice(order, warmup):
-            seen.batch(step, batch, bar, measured=False)
-        warmup_s = time.perf_counter() - started
+        with WarmUp(io.meters, io.device, warmup) as warming:
+            for step, batch in itertools.islice(order, warmup):
+                seen.batch(step, batch, bar, measured=False)
         with window:
             for step, batch in order:
                 seen.batch(step, batch, bar, measured=True)
-    phase = phase_summary(window, seen.timer, len(batches) - warmup, seen.samples, warmup, warmup_steps, warmup_s)
+    phase = phase_summary(window, seen.timer, len(batches) - warmup, seen.samples, warming, warmup, warmup_steps)
     if ranks.world_size == 1:  # a window too short for its energy counter: the same passes again, for energy only
         measured = list(batches.batch_indices())[warmup:]
         again = functools.partial(_forward, model, batches, measured, io, precision)

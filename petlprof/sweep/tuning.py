@@ -33,8 +33,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from petlprof.registry import get_method
-from petlprof.results.figures import ENERGY, ENERGY_KIND, HIGHER, TIME
-from petlprof.results.result import RunResult
+from petlprof.results.figures import ENERGY, ENERGY_KIND, HIGHER, TIME, WARMUP_ENERGY, WARMUP_TIME
+from petlprof.results.result import PhaseResult, RunResult, finite
 from petlprof.sweep.options import knob_target
 from petlprof.sweep.spec import RunSpec
 from petlprof.tasks.metrics import direction
@@ -141,16 +141,24 @@ def trial_score(record: Mapping[str, Any]) -> float | None:
     return result.budget.checks[-1].value
 
 
+def _log_distance(value: float, default: float) -> float:
+    """How far ``value`` is from ``default`` on the log scale (a grid such as ``last = 1, 4, 0`` has values a log
+    cannot take: 0 from itself, infinitely far from the rest)."""
+    if value > 0 and default > 0:
+        return abs(math.log(value / default))
+    return 0.0 if value == default else math.inf
+
+
 def ranked(scores: Mapping[Point, float | None], metric: str, default: Point) -> list[Point]:
     """The points best first by ``scores`` (in ``metric``'s better direction); a tie goes to the point nearer
-    ``default`` on the log scale (summed over its targets), then to the smaller values; points without a score come
-    last."""
+    ``default`` on the log scale (summed over its targets; a knob value or default of 0 or below is no distance from
+    itself and infinitely far from anything else), then to the smaller values; points without a score come last."""
     sign = -1.0 if direction(metric) == HIGHER else 1.0
     defaults = dict(default)
 
     def key(point: Point) -> tuple:
         score = scores[point]
-        distance = sum(abs(math.log(value / defaults[target])) for target, value in point)
+        distance = sum(_log_distance(value, defaults[target]) for target, value in point)
         return (score is None, sign * score if score is not None else 0.0, distance, tuple(v for _, v in point))
 
     return sorted(scores, key=key)
@@ -164,6 +172,17 @@ def promoted(scores: Mapping[Point, float | None], keep: int, metric: str, defau
 def choose(scores: Mapping[Point, float | None], metric: str, default: Point) -> Point:
     """The point the last rung chose."""
     return ranked(scores, metric, default)[0]
+
+
+def _warmups(trains: Sequence[PhaseResult | None]) -> tuple[float | None, float | None]:
+    """(J, s) of the trials' training warm-up steps, metered apart from their windows
+    (:class:`~petlprof.meters.energy.WarmUp`); each None unless every trial's is recorded."""
+    energies = [None if t is None else t[WARMUP_ENERGY] for t in trains]
+    times = [None if t is None else finite(t.raw(WARMUP_TIME)) for t in trains]
+    return (
+        sum(e for e in energies if e is not None) if None not in energies else None,
+        sum(t for t in times if t is not None) if None not in times and None not in energies else None,
+    )
 
 
 @dataclasses.dataclass
@@ -209,14 +228,17 @@ class Search:
 
     def summary(self) -> dict[str, Any]:
         """What the final runs' records carry as ``tuning``: the search's trials, its energy (with how it was
-        obtained) and time, both the trials' train phases' with their checks, and their processes' wall time
-        (measured), the space, the strategy, the chosen point and the validation score that chose it.  A search of
-        the learning rate alone keeps the first form of the record (``target`` ``lr``, ``space`` and ``chosen`` as
-        numbers); one with a knob names its targets and gives each point as ``{target: value}``."""
+        obtained) and time, both the trials' train phases' with their checks and, where every trial metered them,
+        their warm-up steps (that part also on its own: ``warmup_energy_j``, ``warmup_time_s``; None where a trial
+        written before warm-ups were metered has none), and their processes' wall time (measured), the space, the
+        strategy, the chosen point and the validation score that chose it.  A search of the learning rate alone
+        keeps the first form of the record (``target`` ``lr``, ``space`` and ``chosen`` as numbers); one with a
+        knob names its targets and gives each point as ``{target: value}``."""
         results = [RunResult.of(r) for r in self.records]
         trains = [r.train for r in results]
         energies = [None if t is None else t[ENERGY] for t in trains]
         known = [float(e) for e in energies if e is not None]
+        warmups = _warmups(trains)
         last = self.scores[-1] if self.scores else {}
         lr_only = self.targets == [LR]
         chosen = self.chosen
@@ -227,9 +249,11 @@ class Search:
             "rungs": [{"steps": steps, "trials": n} for steps, n in self.rungs],
             "trials": len(results),
             "failed_trials": sum(1 for r in results if not r.ok),
-            ENERGY.name: sum(known) if len(known) == len(energies) else None,
+            ENERGY.name: sum(known) + (warmups[0] or 0.0) if len(known) == len(energies) else None,
             ENERGY_KIND: "/".join(sorted({k for t in trains if t is not None and (k := t.text(ENERGY_KIND))})) or None,
-            TIME.name: sum(float(t[TIME] or 0.0) for t in trains if t is not None),
+            TIME.name: sum(float(t[TIME] or 0.0) for t in trains if t is not None) + (warmups[1] or 0.0),
+            WARMUP_ENERGY.name: warmups[0],
+            WARMUP_TIME: warmups[1],
             "wall_time_s": sum(float(r.process_wall_time_s or r.data.get("wall_time_s") or 0.0) for r in results),
             "chosen": None if chosen is None else chosen[0][1] if lr_only else dict(chosen),
             "metric": self.metric,
