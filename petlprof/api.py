@@ -150,7 +150,12 @@ def predictions_of(options: Any) -> Any:
         def lm_lengths(spec) -> tuple[int, int]:
             return rows_of(spec.task, spec.backbone)
 
-        return predict_runs(specs, lambda task: int(sweep_task(options, task).num_labels or 2), lm_lengths)
+        def objective_of(spec) -> str:  # --objective auto resolved as the run resolves it: by its task
+            return sweep_task(options, spec.task).objective
+
+        return predict_runs(
+            specs, lambda task: int(sweep_task(options, task).num_labels or 2), lm_lengths, objective_of
+        )
 
     return predict
 

@@ -66,6 +66,21 @@ def test_a_product_timed_at_its_shape_computes_at_its_own_rate():
     assert prediction([product], [], DEVICE, "float32", rates)["products_timed_at_their_shapes"] == 1
 
 
+def test_cpu_attention_is_timed_at_its_shape_forward_and_backward():
+    """Priced at the product rate, LST's attention on MiniLM came to 6 ms where it ran 42 ms: each call's shape is
+    timed on this CPU, forward and backward, with its mask, at a rate in the FLOPs the trace counts for it."""
+    from petlprof.estimate.products import _flops, product_rates
+    from petlprof.estimate.trace import SDPA, SDPA_BACKWARD
+
+    shapes = ((2, 4, 16, 8), (2, 4, 16, 8), (2, 4, 16, 8), (2, 1, 16, 16), 0.0, False)
+    forward, backward = (SDPA, *shapes), (SDPA_BACKWARD, *shapes)
+    assert _flops(forward) == 4 * 2 * 4 * 16 * 16 * 8 and _flops(backward) == 2.5 * _flops(forward)
+    rates = product_rates([(_flops(k), 0, 0, k) for k in (forward, backward)], "float32")
+    assert set(rates) == {forward, backward} and all(r > 0 for r in rates.values())
+    unmasked = (SDPA, *shapes[:3], None, 0.0, True)
+    assert product_rates([(0, 0, 0, unmasked)], "float32")[unmasked] > 0
+
+
 def test_the_products_small_enough_are_timed_once_at_their_shapes():
     from petlprof.estimate.products import MAX_TIMED_FLOP, _rate, product_rates
 
@@ -225,7 +240,8 @@ def test_estimate_on_a_gpu_predicts_from_the_table_uncalibrated(tmp_path):
 def test_every_counted_kernel_is_in_the_ops_the_roofline_prices():
     """The trace's per-kernel FLOPs add up to the step's FLOPs: none priced twice, none left out."""
     from petlprof.estimate.model import build, resolve_backbone
-    from petlprof.estimate.trace import example_batch, inference_batch, train_steps
+    from petlprof.estimate.products import _flops
+    from petlprof.estimate.trace import SDPA, SDPA_BACKWARD, example_batch, inference_batch, train_steps
     from petlprof.registry import get_method
 
     resolved = resolve_backbone("tiny-bert", None)
@@ -237,8 +253,18 @@ def test_every_counted_kernel_is_in_the_ops_the_roofline_prices():
     assert not train_steps(model, inputs, labels, device="cpu").op_costs  # off unless a prediction asks
     for trace in (train, infer):
         assert sum(c[0] for c in trace.op_costs) == trace.flops and all(c[1] >= 0 for c in trace.op_costs)
-        products = [c for c in trace.op_costs if c[3]]  # each product with its (batch, M, K, N): its FLOPs
-        assert products and all(c[0] == 2 * math.prod(c[3]) for c in products)
+        # each kernel a CPU profile times at its shape (a product's (batch, M, K, N), attention's shapes) has the FLOPs
+        # the timing divides by: the rate it is priced at is its own
+        timed = [c for c in trace.op_costs if c[3]]
+        assert timed and all(c[0] == _flops(c[3]) for c in timed)
+    # LoRA trains the backbone's attention with dropout: torch's math path in training, flash in evaluation; LST's
+    # side network trains its attention without it: flash both ways, its backward timed too
+    side = build(resolved, get_method("lst"), get_method("lst").make_config({}), 2).model
+    kinds = [
+        {c[3][0] for c in trace.op_costs if c[3] and isinstance(c[3][0], str)}
+        for trace in (train, infer, train_steps(side, inputs, labels, device="cpu", op_costs=True))
+    ]
+    assert kinds == [set(), {SDPA}, {SDPA, SDPA_BACKWARD}]
     assert len(train.op_costs) > len(infer.op_costs) > 10
     # dropout's masks are drawn in training (at least the embeddings' output: 4 x 16 tokens x width), never in eval
     drawn = sum(c[2] for c in train.op_costs)
@@ -293,7 +319,10 @@ def test_a_language_modelling_run_is_predicted_at_its_datas_longest_rows_with_it
     assert broken == {"kind": "predicted", "error": "ZeroDivisionError: division by zero"}
 
 
-def test_a_sweeps_predictions_price_its_lm_runs_at_their_tasks_rows_and_skip_zero_shot(profiles):
+@pytest.mark.parametrize("objective", ["lm", "auto"])
+def test_a_sweeps_predictions_price_its_lm_runs_at_their_tasks_rows_and_skip_zero_shot(profiles, objective):
+    """``--objective auto`` (the default) on a generative task trains the LM head: it is priced so, not as a classifier
+    of max_length tokens (which it once was, its spec's objective read as given)."""
     from petlprof.api import predictions_of
     from petlprof.sweep.config import expand, sweep_task
     from petlprof.sweep.lengths import longest_rows
@@ -301,7 +330,7 @@ def test_a_sweeps_predictions_price_its_lm_runs_at_their_tasks_rows_and_skip_zer
 
     prof.save_profile(cal.calibrate("cpu", seconds=0.02), "cpu")
     options = RunOptions(
-        methods=["zero_shot", "lora"], backbone=["tiny-gpt2"], task=["arith"], objective="lm", train_size=40
+        methods=["zero_shot", "lora"], backbone=["tiny-gpt2"], task=["arith"], objective=objective, train_size=40
     )
     specs = expand(options, "cpu")
     out = predictions_of(options)(specs)

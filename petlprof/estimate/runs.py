@@ -57,10 +57,15 @@ def device_model(device: str) -> DeviceModel | None:
 
 
 def predict_runs(
-    specs: Sequence[Any], num_labels: Callable[[str], int], lm_lengths: LmLengths | None = None
+    specs: Sequence[Any],
+    num_labels: Callable[[str], int],
+    lm_lengths: LmLengths | None = None,
+    objective_of: Callable[[Any], str] | None = None,
 ) -> dict[str, dict]:
     """Run key -> the ``predicted`` block of its record (module docstring), one estimate per configuration;
-    ``lm_lengths`` prices the language-modelling runs (none without it: their record says why)."""
+    ``lm_lengths`` prices the language-modelling runs (none without it: their record says why); ``objective_of``: a
+    run's objective as its task resolves it (``--objective auto``: a generative task's runs train their LM head),
+    else the spec's."""
     if not specs:
         return {}
     model = device_model(specs[0].device)
@@ -77,18 +82,23 @@ def predict_runs(
     for spec in specs:
         config = spec.config_key
         if config not in by_config:
-            by_config[config] = _predicted(spec, model, num_labels, lm_lengths, Settings, estimate, resolve_backbone)
+            objective = objective_of(spec) if objective_of is not None else spec.objective
+            by_config[config] = _predicted(
+                spec, objective, model, num_labels, lm_lengths, Settings, estimate, resolve_backbone
+            )
         out[spec.run_key] = by_config[config]
     return out
 
 
-def _predicted(spec, model: DeviceModel, num_labels, lm_lengths, settings_class, estimate, resolve_backbone) -> dict:
-    """One configuration's ``predicted`` block (or why there is none)."""
+def _predicted(
+    spec, objective_name: str, model: DeviceModel, num_labels, lm_lengths, settings_class, estimate, resolve_backbone
+) -> dict:
+    """One configuration's ``predicted`` block (or why there is none), on the run's resolved ``objective_name``."""
     if spec.method == ZERO_SHOT:
         return {"kind": "predicted", "error": "zero-shot trains nothing: no training step to predict"}
     priced, objective = PRICED, {"max_length": spec.max_length, "objective": CLASSIFICATION}
     try:
-        if spec.objective == LM:
+        if objective_name == LM:
             if lm_lengths is None:
                 return {"kind": "predicted", "error": "no token lengths to price the language-modelling step at"}
             prompt, target = lm_lengths(spec)

@@ -140,7 +140,8 @@ class MetaTrace(TorchDispatchMode):
             flops = formula(*args, **kwargs, out_val=out) if formula is not None else 0
             self.flops += flops
             if self.record_costs and func is not _PRIM_DEVICE and not _is_view(func):  # a view launches no kernel
-                self.op_costs.append((flops, _bytes_moved(args, kwargs, out), _drawn(func, out), _product(func, args)))
+                cost = (flops, _bytes_moved(args, kwargs, out), _drawn(func, out), _timed_shape(func, args, kwargs))
+                self.op_costs.append(cost)
         return out
 
     def _run(self, func, args, kwargs) -> tuple[Any, set[int]]:
@@ -327,6 +328,28 @@ def _drawn(func, out) -> int:
         return 0
     first = out[0] if isinstance(out, (tuple, list)) and out else out
     return first.numel() if isinstance(first, torch.Tensor) else 0
+
+
+SDPA, SDPA_BACKWARD = "sdpa", "sdpa_backward"  # the first item of a CPU attention kernel's shape key
+_CPU_ATTENTION: dict[Any, tuple[str, int, int, int]] = {
+    aten._scaled_dot_product_flash_attention_for_cpu: (SDPA, 0, 3, 4),  # kind, query's position, dropout's, causal's
+    aten._scaled_dot_product_flash_attention_for_cpu_backward: (SDPA_BACKWARD, 1, 6, 7),
+}
+
+
+def _timed_shape(func, args: tuple, kwargs: dict) -> tuple:
+    """What a CPU profile times this kernel at its own shape by (:mod:`petlprof.estimate.products`): a matrix
+    product's (batch, M, K, N), CPU flash attention's (:data:`SDPA` or :data:`SDPA_BACKWARD`, query, key and value
+    shapes, the mask's shape or None, dropout, causal), else ()."""
+    attention = _CPU_ATTENTION.get(getattr(func, "_overloadpacket", None))
+    if attention is None:
+        return _product(func, args)
+    kind, query, dropout, causal = attention
+    q, k, v = (tuple(t.shape) for t in args[query : query + 3])
+    mask = kwargs.get("attn_mask")
+    dropout_p = args[dropout] if len(args) > dropout else kwargs.get("dropout_p", 0.0)
+    is_causal = args[causal] if len(args) > causal else kwargs.get("is_causal", False)
+    return (kind, q, k, v, None if mask is None else tuple(mask.shape), float(dropout_p), bool(is_causal))
 
 
 def _product(func, args: tuple) -> tuple[int, ...]:
