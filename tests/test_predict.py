@@ -391,7 +391,11 @@ def test_a_cpu_never_calibrated_predicts_nothing(profiles):
     assert predict_runs([RunSpec(method="lora")], lambda task: 2) == {}
 
 
-def test_a_sweep_keeps_each_runs_prediction_in_its_record_and_the_report_compares_them(profiles, tmp_path):
+@pytest.mark.parametrize("meters", [[], ["--meters", "cpu-tensors"]], ids=["rss", "cpu-tensors"])
+def test_a_sweep_keeps_each_runs_prediction_in_its_record_and_the_report_compares_them(profiles, tmp_path, meters):
+    """The memory column compares the predicted peak with the RSS, or, where every run counted its live tensors
+    (``--meters cpu-tensors``), with those: what the prediction counts (on tiny-bert, every batch as long as the
+    prediction prices it, the same bytes)."""
     prof.save_profile(cal.calibrate("cpu", seconds=0.02), "cpu")
     out = tmp_path / "out"
     args = ["run", "--methods", "lora,bitfit", "--backbone", "tiny-bert", "--train-size", "32", "--eval-size", "16"]
@@ -405,6 +409,7 @@ def test_a_sweep_keeps_each_runs_prediction_in_its_record_and_the_report_compare
         "--in-process",
         "--output",
         str(out),
+        *meters,
     ]
     assert main(args) == 0
     stored = records_of(out)
@@ -413,6 +418,14 @@ def test_a_sweep_keeps_each_runs_prediction_in_its_record_and_the_report_compare
     section = report.split("## Predicted and measured")[1].split("\n## ")[0]
     assert "| tweets / tiny-bert / lora r=8 | 1 |" in section
     assert "| in the runs (estimated) |" in section  # this machine's energy is the labelled estimate
+    if meters:
+        assert "| in the runs (measured: live tensors, cpu-tensors) |" in section and "RSS" not in section
+        for record in stored:
+            predicted, counted = record["predicted"]["train"]["peak_memory_bytes"], record["train"]["peak_tensor_bytes"]
+            assert predicted == pytest.approx(counted, rel=0.01), record["method"]
+            assert f"| {predicted / counted:.2f} |" in section
+    else:
+        assert "| in the runs (measured) |" in section and "the RSS high-water mark" in section
 
 
 def records_of(out) -> list[dict]:

@@ -20,6 +20,7 @@ import weakref
 from typing import Any
 
 from petlprof.meters.base import Meter, Reading
+from petlprof.results.figures import PEAK_TENSORS
 from petlprof.vocabulary import MEASURED
 
 _COMPOSITES: dict = {}  # operation -> whether a dispatch mode runs its composite kernel (see runs_composite)
@@ -115,7 +116,7 @@ class CpuTensorMeter(Meter):
     """Peak bytes of live CPU tensors during the window (see the module docstring)."""
 
     name = "cpu-tensors"
-    OWN = ("peak_tensor_bytes",)
+    OWN = (PEAK_TENSORS,)
     EXTRAS = ("tensor_resident_bytes", "tensor_peak_new_bytes", "tensor_kind", "tensor_source")
 
     def __init__(self, device: str = "cpu", resident_bytes: int = 0):
@@ -140,12 +141,12 @@ class CpuTensorMeter(Meter):
         self._mode.__exit__(None, None, None)
         if self.device != "cpu":
             return Reading(
-                extras={"peak_tensor_bytes": None},
+                extras={PEAK_TENSORS: None},
                 warnings=[f"cpu-tensors counts CPU tensors only; the run is on {self.device}"],
             )
         return Reading(
             extras={
-                "peak_tensor_bytes": self.resident_bytes + self._mode.peak_bytes,
+                PEAK_TENSORS: self.resident_bytes + self._mode.peak_bytes,
                 "tensor_resident_bytes": self.resident_bytes,
                 "tensor_peak_new_bytes": self._mode.peak_bytes,
                 "tensor_kind": MEASURED,

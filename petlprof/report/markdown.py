@@ -67,6 +67,7 @@ from petlprof.results.figures import (
     LATENCY,
     MEMORY_SOURCE,
     PEAK_MEMORY,
+    PEAK_TENSORS,
 )
 from petlprof.results.grades import GRADES, Grade
 from petlprof.results.records import DIVERGED
@@ -366,13 +367,19 @@ def _predicted(records: Sequence[RunResult]) -> list[str]:
     for record in sorted(records, key=sort_key):
         if is_ok(record) and record.predicted.get("train") and record.train is not None:
             by_config.setdefault(f"{record.task} / {record.backbone} / {run_label(record)}", []).append(record)
+    # live tensors (the cpu-tensors meter) where every run has them: what the prediction counts, unlike the RSS
+    tensors = all(
+        isinstance(r.train.raw(PEAK_TENSORS), (int, float)) for group in by_config.values() for r in group if r.train
+    )
     for name, group in by_config.items():
         predicted = group[0].predicted["train"]
         steps = [r.train.raw("steps") or 0 for r in group if r.train is not None]
         measured = {
             "time": _mean([r.train[LATENCY] for r in group if r.train is not None]),
             "energy": _mean([(r.train[ENERGY] or 0) / s for r, s in zip(group, steps) if r.train is not None and s]),
-            "memory": _mean([r.train[PEAK_MEMORY] for r in group if r.train is not None]),
+            "memory": _mean(
+                [r.train.raw(PEAK_TENSORS) if tensors else r.train[PEAK_MEMORY] for r in group if r.train is not None]
+            ),
         }
         cells = [name, str(len(group))]
         for key, what, scale, unit in (
@@ -394,17 +401,23 @@ def _predicted(records: Sequence[RunResult]) -> list[str]:
     calibrated = "calibrated on this machine" if first.get("calibrated") else "uncalibrated"
     kinds = sorted({text(r.train.text(ENERGY_KIND)) for group in by_config.values() for r in group if r.train})
     headers = ["configuration", "seeds"]
-    for what, run in (("step time", "measured"), ("energy per step", "/".join(kinds)), ("peak memory", "measured")):
+    memory = "measured: live tensors, cpu-tensors" if tensors else "measured"
+    for what, run in (("step time", "measured"), ("energy per step", "/".join(kinds)), ("peak memory", memory)):
         headers += [f"{what} predicted", f"in the runs ({run})", "predicted / in the runs"]
+    meter = (
+        "the live tensors the `cpu-tensors` meter counted, as the prediction counts them (that meter slows each step: "
+        "time a sweep without it)"
+        if tensors
+        else "as the run's memory meter reads it: on a CPU the RSS high-water mark, which also holds the data, the "
+        "tokenizer and the allocator's cache; `--meters cpu-tensors` counts tensors as the prediction does"
+    )
     return [
         "## Predicted and measured",
         "",
         f"What the sweep predicted of each configuration before running it ({first.get('device')}, {calibrated}; "
         f"{first.get('priced')}), against what its runs recorded: the median train step (latency p50), the train "
-        "phase's energy per optimiser step and its peak memory (as the run's memory meter reads it: on a CPU the RSS "
-        "high-water mark, which also holds the data, the tokenizer and the allocator's cache; `--meters cpu-tensors` "
-        "counts tensors as the prediction does), means over the seeds.  The model and its known misses: "
-        "docs/estimating.md.",
+        f"phase's energy per optimiser step and its peak memory ({meter}), means over the seeds.  The model and its "
+        "known misses: docs/estimating.md.",
         "",
         render_markdown(headers, rows, [False, True] + [True] * 9),
         "",

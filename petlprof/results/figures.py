@@ -139,6 +139,9 @@ ENERGY = Figure(
 # a phase's warm-up steps, calls or repeats, metered by its energy meters alone in a window of their own before the
 # measured one (petlprof.meters.energy.WarmUp): what the warm-ups cost, never part of the phase's energy_j
 WARMUP_ENERGY = Figure("warmup_energy_j", "J", LOWER, DEVICE_ENERGY, "warm-up energy", ALL)
+# the cpu-tensors meter's own figure (petlprof.meters.tensors): a phase's peak of live tensor bytes, as an estimate
+# counts them (not a Figure: no rank rule, no column)
+PEAK_TENSORS = "peak_tensor_bytes"
 WARMUP_TIME = "warmup_time_s"  # the phase's key beside it: the warm-ups' device-synchronised wall time, not a Figure
 ENERGY_COUNTER = Figure("energy_counter_j", "J", LOWER, DEVICE_ENERGY, "energy counter", ALL)
 ENERGY_INTEGRATED = Figure("energy_integrated_j", "J", LOWER, DEVICE_ENERGY, "integrated power", ALL)
