@@ -17,7 +17,7 @@ import math
 import os
 import re
 import stat
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -69,6 +69,16 @@ def is_number(value: Any) -> bool:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return False
     return isinstance(value, int) or math.isfinite(value)
+
+
+def known_total(values: Iterable[Any]) -> float | None:
+    """The sum of ``values`` where every one is a finite number (:func:`is_number`) and so is the sum, else None: a
+    total with a part unknown (not recorded, not measured) is unknown, never the sum of the parts that are there."""
+    parts = list(values)
+    if not all(is_number(v) for v in parts):
+        return None
+    total = float(sum(parts))
+    return total if math.isfinite(total) else None  # finite parts may overflow a float (1e308 + 1e308)
 
 
 @dataclass(frozen=True, kw_only=True)

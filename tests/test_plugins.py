@@ -198,7 +198,7 @@ def test_a_module_attr_plugins_knob_is_tuned_by_its_specs_name(plugin_module, tm
     "target, message",
     [
         ("normtune.parts", "'normtune.parts': normtune's Pareto knob is searched as normtune.last"),
-        ("normtun.last", "--tune normtun.last: normtun is not among --methods mytune:SPEC"),
+        ("normtun.last", "normtun is not among --methods mytune:SPEC (their knobs: normtune.last; or lr)"),
     ],
 )
 def test_a_module_attr_plugins_wrong_knob_is_one_line(plugin_module, tmp_path, capsys, target, message):

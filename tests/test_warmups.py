@@ -51,7 +51,9 @@ def test_every_phase_times_its_warm_ups_and_the_overhead_line_splits_them_off(fi
     assert result.warmup_time_s == pytest.approx(total) and result.warmup_energy_j == pytest.approx(joules)
     line = overhead_line([result])
     rest = record["overhead_s"] - total
-    assert f"of it {total:,.1f} s" in line and f"(timed, {joules:,.1f} J metered)" in line
+    kind = record["train"]["energy_kind"]  # measured (RAPL) or estimated (the CPU model): the line says which
+    assert kind in ("measured", "estimated")
+    assert f"of it {total:,.1f} s" in line and f"(timed; {joules:,.1f} J by the runs' energy meter, {kind})" in line
     assert f"the rest {rest:,.1f} s" in line and f"median {rest:.1f} s a run" in line
 
 
@@ -63,7 +65,7 @@ def test_records_written_before_warm_ups_were_timed_keep_the_old_line():
     new = {**old, "overhead_s": 4.0, "train": {"time_s": 5.0, "warmup_time_s": 1.5}, "eval": {"warmup_time_s": 0.5}}
     line = overhead_line([result, RunResult.from_json(new)])  # a sweep of both: the split over the timed one
     assert "of it (over the 1 runs whose warm-ups were timed) 2.0 s (20%)" in line and "the rest 2.0 s (20%)" in line
-    assert "(timed)" in line and "metered" not in line, "timed before their energy was metered: no energy claimed"
+    assert "(timed)" in line and " J " not in line, "timed before their energy was metered: no energy claimed"
     assert RunResult.from_json(new).warmup_energy_j is None
 
 
@@ -121,3 +123,24 @@ def test_without_an_energy_meter_a_warm_up_is_timed_and_its_energy_unknown():
     with WarmUp([_Peak()], "cpu", 2) as warming:
         pass
     assert warming.figures()["warmup_energy_j"] is None and warming.figures()["warmup_time_s"] >= 0
+
+
+@pytest.mark.parametrize(
+    "values, total",
+    [
+        ([1.5, 2, 0.0], 3.5),
+        ([], 0.0),  # no part: nothing spent
+        ([1.0, None], None),  # a part not recorded
+        ([1.0, float("nan")], None),
+        ([1.0, float("inf")], None),
+        ([1e308, 1e308], None),  # finite parts whose sum is not
+        ([10**30, 1.0], 1e30),
+        ([1.0, "2.0"], None),  # a numeric string is not a number a meter wrote
+        ([True, 1.0], None),
+    ],
+)
+def test_a_total_with_a_part_unknown_is_unknown(values, total):
+    """Warm-up energy summed over windows and trials (records, the search, the overhead line): every part or none."""
+    from petlprof.values import known_total
+
+    assert known_total(values) == total

@@ -16,10 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from petlprof.errors import UsageError
+from petlprof.results.figures import ENERGY_KIND
 from petlprof.results.records import RESULTS_FILE
 from petlprof.results.result import RunResult, results_of
 from petlprof.results.store import Rejected, read_store
 from petlprof.sweep.spec import spec_identity
+from petlprof.values import known_total
 from petlprof.vocabulary import ZERO_SHOT
 
 MISSING = "-"
@@ -274,6 +276,12 @@ def result_warnings(records: Sequence[RunResult]) -> list[str]:
     ]
 
 
+def _energy_kinds(results: Sequence[RunResult]) -> str:
+    """How the runs' energy figures were obtained (``measured``, ``estimated`` or both), from their phases."""
+    kinds = {k for r in results for p in (r.train, r.eval) if p is not None and (k := p.text(ENERGY_KIND))}
+    return "/".join(sorted(kinds)) or "of unknown kind"
+
+
 def overhead_line(results: Sequence[RunResult]) -> str | None:
     """How much of the runs' wall time the harness spent outside the measured phases, as one sentence
     (None when no record carries ``overhead_s``)."""
@@ -304,10 +312,11 @@ def overhead_line(results: Sequence[RunResult]) -> str | None:
     warmups, rest = sum(w for _, _, w in timed), [o - w for o, _, w in timed]
     timed_wall = sum(t for _, t, _ in timed)
     which = "" if len(timed) == len(pairs) else f" (over the {len(timed)} runs whose warm-ups were timed)"
-    # their energy where every one of those runs metered it (records since warm-ups were metered, with an energy meter)
-    energies = [r.warmup_energy_j for r in results if r.warmup_time_s is not None and r.overhead_s is not None]
-    known = [e for e in energies if e is not None]
-    metered = f", {sum(known):,.1f} J metered" if len(known) == len(energies) else ""
+    # their energy where every one of those runs metered it (records since warm-ups were metered, with an energy
+    # meter), and how the runs' meter obtained it: measured or estimated, as their phases' energy says
+    counted = [r for r in results if r.warmup_time_s is not None and r.overhead_s is not None]
+    joules = known_total(r.warmup_energy_j for r in counted)
+    metered = "" if joules is None else f"; {joules:,.1f} J by the runs' energy meter, {_energy_kinds(counted)}"
     return (
         f"{line}; of it{which} {warmups:,.1f} s ({warmups / timed_wall:.0%}) the phases' warm-up steps "
         f"(timed{metered}), the rest {sum(rest):,.1f} s ({sum(rest) / timed_wall:.0%}), "

@@ -11,11 +11,11 @@ may lack a field added since.  ``SCHEMA_VERSION`` and ``RESULTS_FILE`` are defin
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from petlprof.results.figures import TIME, WARMUP_ENERGY, WARMUP_TIME
+from petlprof.values import known_total
 
 if TYPE_CHECKING:  # shapes declared by the layers that build them, which this one may not import at run time
     from petlprof.meters.idle import IdleBaseline
@@ -513,10 +513,7 @@ def warmup_energy_j(record: Mapping[str, Any]) -> float | None:
     (:class:`petlprof.meters.energy.WarmUp`).  None unless every window with timed warm-ups has its energy (a record
     written before they were metered, a run without an energy meter)."""
     timed = [p for p in _windows(record) if isinstance(p.get(WARMUP_TIME), (int, float))]
-    energies = [WARMUP_ENERGY.of(p) for p in timed]
-    if not timed or not all(isinstance(e, (int, float)) and math.isfinite(e) for e in energies):
-        return None
-    return float(sum(energies))
+    return known_total(WARMUP_ENERGY.of(p) for p in timed) if timed else None
 
 
 def add_overhead(record: RunRecord, process_wall_time_s: float) -> RunRecord:

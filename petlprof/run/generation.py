@@ -299,7 +299,7 @@ def measure_generation(
         rows = int(batches[0]["input_ids"].shape[0])
         progress.at("generation", rows)
         with autocast(precision, device), StatusLine(f"{label} generation, batch {rows}") as line:
-            entry = _batch_size(decoding, batches, make_meters(rows), warmup_steps, limit, min_window_s, line)
+            entry = _one_batch_size(decoding, batches, make_meters(rows), warmup_steps, limit, min_window_s, line)
             if side is not None:
                 entry["side_network"] = side_network_share(decoding, side, batches[0])
         if (time_s := TIME.of(entry)) is not None and time_s < min_window_s:
@@ -311,7 +311,7 @@ def measure_generation(
     return cast(Generation, {**phase, **measured})  # batch_<rows> keys: the rows each batch size had name them
 
 
-def _batch_size(
+def _one_batch_size(
     decoding: Decoding, batches, meters: list[Meter], warmup_steps: int, limit: int, min_window_s: float, line
 ) -> GenerationBatch:
     """One batch size: its warm-up calls (:class:`~petlprof.meters.energy.WarmUp`, a few new tokens each), then its

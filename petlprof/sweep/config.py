@@ -348,7 +348,11 @@ def _validate_tuned_knobs(options: RunOptions, named: Mapping[str, str]) -> None
             continue
         name, knob = target.split(".", 1)
         if name not in named:
-            raise UsageError(f"--tune {target}: {name} is not among --methods {','.join(options.methods)}")
+            knobs = [t for t in (knob_target(get_method(m)) for m in named.values()) if t]
+            raise UsageError(
+                f"--tune {target}: {name} is not among --methods {','.join(options.methods)} (their knobs: "
+                f"{', '.join(knobs) or 'none'}; or lr)"
+            )
         if (own := knob_target(get_method(named[name]))) != target:  # a module:ATTR plug-in's, checked only here
             raise UsageError(
                 f"unknown --tune target {target!r}: {name}'s Pareto knob is "

@@ -34,10 +34,11 @@ from typing import Any
 
 from petlprof.registry import get_method
 from petlprof.results.figures import ENERGY, ENERGY_KIND, HIGHER, TIME, WARMUP_ENERGY, WARMUP_TIME
-from petlprof.results.result import PhaseResult, RunResult, finite
+from petlprof.results.result import PhaseResult, RunResult
 from petlprof.sweep.options import knob_target
 from petlprof.sweep.spec import RunSpec
 from petlprof.tasks.metrics import direction
+from petlprof.values import known_total
 from petlprof.vocabulary import LR
 
 ETA = 3  # successive halving's reduction factor: a third of each rung goes on, trained three times longer
@@ -174,15 +175,13 @@ def choose(scores: Mapping[Point, float | None], metric: str, default: Point) ->
     return ranked(scores, metric, default)[0]
 
 
-def _warmups(trains: Sequence[PhaseResult | None]) -> tuple[float | None, float | None]:
+def _warmups(trains: Sequence[PhaseResult | None]) -> tuple[float, float] | None:
     """(J, s) of the trials' training warm-up steps, metered apart from their windows
-    (:class:`~petlprof.meters.energy.WarmUp`); each None unless every trial's is recorded."""
-    energies = [None if t is None else t[WARMUP_ENERGY] for t in trains]
-    times = [None if t is None else finite(t.raw(WARMUP_TIME)) for t in trains]
-    return (
-        sum(e for e in energies if e is not None) if None not in energies else None,
-        sum(t for t in times if t is not None) if None not in times and None not in energies else None,
-    )
+    (:class:`~petlprof.meters.energy.WarmUp`); None unless every trial recorded both (energy and time are charged
+    together or not at all)."""
+    energy = known_total(None if t is None else t[WARMUP_ENERGY] for t in trains)
+    time_s = known_total(None if t is None else t.raw(WARMUP_TIME) for t in trains)
+    return None if energy is None or time_s is None else (energy, time_s)
 
 
 @dataclasses.dataclass
@@ -236,9 +235,8 @@ class Search:
         knob names its targets and gives each point as ``{target: value}``."""
         results = [RunResult.of(r) for r in self.records]
         trains = [r.train for r in results]
-        energies = [None if t is None else t[ENERGY] for t in trains]
-        known = [float(e) for e in energies if e is not None]
-        warmups = _warmups(trains)
+        train_j = known_total(None if t is None else t[ENERGY] for t in trains)
+        warmup_j, warmup_s = _warmups(trains) or (None, None)
         last = self.scores[-1] if self.scores else {}
         lr_only = self.targets == [LR]
         chosen = self.chosen
@@ -249,11 +247,11 @@ class Search:
             "rungs": [{"steps": steps, "trials": n} for steps, n in self.rungs],
             "trials": len(results),
             "failed_trials": sum(1 for r in results if not r.ok),
-            ENERGY.name: sum(known) + (warmups[0] or 0.0) if len(known) == len(energies) else None,
+            ENERGY.name: None if train_j is None else train_j + (warmup_j or 0.0),
             ENERGY_KIND: "/".join(sorted({k for t in trains if t is not None and (k := t.text(ENERGY_KIND))})) or None,
-            TIME.name: sum(float(t[TIME] or 0.0) for t in trains if t is not None) + (warmups[1] or 0.0),
-            WARMUP_ENERGY.name: warmups[0],
-            WARMUP_TIME: warmups[1],
+            TIME.name: sum(float(t[TIME] or 0.0) for t in trains if t is not None) + (warmup_s or 0.0),
+            WARMUP_ENERGY.name: warmup_j,
+            WARMUP_TIME: warmup_s,
             "wall_time_s": sum(float(r.process_wall_time_s or r.data.get("wall_time_s") or 0.0) for r in results),
             "chosen": None if chosen is None else chosen[0][1] if lr_only else dict(chosen),
             "metric": self.metric,
