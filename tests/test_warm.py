@@ -81,11 +81,12 @@ print(json.dumps(records))
 """
 
 
-# (backbone, task, methods): random weights (nothing kept), the pretrained offline default (its backbone kept by
-# the warm worker: read before the first method's run, taken by the second's), and a user's folder on the LM
-# objective (kept with its LM head)
+# (backbone, task, methods): random weights (nothing kept: one method, as every run builds its own; READ's side
+# network is compared in the other two cases), the pretrained offline default (its backbone kept by the warm worker:
+# read before the first method's run, taken by the second's), and a user's folder on the LM objective (kept with
+# its LM head)
 _CASES = {
-    "random tiny-bert": ("tiny-bert", "tweets", ("bitfit", "read")),
+    "random tiny-bert": ("tiny-bert", "tweets", ("bitfit",)),
     "pretrained minilm": ("minilm", "tweets", ("full", "read")),
     "a folder's LM": (None, "arith", ("lora", "read")),
 }
