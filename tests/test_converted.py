@@ -7,6 +7,8 @@ import errno
 import importlib.util
 import json
 import multiprocessing
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -116,28 +118,56 @@ def test_a_full_disk_raises_os_error_and_leaves_no_temporary_folder(tmp_path):
     assert list((tmp_path / "converted").iterdir()) == []
 
 
-def _convert_in_process(root: str, barrier, results) -> None:
+def _convert_in_process(root: str, started, log: str, results) -> None:
     def slow(folder: Path) -> None:
+        with open(log, "a") as sink:
+            sink.write(f"{os.getpid()}\n")
+        started.set()  # the other process asks for the copy while this one is still writing it
+        time.sleep(1.0)
         writer([])(folder)
-        barrier.wait(30)  # both processes have written their copy before either renames it into place
 
     results.put(str(converted.convert(SOURCE, slow, root=Path(root))))
 
 
-def test_two_processes_converting_at_once_both_get_one_whole_copy(tmp_path):
+def _first_converting(tmp_path: Path):
+    """(process, its arguments): a process converting into ``tmp_path``/cache, started and now writing its copy."""
     context = multiprocessing.get_context("fork")
-    barrier, results = context.Barrier(2), context.Queue()
-    workers = [context.Process(target=_convert_in_process, args=(str(tmp_path), barrier, results)) for _ in range(2)]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
+    started = context.Event()
+    args = (str(tmp_path / "cache"), started, str(tmp_path / "conversions.log"), context.Queue())
+    first = context.Process(target=_convert_in_process, args=args)
+    first.start()
+    assert started.wait(30)
+    return first, args
+
+
+def test_two_processes_asking_at_once_convert_once_and_both_get_the_whole_copy(tmp_path):
+    """The second process waits for the first's conversion (it holds the entry's lock) instead of converting
+    again, and both read the same copy; no lock file or temporary folder is left."""
+    first, args = _first_converting(tmp_path)
+    second = multiprocessing.get_context("fork").Process(target=_convert_in_process, args=args)
+    second.start()
+    for worker in (first, second):
         worker.join(60)
         assert worker.exitcode == 0
-    folders = {results.get(timeout=5) for _ in workers}
+    folders = {args[3].get(timeout=5) for _ in range(2)}
     assert len(folders) == 1
     (folder,) = folders
     assert converted.valid(Path(folder), SOURCE)
-    assert [p.name for p in (tmp_path / "converted").iterdir()] == [Path(folder).name]
+    assert Path(args[2]).read_text().split() == [str(first.pid)]  # one conversion, by the first
+    assert [p.name for p in (tmp_path / "cache" / "converted").iterdir()] == [Path(folder).name]
+
+
+def test_past_the_lock_wait_a_process_converts_beside_the_holder_and_both_get_one_whole_copy(tmp_path, monkeypatch):
+    """A holder that takes too long (hung) is not waited for past LOCK_WAIT_S: the waiter converts its own copy,
+    the rename into place keeps one whole copy."""
+    first, (_, _, _, results) = _first_converting(tmp_path)
+    monkeypatch.setattr(converted, "LOCK_WAIT_S", 0.2)
+    calls: list = []
+    here = converted.convert(SOURCE, writer(calls), root=tmp_path / "cache")
+    first.join(60)
+    assert first.exitcode == 0 and len(calls) == 1
+    assert results.get(timeout=5) == str(here) and converted.valid(here, SOURCE)
+    assert [p.name for p in (tmp_path / "cache" / "converted").iterdir()] == [here.name]
 
 
 def test_the_cache_lives_where_the_environment_says(monkeypatch, tmp_path):

@@ -13,18 +13,23 @@ write it (transformers, gguf, torch, safetensors, tokenizers), so a changed file
 Each folder's ``manifest.json``, written last, names its source, the versions and every file's size and sha256;
 a folder whose manifest is missing or disagrees with the files (a conversion cut short, a truncated or altered
 file) is never read, and is converted again.  A conversion is written to a temporary folder and renamed into place
-(atomic), so two processes converting at once both succeed and the second's copy is discarded.  A cache that
+(atomic), and a process converting holds a lock on the entry, so a second process asking for it meanwhile (two
+sweeps, or the suite's workers) waits for that copy instead of converting again (35 s of CPU each for SmolLM2-135M);
+past :data:`LOCK_WAIT_S`, or where no lock can be taken, both convert and the second's copy is discarded.  A cache that
 cannot be written (a read-only folder, a full disk) costs nothing but the speed: the run reads the GGUF file as
 before, and the sweep says once why.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
 import shutil
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -35,6 +40,7 @@ from petlprof.models.gguf import GgufWeights, file_sha256, provenance
 CACHE_ENV = "PETLPROF_CACHE_DIR"
 FORMAT = 1  # of the converted folder (its files, its manifest); a change converts again
 MANIFEST = "manifest.json"
+LOCK_WAIT_S = 900.0  # the longest another process's conversion is waited for (a 7B file's takes minutes)
 LIBRARIES = ("transformers", "gguf", "torch", "safetensors", "tokenizers")  # whose versions key the cache
 
 
@@ -88,6 +94,51 @@ def convert(source_sha256: str, write: Callable[[Path], None], root: Path | None
     if valid(folder, source_sha256):
         return folder
     folder.parent.mkdir(parents=True, exist_ok=True)
+    with _converting(folder):
+        if valid(folder, source_sha256):  # converted by the process this one waited for
+            return folder
+        _write_entry(folder, source_sha256, write)
+    return folder
+
+
+@contextmanager
+def _converting(folder: Path) -> Iterator[None]:
+    """Hold the lock of ``folder``'s conversion while the block runs, waiting up to :data:`LOCK_WAIT_S` for another
+    process holding it (then going on without it: the rename into place keeps either copy whole).  The lock file
+    is removed by its holder when done; a process that waited on the removed file finds the copy valid, or at worst
+    converts beside a third one, as without a lock."""
+    lock = folder.parent / f".{folder.name}.lock"
+    fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                held = True
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    held = False
+                    break
+                time.sleep(0.1)
+        try:
+            yield
+        finally:
+            if held and _same_file(fd, lock):  # not a newer lock file another process holds
+                lock.unlink(missing_ok=True)
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        return os.path.samestat(os.fstat(fd), path.stat())
+    except OSError:
+        return False
+
+
+def _write_entry(folder: Path, source_sha256: str, write: Callable[[Path], None]) -> None:
+    """Write the conversion into a temporary folder, with its manifest last, and move it into place."""
     tmp = folder.parent / f".{folder.name}.{os.getpid()}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
@@ -97,7 +148,6 @@ def convert(source_sha256: str, write: Callable[[Path], None], root: Path | None
         _replace(tmp, folder, source_sha256)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return folder
 
 
 def _replace(tmp: Path, folder: Path, source_sha256: str) -> None:
