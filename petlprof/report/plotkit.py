@@ -151,7 +151,12 @@ def place_labels(fig: Figure, ax, items: list[tuple[float, float, str, str]], ri
     A label's box at each offset is computed from its size, measured once, rather than by drawing an annotation
     at every offset (that took most of a report's plotting time).  The figure is laid out once, here, and then
     keeps that layout (the saved files draw exactly what the labels were placed on)."""
-    fig.draw_without_rendering()  # lays the figure out, so display coordinates are final
+    engine = fig.get_layout_engine()
+    if engine is None or isinstance(engine, PlaceHolderLayoutEngine):
+        fig.draw_without_rendering()  # a figure laid out by hand: a draw makes its display coordinates final
+    else:  # the layout engine alone places the axes (the same positions, byte for byte in the stored reports' plots)
+        engine.execute(fig)  # without drawing every artist: 0.14 s less CPU a report (all-methods, 3 pairs)
+    ax.get_xlim(), ax.get_ylim()  # limits still to autoscale are settled before transData is read
     fig.set_layout_engine("none")
     # every canvas that draws has a renderer (Agg, which new_axes attaches, and the interactive canvases built
     # on it); matplotlib's stubs declare get_renderer on none but FigureCanvasAgg's, and ``fig`` may be a user's
