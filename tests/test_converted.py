@@ -157,13 +157,19 @@ def test_two_processes_asking_at_once_convert_once_and_both_get_the_whole_copy(t
     assert [p.name for p in (tmp_path / "cache" / "converted").iterdir()] == [Path(folder).name]
 
 
-def test_past_the_lock_wait_a_process_converts_beside_the_holder_and_both_get_one_whole_copy(tmp_path, monkeypatch):
-    """A holder that takes too long (hung) is not waited for past LOCK_WAIT_S: the waiter converts its own copy,
-    the rename into place keeps one whole copy."""
+def test_past_the_lock_wait_a_process_converts_beside_the_holder_and_both_get_one_whole_copy(
+    tmp_path, monkeypatch, capsys
+):
+    """A holder that takes too long (hung) is not waited for past LOCK_WAIT_S: the waiter says once why it waits,
+    then converts its own copy; the rename into place keeps one whole copy."""
     first, (_, _, _, results) = _first_converting(tmp_path)
     monkeypatch.setattr(converted, "LOCK_WAIT_S", 0.2)
+    monkeypatch.setattr(converted, "WAIT_SAID_AFTER_S", 0.0)
+    monkeypatch.setattr(converted, "_SAID", set())
     calls: list = []
     here = converted.convert(SOURCE, writer(calls), root=tmp_path / "cache")
+    waited = capsys.readouterr().err
+    assert waited.count("\n") == 1 and "waiting for another process converting" in waited and "0.00333333 min" in waited
     first.join(60)
     assert first.exitcode == 0 and len(calls) == 1
     assert results.get(timeout=5) == str(here) and converted.valid(here, SOURCE)

@@ -41,6 +41,7 @@ CACHE_ENV = "PETLPROF_CACHE_DIR"
 FORMAT = 1  # of the converted folder (its files, its manifest); a change converts again
 MANIFEST = "manifest.json"
 LOCK_WAIT_S = 900.0  # the longest another process's conversion is waited for (a 7B file's takes minutes)
+WAIT_SAID_AFTER_S = 2.0  # a wait longer than this is said on stderr, once, so a silent minute has its reason
 LIBRARIES = ("transformers", "gguf", "torch", "safetensors", "tokenizers")  # whose versions key the cache
 
 
@@ -110,16 +111,22 @@ def _converting(folder: Path) -> Iterator[None]:
     lock = folder.parent / f".{folder.name}.lock"
     fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
     try:
-        deadline = time.monotonic() + LOCK_WAIT_S
+        start = time.monotonic()
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 held = True
                 break
             except BlockingIOError:
-                if time.monotonic() > deadline:
+                waited = time.monotonic() - start
+                if waited > LOCK_WAIT_S:
                     held = False
                     break
+                if waited >= WAIT_SAID_AFTER_S:
+                    say_once(
+                        f"waiting for another process converting {folder.name} in {folder.parent} (at most "
+                        f"{LOCK_WAIT_S / 60:g} min; then this one converts its own copy)"
+                    )
                 time.sleep(0.1)
         try:
             yield
