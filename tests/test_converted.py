@@ -4,7 +4,9 @@ and these library versions; anything else converts again, and a cache that canno
 from __future__ import annotations
 
 import errno
+import functools
 import importlib.util
+import io
 import json
 import multiprocessing
 import os
@@ -13,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from petlprof.errors import StatusLine
 from petlprof.models import converted, gguf
 
 _FOUND = importlib.util.find_spec(gguf.SMOLLM2_PACKAGE) is not None
@@ -157,19 +160,24 @@ def test_two_processes_asking_at_once_convert_once_and_both_get_the_whole_copy(t
     assert [p.name for p in (tmp_path / "cache" / "converted").iterdir()] == [Path(folder).name]
 
 
-def test_past_the_lock_wait_a_process_converts_beside_the_holder_and_both_get_one_whole_copy(
-    tmp_path, monkeypatch, capsys
-):
-    """A holder that takes too long (hung) is not waited for past LOCK_WAIT_S: the waiter says once why it waits,
-    then converts its own copy; the rename into place keeps one whole copy."""
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_past_the_lock_wait_a_process_converts_beside_the_holder_and_both_get_one_whole_copy(tmp_path, monkeypatch):
+    """A holder that takes too long (hung) is not waited for past LOCK_WAIT_S: the waiter shows why it waits (a
+    status line on a terminal), then converts its own copy; the rename into place keeps one whole copy."""
     first, (_, _, _, results) = _first_converting(tmp_path)
     monkeypatch.setattr(converted, "LOCK_WAIT_S", 0.2)
     monkeypatch.setattr(converted, "WAIT_SAID_AFTER_S", 0.0)
-    monkeypatch.setattr(converted, "_SAID", set())
+    terminal = _Terminal()  # the wait's status line, shown on a terminal only
+    monkeypatch.setattr(converted, "StatusLine", functools.partial(StatusLine, stream=terminal))
     calls: list = []
     here = converted.convert(SOURCE, writer(calls), root=tmp_path / "cache")
-    waited = capsys.readouterr().err
-    assert waited.count("\n") == 1 and "waiting for another process converting" in waited and "0.00333333 min" in waited
+    shown = terminal.getvalue()
+    assert "waiting for another process converting" in shown and "then this one converts its own copy" in shown
+    assert shown.endswith("\n") and shown.count("\n") == 1  # one line, rewritten in place, ended once
     first.join(60)
     assert first.exitcode == 0 and len(calls) == 1
     assert results.get(timeout=5) == str(here) and converted.valid(here, SOURCE)

@@ -29,19 +29,19 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from petlprof.errors import say
+from petlprof.errors import StatusLine, say
 from petlprof.models.gguf import GgufWeights, file_sha256, provenance
 
 CACHE_ENV = "PETLPROF_CACHE_DIR"
 FORMAT = 1  # of the converted folder (its files, its manifest); a change converts again
 MANIFEST = "manifest.json"
 LOCK_WAIT_S = 900.0  # the longest another process's conversion is waited for (a 7B file's takes minutes)
-WAIT_SAID_AFTER_S = 2.0  # a wait longer than this is said on stderr, once, so a silent minute has its reason
+WAIT_SAID_AFTER_S = 2.0  # a longer wait for another process's conversion shows a status line on a terminal
 LIBRARIES = ("transformers", "gguf", "torch", "safetensors", "tokenizers")  # whose versions key the cache
 
 
@@ -111,23 +111,7 @@ def _converting(folder: Path) -> Iterator[None]:
     lock = folder.parent / f".{folder.name}.lock"
     fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
     try:
-        start = time.monotonic()
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                held = True
-                break
-            except BlockingIOError:
-                waited = time.monotonic() - start
-                if waited > LOCK_WAIT_S:
-                    held = False
-                    break
-                if waited >= WAIT_SAID_AFTER_S:
-                    say_once(
-                        f"waiting for another process converting {folder.name} in {folder.parent} (at most "
-                        f"{LOCK_WAIT_S / 60:g} min; then this one converts its own copy)"
-                    )
-                time.sleep(0.1)
+        held = _wait_for_lock(fd, folder)
         try:
             yield
         finally:
@@ -135,6 +119,28 @@ def _converting(folder: Path) -> Iterator[None]:
                 lock.unlink(missing_ok=True)
     finally:
         os.close(fd)  # releases the lock
+
+
+def _wait_for_lock(fd: int, folder: Path) -> bool:
+    """Take the lock on ``fd``, waiting up to :data:`LOCK_WAIT_S` (False: not taken); a wait past
+    :data:`WAIT_SAID_AFTER_S` shows a status line on a terminal (nothing in a log or CI), so a silent minute has its
+    reason."""
+    start = time.monotonic()
+    line: StatusLine | None = None
+    with ExitStack() as stack:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return True
+            except BlockingIOError:
+                waited = time.monotonic() - start
+                if waited > LOCK_WAIT_S:
+                    return False
+                if waited >= WAIT_SAID_AFTER_S:
+                    if line is None:
+                        line = stack.enter_context(StatusLine(f"waiting for another process converting {folder}"))
+                    line.update(f"at most {LOCK_WAIT_S / 60:g} min, then this one converts its own copy")
+                time.sleep(0.1)
 
 
 def _same_file(fd: int, path: Path) -> bool:
