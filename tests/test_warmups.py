@@ -12,7 +12,7 @@ from petlprof.meters.energy import WarmUp
 from petlprof.report.records import overhead_line
 from petlprof.results.figures import ENERGY, PEAK_MEMORY
 from petlprof.results.records import add_overhead, warmup_energy_j, warmup_time_s
-from petlprof.results.result import RunResult
+from petlprof.results.result import PhaseResult, RunResult, energy_kinds
 from petlprof.run.execute import execute
 from petlprof.sweep.spec import RunSpec
 
@@ -144,3 +144,17 @@ def test_a_total_with_a_part_unknown_is_unknown(values, total):
     from petlprof.values import known_total
 
     assert known_total(values) == total
+
+
+@pytest.mark.parametrize(
+    ("kinds", "expected"),
+    [
+        (["measured", "measured"], "measured"),
+        (["measured", "estimated", None], "estimated/measured"),  # sorted, a phase without a kind left out
+        ([None, ""], None),  # no phase says: unknown, never an empty string
+        ([], None),
+    ],
+)
+def test_energy_kinds_join_the_kinds_the_phases_name(kinds, expected):
+    phases = [PhaseResult({"energy_kind": k}) if k is not None else None for k in kinds]
+    assert energy_kinds(phases) == expected

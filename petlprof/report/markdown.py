@@ -71,9 +71,10 @@ from petlprof.results.figures import (
 )
 from petlprof.results.grades import GRADES, Grade
 from petlprof.results.records import DIVERGED
-from petlprof.results.result import BATCHED_PHASES, RunResult, results_of
+from petlprof.results.result import BATCHED_PHASES, RunResult, energy_kinds, results_of
 from petlprof.results.store import Rejected
 from petlprof.results.units import EnergyUnits, GridIntensity, measured_intensity
+from petlprof.values import is_number
 from petlprof.vocabulary import ESTIMATED, LOCAL
 
 REPORT_FILE = "report.md"
@@ -368,9 +369,7 @@ def _predicted(records: Sequence[RunResult]) -> list[str]:
         if is_ok(record) and record.predicted.get("train") and record.train is not None:
             by_config.setdefault(f"{record.task} / {record.backbone} / {run_label(record)}", []).append(record)
     # live tensors (the cpu-tensors meter) where every run has them: what the prediction counts, unlike the RSS
-    tensors = all(
-        isinstance(r.train.raw(PEAK_TENSORS), (int, float)) for group in by_config.values() for r in group if r.train
-    )
+    tensors = all(is_number(r.train.raw(PEAK_TENSORS)) for group in by_config.values() for r in group if r.train)
     for name, group in by_config.items():
         predicted = group[0].predicted["train"]
         steps = [r.train.raw("steps") or 0 for r in group if r.train is not None]
@@ -399,10 +398,10 @@ def _predicted(records: Sequence[RunResult]) -> list[str]:
         return []
     first = next(iter(by_config.values()))[0].predicted
     calibrated = "calibrated on this machine" if first.get("calibrated") else "uncalibrated"
-    kinds = sorted({text(r.train.text(ENERGY_KIND)) for group in by_config.values() for r in group if r.train})
+    kinds = energy_kinds(r.train for group in by_config.values() for r in group) or MISSING
     headers = ["configuration", "seeds"]
     memory = "measured: live tensors, cpu-tensors" if tensors else "measured"
-    for what, run in (("step time", "measured"), ("energy per step", "/".join(kinds)), ("peak memory", memory)):
+    for what, run in (("step time", "measured"), ("energy per step", kinds), ("peak memory", memory)):
         headers += [f"{what} predicted", f"in the runs ({run})", "predicted / in the runs"]
     meter = (
         "the live tensors the `cpu-tensors` meter counted, as the prediction counts them (that meter slows each step: "

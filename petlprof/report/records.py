@@ -16,9 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from petlprof.errors import UsageError
-from petlprof.results.figures import ENERGY_KIND
 from petlprof.results.records import RESULTS_FILE
-from petlprof.results.result import RunResult, results_of
+from petlprof.results.result import RunResult, energy_kinds, results_of
 from petlprof.results.store import Rejected, read_store
 from petlprof.sweep.spec import spec_identity
 from petlprof.values import known_total
@@ -276,12 +275,6 @@ def result_warnings(records: Sequence[RunResult]) -> list[str]:
     ]
 
 
-def _energy_kinds(results: Sequence[RunResult]) -> str:
-    """How the runs' energy figures were obtained (``measured``, ``estimated`` or both), from their phases."""
-    kinds = {k for r in results for p in (r.train, r.eval) if p is not None and (k := p.text(ENERGY_KIND))}
-    return "/".join(sorted(kinds)) or "of unknown kind"
-
-
 def overhead_line(results: Sequence[RunResult]) -> str | None:
     """How much of the runs' wall time the harness spent outside the measured phases, as one sentence
     (None when no record carries ``overhead_s``)."""
@@ -316,7 +309,8 @@ def overhead_line(results: Sequence[RunResult]) -> str | None:
     # meter), and how the runs' meter obtained it: measured or estimated, as their phases' energy says
     counted = [r for r in results if r.warmup_time_s is not None and r.overhead_s is not None]
     joules = known_total(r.warmup_energy_j for r in counted)
-    metered = "" if joules is None else f"; {joules:,.1f} J by the runs' energy meter, {_energy_kinds(counted)}"
+    kind = energy_kinds(p for r in counted for p in (r.train, r.eval)) or "of unknown kind"
+    metered = "" if joules is None else f"; {joules:,.1f} J by the runs' energy meter, {kind}"
     return (
         f"{line}; of it{which} {warmups:,.1f} s ({warmups / timed_wall:.0%}) the phases' warm-up steps "
         f"(timed{metered}), the rest {sum(rest):,.1f} s ({sum(rest) / timed_wall:.0%}), "

@@ -448,6 +448,13 @@ class RunResult:
         return str(method) if method else None
 
 
+def energy_kinds(phases: Iterable[PhaseResult | None]) -> str | None:
+    """How the phases' energy figures were obtained: ``measured``, ``estimated`` or both joined by ``/`` (sorted);
+    None where no phase says."""
+    kinds = {kind for phase in phases if phase is not None and (kind := phase.text(ENERGY_KIND))}
+    return "/".join(sorted(kinds)) or None
+
+
 def _windows(value: object) -> dict[str, PhaseResult]:
     """A batched phase's ``batch_<size>`` windows, in the record's order."""
     return {

@@ -34,7 +34,7 @@ from typing import Any
 
 from petlprof.registry import get_method
 from petlprof.results.figures import ENERGY, ENERGY_KIND, HIGHER, TIME, WARMUP_ENERGY, WARMUP_TIME
-from petlprof.results.result import PhaseResult, RunResult
+from petlprof.results.result import PhaseResult, RunResult, energy_kinds
 from petlprof.sweep.options import knob_target
 from petlprof.sweep.spec import RunSpec
 from petlprof.tasks.metrics import direction
@@ -248,7 +248,7 @@ class Search:
             "trials": len(results),
             "failed_trials": sum(1 for r in results if not r.ok),
             ENERGY.name: None if train_j is None else train_j + (warmup_j or 0.0),
-            ENERGY_KIND: "/".join(sorted({k for t in trains if t is not None and (k := t.text(ENERGY_KIND))})) or None,
+            ENERGY_KIND: energy_kinds(trains),
             TIME.name: sum(float(t[TIME] or 0.0) for t in trains if t is not None) + (warmup_s or 0.0),
             WARMUP_ENERGY.name: warmup_j,
             WARMUP_TIME: warmup_s,
