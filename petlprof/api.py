@@ -153,8 +153,17 @@ def predictions_of(options: Any) -> Any:
         def objective_of(spec) -> str:  # --objective auto resolved as the run resolves it: by its task
             return sweep_task(options, spec.task).objective
 
+        @functools.cache  # a classification task's rows on a backbone, tokenised once per --max-length
+        def row_lengths(task: str, backbone: str, max_length: int) -> tuple[int, ...]:
+            from petlprof.models.backbones import backbone_tokenizer
+            from petlprof.run.train import encode_texts
+
+            tokenizer = backbone_tokenizer(backbone, options.random_init)
+            encoded = encode_texts(sweep_task(options, task).train, tokenizer, max_length)
+            return tuple(len(ids) for ids in encoded["input_ids"])
+
         return predict_runs(
-            specs, lambda task: int(sweep_task(options, task).num_labels or 2), lm_lengths, objective_of
+            specs, lambda task: int(sweep_task(options, task).num_labels or 2), lm_lengths, objective_of, row_lengths
         )
 
     return predict

@@ -211,8 +211,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         if not torch.cuda.is_available():
             raise UsageError(f"--device {device}: torch sees no CUDA device here")
     say(
-        f"petlprof: calibrating {device} (measured: matrix products, copies, tiny kernels, random numbers, power busy "
-        "and idle)"
+        f"petlprof: calibrating {device} (measured: matrix products, copies, tiny kernels, random numbers, the "
+        "optimiser, power busy and idle)"
     )
     profile = calibrate(device)
     model = profile["model"]
@@ -221,6 +221,11 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     say(f"  memory bandwidth: {model['bytes_per_s'] / 1e9:,.2f} GB/s (measured, copies)")
     say(f"  cost of a kernel: {model['kernel_overhead_s'] * 1e6:,.1f} us (measured, tiny additions)")
     say(f"  cost of a random number: {model['random_s_per_number'] * 1e9:,.2f} ns (measured, a dropout mask's draws)")
+    (small, small_s), *_, (large, large_s) = model["optimizer_s"]
+    say(
+        f"  optimiser (gradient clipping + an AdamW step): {small_s * 1e6:,.1f} us a tensor of {small:,} elements, "
+        f"{large_s / large * 1e9:,.2f} ns an element at {large:,} (measured)"
+    )
     power_kind = "estimated" if model["power_source"] == "estimate" else "measured"
     say(
         f"  power busy / idle: {model['busy_w']:,.1f} W / {model['idle_w']:,.1f} W "

@@ -20,6 +20,7 @@ from petlprof.estimate.roofline import (
     GPU_MATMUL_EFFICIENCY,
     Budget,
     DeviceModel,
+    optimizer_time,
     phase_time,
     prediction,
     table_model,
@@ -108,6 +109,13 @@ def test_a_table_gpu_is_uncalibrated_with_its_default_efficiencies_said():
     assert all(gpu.bandwidth_gb_s > 0 and gpu.tdp_w > 0 for gpu in GPUS.values())
 
 
+@pytest.fixture(autouse=True)
+def quick_optimizer(monkeypatch):
+    """The optimiser timed on 2**16 elements a size, not calibrate's 2**23 (which took a second a calibration)."""
+    monkeypatch.setattr(cal, "OPTIMIZER_SIZES", (256, 2**12, 2**16))
+    monkeypatch.setattr(cal, "OPTIMIZER_ELEMENTS", 2**16)
+
+
 @pytest.fixture
 def profiles(tmp_path, monkeypatch):
     monkeypatch.setenv(prof.PROFILE_ENV, str(tmp_path / "profiles"))
@@ -127,6 +135,30 @@ def test_calibrate_measures_this_cpu_and_its_profile_reads_back(profiles):
     assert loaded.throughput("float32") == model["flops_per_s"]["float32"]
     assert loaded.random_s_per_number == model["random_s_per_number"]
     assert loaded.measure_products  # a CPU profile times a step's products at their shapes
+    sizes = [size for size, _ in loaded.optimizer_s]
+    assert sizes == list(cal.OPTIMIZER_SIZES) and all(0 < s < 1 for _, s in loaded.optimizer_s)
+    assert loaded.optimizer_s[-1][1] > loaded.optimizer_s[0][1]  # a 65,536-element tensor takes longer than 256
+
+
+def test_the_optimizer_is_priced_between_its_calibrated_sizes():
+    table = ((100, 1e-5), (1000, 2e-5), (10_000, 1e-3))
+    assert optimizer_time([], table) == 0
+    assert optimizer_time([1, 100], table) == pytest.approx(2e-5)  # below the smallest size: its time a tensor
+    assert optimizer_time([550], table) == pytest.approx(1.5e-5)  # linear between two sizes
+    assert optimizer_time([20_000], table) == pytest.approx(2e-3)  # past the largest: its time an element
+    assert optimizer_time([1000, 1000], table) == pytest.approx(4e-5)
+
+
+def test_a_calibrated_optimizer_replaces_the_roofline_for_the_optimizers_kernels():
+    costs = [(1e9, 0, 0, ()), (0, 8e9, 0, ()), (0, 4e9, 0, ())]  # a product, then two optimiser kernels
+    plain = prediction(costs, costs, DEVICE, "float32")
+    calibrated = dataclasses.replace(DEVICE, optimizer_s=((1000, 0.25),))
+    priced = prediction(costs, costs, calibrated, "float32", optimizer=(2, [1000, 1000]))
+    assert priced["train_split_s"]["optimizer"] == pytest.approx(0.5)
+    kernel = DEVICE.kernel_overhead_s
+    assert priced["train_step_s"] == pytest.approx(plain["train_step_s"] - 12e9 / DEVICE.bytes_per_s - 2 * kernel + 0.5)
+    assert priced["inference_batch_s"] == plain["inference_batch_s"]  # evaluation has no optimiser
+    assert prediction(costs, costs, DEVICE, "float32", optimizer=(2, [1000]))["train_step_s"] == plain["train_step_s"]
 
 
 @pytest.mark.parametrize(
@@ -161,6 +193,19 @@ def test_a_profile_from_another_machine_torch_or_thread_count_is_named_stale_and
                     "random_s_per_number": -1,
                 },
             }
+        ),
+        *(
+            json.dumps(
+                {
+                    "version": 3,
+                    "model": {
+                        **{"name": "x", "source": "s", "power_source": "p", "flops_per_s": {"float32": 1e9}},
+                        **{"bytes_per_s": 1e9, "kernel_overhead_s": 1e-6, "busy_w": 1, "idle_w": 0},
+                        "optimizer_s": table,
+                    },
+                }
+            )
+            for table in ([[256, -1.0]], [[256]], [["256", 1e-5]], [[1.5, 1e-5]], {"256": 1e-5}, [[1e30, 1e-5]])
         ),
     ],
 )
@@ -198,9 +243,10 @@ def test_calibrate_prints_each_figure_with_its_unit_and_how_it_was_obtained(prof
     assert main(["calibrate", "--device", "cpu"]) == 0
     figures = [line.strip() for line in capsys.readouterr().err.splitlines() if line.startswith("  ")]
     units = ("GFLOP/s", "GB/s", " us ", " ns ", " W ")
-    assert len(figures) == 5 and all(any(u in line for u in units) for line in figures), figures
+    assert len(figures) == 6 and all(any(u in line for u in units) for line in figures), figures
     assert all("(measured" in line or "(estimated" in line for line in figures), figures
     assert any(line.startswith("cost of a random number:") for line in figures)
+    assert any(line.startswith("optimiser (gradient clipping + an AdamW step): ") for line in figures)
 
 
 def records(out) -> list[dict]:
@@ -394,16 +440,20 @@ def test_a_cpu_never_calibrated_predicts_nothing(profiles):
 @pytest.mark.parametrize("meters", [[], ["--meters", "cpu-tensors"]], ids=["rss", "cpu-tensors"])
 def test_a_sweep_keeps_each_runs_prediction_in_its_record_and_the_report_compares_them(profiles, tmp_path, meters):
     """The memory column compares the predicted peak with the RSS, or, where every run counted its live tensors
-    (``--meters cpu-tensors``), with those: what the prediction counts (on tiny-bert, every batch as long as the
-    prediction prices it, the same bytes)."""
+    (``--meters cpu-tensors``), with those: what the prediction counts, the same bytes.  At --max-length 48 the
+    tweets' batches are padded (a row has about 33 tokens), and READ's side network, which runs on the real tokens
+    only, holds less than a full batch would make: each configuration is priced at the heaviest batch its run takes
+    (its longest row, and its most real tokens)."""
     prof.save_profile(cal.calibrate("cpu", seconds=0.02), "cpu")
     out = tmp_path / "out"
-    args = ["run", "--methods", "lora,bitfit", "--backbone", "tiny-bert", "--train-size", "32", "--eval-size", "16"]
+    args = ["run", "--methods", "lora,bitfit,read", "--backbone", "tiny-bert", "--train-size", "32"]
     args += [
+        "--eval-size",
+        "16",
         "--batch-size",
         "8",
         "--max-length",
-        "16",
+        "48",
         "--inference-window-s",
         "0",
         "--in-process",
@@ -414,6 +464,7 @@ def test_a_sweep_keeps_each_runs_prediction_in_its_record_and_the_report_compare
     assert main(args) == 0
     stored = records_of(out)
     assert all(r["predicted"]["calibrated"] is True and r["predicted"]["train"]["step_time_s"] > 0 for r in stored)
+    assert all(r["predicted"]["priced"].startswith("one step at the heaviest training batch") for r in stored)
     report = (out / "report.md").read_text()
     section = report.split("## Predicted and measured")[1].split("\n## ")[0]
     assert "| tweets / tiny-bert / lora r=8 | 1 |" in section
@@ -422,7 +473,8 @@ def test_a_sweep_keeps_each_runs_prediction_in_its_record_and_the_report_compare
         assert "| in the runs (measured: live tensors, cpu-tensors) |" in section and "RSS" not in section
         for record in stored:
             predicted, counted = record["predicted"]["train"]["peak_memory_bytes"], record["train"]["peak_tensor_bytes"]
-            assert predicted == pytest.approx(counted, rel=0.01), record["method"]
+            # an upper bound within 3%: the longest row and the most real tokens may come from two batches
+            assert counted * 0.99 <= predicted <= counted * 1.03, (record["method"], predicted / counted)
             assert f"| {predicted / counted:.2f} |" in section
     else:
         assert "| in the runs (measured) |" in section and "the RSS high-water mark" in section
@@ -486,7 +538,8 @@ def test_predictions_beyond_the_presets_and_on_both_objectives(profiles, tmp_pat
         assert record["status"] == "ok", record.get("error")
         predicted = record["predicted"]
         split = predicted["train_split_s"]
-        assert predicted["train_step_s"] == pytest.approx(split["compute"] + split["memory"] + split["kernels"])
+        parts = split["compute"] + split["memory"] + split["kernels"] + split["optimizer"]
+        assert predicted["train_step_s"] == pytest.approx(parts)
         assert predicted["train_step_s"] > predicted["inference_batch_s"] > 0 and predicted["train_kernels"] > 0
 
 

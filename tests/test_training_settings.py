@@ -332,7 +332,7 @@ def test_the_short_budget_note_counts_accumulated_steps(tmp_path, capsys):
 
 def test_an_epoch_of_batches_that_accumulation_does_not_divide_ends_with_a_short_step():
     """8 batches, 3 a step: steps of 3, 3 and 2, every batch of the epoch once and none of the next."""
-    from petlprof.run.train import Steps, _step_order
+    from petlprof.run.train import Steps, step_order
 
     class EightBatches:
         def __len__(self):
@@ -343,7 +343,7 @@ def test_an_epoch_of_batches_that_accumulation_does_not_divide_ends_with_a_short
 
     steps = Steps(epochs=1)
     assert steps.total(8, 3) == 3 and steps.micro_batches(8, 3) == 8
-    order = list(_step_order(EightBatches(), steps.micro_batches(8, 3), 0, 3))
+    order = list(step_order(EightBatches(), steps.micro_batches(8, 3), 0, 3))
     assert [len(step) for step in order] == [3, 3, 2]
     assert sorted(int(b[0]) for step in order for b in step) == list(range(8))
     assert Steps(max_steps=2).micro_batches(8, 3) == 6 and Steps(max_steps=2).total(8, 3) == 2

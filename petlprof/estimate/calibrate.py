@@ -1,12 +1,15 @@
 """``petlprof calibrate``: measure what a prediction needs on this machine's device and keep it as a profile.
 
-Five measurements, each a few seconds (about 17 s in all on a CPU):
+Six measurements, each a few seconds (about 25 s in all on a CPU):
 
 * matrix throughput: square float32 products (and bfloat16 on a GPU) of :data:`MATMUL_SIZES`, the best of them, in
   FLOP/s (2 n^3 a product), with the threads a run uses;
 * memory bandwidth: copies of a :data:`COPY_BYTES` tensor (read and written: twice its bytes a copy);
 * the fixed cost of a kernel: a loop of in-place additions on an 8-element tensor;
 * the cost of drawing a random number: ``bernoulli_`` on :data:`RANDOM_NUMBERS` elements, as a dropout mask draws;
+* the optimiser's work on a tensor: gradient clipping and an AdamW step as a run takes them (torch's default
+  implementation for the device), on tensors of each of :data:`OPTIMIZER_SIZES` elements, in seconds a tensor (its
+  element-wise passes run below a copy's bandwidth, and slower where a tensor no longer fits the caches);
 * power while busy and at idle: the matrix loop and a sleep, each in a window of the energy meter a run on this
   device would use (RAPL or NVML; the labelled CPU estimate where neither can be read, said in ``power_source``).
 
@@ -31,6 +34,10 @@ MATMUL_SIZES = (256, 512, 1024)
 COPY_BYTES = 64 * 2**20
 RANDOM_NUMBERS = 2**20
 MEASURE_S = 1.5  # each measurement repeats its work for at least this long
+# tensor sizes (elements) the optimiser is timed at, each as many tensors as make OPTIMIZER_ELEMENTS (at least one):
+# a bias or norm, small and middle-sized matrices, a large projection, an embedding's size
+OPTIMIZER_SIZES = (256, 2**14, 2**17, 2**20, 2**22, 2**24)
+OPTIMIZER_ELEMENTS = 2**23
 
 
 def repeat_timed(work: Callable[[], object], device: str, seconds: float) -> tuple[int, float]:
@@ -85,6 +92,26 @@ def random_s_per_number(device: str, seconds: float = MEASURE_S) -> float:
     return elapsed / (RANDOM_NUMBERS * count)
 
 
+def optimizer_seconds(device: str, seconds: float = MEASURE_S) -> tuple[tuple[int, float], ...]:
+    """(elements, seconds a tensor) of gradient clipping (by the global norm, as a run clips) and a steady AdamW
+    step (its state made by an unmeasured first step) on tensors of each of :data:`OPTIMIZER_SIZES` elements."""
+    out = []
+    for size in OPTIMIZER_SIZES:
+        count = max(1, OPTIMIZER_ELEMENTS // size)
+        params = [torch.nn.Parameter(torch.full((size,), 0.5, device=device)) for _ in range(count)]
+        for p in params:
+            p.grad = torch.full_like(p, 0.01)  # the values change no kernel's time; filling is faster than drawing
+        optimizer = torch.optim.AdamW(params, lr=1e-3)
+
+        def step() -> None:
+            torch.nn.utils.clip_grad_norm_(params, 1.0)  # noqa: B023 - timed at once, in this iteration
+            optimizer.step()  # noqa: B023
+
+        runs, elapsed = repeat_timed(step, device, seconds / len(OPTIMIZER_SIZES))
+        out.append((size, elapsed / (runs * count)))
+    return tuple(out)
+
+
 def power_w(device: str, work: Callable[[], object] | None, seconds: float = MEASURE_S) -> tuple[float, str]:
     """(mean W, the energy meter's source) over ``seconds`` of ``work`` repeated (None: asleep)."""
     meter = energy_meter_for(device)
@@ -121,5 +148,6 @@ def calibrate(device: str = "cpu", seconds: float = MEASURE_S) -> dict:
         source=f"calibrated on {platform.node()} at {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC",
         power_source=source,
         random_s_per_number=random_s_per_number(device, seconds),
+        optimizer_s=optimizer_seconds(device, seconds),
     )
     return {"version": PROFILE_VERSION, "device": device.split(":")[0], **machine_facts(), "model": model.to_json()}

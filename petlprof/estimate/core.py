@@ -179,6 +179,8 @@ class Settings:
 
     batch_size: int = default_of("batch_size")  # a run's defaults, so an estimate prices what a run measures
     max_length: int = default_of("max_length")
+    # a classification batch's real tokens, the rest of its batch_size x max_length padding (None: every row full)
+    real_tokens: int | None = None
     num_labels: int = 2
     device_memory_bytes: int | None = None
     gpu: str = gpus.DEFAULT_GPU
@@ -286,7 +288,9 @@ def trace_figures(resolved: ResolvedBackbone, method, config, settings: Settings
         lengths = (settings.max_length, settings.target_length)
         inputs, labels = lm_batch(settings.batch_size, *lengths, _token_id(resolved), encoder_decoder)
     else:
-        inputs, labels = example_batch(settings.batch_size, settings.max_length, _token_id(resolved))
+        inputs, labels = example_batch(
+            settings.batch_size, settings.max_length, _token_id(resolved), settings.real_tokens
+        )
     if not any(p.requires_grad for p in model.parameters()):
         raise ValueError(f"{method.name} trains no parameter of the {settings.objective} task model")
     state = static.get(BREAKDOWN_QUANTIZATION_STATE, 0)
@@ -358,7 +362,8 @@ def _predicted(
         from petlprof.estimate.products import product_rates
 
         rates = product_rates([*train.op_costs, *infer.op_costs], dtype)
-    predicted = prediction(train.op_costs, infer.op_costs, settings.device_model, dtype, rates)
+    optimizer = (train.optimizer_kernels, train.trained_numels) if train.trained_numels else None
+    predicted = prediction(train.op_costs, infer.op_costs, settings.device_model, dtype, rates, optimizer)
     if decode is not None:
         predicted["generation"] = generation(decode, settings.device_model, dtype)
     budget = settings.budget()

@@ -19,7 +19,7 @@ from petlprof.estimate.roofline import DeviceModel
 from petlprof.meters.cpu_power_model import cpu_topology
 from petlprof.values import is_number
 
-PROFILE_VERSION = 2  # 2: the cost of drawing a random number
+PROFILE_VERSION = 3  # 2: the cost of drawing a random number; 3: the optimiser's time by tensor size
 PROFILE_ENV = "PETLPROF_PROFILE_DIR"
 
 
@@ -72,7 +72,10 @@ def _model_of(data: dict, path: Path) -> DeviceModel:
             raise ValueError("random_s_per_number is not a number >= 0")
         name, source, power = str(model["name"]), str(model["source"]), str(model["power_source"])
         measure = str(data.get("device", "")) == "cpu"  # a CPU's products are timed at a step's shapes too
-        return DeviceModel(name, flops, bandwidth, overhead, busy, idle, True, source, power, float(random), measure)
+        optimizer = _optimizer_table(model.get("optimizer_s", []))
+        return DeviceModel(
+            name, flops, bandwidth, overhead, busy, idle, True, source, power, float(random), measure, optimizer
+        )
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         raise UsageError(
             f"device profile {path} is not a petlprof profile ({error}); run `petlprof calibrate` again"
@@ -98,3 +101,17 @@ def load_profile(device: str) -> tuple[DeviceModel | None, str]:
     if stale:
         return None, f"stale profile {path} ({'; '.join(stale)}): run `petlprof calibrate --device {device}` again"
     return model, f"profile {path}"
+
+
+def _optimizer_table(value) -> tuple[tuple[int, float], ...]:
+    """A profile's ``optimizer_s``: (elements > 0, seconds > 0) pairs, else a ValueError saying why."""
+    if not isinstance(value, list):
+        raise ValueError("optimizer_s is not a list")
+    table = []
+    for pair in value:
+        if not (isinstance(pair, list) and len(pair) == 2 and all(is_number(v) and v > 0 for v in pair)):
+            raise ValueError(f"optimizer_s holds {pair!r}, not an (elements, seconds) pair of positive numbers")
+        if not float(pair[0]).is_integer() or abs(pair[0]) > 2**62:
+            raise ValueError(f"optimizer_s holds {pair!r}: its elements are not a whole number")
+        table.append((int(pair[0]), float(pair[1])))
+    return tuple(table)

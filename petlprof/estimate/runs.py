@@ -6,8 +6,10 @@ GPU the bundled table's entry for the GPU's name, uncalibrated — and returns, 
 block: the train step's time (s), energy (J) and peak memory (bytes), the evaluation batch's time (s), and what it
 was predicted on.  Nothing is predicted where there is no device model (a CPU never calibrated: no torch is even
 imported then), or for a configuration the estimate cannot price (the reason is kept).  A classification step is
-priced with every row ``max_length`` tokens, as the estimate prices it; a run pads each batch to its longest row, so
-a run on short texts measures less.  A language-modelling step is priced with every row the training split's longest
+priced at the heaviest batch the configuration's runs take, in their own order (``row_lengths``: the longest row of
+any batch, padded to, and the most real tokens of any, which a side network running on real tokens only holds:
+READ's), an upper bound on every batch; without the rows' lengths, every row ``max_length`` tokens, as the estimate
+prices it.  A language-modelling step is priced with every row the training split's longest
 (prompt, target), as the run tokenises them (``lm_lengths``: its data decides them), an upper bound the same way.
 The estimate's generation prediction is not kept: the run generates after evaluation prompts, for
 ``--max-new-tokens``, at lengths the training rows do not say.
@@ -28,11 +30,50 @@ from petlprof.results.figures import ENERGY, PEAK_MEMORY
 from petlprof.vocabulary import CLASSIFICATION, LM, ZERO_SHOT
 
 PRICED = "one step with every row max_length tokens (a run pads each batch to its longest row)"
+PRICED_BATCH = (
+    "one step at the heaviest training batch its runs take: {rows} rows padded to {length} tokens (the longest row "
+    "of any of their batches), {real} of them real tokens (the most of any batch), as the run tokenises them"
+)
 PRICED_LM = (
     "one step with every row the training split's longest prompt ({prompt} tokens) and target ({target} tokens), as "
     "the run tokenises them (a run pads each batch to its longest row)"
 )
 LmLengths = Callable[[Any], tuple[int, int]]  # an LM run's spec -> (prompt, target) tokens its step is priced at
+# a classification task and backbone and --max-length -> each training row's tokens, as the run tokenises them
+RowLengths = Callable[[str, str, int], Sequence[int]]
+
+
+class _Rows:
+    """A split of ``count`` rows cut into batches as a run cuts them (:func:`petlprof.run.train.batch_indices`)."""
+
+    def __init__(self, count: int, batch_size: int):
+        self.count, self.batch_size = count, batch_size
+
+    def __len__(self) -> int:
+        return -(-self.count // self.batch_size)
+
+    def batch_indices(self, shuffle_seed: int | None = None):
+        from petlprof.run.train import batch_indices
+
+        return batch_indices(self.count, self.batch_size, shuffle_seed)
+
+
+def heaviest_batch(lengths: Sequence[int], specs: Sequence[Any]) -> tuple[int, int]:
+    """(the longest row, the most real tokens) of any training batch the runs of ``specs`` take, their warm-up steps
+    among them: each run's batches in its own order (:func:`petlprof.run.train.step_order`, by its seed), over
+    ``lengths``, its training rows' tokens."""
+    from petlprof.run.train import Steps, step_order
+
+    longest = real = 0
+    for spec in specs:
+        rows = _Rows(len(lengths), spec.batch_size)
+        steps = Steps(epochs=spec.epochs, max_steps=spec.max_steps, warmup_steps=spec.warmup_steps, seed=spec.seed)
+        micro = steps.micro_batches(len(rows), spec.gradient_accumulation)
+        for group in step_order(rows, micro, spec.seed, spec.gradient_accumulation):
+            for batch in group:
+                tokens = [lengths[i] for i in batch]
+                longest, real = max(longest, max(tokens)), max(real, sum(tokens))
+    return longest, real
 
 
 def table_gpu(name: str) -> str | None:
@@ -61,11 +102,13 @@ def predict_runs(
     num_labels: Callable[[str], int],
     lm_lengths: LmLengths | None = None,
     objective_of: Callable[[Any], str] | None = None,
+    row_lengths: RowLengths | None = None,
 ) -> dict[str, dict]:
     """Run key -> the ``predicted`` block of its record (module docstring), one estimate per configuration;
     ``lm_lengths`` prices the language-modelling runs (none without it: their record says why); ``objective_of``: a
     run's objective as its task resolves it (``--objective auto``: a generative task's runs train their LM head),
-    else the spec's."""
+    else the spec's; ``row_lengths``: a classification step is priced at the heaviest batch its runs take
+    (:func:`heaviest_batch`) instead of every row ``max_length`` tokens."""
     if not specs:
         return {}
     model = device_model(specs[0].device)
@@ -77,26 +120,54 @@ def predict_runs(
 
     configs = len({spec.config_key for spec in specs})
     say(f"petlprof: predicting {configs} configuration(s) on {model.name} before the runs (a traced step each)")
-    out: dict[str, dict] = {}
-    by_config: dict[str, dict] = {}
+    grouped: dict[str, list] = {}
     for spec in specs:
-        config = spec.config_key
-        if config not in by_config:
-            objective = objective_of(spec) if objective_of is not None else spec.objective
-            by_config[config] = _predicted(
-                spec, objective, model, num_labels, lm_lengths, Settings, estimate, resolve_backbone
-            )
-        out[spec.run_key] = by_config[config]
+        grouped.setdefault(spec.config_key, []).append(spec)
+    out: dict[str, dict] = {}
+    for group in grouped.values():
+        spec = group[0]
+        objective = objective_of(spec) if objective_of is not None else spec.objective
+        batch = None
+        if objective != LM and row_lengths is not None:
+            batch = _heaviest(group, row_lengths)
+        predicted = _predicted(
+            spec, objective, model, num_labels, lm_lengths, Settings, estimate, resolve_backbone, batch
+        )
+        out.update((each.run_key, predicted) for each in group)
     return out
 
 
+def _heaviest(specs: Sequence[Any], row_lengths: RowLengths) -> tuple[int, int] | str:
+    """(longest row, real tokens) of the heaviest batch the runs of one configuration take, or why there is none."""
+    spec = specs[0]
+    try:
+        return heaviest_batch(row_lengths(spec.task, spec.backbone, spec.max_length), specs)
+    except Exception as error:  # a prediction never stops the sweep: its record says why it has none
+        return f"{type(error).__name__}: {error}"
+
+
 def _predicted(
-    spec, objective_name: str, model: DeviceModel, num_labels, lm_lengths, settings_class, estimate, resolve_backbone
+    spec,
+    objective_name: str,
+    model: DeviceModel,
+    num_labels,
+    lm_lengths,
+    settings_class,
+    estimate,
+    resolve_backbone,
+    batch: tuple[int, int] | str | None = None,
 ) -> dict:
-    """One configuration's ``predicted`` block (or why there is none), on the run's resolved ``objective_name``."""
+    """One configuration's ``predicted`` block (or why there is none), on the run's resolved ``objective_name``;
+    ``batch``: a classification step's (longest row, real tokens), or why they could not be read."""
     if spec.method == ZERO_SHOT:
         return {"kind": "predicted", "error": "zero-shot trains nothing: no training step to predict"}
+    if isinstance(batch, str):
+        return {"kind": "predicted", "error": f"the training batches' lengths could not be read: {batch}"}
     priced, objective = PRICED, {"max_length": spec.max_length, "objective": CLASSIFICATION}
+    if batch is not None:
+        length, real = batch
+        priced = PRICED_BATCH.format(rows=spec.batch_size, length=length, real=real)
+        objective = {**objective, "max_length": length, "real_tokens": real}
     try:
         if objective_name == LM:
             if lm_lengths is None:

@@ -140,7 +140,12 @@ class MetaTrace(TorchDispatchMode):
             flops = formula(*args, **kwargs, out_val=out) if formula is not None else 0
             self.flops += flops
             if self.record_costs and func is not _PRIM_DEVICE and not _is_view(func):  # a view launches no kernel
-                cost = (flops, _bytes_moved(args, kwargs, out), _drawn(func, out), _timed_shape(func, args, kwargs))
+                cost = (
+                    flops,
+                    _bytes_moved(func, args, kwargs, out),
+                    _drawn(func, out),
+                    _timed_shape(func, args, kwargs),
+                )
                 self.op_costs.append(cost)
         return out
 
@@ -292,9 +297,20 @@ def _is_view(func) -> bool:
     return view
 
 
-def _bytes_moved(args: tuple, kwargs: dict, out) -> int:
+# in-place operations that write their first argument without reading it (every other in-place update, ``add_``,
+# ``mul_``, AdamW's ``lerp_``, ``addcmul_`` and ``addcdiv_``, reads it and writes it back)
+_WRITE_ONLY = frozenset(
+    getattr(aten, name)
+    for name in ("copy_", "fill_", "zero_", "_foreach_copy_", "_foreach_zero_", "_foreach_fill_")
+    if hasattr(aten, name)
+)
+
+
+def _bytes_moved(func, args: tuple, kwargs: dict, out) -> int:
     """Bytes an operation reads and writes: its tensor arguments (and lists of them) and its outputs, each
-    storage once -- what a kernel moves through memory at the least (a roofline's memory term)."""
+    storage once, and an in-place update's first argument twice, as it is read and written back (AdamW's
+    element-wise updates: 20 passes of 4 bytes a parameter, counted 14 when each storage counted once) -- what a
+    kernel moves through memory at the least (a roofline's memory term)."""
     seen: dict[int, int] = {}
 
     def add(value) -> None:
@@ -310,7 +326,13 @@ def _bytes_moved(args: tuple, kwargs: dict, out) -> int:
     for value in kwargs.values():
         add(value)
     add(out)
-    return sum(seen.values())
+    moved = sum(seen.values())
+    packet = getattr(func, "_overloadpacket", None)
+    if _kind(func) in ("update", "updates") and packet not in _WRITE_ONLY and packet not in _RANDOM:
+        first = args[0] if args else None
+        firsts = first if isinstance(first, (list, tuple)) else [first]
+        moved += sum(t.numel() * t.element_size() for t in firsts if isinstance(t, torch.Tensor))
+    return moved
 
 
 # the operations that draw random numbers, one per element of their output (dropout's masks: bernoulli_ where an
@@ -506,14 +528,25 @@ class StepTrace:
     output_bytes: int = 0
     attention_kernels: tuple[str, ...] = ()  # the kernels its scaled_dot_product_attention calls ran (eager: none)
     op_costs: tuple[tuple[int, int, int, tuple[int, ...]], ...] = ()  # as MetaTrace.op_costs, of the counted pass
+    # a training step's: the kernels at the end of op_costs that clip the gradients and step the optimiser, and the
+    # elements of each tensor AdamW updates (none for another optimiser)
+    optimizer_kernels: int = 0
+    trained_numels: tuple[int, ...] = ()
 
 
-def example_batch(batch_size: int, max_length: int, token_id: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    """A full batch (every row ``max_length`` real tokens, the worst case a run's dynamic padding meets)."""
-    inputs = {
-        "input_ids": torch.full((batch_size, max_length), token_id, dtype=torch.long),
-        "attention_mask": torch.ones(batch_size, max_length, dtype=torch.long),
-    }
+def example_batch(
+    batch_size: int, max_length: int, token_id: int, real_tokens: int | None = None
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """A batch padded to ``max_length``: every row real tokens (the worst case a run's dynamic padding meets), or
+    ``real_tokens`` of them in all, the first row ``max_length`` (the longest, which the batch is padded to) and the
+    rest shared evenly by the others, padding after them (a side network that runs on the real tokens only, READ's,
+    holds what they make)."""
+    rows = [max_length] * batch_size
+    if real_tokens is not None and batch_size > 1:
+        rest = min(max(real_tokens - max_length, batch_size - 1), (batch_size - 1) * max_length)
+        rows[1:] = [rest // (batch_size - 1) + (i < rest % (batch_size - 1)) for i in range(batch_size - 1)]
+    mask = (torch.arange(max_length) < torch.tensor(rows).unsqueeze(1)).long()
+    inputs = {"input_ids": torch.full((batch_size, max_length), token_id, dtype=torch.long), "attention_mask": mask}
     return inputs, torch.zeros(batch_size, dtype=torch.long)
 
 
@@ -588,6 +621,7 @@ def train_steps(
         optimizer, params = MetaAdamW8bit(groups), [p for group in groups for p in group["params"]]
     micro = min(accumulation, 2)
     first_marks: list[int] = []
+    optimizer_kernels = 0
     model.train()
     tracer, kernels = MetaTrace(op_costs), DeviceKernels(device, attention_kernel)
     _recompute_under_rules(model, lambda: forward_rules(precision, device, kernels))
@@ -611,13 +645,23 @@ def train_steps(
                 torch.nn.utils.clip_grad_norm_(params, recipe.max_grad_norm)  # recipe.clip reads the norm's value
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
+                if step == 0:
+                    optimizer_kernels = len(tracer.op_costs) - marks[-1]
         del optimizer
     return StepTrace(
         tracer.peak_bytes,
         round(tracer.flops * accumulation / micro),  # the optimiser's element-wise work is not counted
         attention_kernels=tuple(sorted(kernels.attention_kernels)),
         op_costs=_accumulated(tracer.op_costs, first_marks, accumulation),
+        optimizer_kernels=optimizer_kernels,
+        trained_numels=tuple(p.numel() for p in params) if _calibrated_optimizer(optimizer_kind, params) else (),
     )
+
+
+def _calibrated_optimizer(optimizer_kind: str, params: list) -> bool:
+    """Whether a calibrated device's optimiser times price this step's: AdamW on float32 tensors, as ``petlprof
+    calibrate`` times it (half-precision weights, 8-bit state: the roofline prices their kernels)."""
+    return optimizer_kind == ADAMW and all(p.dtype == torch.float32 for p in params)
 
 
 def _accumulated(costs: list, marks: list[int], accumulation: int) -> tuple:

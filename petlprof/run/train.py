@@ -21,7 +21,7 @@ import itertools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import numpy as np
 import torch
@@ -185,7 +185,15 @@ class PhaseIO:
         return tqdm(total=total, desc=self.desc, unit=unit, dynamic_ncols=True, disable=not ranks.is_main, **kwargs)
 
 
-def _step_order(batches: Batches, micro: int, seed: int, accumulation: int = 1) -> Iterator[list[np.ndarray]]:
+class Ordered(Protocol):
+    """What :func:`step_order` reads of a split's batches: how many an epoch has, and their examples' order."""
+
+    def __len__(self) -> int: ...
+
+    def batch_indices(self, shuffle_seed: int | None = None) -> Iterator[np.ndarray]: ...
+
+
+def step_order(batches: Ordered, micro: int, seed: int, accumulation: int = 1) -> Iterator[list[np.ndarray]]:
     """The run's ``micro`` batches, ``accumulation`` to an optimiser step (the last step short when they do not
     divide): epoch after epoch, each shuffled by its own seed (the micro-batches of one step may span two
     epochs)."""
@@ -292,9 +300,7 @@ def train(
     total = steps.total(len(batches), recipe.accumulation)
     warmup = min(steps.warmup_steps, max(total - 1, 0))
     fit = _Fit(model, batches, recipe, total, io, cache, ranks)
-    order = _step_order(
-        batches, steps.micro_batches(len(batches), recipe.accumulation), steps.seed, recipe.accumulation
-    )
+    order = step_order(batches, steps.micro_batches(len(batches), recipe.accumulation), steps.seed, recipe.accumulation)
     model.train()
     window = Window(io.meters, io.device)
     with io.bar(total, "step", ranks, leave=True) as bar:
