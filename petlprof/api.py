@@ -155,6 +155,7 @@ def predictions_of(options: Any) -> Any:
 
         @functools.cache  # a classification task's rows on a backbone, tokenised once per --max-length
         def row_lengths(task: str, backbone: str, max_length: int) -> tuple[int, ...]:
+            # torch and transformers: only a sweep predicted on a calibrated device tokenises its rows here
             from petlprof.models.backbones import backbone_tokenizer
             from petlprof.run.train import encode_texts
 

@@ -53,7 +53,7 @@ class _Rows:
         return -(-self.count // self.batch_size)
 
     def batch_indices(self, shuffle_seed: int | None = None):
-        from petlprof.run.train import batch_indices
+        from petlprof.run.train import batch_indices  # torch: not imported where there is no device to predict on
 
         return batch_indices(self.count, self.batch_size, shuffle_seed)
 
@@ -62,7 +62,7 @@ def heaviest_batch(lengths: Sequence[int], specs: Sequence[Any]) -> tuple[int, i
     """(the longest row, the most real tokens) of any training batch the runs of ``specs`` take, their warm-up steps
     among them: each run's batches in its own order (:func:`petlprof.run.train.step_order`, by its seed), over
     ``lengths``, its training rows' tokens."""
-    from petlprof.run.train import Steps, step_order
+    from petlprof.run.train import Steps, step_order  # torch: not imported where there is no device to predict on
 
     longest = real = 0
     for spec in specs:
