@@ -212,7 +212,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             raise UsageError(f"--device {device}: torch sees no CUDA device here")
     say(
         f"petlprof: calibrating {device} (measured: matrix products, copies, tiny kernels, random numbers, the "
-        "optimiser, power busy and idle)"
+        "optimiser, fresh memory, power busy and idle)"
     )
     profile = calibrate(device)
     model = profile["model"]
@@ -226,6 +226,11 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         f"  optimiser (gradient clipping + an AdamW step): {small_s * 1e6:,.1f} us a tensor of {small:,} elements, "
         f"{large_s / large * 1e9:,.2f} ns an element at {large:,} (measured)"
     )
+    if device == "cpu":
+        say(
+            f"  cost of fresh memory: {model['fresh_s_per_byte'] * 2**20 * 1e3:,.2f} ms a MiB first written, beyond "
+            "the write (measured; allocations of 32 MiB or more are mapped anew each time)"
+        )
     power_kind = "estimated" if model["power_source"] == "estimate" else "measured"
     say(
         f"  power busy / idle: {model['busy_w']:,.1f} W / {model['idle_w']:,.1f} W "

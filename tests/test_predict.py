@@ -111,9 +111,11 @@ def test_a_table_gpu_is_uncalibrated_with_its_default_efficiencies_said():
 
 @pytest.fixture(autouse=True)
 def quick_optimizer(monkeypatch):
-    """The optimiser timed on 2**16 elements a size, not calibrate's 2**23 (which took a second a calibration)."""
+    """The optimiser timed on 2**16 elements a size, not calibrate's 2**23 (which took a second a calibration), and
+    the caches evicted by a 1 MiB write, not up to a GiB's."""
     monkeypatch.setattr(cal, "OPTIMIZER_SIZES", (256, 2**12, 2**16))
     monkeypatch.setattr(cal, "OPTIMIZER_ELEMENTS", 2**16)
+    monkeypatch.setattr(cal, "FLUSH_MAX_BYTES", 2**20)
 
 
 @pytest.fixture
@@ -138,6 +140,7 @@ def test_calibrate_measures_this_cpu_and_its_profile_reads_back(profiles):
     sizes = [size for size, _ in loaded.optimizer_s]
     assert sizes == list(cal.OPTIMIZER_SIZES) and all(0 < s < 1 for _, s in loaded.optimizer_s)
     assert loaded.optimizer_s[-1][1] > loaded.optimizer_s[0][1]  # a 65,536-element tensor takes longer than 256
+    assert 0 <= loaded.fresh_s_per_byte < 1e-8 and loaded.fresh_s_per_byte == model["fresh_s_per_byte"]
 
 
 def test_the_optimizer_is_priced_between_its_calibrated_sizes():
@@ -147,6 +150,30 @@ def test_the_optimizer_is_priced_between_its_calibrated_sizes():
     assert optimizer_time([550], table) == pytest.approx(1.5e-5)  # linear between two sizes
     assert optimizer_time([20_000], table) == pytest.approx(2e-3)  # past the largest: its time an element
     assert optimizer_time([1000, 1000], table) == pytest.approx(4e-5)
+
+
+def test_a_kernel_making_a_fresh_large_storage_pays_for_its_pages():
+    """On a CPU a storage of FRESH_PAGES_BYTES or more is mapped anew at each allocation and its pages faulted in as
+    first written: the trace counts such new storages per kernel, and the roofline prices them at the calibrated
+    cost a byte (a reused buffer's write: none; a smaller new one: none)."""
+    import torch
+
+    from petlprof.estimate.trace import FRESH_PAGES_BYTES, MetaTrace
+
+    large = FRESH_PAGES_BYTES // 4 + 1024  # float32 elements
+    weights = torch.empty(large, device="meta")
+    tracer = MetaTrace(op_costs=True)
+    with tracer, tracer.count_flops():
+        doubled = weights * 2  # a new large storage
+        doubled.mul_(3)  # written in place: nothing new
+        small = weights[:1024] + 1  # a new small one
+    assert [cost[4] for cost in tracer.op_costs] == [large * 4, 0, 0]
+    del doubled, small
+    fresh = dataclasses.replace(DEVICE, fresh_s_per_byte=1e-10)
+    base = phase_time(tracer.op_costs, DEVICE, "float32")
+    priced = phase_time(tracer.op_costs, fresh, "float32")
+    assert priced.time_s == pytest.approx(base.time_s + large * 4 * 1e-10)
+    assert priced.memory_bound_s == pytest.approx(base.memory_bound_s + large * 4 * 1e-10)
 
 
 def test_a_calibrated_optimizer_replaces_the_roofline_for_the_optimizers_kernels():
@@ -207,6 +234,19 @@ def test_a_profile_from_another_machine_torch_or_thread_count_is_named_stale_and
             )
             for table in ([[256, -1.0]], [[256]], [["256", 1e-5]], [[1.5, 1e-5]], {"256": 1e-5}, [[1e30, 1e-5]])
         ),
+        *(
+            json.dumps(
+                {
+                    "version": 3,
+                    "model": {
+                        **{"name": "x", "source": "s", "power_source": "p", "flops_per_s": {"float32": 1e9}},
+                        **{"bytes_per_s": 1e9, "kernel_overhead_s": 1e-6, "busy_w": 1, "idle_w": 0},
+                        "fresh_s_per_byte": fresh,
+                    },
+                }
+            )
+            for fresh in (-1e-10, "1e-10", None)
+        ),
     ],
 )
 def test_a_corrupt_profile_is_one_line_naming_the_file(profiles, text):
@@ -242,11 +282,12 @@ def test_calibrate_prints_each_figure_with_its_unit_and_how_it_was_obtained(prof
     monkeypatch.setattr(cal, "calibrate", lambda device: quick)  # the command's own 15 s measurement, shortened
     assert main(["calibrate", "--device", "cpu"]) == 0
     figures = [line.strip() for line in capsys.readouterr().err.splitlines() if line.startswith("  ")]
-    units = ("GFLOP/s", "GB/s", " us ", " ns ", " W ")
-    assert len(figures) == 6 and all(any(u in line for u in units) for line in figures), figures
+    units = ("GFLOP/s", "GB/s", " us ", " ns ", " ms ", " W ")
+    assert len(figures) == 7 and all(any(u in line for u in units) for line in figures), figures
     assert all("(measured" in line or "(estimated" in line for line in figures), figures
     assert any(line.startswith("cost of a random number:") for line in figures)
     assert any(line.startswith("optimiser (gradient clipping + an AdamW step): ") for line in figures)
+    assert any(line.startswith("cost of fresh memory: ") for line in figures)
 
 
 def records(out) -> list[dict]:

@@ -1,6 +1,6 @@
 """``petlprof calibrate``: measure what a prediction needs on this machine's device and keep it as a profile.
 
-Six measurements, each a few seconds (about 25 s in all on a CPU):
+Seven measurements, each a few seconds (about 17 s in all on a CPU):
 
 * matrix throughput: square float32 products (and bfloat16 on a GPU) of :data:`MATMUL_SIZES`, the best of them, in
   FLOP/s (2 n^3 a product), with the threads a run uses;
@@ -8,8 +8,11 @@ Six measurements, each a few seconds (about 25 s in all on a CPU):
 * the fixed cost of a kernel: a loop of in-place additions on an 8-element tensor;
 * the cost of drawing a random number: ``bernoulli_`` on :data:`RANDOM_NUMBERS` elements, as a dropout mask draws;
 * the optimiser's work on a tensor: gradient clipping and an AdamW step as a run takes them (torch's default
-  implementation for the device), on tensors of each of :data:`OPTIMIZER_SIZES` elements, in seconds a tensor (its
-  element-wise passes run below a copy's bandwidth, and slower where a tensor no longer fits the caches);
+  implementation for the device), on tensors of each of :data:`OPTIMIZER_SIZES` elements, each step after a write
+  that evicts the caches as a run's forward and backward passes do, in seconds a tensor (its element-wise passes run
+  below a copy's bandwidth, and slower where a tensor no longer fits the caches);
+* the cost of fresh memory: a :data:`FRESH_BYTES` allocation's first write against a reused buffer's (a CPU maps
+  allocations of 32 MiB or more anew each time, and faults their pages in as they are first written);
 * power while busy and at idle: the matrix loop and a sleep, each in a window of the energy meter a run on this
   device would use (RAPL or NVML; the labelled CPU estimate where neither can be read, said in ``power_source``).
 
@@ -20,8 +23,10 @@ The profile is kept by :mod:`petlprof.estimate.profiles` (``save_profile``) and 
 from __future__ import annotations
 
 import platform
+import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -38,6 +43,13 @@ MEASURE_S = 1.5  # each measurement repeats its work for at least this long
 # a bias or norm, small and middle-sized matrices, a large projection, an embedding's size
 OPTIMIZER_SIZES = (256, 2**14, 2**17, 2**20, 2**22, 2**24)
 OPTIMIZER_ELEMENTS = 2**23
+# written before each timed optimiser step, as a run's forward and backward passes do between its steps: twice the
+# largest CPU cache (sysfs), at most this; a step timed again and again on the same tensors found them in a cache
+# (this machine's reports 480 MiB) and came out 0.7 times the step inside a run
+FLUSH_MAX_BYTES = 2**30
+# a fresh allocation this large, timed as its first write (petlprof.estimate.trace.FRESH_PAGES_BYTES: at least that)
+FRESH_BYTES = 64 * 2**20
+FLUSH_DEFAULT_BYTES = 2**28  # where no cache size can be read (a GPU: its L2 is at most about 100 MB)
 
 
 def repeat_timed(work: Callable[[], object], device: str, seconds: float) -> tuple[int, float]:
@@ -92,9 +104,26 @@ def random_s_per_number(device: str, seconds: float = MEASURE_S) -> float:
     return elapsed / (RANDOM_NUMBERS * count)
 
 
+def cache_bytes() -> int | None:
+    """The largest CPU cache's size in bytes (Linux's sysfs), None where it cannot be read."""
+    sizes = []
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            text = (index / "size").read_text().strip()
+        except OSError:
+            continue
+        units = {"K": 2**10, "M": 2**20, "G": 2**30}
+        if text[:-1].isdigit() and text[-1] in units:
+            sizes.append(int(text[:-1]) * units[text[-1]])
+    return max(sizes) if sizes else None
+
+
 def optimizer_seconds(device: str, seconds: float = MEASURE_S) -> tuple[tuple[int, float], ...]:
     """(elements, seconds a tensor) of gradient clipping (by the global norm, as a run clips) and a steady AdamW
-    step (its state made by an unmeasured first step) on tensors of each of :data:`OPTIMIZER_SIZES` elements."""
+    step (its state made by an unmeasured first step) on tensors of each of :data:`OPTIMIZER_SIZES` elements, each
+    step timed alone after a write that evicts the caches (:data:`FLUSH_MAX_BYTES`), the median of the steps."""
+    cache = cache_bytes() if device == "cpu" else None
+    flush = torch.empty(min(2 * cache if cache else FLUSH_DEFAULT_BYTES, FLUSH_MAX_BYTES) // 4, device=device)
     out = []
     for size in OPTIMIZER_SIZES:
         count = max(1, OPTIMIZER_ELEMENTS // size)
@@ -102,14 +131,42 @@ def optimizer_seconds(device: str, seconds: float = MEASURE_S) -> tuple[tuple[in
         for p in params:
             p.grad = torch.full_like(p, 0.01)  # the values change no kernel's time; filling is faster than drawing
         optimizer = torch.optim.AdamW(params, lr=1e-3)
-
-        def step() -> None:
-            torch.nn.utils.clip_grad_norm_(params, 1.0)  # noqa: B023 - timed at once, in this iteration
-            optimizer.step()  # noqa: B023
-
-        runs, elapsed = repeat_timed(step, device, seconds / len(OPTIMIZER_SIZES))
-        out.append((size, elapsed / (runs * count)))
+        optimizer.step()  # makes the state, as a run's first step does
+        times: list[float] = []
+        began = time.perf_counter()
+        while not times or time.perf_counter() - began < seconds / len(OPTIMIZER_SIZES):
+            flush.fill_(1.0)
+            synchronize(device)
+            start = time.perf_counter()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            optimizer.step()
+            synchronize(device)
+            times.append(time.perf_counter() - start)
+        out.append((size, statistics.median(times) / count))
     return tuple(out)
+
+
+def fresh_s_per_byte(device: str, seconds: float = MEASURE_S) -> float:
+    """Seconds a byte of a fresh :data:`FRESH_BYTES` allocation costs, written once and freed, beyond writing a buffer
+    used again (the kernel maps its pages in as they are first written, and out as it is freed), the median of
+    repeated pairs; 0 on a GPU, whose caching allocator keeps its blocks."""
+    if device != "cpu":
+        return 0.0
+    kept = torch.empty(FRESH_BYTES // 4)
+    kept.fill_(1.0)
+    fresh: list[float] = []
+    reused: list[float] = []
+    began = time.perf_counter()
+    while not fresh or time.perf_counter() - began < seconds:
+        start = time.perf_counter()
+        new = torch.empty(FRESH_BYTES // 4)
+        new.fill_(1.0)
+        del new  # its pages unmapped: a run frees each such tensor too
+        middle = time.perf_counter()
+        kept.fill_(1.0)
+        fresh.append(middle - start)
+        reused.append(time.perf_counter() - middle)
+    return max(0.0, (statistics.median(fresh) - statistics.median(reused)) / FRESH_BYTES)
 
 
 def power_w(device: str, work: Callable[[], object] | None, seconds: float = MEASURE_S) -> tuple[float, str]:
@@ -149,5 +206,6 @@ def calibrate(device: str = "cpu", seconds: float = MEASURE_S) -> dict:
         power_source=source,
         random_s_per_number=random_s_per_number(device, seconds),
         optimizer_s=optimizer_seconds(device, seconds),
+        fresh_s_per_byte=fresh_s_per_byte(device, seconds),
     )
     return {"version": PROFILE_VERSION, "device": device.split(":")[0], **machine_facts(), "model": model.to_json()}

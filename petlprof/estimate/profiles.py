@@ -19,7 +19,7 @@ from petlprof.estimate.roofline import DeviceModel
 from petlprof.meters.cpu_power_model import cpu_topology
 from petlprof.values import is_number
 
-PROFILE_VERSION = 3  # 2: the cost of drawing a random number; 3: the optimiser's time by tensor size
+PROFILE_VERSION = 3  # 2: the cost of drawing a random number; 3: the optimiser's time by tensor size, fresh memory
 PROFILE_ENV = "PETLPROF_PROFILE_DIR"
 
 
@@ -73,8 +73,23 @@ def _model_of(data: dict, path: Path) -> DeviceModel:
         name, source, power = str(model["name"]), str(model["source"]), str(model["power_source"])
         measure = str(data.get("device", "")) == "cpu"  # a CPU's products are timed at a step's shapes too
         optimizer = _optimizer_table(model.get("optimizer_s", []))
+        fresh = model.get("fresh_s_per_byte", 0.0)
+        if not is_number(fresh) or fresh < 0:
+            raise ValueError("fresh_s_per_byte is not a number >= 0")
         return DeviceModel(
-            name, flops, bandwidth, overhead, busy, idle, True, source, power, float(random), measure, optimizer
+            name,
+            flops,
+            bandwidth,
+            overhead,
+            busy,
+            idle,
+            True,
+            source,
+            power,
+            float(random),
+            measure,
+            optimizer,
+            float(fresh),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         raise UsageError(

@@ -60,6 +60,9 @@ class DeviceModel:
     # as torch runs them on this device), measured by ``petlprof calibrate`` at a few sizes; empty: the roofline prices
     # the optimiser's kernels like any other
     optimizer_s: tuple[tuple[int, float], ...] = ()
+    # seconds a byte of a fresh allocation costs on its first write beyond the write itself (a CPU maps large
+    # allocations anew each time: petlprof.estimate.trace.FRESH_PAGES_BYTES); 0: none (a GPU's caching allocator)
+    fresh_s_per_byte: float = 0.0
 
     def throughput(self, dtype: str) -> float:
         """Achieved FLOP/s in ``dtype`` (float32's where the model has no figure for it)."""
@@ -119,7 +122,9 @@ class PhaseTime:
     kernels: int
 
 
-Cost = tuple  # a kernel's (FLOPs, bytes read and written[, random numbers drawn[, a product's (batch, M, K, N)]])
+# a kernel's (FLOPs, bytes read and written[, random numbers drawn[, a product's (batch, M, K, N)[, bytes of its new
+# storages large enough to be fresh pages]]])
+Cost = tuple
 ProductRates = Mapping[tuple[int, ...], float]  # a matrix product's (batch, M, K, N) -> its achieved FLOP/s
 
 
@@ -141,6 +146,8 @@ def phase_time(
             compute += c
         else:
             memory += m
+        if len(cost) > 4:
+            memory += cost[4] * device.fresh_s_per_byte  # its new large storages' pages, faulted in as first written
     overhead = len(op_costs) * device.kernel_overhead_s
     return PhaseTime(compute + memory + overhead, compute, memory, overhead, len(op_costs))
 
