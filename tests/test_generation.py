@@ -253,10 +253,19 @@ def test_the_real_generate_on_a_read_model_times_its_side_network_once_per_token
 
     read = get_method("read")
     model = read.build()(LanguageModel(load_backbone("tiny-llama", lm_head=True, seed=0)), read.make_config({}))
-    settings = dict(batch_sizes=[2], max_new_tokens=4, eos_token_id=None, warmup_steps=0, min_window_s=0.0)
-    phase = measure(model, Prompts(4), generate=greedy_generate, **settings)
+    settings = dict(batch_sizes=[2], max_new_tokens=4, eos_token_id=None, warmup_steps=1, min_window_s=0.0)
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(args[1].shape[0])
+        return greedy_generate(*args, **kwargs)
+
+    phase = measure(model, Prompts(4), generate=counted, **settings)
     figures = phase["batch_2"]
     assert figures["generated_tokens"] == figures["batches"] * 2 * 4  # no EOS: every row runs to max_new_tokens
+    # timed over the window's first call: no call beyond the warm-up and the window's (one more cost a READ run on
+    # smollm2 about 2.9 s outside its measured phases)
+    assert len(calls) == 1 + figures["batches"]
     assert figures["side_network"]["calls"] == 4  # the prompt's, then once per further token (not over time)
     assert 0 < figures["side_network"]["share_of_per_token"] < 1
     assert all(0 < at(figures, f) for f in SIDE_FIGURES)  # the whole call's time and the side network's shares

@@ -485,6 +485,7 @@ def test_idle_baseline_is_skipped_with_a_reason_when_nothing_can_be_read(monkeyp
     assert "no RAPL here" in prepare_sweep_idle("cpu", "auto")
     idle = sweep_idle()
     assert idle is not None and idle["notes"] == ["no CPU idle power: no RAPL here"] and "rapl_w" not in idle
+    assert idle["seconds"] == 0  # nothing was read
     assert "estimate" in prepare_sweep_idle("cpu", "estimate") and sweep_idle() is None
 
 

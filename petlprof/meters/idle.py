@@ -72,6 +72,8 @@ def measure_idle(device: str, seconds: float = IDLE_S) -> IdleBaseline:
             idle["rapl_w"], idle["spread"] = (first + second) / 2, spread(first, second)
         else:
             idle["notes"].append(f"no CPU idle power: {why}")
+    if "nvml_w" not in idle and "rapl_w" not in idle:
+        idle["seconds"] = 0.0  # nothing was read (the records had said 2.0 s)
     idle["measured_at"] = time.time()
     return idle
 

@@ -199,7 +199,7 @@ PER_TOKEN_LATENCY = Figure(
     "per_token_latency_s", "s", LOWER, ONE_RANK, "per-token latency p50", (GENERATION,), "ms", 1000.0, 1,
     part=("p50",),
 )  # fmt: skip
-# a side-tuning model's side network, timed over one unmetered call (petlprof.run.generation.side_network_share)
+# a side-tuning model's side network, timed over the generation window's first call (petlprof.run.generation)
 SIDE = ("side_network",)
 SIDE_CALL_TIME = Figure(
     "call_time_s", "s", LOWER, ONE_RANK, "side network's whole call", (GENERATION,), "s", decimals=3, under=SIDE

@@ -178,7 +178,7 @@ class Inference(TypedDict, total=False):
 
 
 class SideNetworkShare(TypedDict, total=False):
-    """A side-tuning model's side network, timed with forward hooks over one unmetered generate call
+    """A side-tuning model's side network, timed with forward hooks over the generation window's first call
     (petlprof.run.generation.side_network_share); its time, the whole call's time and its shares of the call
     and of the per-token steps are keyed by their declarations (figures.SIDE)."""
 

@@ -18,13 +18,16 @@ a GPU, ``perf_counter`` after a device synchronisation on a CPU), which gives th
 token of each call and the gaps between tokens.  The window's meters read the energy and the peak
 memory, KV cache included.
 
-For a side-tuning model (READ, LST: a ``side`` sub-module beside ``side_forward``), one more call,
-outside the window and unmetered, times the side network with forward hooks: its share of the whole
-call and of the decode steps after the first token (the per-token cost).
+For a side-tuning model (READ, LST: a ``side`` sub-module beside ``side_forward``), the window's first call
+also times the side network with forward hooks (two more marks a decode step, on its timeline): its share of
+the whole call and of the decode steps after the first token (the per-token cost).  That took a call of its own
+outside the window once, which cost a READ run on ``smollm2`` about 2.9 s of wall time outside its measured
+phases for a figure the window's first call gives.
 """
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from collections.abc import Callable
@@ -142,11 +145,15 @@ class Decoding:
             on_token=on_token,
         )
 
-    def timed(self, inputs: dict[str, torch.Tensor]) -> tuple[list[list[int]], Timeline]:
-        """(the rows' new token ids, the call's timeline: start, each token, end; resolved later)."""
+    def timed(
+        self, inputs: dict[str, torch.Tensor], side: torch.nn.Module | None = None
+    ) -> tuple[list[list[int]], Timeline]:
+        """(the rows' new token ids, the call's timeline: start, each token, end, and around each call of ``side``
+        where given (:func:`side_marks`); resolved later)."""
         timeline = Timeline(self.device)
         timeline.mark("start")
-        rows = self.call(inputs, lambda step: timeline.mark("token"))
+        with side_marks(side, timeline):
+            rows = self.call(inputs, lambda step: timeline.mark("token"))
         timeline.mark("end")
         return rows, timeline
 
@@ -163,25 +170,29 @@ def _side_network(model) -> torch.nn.Module | None:
     return side if isinstance(side, torch.nn.Module) and hasattr(model, "side_forward") else None
 
 
-def side_network_share(decoding: Decoding, side: torch.nn.Module, inputs) -> SideNetworkShare:
-    """Time ``side`` with forward hooks over one unmetered call: its time, calls and its share of the
-    whole call and of the decode steps after the first token."""
-    hooks = []
+@contextlib.contextmanager
+def side_marks(side: torch.nn.Module | None, timeline: Timeline):
+    """While open, each forward call of ``side`` (None: nothing) marks ``side_in`` and ``side_out`` on
+    ``timeline``."""
+    if side is None:
+        yield
+        return
+    hooks = [
+        side.register_forward_pre_hook(lambda *_: timeline.mark("side_in")),
+        side.register_forward_hook(lambda *_: timeline.mark("side_out")),
+    ]
     try:
-        timeline = Timeline(decoding.device)
-        hooks = [
-            side.register_forward_pre_hook(lambda *_: timeline.mark("side_in")),
-            side.register_forward_hook(lambda *_: timeline.mark("side_out")),
-        ]
-        timeline.mark("start")
-        decoding.call(inputs, lambda step: timeline.mark("token"))
-        timeline.mark("end")
+        yield
     finally:
         for hook in hooks:
             hook.remove()
-    marks = timeline.resolve()
+
+
+def side_network_share(side: torch.nn.Module, marks: list[tuple[str, float]]) -> SideNetworkShare:
+    """``side``'s time, calls and its share of the whole call and of the decode steps after the first token, from
+    one call's resolved ``marks`` (start, each token, ``side_in``/``side_out`` around each side call, end)."""
     spans = list(zip(_times(marks, "side_in"), _times(marks, "side_out")))
-    tokens, call_s = _times(marks, "token"), _times(marks, "end")[0]
+    tokens, call_s = _times(marks, "token"), _times(marks, "end")[0] - _times(marks, "start")[0]
     side_s = sum(end - begin for begin, end in spans)
     decode_s = tokens[-1] - tokens[0] if len(tokens) > 1 else 0.0
     side_decode_s = sum(end - begin for begin, end in spans if tokens and begin >= tokens[0])
@@ -195,7 +206,7 @@ def side_network_share(decoding: Decoding, side: torch.nn.Module, inputs) -> Sid
             SIDE_CALL_TIME.name: call_s,
             SIDE_SHARE_OF_CALL.name: side_s / call_s if call_s > 0 else None,
             SIDE_SHARE_OF_PER_TOKEN.name: side_decode_s / decode_s if decode_s > 0 else None,
-            "how": "forward hooks on the side network over one unmetered call on the first batch, outside the window",
+            "how": "forward hooks on the side network over the window's first call (its first batch)",
         },
     )
 
@@ -299,9 +310,7 @@ def measure_generation(
         rows = int(batches[0]["input_ids"].shape[0])
         progress.at("generation", rows)
         with autocast(precision, device), StatusLine(f"{label} generation, batch {rows}") as line:
-            entry = _one_batch_size(decoding, batches, make_meters(rows), warmup_steps, limit, min_window_s, line)
-            if side is not None:
-                entry["side_network"] = side_network_share(decoding, side, batches[0])
+            entry = _one_batch_size(decoding, batches, make_meters(rows), warmup_steps, limit, min_window_s, line, side)
         if (time_s := TIME.of(entry)) is not None and time_s < min_window_s:
             entry["warnings"].append(
                 f"the generation window lasted {time_s:.2f} s, under its {min_window_s:g} s target: "
@@ -312,10 +321,17 @@ def measure_generation(
 
 
 def _one_batch_size(
-    decoding: Decoding, batches, meters: list[Meter], warmup_steps: int, limit: int, min_window_s: float, line
+    decoding: Decoding,
+    batches,
+    meters: list[Meter],
+    warmup_steps: int,
+    limit: int,
+    min_window_s: float,
+    line,
+    side: torch.nn.Module | None = None,
 ) -> GenerationBatch:
     """One batch size: its warm-up calls (:class:`~petlprof.meters.energy.WarmUp`, a few new tokens each), then its
-    measured window (:func:`_measure`); ``line`` says which on the terminal."""
+    measured window (:func:`_measure`, ``side`` timed over its first call); ``line`` says which on the terminal."""
     try:
         with WarmUp(meters, decoding.device, warmup_steps) as warming:
             for step in range(warmup_steps):
@@ -326,7 +342,7 @@ def _one_batch_size(
         line.update(
             f"measuring: up to {limit} calls of {decoding.max_new_tokens} new tokens, at least {min_window_s:g} s"
         )
-        entry = _measure(decoding, batches, meters, limit, min_window_s)
+        entry = _measure(decoding, batches, meters, limit, min_window_s, side)
     finally:
         for meter in meters:
             meter.close()
@@ -334,18 +350,23 @@ def _one_batch_size(
     return cast(GenerationBatch, {**entry, **warming.figures()})
 
 
-def _measure(decoding: Decoding, batches, meters: list[Meter], limit: int, min_window_s: float) -> GenerationBatch:
-    """One batch size's window: batch after batch until the stopping rule, then its figures."""
+def _measure(
+    decoding: Decoding, batches, meters: list[Meter], limit: int, min_window_s: float, side=None
+) -> GenerationBatch:
+    """One batch size's window: batch after batch until the stopping rule, then its figures (and ``side``'s share,
+    timed over the first call)."""
     calls: list[tuple[list[list[int]], Timeline]] = []
     with Window(meters, decoding.device) as window:
         t0 = time.perf_counter()
         while len(calls) < limit and (len(calls) < MIN_BATCHES or time.perf_counter() - t0 < min_window_s):
-            calls.append(decoding.timed(batches[len(calls) % len(batches)]))
+            calls.append(decoding.timed(batches[len(calls) % len(batches)], None if calls else side))
     warnings = phase_warnings(window.reading)
     resolved = [(out, timeline.resolve()) for out, timeline in calls]
     figures = _figures(resolved, batches, window, int(batches[0]["input_ids"].shape[0]))
     if not GENERATED_TOKENS.of(figures):
         warnings.append("no token was generated: the figures per token are missing")
     source = timing_source(decoding.device)
+    shared = {"side_network": side_network_share(side, resolved[0][1])} if side is not None and resolved else {}
+    entry = {**figures, "latency_source": source, **window.reading.record(), "warnings": warnings, **shared}
     # the reading's figures are keyed by their declarations (FIGURE.name): the entry is cast
-    return cast(GenerationBatch, {**figures, "latency_source": source, **window.reading.record(), "warnings": warnings})
+    return cast(GenerationBatch, entry)
