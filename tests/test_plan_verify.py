@@ -88,7 +88,8 @@ def test_plan_verify_runs_a_pilot_and_writes_the_corrected_plan(tmp_path, monkey
     """The offline backbone, READ, two measured steps: the ratios are numbers and the corrected figures are the
     predicted ones times them."""
     monkeypatch.setenv(prof.PROFILE_ENV, str(tmp_path / "profiles"))
-    monkeypatch.setattr(cal, "OPTIMIZER_ELEMENTS", 2**16)  # the optimiser timed on fewer elements: a quicker profile
+    monkeypatch.setattr(cal, "OPTIMIZER_SIZES", (256, 2**12, 2**16))  # the optimiser timed on fewer, smaller tensors
+    monkeypatch.setattr(cal, "OPTIMIZER_ELEMENTS", 2**16)
     monkeypatch.setattr(cal, "FLUSH_MAX_BYTES", 2**20)
     prof.save_profile(cal.calibrate("cpu", seconds=0.05), "cpu")
     out = tmp_path / "plan"
