@@ -232,7 +232,19 @@ def test_a_profile_from_another_machine_torch_or_thread_count_is_named_stale_and
                     },
                 }
             )
-            for table in ([[256, -1.0]], [[256]], [["256", 1e-5]], [[1.5, 1e-5]], {"256": 1e-5}, [[1e30, 1e-5]])
+            for table in (
+                [[256, -1.0]],
+                [[256]],
+                [["256", 1e-5]],
+                [[1.5, 1e-5]],
+                {"256": 1e-5},
+                [[1e30, 1e-5]],
+                [[10**400, 1e-5]],
+                [[256, 10**400]],
+                [[256, 1e308]],
+                [[256, 1e-5], [256, 2e-5]],
+                [[True, 1e-5]],
+            )
         ),
         *(
             json.dumps(
@@ -245,7 +257,7 @@ def test_a_profile_from_another_machine_torch_or_thread_count_is_named_stale_and
                     },
                 }
             )
-            for fresh in (-1e-10, "1e-10", None)
+            for fresh in (-1e-10, "1e-10", None, 10**400, 1e308, math.inf)
         ),
     ],
 )
@@ -639,3 +651,21 @@ def test_durations_read_in_the_largest_unit_that_keeps_them_short(seconds, text)
 )
 def test_energy_reads_in_joules_and_from_a_tenth_of_a_kwh_in_kwh(energy, text):
     assert joules(energy) == text
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_the_optimizers_kernels_are_clipping_and_adamw_only(precision):
+    """What a calibrated device's optimiser table replaces: the kernels from clipping on; fp16's unscaling of the
+    gradients before them stays priced by the roofline (the table does not time it)."""
+    import torch
+
+    from petlprof.estimate.trace import train_steps
+
+    model = torch.nn.Linear(8, 2, device="meta")
+    inputs, labels = {"input": torch.ones(4, 8)}, torch.zeros(4, dtype=torch.long)
+    steps = {
+        p: train_steps(model, inputs, labels, precision=p, device="cpu", op_costs=True) for p in ("fp32", precision)
+    }
+    assert steps[precision].trained_numels == (16, 2)
+    # the same kernels whatever the precision: fp16's unscaling (one _foreach_mul_) is not among them
+    assert steps[precision].optimizer_kernels == steps["fp32"].optimizer_kernels > 0

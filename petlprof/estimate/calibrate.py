@@ -1,6 +1,6 @@
 """``petlprof calibrate``: measure what a prediction needs on this machine's device and keep it as a profile.
 
-Seven measurements, each a few seconds (about 17 s in all on a CPU):
+Seven measurements, each a few seconds (about 16 s in all on a CPU):
 
 * matrix throughput: square float32 products (and bfloat16 on a GPU) of :data:`MATMUL_SIZES`, the best of them, in
   FLOP/s (2 n^3 a product), with the threads a run uses;
@@ -49,6 +49,7 @@ OPTIMIZER_ELEMENTS = 2**23
 FLUSH_MAX_BYTES = 2**30
 # a fresh allocation this large, timed as its first write (petlprof.estimate.trace.FRESH_PAGES_BYTES: at least that)
 FRESH_BYTES = 64 * 2**20
+MIN_SAMPLES = 3  # steps timed at each size at least, whatever the time they take
 FLUSH_DEFAULT_BYTES = 2**28  # where no cache size can be read (a GPU: its L2 is at most about 100 MB)
 
 
@@ -133,8 +134,7 @@ def optimizer_seconds(device: str, seconds: float = MEASURE_S) -> tuple[tuple[in
         optimizer = torch.optim.AdamW(params, lr=1e-3)
         optimizer.step()  # makes the state, as a run's first step does
         times: list[float] = []
-        began = time.perf_counter()
-        while not times or time.perf_counter() - began < seconds / len(OPTIMIZER_SIZES):
+        while len(times) < MIN_SAMPLES or sum(times) < seconds / len(OPTIMIZER_SIZES):  # the flushes not counted
             flush.fill_(1.0)
             synchronize(device)
             start = time.perf_counter()

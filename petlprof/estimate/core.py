@@ -179,8 +179,9 @@ class Settings:
 
     batch_size: int = default_of("batch_size")  # a run's defaults, so an estimate prices what a run measures
     max_length: int = default_of("max_length")
-    # a classification batch's real tokens, the rest of its batch_size x max_length padding (None: every row full)
-    real_tokens: int | None = None
+    # a classification training batch's (length it is padded to, real tokens), the rest padding (None: every row
+    # max_length tokens); the evaluation batch stays max_length tokens a row, an upper bound on the evaluation split's
+    train_rows: tuple[int, int] | None = None
     num_labels: int = 2
     device_memory_bytes: int | None = None
     gpu: str = gpus.DEFAULT_GPU
@@ -287,10 +288,11 @@ def trace_figures(resolved: ResolvedBackbone, method, config, settings: Settings
             raise ValueError("Settings(objective='lm') needs a target_length")
         lengths = (settings.max_length, settings.target_length)
         inputs, labels = lm_batch(settings.batch_size, *lengths, _token_id(resolved), encoder_decoder)
+        evaluation = inputs
     else:
-        inputs, labels = example_batch(
-            settings.batch_size, settings.max_length, _token_id(resolved), settings.real_tokens
-        )
+        length, real = settings.train_rows or (settings.max_length, None)
+        inputs, labels = example_batch(settings.batch_size, length, _token_id(resolved), real)
+        evaluation, _ = example_batch(settings.batch_size, settings.max_length, _token_id(resolved))
     if not any(p.requires_grad for p in model.parameters()):
         raise ValueError(f"{method.name} trains no parameter of the {settings.objective} task model")
     state = static.get(BREAKDOWN_QUANTIZATION_STATE, 0)
@@ -311,7 +313,7 @@ def trace_figures(resolved: ResolvedBackbone, method, config, settings: Settings
         accumulation=settings.gradient_accumulation,
         **rules,
     )
-    infer = inference_batch(model, inputs, **rules)
+    infer = inference_batch(model, evaluation, **rules)
     compute_dtype = dtype if settings.precision == FP32 else AUTOCAST_DTYPES[settings.precision]
     quantized: _Quantized = {} if built.quantization is None else {"quantization": built.quantization}
     lm: _LanguageModelling = {}

@@ -74,8 +74,8 @@ def _model_of(data: dict, path: Path) -> DeviceModel:
         measure = str(data.get("device", "")) == "cpu"  # a CPU's products are timed at a step's shapes too
         optimizer = _optimizer_table(model.get("optimizer_s", []))
         fresh = model.get("fresh_s_per_byte", 0.0)
-        if not is_number(fresh) or fresh < 0:
-            raise ValueError("fresh_s_per_byte is not a number >= 0")
+        if not is_number(fresh) or not 0 <= fresh < MAX_FRESH_S_PER_BYTE:
+            raise ValueError(f"fresh_s_per_byte is not a number from 0 to {MAX_FRESH_S_PER_BYTE:g} s a byte")
         return DeviceModel(
             name,
             flops,
@@ -91,7 +91,7 @@ def _model_of(data: dict, path: Path) -> DeviceModel:
             optimizer,
             float(fresh),
         )
-    except (KeyError, TypeError, ValueError, AttributeError) as error:
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as error:
         raise UsageError(
             f"device profile {path} is not a petlprof profile ({error}); run `petlprof calibrate` again"
         ) from None
@@ -118,15 +118,26 @@ def load_profile(device: str) -> tuple[DeviceModel | None, str]:
     return model, f"profile {path}"
 
 
+MAX_FRESH_S_PER_BYTE = 1e-6  # a MB a second: slower than any machine maps its memory
+MAX_OPTIMIZER_S = 60.0  # one tensor's clipping and AdamW step
+MAX_ELEMENTS = 2**50
+
+
 def _optimizer_table(value) -> tuple[tuple[int, float], ...]:
-    """A profile's ``optimizer_s``: (elements > 0, seconds > 0) pairs, else a ValueError saying why."""
+    """A profile's ``optimizer_s``: (whole elements from 1 to :data:`MAX_ELEMENTS`, seconds above 0 and under
+    :data:`MAX_OPTIMIZER_S`) pairs, each size once, else a ValueError (or OverflowError) saying why."""
     if not isinstance(value, list):
         raise ValueError("optimizer_s is not a list")
-    table = []
+    table: dict[int, float] = {}
     for pair in value:
-        if not (isinstance(pair, list) and len(pair) == 2 and all(is_number(v) and v > 0 for v in pair)):
-            raise ValueError(f"optimizer_s holds {pair!r}, not an (elements, seconds) pair of positive numbers")
-        if not float(pair[0]).is_integer() or abs(pair[0]) > 2**62:
-            raise ValueError(f"optimizer_s holds {pair!r}: its elements are not a whole number")
-        table.append((int(pair[0]), float(pair[1])))
-    return tuple(table)
+        if not (isinstance(pair, list) and len(pair) == 2 and all(is_number(v) for v in pair)):
+            raise ValueError(f"optimizer_s holds {pair!r}, not an (elements, seconds) pair of numbers")
+        elements, seconds = pair
+        if not (1 <= elements <= MAX_ELEMENTS and float(elements).is_integer()):
+            raise ValueError(f"optimizer_s holds {pair!r}: its elements are not a whole number from 1 to 2**50")
+        if not 0 < seconds < MAX_OPTIMIZER_S:
+            raise ValueError(f"optimizer_s holds {pair!r}: its seconds are not above 0 and under {MAX_OPTIMIZER_S:g}")
+        if int(elements) in table:
+            raise ValueError(f"optimizer_s holds {int(elements)} elements twice")
+        table[int(elements)] = float(seconds)
+    return tuple(sorted(table.items()))

@@ -32,7 +32,8 @@ from petlprof.vocabulary import CLASSIFICATION, LM, ZERO_SHOT
 PRICED = "one step with every row max_length tokens (a run pads each batch to its longest row)"
 PRICED_BATCH = (
     "one step at the heaviest training batch its runs take: {rows} rows padded to {length} tokens (the longest row "
-    "of any of their batches), {real} of them real tokens (the most of any batch), as the run tokenises them"
+    "of any of their batches), {real} of them real tokens (the most of any batch), as the run tokenises them; the "
+    "evaluation batch with every row max_length tokens"
 )
 PRICED_LM = (
     "one step with every row the training split's longest prompt ({prompt} tokens) and target ({target} tokens), as "
@@ -167,7 +168,7 @@ def _predicted(
     if batch is not None:
         length, real = batch
         priced = PRICED_BATCH.format(rows=spec.batch_size, length=length, real=real)
-        objective = {**objective, "max_length": length, "real_tokens": real}
+        objective = {**objective, "train_rows": (length, real)}
     try:
         if objective_name == LM:
             if lm_lengths is None:

@@ -537,8 +537,9 @@ class StepTrace:
     output_bytes: int = 0
     attention_kernels: tuple[str, ...] = ()  # the kernels its scaled_dot_product_attention calls ran (eager: none)
     op_costs: tuple[tuple[int, int, int, tuple[int, ...], int], ...] = ()  # as MetaTrace.op_costs, of the counted pass
-    # a training step's: the kernels at the end of op_costs that clip the gradients and step the optimiser, and the
-    # elements of each tensor AdamW updates (none for another optimiser)
+    # a training step's: the kernels at the end of op_costs that clip the gradients and step the optimiser (fp16's
+    # unscaling before them is not among them), and the elements of each tensor AdamW updates (none for another
+    # optimiser)
     optimizer_kernels: int = 0
     trained_numels: tuple[int, ...] = ()
 
@@ -651,11 +652,12 @@ def train_steps(
                     first_marks = marks
                 if precision == FP16:  # GradScaler.unscale_: in place, before clipping
                     torch._foreach_mul_([p.grad for p in params if p.grad is not None], 1 / _LOSS_SCALE)
+                clipping = len(tracer.op_costs)  # the optimiser's work starts here (a calibrated device times it)
                 torch.nn.utils.clip_grad_norm_(params, recipe.max_grad_norm)  # recipe.clip reads the norm's value
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
                 if step == 0:
-                    optimizer_kernels = len(tracer.op_costs) - marks[-1]
+                    optimizer_kernels = len(tracer.op_costs) - clipping
         del optimizer
     return StepTrace(
         tracer.peak_bytes,

@@ -20,13 +20,15 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import time
 
 import pytest
+from by_hand import petlprof_command
 
 from petlprof.estimate import profiles as prof
 from petlprof.results.records import measured_phases_s, warmup_time_s
+
+pytestmark = pytest.mark.by_hand  # runs only when its file is named (tests/benchmarks/conftest.py)
 
 COMMAND = "run --methods zero_shot,full,read,lora --backbone smollm2 --task arith --train-size 128 --eval-size 32"
 MAX_SHARE, MAX_MEDIAN_S = 0.15, 5.0
@@ -35,9 +37,10 @@ MAX_SHARE, MAX_MEDIAN_S = 0.15, 5.0
 def test_a_smollm2_sweep_spends_little_outside_its_measured_phases(tmp_path, record_property):
     out = tmp_path / "sweep"
     env = {**os.environ, prof.PROFILE_ENV: str(tmp_path / "no-profile")}
-    command = [sys.executable, "-c", "import sys; from petlprof.cli import main; sys.exit(main(sys.argv[1:]))"]
     start = time.monotonic()
-    done = subprocess.run([*command, *COMMAND.split(), "--output", str(out)], env=env, capture_output=True, text=True)
+    done = subprocess.run(
+        petlprof_command(*COMMAND.split(), "--output", str(out)), env=env, capture_output=True, text=True
+    )
     wall_s = time.monotonic() - start
     assert done.returncode == 0, done.stderr[-3000:]
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]

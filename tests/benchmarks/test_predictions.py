@@ -22,13 +22,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import pytest
+from by_hand import petlprof_command
 
 from petlprof.estimate import calibrate as cal
 from petlprof.estimate import profiles as prof
 from petlprof.results.figures import ENERGY, PEAK_MEMORY, PEAK_TENSORS
+
+pytestmark = pytest.mark.by_hand  # runs only when its file is named (tests/benchmarks/conftest.py)
 
 METHODS = "full,lora,bitfit,lst,read"
 SWEEPS = {
@@ -51,8 +53,7 @@ def sweep(out, name: str, steps: int, meters: str | None, profiles) -> list[dict
     if meters:
         args.append(f"--meters={meters}")
     env = {**os.environ, prof.PROFILE_ENV: str(profiles)}
-    command = [sys.executable, "-c", "import sys; from petlprof.cli import main; sys.exit(main(sys.argv[1:]))", *args]
-    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    done = subprocess.run(petlprof_command(*args), env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     return [r for r in records if r["method"] != "zero_shot"]  # the row a generative task adds trains nothing

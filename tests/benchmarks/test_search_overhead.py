@@ -3,7 +3,8 @@
 ``petlprof run --methods lora,read --backbone minilm --tune lr --train-size 512 --eval-size 64`` in a process of its
 own, on a machine without a device profile.  The search's wall time is read from the command's own lines as they
 arrive: from "searching each configuration's lr first" to the line that announces the final runs (the search is
-over then: every trial recorded, each configuration's value chosen).  Its trials' measured work is read from
+over then: every trial recorded, each configuration's value chosen), less the sweep's idle-power reading, made
+meanwhile (none where no RAPL or NVML can be read).  Its trials' measured work is read from
 ``trials.jsonl``: each trial's measured phases and its warm-up steps (timed and metered apart, charged to the
 search's energy).  Asserted: at most 10% of the search's wall time outside them (each trial's process start,
 loading and record, and the driver's work between rungs).
@@ -18,13 +19,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 
 import pytest
+from by_hand import petlprof_command
 
 from petlprof.estimate import profiles as prof
 from petlprof.results.records import measured_phases_s, warmup_time_s
+
+pytestmark = pytest.mark.by_hand  # runs only when its file is named (tests/benchmarks/conftest.py)
 
 COMMAND = "run --methods lora,read --backbone minilm --tune lr --train-size 512 --eval-size 64"
 SEARCHING, FINAL = "searching each configuration's", "already in"  # the search's first line; the final runs' line
@@ -34,10 +37,9 @@ MAX_SHARE = 0.10
 def test_a_learning_rate_search_spends_little_outside_its_trials(tmp_path, record_property):
     out = tmp_path / "sweep"
     env = {**os.environ, prof.PROFILE_ENV: str(tmp_path / "no-profile")}
-    command = [sys.executable, "-c", "import sys; from petlprof.cli import main; sys.exit(main(sys.argv[1:]))"]
     start = time.monotonic()
     process = subprocess.Popen(
-        [*command, *COMMAND.split(), "--output", str(out)],
+        petlprof_command(*COMMAND.split(), "--output", str(out)),
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -57,7 +59,8 @@ def test_a_learning_rate_search_spends_little_outside_its_trials(tmp_path, recor
     trials = [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()]
     assert trials and all(t["status"] == "ok" for t in trials), [t.get("error") for t in trials]
     inside = sum(measured_phases_s(t) + (warmup_time_s(t) or 0.0) for t in trials)
-    search_s = ended - began
+    idle_s = (trials[0].get("idle_baseline") or {}).get("seconds") or 0.0  # the sweep's idle power, read meanwhile
+    search_s = ended - began - idle_s
     share = 1 - inside / search_s
     print(
         f"\npetlprof {COMMAND}: the search took {search_s:.1f} s of wall time (its lines' arrival), {len(trials)} "
