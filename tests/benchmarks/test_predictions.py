@@ -34,7 +34,7 @@ pytestmark = pytest.mark.by_hand  # runs only when its file is named (tests/benc
 
 METHODS = "full,lora,bitfit,lst,read"
 SWEEPS = {
-    "minilm": {"backbone": "minilm", "task": "tweets", "batch_size": 16},
+    "minilm": {"backbone": "minilm", "task": "tweets", "batch_size": 32},  # the run default
     "smollm2-lm": {"backbone": "smollm2", "task": "arith", "batch_size": 8, "max_new_tokens": 2},
 }
 # evaluation as short as it goes: a training step is what is compared
