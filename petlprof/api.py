@@ -139,7 +139,7 @@ def predictions_of(options: Any) -> Any:
 
     def predict(specs: list) -> dict[str, dict]:
         # petlprof.estimate: imported when a sweep has runs to predict (torch only where there is a device model)
-        from petlprof.estimate.runs import predict_runs
+        from petlprof.estimate.runs import predict_runs, training_row_lengths
         from petlprof.sweep.config import sweep_task
         from petlprof.sweep.lengths import longest_rows
 
@@ -155,13 +155,7 @@ def predictions_of(options: Any) -> Any:
 
         @functools.cache  # a classification task's rows on a backbone, tokenised once per --max-length
         def row_lengths(task: str, backbone: str, max_length: int) -> tuple[int, ...]:
-            # torch and transformers: only a sweep predicted on a calibrated device tokenises its rows here
-            from petlprof.models.backbones import backbone_tokenizer
-            from petlprof.run.train import encode_texts
-
-            tokenizer = backbone_tokenizer(backbone, options.random_init)
-            encoded = encode_texts(sweep_task(options, task).train, tokenizer, max_length)
-            return tuple(len(ids) for ids in encoded["input_ids"])
+            return training_row_lengths(sweep_task(options, task).train, backbone, max_length, options.random_init)
 
         return predict_runs(
             specs, lambda task: int(sweep_task(options, task).num_labels or 2), lm_lengths, objective_of, row_lengths

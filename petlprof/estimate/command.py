@@ -442,8 +442,7 @@ def _task_lengths(args: argparse.Namespace, settings: Settings, backbone: str) -
     if not args.task:
         return {}
     # the task's data and the run's tokenisation: kept out of petlprof --help's imports
-    from petlprof.models.backbones import backbone_tokenizer
-    from petlprof.run.train import encode_texts
+    from petlprof.estimate.runs import training_row_lengths
     from petlprof.sweep.config import sweep_task
     from petlprof.sweep.lengths import longest_rows
     from petlprof.sweep.options import RunOptions
@@ -456,13 +455,13 @@ def _task_lengths(args: argparse.Namespace, settings: Settings, backbone: str) -
         if settings.objective == LM:
             prompt, target = longest_rows(options, args.task, task, backbone)
             return {"max_length": prompt, "target_length": target}
-        encoded = encode_texts(task.train, backbone_tokenizer(backbone), settings.max_length)["input_ids"]
+        lengths = training_row_lengths(task.train, backbone, settings.max_length)
     except (OSError, ValueError) as error:  # a bundled shape: a config without its tokenizer
         raise UsageError(
             f"--task {args.task} needs backbone '{backbone}'s tokenizer to read its lengths, and it has none here "
             f"({type(error).__name__}): give --max-length (and --target-length) instead"
         ) from None
-    return {"max_length": max((len(ids) for ids in encoded), default=1)}
+    return {"max_length": max(lengths, default=1)}
 
 
 def _lengths_line(args: argparse.Namespace, records: Sequence[EstimateRecord]) -> str | None:

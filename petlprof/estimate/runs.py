@@ -59,6 +59,18 @@ class _Rows:
         return batch_indices(self.count, self.batch_size, shuffle_seed)
 
 
+def training_row_lengths(split, backbone: str, max_length: int, random_init: bool = False) -> tuple[int, ...]:
+    """Each row's tokens in a classification ``split`` (its texts and pairs), cut to ``max_length`` as a run tokenises
+    them (:func:`petlprof.run.train.encode_texts`) with ``backbone``'s tokenizer: what a sweep's predictions and
+    ``petlprof estimate --task`` price a step at."""
+    # transformers and the run's tokenisation: only where a step is priced at a task's rows
+    from petlprof.models.backbones import backbone_tokenizer
+    from petlprof.run.train import encode_texts
+
+    encoded = encode_texts(split, backbone_tokenizer(backbone, random_init), max_length)
+    return tuple(len(ids) for ids in encoded["input_ids"])
+
+
 def heaviest_batch(lengths: Sequence[int], specs: Sequence[Any]) -> tuple[int, int]:
     """(the longest row, the most real tokens) of any training batch the runs of ``specs`` take, their warm-up steps
     among them: each run's batches in its own order (:func:`petlprof.run.train.step_order`, by its seed), over
