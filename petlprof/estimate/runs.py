@@ -75,8 +75,11 @@ def heaviest_batch(lengths: Sequence[int], specs: Sequence[Any]) -> tuple[int, i
     """(the longest row, the most real tokens) of any training batch the runs of ``specs`` take, their warm-up steps
     among them: each run's batches in its own order (:func:`petlprof.run.train.step_order`, by its seed), over
     ``lengths``, its training rows' tokens."""
+    import numpy as np  # the batches' sums over every row of every epoch of every seed: vectorised per batch
+
     from petlprof.run.train import Steps, step_order  # torch: not imported where there is no device to predict on
 
+    counts = np.asarray(lengths, dtype=np.int64)
     longest = real = 0
     for spec in specs:
         rows = _Rows(len(lengths), spec.batch_size)
@@ -84,8 +87,8 @@ def heaviest_batch(lengths: Sequence[int], specs: Sequence[Any]) -> tuple[int, i
         micro = steps.micro_batches(len(rows), spec.gradient_accumulation)
         for group in step_order(rows, micro, spec.seed, spec.gradient_accumulation):
             for batch in group:
-                tokens = [lengths[i] for i in batch]
-                longest, real = max(longest, max(tokens)), max(real, sum(tokens))
+                tokens = counts[batch]
+                longest, real = max(longest, int(tokens.max())), max(real, int(tokens.sum()))
     return longest, real
 
 
