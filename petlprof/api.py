@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -137,7 +137,7 @@ def predictions_of(options: Any) -> Any:
     """Each run's predicted costs (:func:`petlprof.estimate.runs.predict_runs`) for the sweep ``options`` describe,
     for the sweep driver, which cannot import the estimate; the classifier's labels read from each task."""
 
-    def predict(specs: list) -> dict[str, dict]:
+    def predict(specs: list) -> Mapping[str, Mapping[str, object]]:
         # petlprof.estimate: imported when a sweep has runs to predict (torch only where there is a device model)
         from petlprof.estimate.runs import predict_runs, training_row_lengths
         from petlprof.sweep.config import sweep_task

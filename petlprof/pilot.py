@@ -65,8 +65,9 @@ def pilot_device(args: argparse.Namespace) -> str:
     return priced
 
 
-def pilot_options(args: argparse.Namespace, record: Mapping[str, Any], device: str, folder: Path) -> dict[str, Any]:
-    """The run options of one configuration's pilot: the plan's options, its method and method config, a few steps."""
+def pilot_options(args: argparse.Namespace, record: Mapping[str, Any], device: str, folder: Path) -> RunOptions:
+    """The run options of one configuration's pilot: the plan's options, its method and method config, a few steps,
+    checked as ``petlprof run`` checks its options (a UsageError naming the bad one)."""
     batch = int(record["batch_size"])
     steps = int(args.verify_steps)
     options: dict[str, Any] = {
@@ -91,7 +92,7 @@ def pilot_options(args: argparse.Namespace, record: Mapping[str, Any], device: s
     }
     for name in TRAINING_SETTINGS:
         options[name] = getattr(args, name, None)
-    return {name: value for name, value in options.items() if value is not None}
+    return build_options({}, {name: value for name, value in options.items() if value is not None})
 
 
 def pilot_ratios(record: RunResult, device: str) -> tuple[dict[str, float | None], str | None]:
@@ -150,7 +151,7 @@ def verify(args: argparse.Namespace, plan: Plan) -> int:
     fixed_records = []
     # every pilot's options checked as petlprof run checks them, before the first pilot runs: one line, exit 2
     checked = {
-        index: build_options({}, pilot_options(args, record, device, plan.out / PILOTS / f"{index}-{candidate.method}"))
+        index: pilot_options(args, record, device, plan.out / PILOTS / f"{index}-{candidate.method}")
         for index, (candidate, record) in enumerate(zip(plan.candidates, plan.records), 1)
         if candidate.error is None
     }

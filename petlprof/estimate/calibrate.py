@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from petlprof.estimate.profiles import PROFILE_VERSION, device_name, machine_facts
+from petlprof.estimate.profiles import PROFILE_VERSION, Profile, device_name, machine_facts
 from petlprof.estimate.roofline import DeviceModel
 from petlprof.meters import Window, energy_meter_for, synchronize
 from petlprof.results.figures import ENERGY, ENERGY_SOURCE
@@ -186,7 +186,7 @@ def power_w(device: str, work: Callable[[], object] | None, seconds: float = MEA
     return energy / window_s, str(window.reading.get(ENERGY_SOURCE))
 
 
-def calibrate(device: str = "cpu", seconds: float = MEASURE_S) -> dict:
+def calibrate(device: str = "cpu", seconds: float = MEASURE_S) -> Profile:
     """Measure this machine's ``device`` (module docstring) and return its profile (not yet saved)."""
     dtypes = ["float32", "bfloat16"] if device.startswith("cuda") else ["float32"]
     flops = {dtype: matmul_flops_per_s(device, dtype, seconds) for dtype in dtypes}

@@ -44,7 +44,15 @@ from petlprof.estimate.gpus import Headroom
 from petlprof.estimate.lm import LmFigures, decode_step, lm_figures
 from petlprof.estimate.model import ResolvedBackbone, build, family, resolve_backbone, weight_breakdown
 from petlprof.estimate.quantized import check_traceable
-from petlprof.estimate.roofline import Budget, DecodeStep, DeviceModel, generation, prediction, train_total
+from petlprof.estimate.roofline import (
+    Budget,
+    DecodeStep,
+    DeviceModel,
+    Predicted,
+    generation,
+    prediction,
+    train_total,
+)
 from petlprof.estimate.trace import (
     StepTrace,
     UntraceableError,
@@ -72,7 +80,7 @@ from petlprof.results.figures import (
     BREAKDOWN_TRAINABLE_WEIGHTS,
 )
 from petlprof.run.recipe import AUTOCAST_DTYPES, prepare_model
-from petlprof.sweep.options import TRAINING_SETTINGS, default_of
+from petlprof.sweep.options import TRAINING_SETTINGS, TrainingValue, default_of
 from petlprof.vocabulary import ADAMW, CLASSIFICATION, FP32, LM
 
 META_TRACE = "meta-device trace of the step (no weights allocated)"
@@ -113,8 +121,13 @@ class _LanguageModelling(TypedDict, total=False):
     lm: LmFigures  # --objective lm
 
 
-class TraceFigures(_Traced, _Quantized, _LanguageModelling):
-    """What one traced step gives (:func:`trace_figures`): parameters, bytes and FLOPs."""
+class _Predictions(TypedDict, total=False):
+    predicted: Predicted  # where the settings name a device model (a profile, or --device on the GPU table)
+
+
+class TraceFigures(_Traced, _Quantized, _LanguageModelling, _Predictions):
+    """What one traced step gives (:func:`trace_figures`): parameters, bytes and FLOPs, and their predicted times
+    where the settings name a device model."""
 
 
 class StepTimeBound(TypedDict):
@@ -210,7 +223,7 @@ class Settings:
             return None
         return Budget(self.train_size, self.epochs, self.max_steps, self.batch_size, self.gradient_accumulation)
 
-    def training_fields(self) -> dict[str, Any]:
+    def training_fields(self) -> dict[str, TrainingValue]:
         """The training settings a run's spec would carry, those changed from their defaults only (as in run keys)."""
         return {name: getattr(self, name) for name in TRAINING_SETTINGS if getattr(self, name) != default_of(name)}
 
@@ -353,7 +366,7 @@ def trace_figures(resolved: ResolvedBackbone, method, config, settings: Settings
 
 def _predicted(
     train: StepTrace, infer: StepTrace, settings: Settings, dtype: str, decode: DecodeStep | None = None
-) -> dict:
+) -> _Predictions:
     """The ``predicted`` block (:mod:`petlprof.estimate.roofline`) where the settings name a device model: the steps,
     the training run's totals, and (the LM objective) generation."""
     if settings.device_model is None:

@@ -62,5 +62,5 @@ def extrapolated_figures(
     figures["estimate_source"] = f"{DEPTH_RULE} (the meta-device trace failed: {reason})"
     # time and energy are priced kernel by kernel, and the full depth's kernels were never traced: a shallow step's
     # seconds would be read as the whole model's (and rank it first in a plan)
-    figures.pop("predicted", None)  # type: ignore[typeddict-item]
+    figures.pop("predicted", None)
     return figures

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -122,7 +123,7 @@ def flop_counter() -> FlopCounterMode:
     return FlopCounterMode(display=False, custom_mapping=mapping)
 
 
-def flop_formulas() -> dict:
+def flop_formulas() -> dict[torch._ops.OpOverloadPacket, Callable[..., int]]:
     """The formulas :func:`flop_counter` counts by: operation packet -> FLOPs of a call (its arguments and
     ``out_val``, its output); :class:`petlprof.estimate.trace.MetaTrace` counts by them itself."""
     return flop_counter().flop_registry

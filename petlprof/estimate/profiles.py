@@ -13,6 +13,7 @@ import json
 import os
 import platform
 from pathlib import Path
+from typing import Any, TypedDict
 
 from petlprof.errors import UsageError
 from petlprof.estimate.roofline import DeviceModel
@@ -37,7 +38,23 @@ def device_name(device: str) -> str:
     return f"cpu: {cpu_topology().name or platform.processor() or 'unknown'}"
 
 
-def machine_facts() -> dict:
+class MachineFacts(TypedDict):
+    """What makes a profile this machine's (a profile measured elsewhere, or under another torch, is stale)."""
+
+    machine: str  # host name
+    torch: str  # torch's version
+    threads: int  # intra-op threads
+
+
+class Profile(MachineFacts):
+    """A device profile as ``petlprof calibrate`` saves it."""
+
+    version: int  # PROFILE_VERSION
+    device: str  # cpu or cuda
+    model: dict[str, Any]  # the DeviceModel, field by field (JSON)
+
+
+def machine_facts() -> MachineFacts:
     """What makes a profile this machine's: host, torch's version, intra-op threads."""
     import torch  # torch: slow to import, only once a profile is measured or found
 
@@ -49,7 +66,7 @@ def profile_path(device: str) -> Path:
     return profile_dir() / f"{slug or 'device'}.json"
 
 
-def save_profile(profile: dict, device: str) -> Path:
+def save_profile(profile: Profile, device: str) -> Path:
     path = profile_path(device)
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.{os.getpid()}")

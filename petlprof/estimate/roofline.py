@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
+from typing import TypedDict
 
 from petlprof.estimate.gpus import Gpu
 from petlprof.results.figures import ENERGY, ENERGY_PER_TOKEN, TIME, TOKENS_PER_S
@@ -170,7 +171,41 @@ class Budget:
         return training_batches(per_epoch, self.epochs, self.max_steps, self.accumulation)
 
 
-def train_total(predicted: dict, budget: Budget) -> dict:
+# figure-keyed parts (TIME.name, ENERGY.name, ...: their names are declared once, in petlprof.results.figures, which a
+# TypedDict cannot list without spelling them again): plain dicts of numbers
+TrainTotal = dict[str, float | int | None]  # the budget's fields, its steps and batches, its time (s) and energy (J)
+GenerationPrediction = dict[str, float | int | dict[str, int]]  # tokens, time, rates, the decode step's shape
+
+
+class TrainSplit(TypedDict):
+    """Where a predicted training step's seconds go."""
+
+    compute: float  # kernels bound by the matrix throughput
+    memory: float  # kernels bound by the bandwidth
+    kernels: float  # the kernels' fixed costs
+    optimizer: float  # calibrated (0: priced in the roofline's parts)
+
+
+class Predicted(TypedDict, total=False):
+    """An estimate record's ``predicted`` block (:func:`prediction`), with the LM objective's ``generation`` and,
+    where a run length is given, the run's ``train_total``."""
+
+    kind: str  # "predicted": never a measurement
+    device: str
+    calibrated: bool
+    model: str  # where the device model came from
+    power_source: str
+    train_step_s: float
+    train_step_energy_j: float
+    inference_batch_s: float
+    train_split_s: TrainSplit
+    train_kernels: int
+    products_timed_at_their_shapes: int
+    generation: GenerationPrediction
+    train_total: TrainTotal
+
+
+def train_total(predicted: Predicted, budget: Budget) -> TrainTotal:
     """The predicted training time (s) and energy (J) of ``budget``: each batch priced as ``predicted``'s step prices
     one of its micro-batches (its time over the batches a step accumulates), an epoch's short last batch as a full
     one (an upper bound by at most one batch an epoch); the warm-up steps are among the steps, as in a run."""
@@ -207,7 +242,7 @@ class DecodeStep:
     target_length: int
 
 
-def generation(step: DecodeStep, device: DeviceModel, dtype: str) -> dict:
+def generation(step: DecodeStep, device: DeviceModel, dtype: str) -> GenerationPrediction:
     """Greedy decoding of ``target_length`` tokens after the prompt, on the roofline: each step takes the longer of its
     FLOPs / the matrix throughput and its bytes (weights, the KV cache up to its position) / the bandwidth, plus its
     kernels' fixed cost, summed over the steps; tokens per second and joules per token over the whole generation.
@@ -238,7 +273,7 @@ def prediction(
     dtype: str,
     product_rates: ProductRates | None = None,
     optimizer: tuple[int, Sequence[int]] | None = None,
-) -> dict:
+) -> Predicted:
     """The record's ``predicted`` block: train step and evaluation batch times (s) with their split, and the train
     step's energy (J), on ``device``, every figure predicted (matrix products at ``product_rates`` where given).
     ``optimizer``: (the optimiser's kernels at the end of ``train_costs``, the elements of each tensor it updates),

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 from petlprof.errors import say
 from petlprof.estimate.gpus import GPUS
@@ -101,6 +101,19 @@ def table_gpu(name: str) -> str | None:
     return (sized or found)[0] if found else None
 
 
+class RunPrediction(TypedDict, total=False):
+    """A run record's ``predicted`` block: the step its configuration's estimate priced, or why there is none."""
+
+    kind: str  # "predicted": never a measurement
+    error: str  # why there is no prediction (the rest is then absent)
+    device: str
+    calibrated: bool
+    model: str  # where the device model came from
+    priced: str  # the batch the step was priced at, in words
+    train: dict[str, float | int]  # step_time_s, energy (J a step) and peak memory (bytes), keyed by their figures
+    eval: dict[str, float]  # batch_time_s
+
+
 def device_model(device: str) -> DeviceModel | None:
     """What a run on ``device`` is predicted on: this machine's profile, else (a GPU) the table's entry, else None."""
     kind = "cuda" if device.startswith("cuda") else "cpu"
@@ -119,7 +132,7 @@ def predict_runs(
     lm_lengths: LmLengths | None = None,
     objective_of: Callable[[Any], str] | None = None,
     row_lengths: RowLengths | None = None,
-) -> dict[str, dict]:
+) -> dict[str, RunPrediction]:
     """Run key -> the ``predicted`` block of its record (module docstring), one estimate per configuration;
     ``lm_lengths`` prices the language-modelling runs (none without it: their record says why); ``objective_of``: a
     run's objective as its task resolves it (``--objective auto``: a generative task's runs train their LM head),
@@ -139,7 +152,7 @@ def predict_runs(
     grouped: dict[str, list] = {}
     for spec in specs:
         grouped.setdefault(spec.config_key, []).append(spec)
-    out: dict[str, dict] = {}
+    out: dict[str, RunPrediction] = {}
     for group in grouped.values():
         spec = group[0]
         objective = objective_of(spec) if objective_of is not None else spec.objective
@@ -172,7 +185,7 @@ def _predicted(
     estimate,
     resolve_backbone,
     batch: tuple[int, int] | str | None = None,
-) -> dict:
+) -> RunPrediction:
     """One configuration's ``predicted`` block (or why there is none), on the run's resolved ``objective_name``;
     ``batch``: a classification step's (longest row, real tokens), or why they could not be read."""
     if spec.method == ZERO_SHOT:

@@ -83,7 +83,7 @@ class SweepOutcome:
     # 130 (Ctrl-C) or 143 (SIGTERM): the runs in flight were recorded cancelled
 
 
-Predict = Callable[[list[RunSpec]], dict[str, dict]]  # run key -> its record's ``predicted`` block
+Predict = Callable[[list[RunSpec]], Mapping[str, Mapping[str, object]]]  # run key -> its record's ``predicted`` block
 
 
 def drive(
@@ -143,7 +143,7 @@ def drive(
             executor.close()
 
 
-def _predictions(predict: Predict | None, specs: list[RunSpec]) -> dict[str, dict]:
+def _predictions(predict: Predict | None, specs: list[RunSpec]) -> Mapping[str, Mapping[str, object]]:
     """Each run's predicted costs, made once per configuration before any run; none where it fails (said once)."""
     if predict is None or not specs:
         return {}
@@ -358,7 +358,7 @@ def _sweep(
     kind: str | None = None,
     tuning: Mapping[str, dict] | None = None,
     limiter: PowerLimiter | None = None,
-    predictions: Mapping[str, dict] | None = None,
+    predictions: Mapping[str, Mapping[str, object]] | None = None,
 ) -> None:
     """Run ``todo`` on ``executor``, appending each record as it comes back (counted in ``tally``); ``done`` runs
     of ``total`` were recorded before (a resumed sweep), so progress counts the whole sweep; ``work``: the training

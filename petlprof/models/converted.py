@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from petlprof.errors import StatusLine, say
 from petlprof.models.gguf import GgufWeights, file_sha256, provenance
@@ -178,7 +178,12 @@ def _replace(tmp: Path, folder: Path, source_sha256: str) -> None:
             raise
 
 
-def _facts(path: Path) -> dict[str, Any]:
+class FileFacts(TypedDict):
+    size: int  # bytes
+    sha256: str
+
+
+def _facts(path: Path) -> FileFacts:
     _fsync(path)
     return {"size": path.stat().st_size, "sha256": file_sha256(path)}
 

@@ -28,9 +28,9 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from importlib import resources
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import pandas as pd
@@ -75,6 +75,68 @@ class Axis:
     range: tuple[float, float] | None = None  # the values it can take (a share of samples: [0, 1]), if bounded
     phase: str | None = None  # the window whose contention inflates it (times, energies, rates); None: none does
     energy_kind: str | None = None  # for an energy: the column saying whether it was measured or estimated
+
+
+class AxisJSON(TypedDict):
+    """An axis as the page's script reads it (:class:`Axis` less what only this module uses)."""
+
+    key: str
+    label: str
+    unit: str
+    direction: str
+    kind: str
+    log: bool
+    range: tuple[float, float] | None
+
+
+class Group(TypedDict):
+    """A (task, backbone) pair the page plots apart, with its default y axis (its primary metric)."""
+
+    task: str
+    backbone: str
+    y: str | None
+
+
+class Point(TypedDict):
+    """One configuration on the page: its figures in their shown units and why any is flagged."""
+
+    id: str
+    group: int  # index into PageData.groups
+    method: str
+    config: str
+    seeds: list[Any]
+    zero_shot: bool
+    values: dict[str, float | None]  # axis key -> shown value
+    intervals: dict[str, float]  # axis key -> the seeds' 95% half-width
+    interval: str  # how the intervals were obtained
+    ranges: dict[str, list[float]]  # a one-seed share's Wilson interval [low, high]
+    no_front: str | None  # why it is on no frontier
+    range_how: str
+    flags: dict[str, str]  # axis key -> why its figure is marked
+
+
+class PageData(TypedDict):
+    """The JSON report.html embeds: the axes it offers, the groups, the points, the cappable budgets and the
+    default axes."""
+
+    axes: list[AxisJSON]
+    groups: list[Group]
+    points: list[Point]
+    budgets: list[str]
+    x: str | None
+    y: str | None
+
+
+def _axis_json(axis: Axis) -> AxisJSON:
+    return AxisJSON(
+        key=axis.key,
+        label=axis.label,
+        unit=axis.unit,
+        direction=axis.direction,
+        kind=axis.kind,
+        log=axis.log,
+        range=axis.range,
+    )
 
 
 def _phase_axes() -> list[Axis]:
@@ -137,7 +199,7 @@ def page_data(
     configs: pd.DataFrame,
     metrics: Iterable[str],
     extra: Sequence[Axis] = (),
-) -> dict[str, Any]:
+) -> PageData:
     """The page's data for ``configs`` (one row per configuration, as :func:`~petlprof.report.frame.summarise`
     gives), offering the ``metrics``, every cost some configuration has and the ``extra`` axes; a figure measured
     on a contended machine is flagged."""
@@ -146,7 +208,7 @@ def page_data(
     groups: list[tuple[str, str]] = []
     primary: dict[tuple[str, str], str] = {}  # each task's primary metric: its default y axis
     offered = {a.key for a in axes}
-    points = []
+    points: list[Point] = []
     for i, (_, row) in enumerate(configs.iterrows()):
         group = (text(row.get("task")), text(row.get("backbone")))
         if group not in groups:
@@ -175,7 +237,7 @@ def page_data(
     keys = [a.key for a in axes]
     metric_keys = [a.key for a in axes if a.kind == "metric"]
     return {
-        "axes": [{k: v for k, v in asdict(a).items() if k not in ("scale", "phase", "energy_kind")} for a in axes],
+        "axes": [_axis_json(a) for a in axes],
         "groups": [{"task": t, "backbone": b, "y": primary.get((t, b))} for t, b in groups],
         "points": points,
         "budgets": [k for k in BUDGETS if k in keys],

@@ -203,7 +203,7 @@ def above_idle_grade(phase: Mapping[str, Any], grade: Grade | None) -> Grade | N
     return grade
 
 
-def graded(phase: Mapping[str, Any]) -> dict[str, Any]:
+def graded(phase: Mapping[str, Any]) -> dict[str, str | list[str] | None]:
     """The grade keys of one window (:data:`KEYS`), None where it has no energy figure."""
     grade = energy_grade(phase)
     above = above_idle_grade(phase, grade)

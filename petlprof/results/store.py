@@ -179,7 +179,7 @@ class StoreLock:
 
     def __init__(self, out_dir: Path):
         self.path = Path(out_dir) / LOCK_FILE
-        self.taken_over: dict | None = None
+        self.taken_over: dict[str, object] | None = None
         self._fh: IO[str] | None = None
 
     def __enter__(self) -> StoreLock:
@@ -215,7 +215,8 @@ class StoreLock:
         fh.close()
 
 
-def _parse(text: str) -> dict | None:
+def _parse(text: str) -> dict[str, object] | None:
+    """A lock file's JSON object (its holder's ``pid`` and ``host``, unchecked), None where it holds none."""
     try:
         value = json.loads(text)
     except json.JSONDecodeError:

@@ -20,7 +20,7 @@ import sys
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import yaml
 
@@ -789,7 +789,12 @@ def expand(options: RunOptions, device: str, out_dir: Path | None = None) -> lis
     return list({spec.run_key: spec for spec in specs}.values())
 
 
-def _folders(options: RunOptions, out_dir: Path | None, caching: bool) -> dict[str, Any]:
+class _Folders(TypedDict):
+    cache_dir: str | None
+    memory_snapshot_dir: str | None
+
+
+def _folders(options: RunOptions, out_dir: Path | None, caching: bool) -> _Folders:
     """The RunSpec fields naming folders of the sweep's output: where a cache that outgrows its budget spills
     (next to the results) and where the CUDA allocator's snapshots go."""
     if out_dir is None:

@@ -96,6 +96,7 @@ class ToSpec:
 
 # the training settings of real jobs (petlprof.run.recipe), which `petlprof estimate` takes as well
 TRAINING_SETTINGS = ("weights_dtype", "gradient_checkpointing", "gradient_accumulation", "optimizer")
+TrainingValue = str | bool | int | None  # what those settings take: a dtype or optimiser name, a flag, a count
 
 
 def option(
