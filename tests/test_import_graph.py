@@ -364,3 +364,17 @@ def test_every_builtin_method_module_is_listed_and_gives_its_spec():
     for name, reference in BUILTIN_METHODS.items():
         spec = resolve_target(reference)
         assert isinstance(spec, MethodSpec) and spec.name == name
+
+
+MAX_ROOT_MODULES = 12  # issue 36: the rest lives in the subpackages, one per stage or layer
+
+
+def test_the_root_holds_at_most_twelve_modules_and_every_subpackage_says_what_it_owns():
+    root = ROOTS["petlprof"]
+    modules = sorted(p.name for p in root.glob("*.py"))
+    assert len(modules) <= MAX_ROOT_MODULES, f"{len(modules)} modules directly in petlprof/: {modules}"
+    packages = sorted(p.parent for p in root.glob("*/__init__.py"))
+    assert packages, "no subpackage found"
+    for package in packages:
+        docstring = ast.get_docstring(ast.parse((package / "__init__.py").read_text())) or ""
+        assert len(docstring.split()) >= 5, f"petlprof/{package.name}/__init__.py does not say what the package owns"
