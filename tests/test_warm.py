@@ -110,18 +110,14 @@ def _settings(backbone: str, task: str) -> dict:
     return settings
 
 
-@pytest.mark.parametrize("case", list(_CASES))
-def test_a_forked_run_measures_what_a_fresh_interpreter_measures(case, lm_folder):
-    """From either kind of warm worker: the same metrics and losses, each phase's peak within 2% of the fresh run's
-    (the child maps again the library pages its worker had resident: without that, the runtime baseline is about
-    35% lower and those pages count in the run's peak as they page in again), the ``cpu-tensors`` peaks equal.  The
-    baseline of a run forked from the driver also holds the driver's own few modules (about 9% more on tiny-bert):
-    above a fresh run's, never below.  Where the warm worker kept the backbone (pretrained weights), the first run
-    is charged its reading and the second takes it: the same figures as a fresh process's reading of its own.  Each
-    case in a driver of its own, so that the suite's workers share them (one driver for all three took 170 s of one
-    worker, the last to end in CI)."""
-    backbone, task, methods = _CASES[case]
-    cases = [[case, _settings(backbone or lm_folder, task), methods]]
+@pytest.fixture(scope="module")
+def three_ways(lm_folder) -> dict:
+    """Every case's records (case -> method -> [fresh, spawned, forked]), from one driver: its two warm workers serve
+    the cases one after another.  A driver per case cost two more interpreters (the driver and its spawned worker,
+    about 5 s of CPU each) for each case, and gained nothing: the module's tests run on one pytest worker."""
+    cases = [
+        [case, _settings(backbone or lm_folder, task), methods] for case, (backbone, task, methods) in _CASES.items()
+    ]
     done = subprocess.run(
         [sys.executable, "-c", _THREE_WAYS, json.dumps(cases)],
         capture_output=True,
@@ -130,9 +126,19 @@ def test_a_forked_run_measures_what_a_fresh_interpreter_measures(case, lm_folder
         timeout=900,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    for case, records in json.loads(done.stdout.splitlines()[-1]).items():
-        for i, (method, (fresh, spawned, forked)) in enumerate(records.items()):
-            _same_as_fresh(case, i, method, fresh, spawned, forked)
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize("case", list(_CASES))
+def test_a_forked_run_measures_what_a_fresh_interpreter_measures(case, three_ways):
+    """From either kind of warm worker: the same metrics and losses, each phase's peak within 2% of the fresh run's
+    (the child maps again the library pages its worker had resident: without that, the runtime baseline is about
+    35% lower and those pages count in the run's peak as they page in again), the ``cpu-tensors`` peaks equal.  The
+    baseline of a run forked from the driver also holds the driver's own few modules (about 9% more on tiny-bert):
+    above a fresh run's, never below.  Where the warm worker kept the backbone (pretrained weights), the first run
+    is charged its reading and the second takes it: the same figures as a fresh process's reading of its own."""
+    for i, (method, (fresh, spawned, forked)) in enumerate(three_ways[case].items()):
+        _same_as_fresh(case, i, method, fresh, spawned, forked)
 
 
 def _same_as_fresh(case: str, i: int, method: str, fresh: dict, spawned: dict, forked: dict) -> None:
