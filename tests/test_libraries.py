@@ -63,3 +63,30 @@ print("ok")
 """
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_imports_pause_the_garbage_collector_and_leave_it_as_it_was(enabled, monkeypatch):
+    """Inside the imports no collection runs (each would scan the libraries' objects, 0.3-0.5 s of a fresh
+    process's imports); after them the collector is on or off as the caller had it, also when an import fails."""
+    import gc
+
+    from petlprof.run import libraries
+
+    seen = []
+    monkeypatch.setattr(libraries.importlib, "import_module", lambda name: seen.append(gc.isenabled()))
+    (gc.enable if enabled else gc.disable)()
+    try:
+        libraries.import_runtime_libraries()
+        assert seen and not any(seen)
+        assert gc.isenabled() is enabled
+
+        def failing(name):
+            raise RuntimeError(name)
+
+        monkeypatch.setattr(libraries.importlib, "import_module", failing)
+        with pytest.raises(RuntimeError):
+            libraries.import_runtime_libraries()
+        assert gc.isenabled() is enabled
+    finally:
+        gc.enable()
