@@ -296,7 +296,28 @@ def _raise_stop(signum, frame):
     raise Stop()
 
 
-def test_a_signal_stops_a_driver_waiting_on_a_task_within_a_poll(local_ray):
+def _ctrl_c_in(seconds: float) -> threading.Timer:
+    """Ctrl-C (SIGINT to this process, Python's own handler: KeyboardInterrupt) in ``seconds``."""
+    timer = threading.Timer(seconds, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    return timer
+
+
+def _alarm_in(seconds: float) -> None:
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+
+
+# (the signal, the handler it runs, how it is sent in 0.5 s, what the handler raises): the sweep's SIGTERM handler's
+# exception, and Ctrl-C's KeyboardInterrupt (the Ray driver's kill test sends SIGTERM and SIGKILL to a real driver;
+# Ctrl-C shares SIGTERM's handling there, and here it is raised inside Ray's own wait)
+SIGNALS = {
+    "a handler's exception (SIGTERM)": (signal.SIGALRM, _raise_stop, _alarm_in, Stop),
+    "Ctrl-C": (signal.SIGINT, signal.default_int_handler, _ctrl_c_in, KeyboardInterrupt),
+}
+
+
+@pytest.mark.parametrize("how", list(SIGNALS))
+def test_a_signal_stops_a_driver_waiting_on_a_task_within_a_poll(local_ray, how):
     """Ray's wait raises a signal handler's exception only when it returns: the driver waits in slices of
     POLL_S, so a SIGTERM or Ctrl-C ends the sweep within one, not at the end of a 5 s wait."""
     import petlprof.execution.executors as executors
@@ -304,19 +325,23 @@ def test_a_signal_stops_a_driver_waiting_on_a_task_within_a_poll(local_ray):
     def hang(*args):  # defined here so Ray ships it by value: the workers cannot import tests/
         time.sleep(600)
 
+    signum, handler, send, raised = SIGNALS[how]
     executor = executors.RayExecutor()
     executor._task = local_ray.remote(hang)
     executor._submit(RunSpec(method="bitfit", seed=0, max_steps=3, **TINY))
-    previous = signal.signal(signal.SIGALRM, _raise_stop)
-    signal.setitimer(signal.ITIMER_REAL, 0.5)
+    previous = signal.signal(signum, handler)
     t0 = time.monotonic()
+    sender = send(0.5)
     try:
-        with pytest.raises(Stop):
+        with pytest.raises(raised):
             executor._wait()
         waited = time.monotonic() - t0
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        if sender is not None:  # never a Ctrl-C after the block, where pytest itself would take it
+            sender.cancel()
+            sender.join()
+        signal.signal(signum, previous)
         executor.cancel()
     assert 0.5 <= waited < 3.0, waited  # 0.5 s and at most one POLL_S; with one 5 s wait, 5 s
 
