@@ -15,10 +15,10 @@ import platform
 from pathlib import Path
 from typing import Any, TypedDict
 
-from petlprof.errors import UsageError
+from petlprof.errors import UsageError, shown
 from petlprof.estimate.roofline import DeviceModel
 from petlprof.meters.cpu_power_model import cpu_topology
-from petlprof.values import is_number
+from petlprof.values import MAX_WATTS, Number, is_number
 
 PROFILE_VERSION = 3  # 2: the cost of drawing a random number; 3: the optimiser's time by tensor size, fresh memory
 PROFILE_ENV = "PETLPROF_PROFILE_DIR"
@@ -76,42 +76,48 @@ def save_profile(profile: Profile, device: str) -> Path:
 
 
 def _model_of(data: dict, path: Path) -> DeviceModel:
-    """The :class:`DeviceModel` of a profile's JSON; a :class:`UsageError` naming the file where it is not one."""
+    """The :class:`DeviceModel` of a profile's JSON; a :class:`UsageError` naming the file, and the field with its
+    value and what it may be, where it is not one."""
     try:
         model = data["model"]
-        flops = {str(k): float(v) for k, v in model["flops_per_s"].items()}
-        numbers = [model[k] for k in ("bytes_per_s", "kernel_overhead_s", "busy_w", "idle_w")]
-        if not all(is_number(v) and v > 0 for v in [*numbers[:3], *flops.values()]) or not is_number(numbers[3]):
-            raise ValueError("a figure is not a positive number")
-        bandwidth, overhead, busy, idle = (float(v) for v in numbers)
-        random = model.get("random_s_per_number", 0.0)
-        if not is_number(random) or random < 0:
-            raise ValueError("random_s_per_number is not a number >= 0")
+        if not isinstance(model, dict) or not isinstance(model.get("flops_per_s"), dict) or not model["flops_per_s"]:
+            raise ValueError("model.flops_per_s is not an object of dtype -> FLOP/s")
+        flops = {
+            str(k): _figure(f"flops_per_s.{shown(str(k), quote=False)}", v, FLOPS)
+            for k, v in model["flops_per_s"].items()
+        }
+        figures = {name: _figure(name, model.get(name, default), kind) for name, (kind, default) in FIGURES.items()}
+        if figures["idle_w"] > figures["busy_w"]:
+            raise ValueError(f"idle_w ({figures['idle_w']:g} W) is above busy_w ({figures['busy_w']:g} W)")
         name, source, power = str(model["name"]), str(model["source"]), str(model["power_source"])
         measure = str(data.get("device", "")) == "cpu"  # a CPU's products are timed at a step's shapes too
-        optimizer = _optimizer_table(model.get("optimizer_s", []))
-        fresh = model.get("fresh_s_per_byte", 0.0)
-        if not is_number(fresh) or not 0 <= fresh < MAX_FRESH_S_PER_BYTE:
-            raise ValueError(f"fresh_s_per_byte is not a number from 0 to {MAX_FRESH_S_PER_BYTE:g} s a byte")
         return DeviceModel(
             name,
             flops,
-            bandwidth,
-            overhead,
-            busy,
-            idle,
+            figures["bytes_per_s"],
+            figures["kernel_overhead_s"],
+            figures["busy_w"],
+            figures["idle_w"],
             True,
             source,
             power,
-            float(random),
+            figures["random_s_per_number"],
             measure,
-            optimizer,
-            float(fresh),
+            _optimizer_table(model.get("optimizer_s", [])),
+            figures["fresh_s_per_byte"],
         )
     except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as error:
         raise UsageError(
             f"device profile {path} is not a petlprof profile ({error}); run `petlprof calibrate` again"
         ) from None
+
+
+def _figure(name: str, value: Any, kind: Number) -> float:
+    """A profile's number ``name``, else a ValueError naming it, its value (cut short) and what it may be."""
+    problem = kind.problem(value)
+    if problem:
+        raise ValueError(f"model.{name} {problem}")
+    return float(value)
 
 
 def load_profile(device: str) -> tuple[DeviceModel | None, str]:
@@ -138,6 +144,17 @@ def load_profile(device: str) -> tuple[DeviceModel | None, str]:
 MAX_FRESH_S_PER_BYTE = 1e-6  # a MB a second: slower than any machine maps its memory
 MAX_OPTIMIZER_S = 60.0  # one tensor's clipping and AdamW step
 MAX_ELEMENTS = 2**50
+# a profile's figures, bounded far past any device (an H200: about 1e15 FLOP/s dense, 4.8e12 B/s, 700 W), so that a
+# corrupt or hand-edited profile is refused, not turned into an infinite or negative prediction
+FLOPS = Number(minimum=0, maximum=1e18)  # FLOP/s
+FIGURES: dict[str, tuple[Number, float | None]] = {  # name -> (what it may be, its value where a profile has none)
+    "bytes_per_s": (Number(minimum=0, maximum=1e15), None),
+    "kernel_overhead_s": (Number(minimum=0, maximum=1.0), None),
+    "busy_w": (Number(minimum=0, maximum=MAX_WATTS), None),
+    "idle_w": (Number(minimum=0, inclusive=True, maximum=MAX_WATTS), None),
+    "random_s_per_number": (Number(minimum=0, inclusive=True, maximum=1e-3), 0.0),
+    "fresh_s_per_byte": (Number(minimum=0, inclusive=True, maximum=MAX_FRESH_S_PER_BYTE, below=True), 0.0),
+}
 
 
 def _optimizer_table(value) -> tuple[tuple[int, float], ...]:
@@ -148,13 +165,17 @@ def _optimizer_table(value) -> tuple[tuple[int, float], ...]:
     table: dict[int, float] = {}
     for pair in value:
         if not (isinstance(pair, list) and len(pair) == 2 and all(is_number(v) for v in pair)):
-            raise ValueError(f"optimizer_s holds {pair!r}, not an (elements, seconds) pair of numbers")
+            raise ValueError(f"optimizer_s holds {shown(pair)}, not an (elements, seconds) pair of numbers")
         elements, seconds = pair
         if not (1 <= elements <= MAX_ELEMENTS and float(elements).is_integer()):
-            raise ValueError(f"optimizer_s holds {pair!r}: its elements are not a whole number from 1 to 2**50")
+            raise ValueError(
+                f"optimizer_s holds {shown(pair)}: its elements are not a whole number from 1 to {MAX_ELEMENTS:,}"
+            )
         if not 0 < seconds < MAX_OPTIMIZER_S:
-            raise ValueError(f"optimizer_s holds {pair!r}: its seconds are not above 0 and under {MAX_OPTIMIZER_S:g}")
+            raise ValueError(
+                f"optimizer_s holds {shown(pair)}: its seconds are not above 0 and under {MAX_OPTIMIZER_S:g}"
+            )
         if int(elements) in table:
-            raise ValueError(f"optimizer_s holds {int(elements)} elements twice")
+            raise ValueError(f"optimizer_s holds {int(elements):,} elements twice")
         table[int(elements)] = float(seconds)
     return tuple(sorted(table.items()))
