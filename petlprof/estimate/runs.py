@@ -153,17 +153,26 @@ def predict_runs(
     for spec in specs:
         grouped.setdefault(spec.config_key, []).append(spec)
     out: dict[str, RunPrediction] = {}
+    heaviest: dict[tuple, tuple[int, int] | str] = {}  # configurations batched alike (methods apart) share theirs
     for group in grouped.values():
         spec = group[0]
         objective = objective_of(spec) if objective_of is not None else spec.objective
         batch = None
         if objective != LM and row_lengths is not None:
-            batch = _heaviest(group, row_lengths)
+            key = (spec.task, spec.backbone, spec.max_length, *map(_batching, group))
+            if key not in heaviest:
+                heaviest[key] = _heaviest(group, row_lengths)
+            batch = heaviest[key]
         predicted = _predicted(
             spec, objective, model, num_labels, lm_lengths, Settings, estimate, resolve_backbone, batch
         )
         out.update((each.run_key, predicted) for each in group)
     return out
+
+
+def _batching(spec: Any) -> tuple:
+    """What a run's training batches depend on besides its rows (:func:`heaviest_batch`)."""
+    return (spec.seed, spec.batch_size, spec.epochs, spec.max_steps, spec.warmup_steps, spec.gradient_accumulation)
 
 
 def _heaviest(specs: Sequence[Any], row_lengths: RowLengths) -> tuple[int, int] | str:
