@@ -1,6 +1,7 @@
 """``petlprof calibrate``: measure what a prediction needs on this machine's device and keep it as a profile.
 
-Seven measurements, each a few seconds (about 16 s in all on a CPU):
+Seven measurements, each a few seconds (about 20 s in all on a 2-core CPU, half of it the optimiser's: its
+:data:`MIN_SAMPLES` steps of 32,768 small tensors, their flushes and setup are past its share of ``seconds``):
 
 * matrix throughput: square float32 products (and bfloat16 on a GPU) of :data:`MATMUL_SIZES`, the best of them, in
   FLOP/s (2 n^3 a product), with the threads a run uses;
