@@ -64,25 +64,21 @@ def pytest_configure(config):
     if os.environ.get("PYTEST_XDIST_WORKER") or not getattr(config.option, "numprocesses", None):
         from petlprof.run.libraries import import_runtime_libraries
 
-        import_runtime_libraries()
+        import_runtime_libraries(freeze=True)  # they live as long as this process, as in a run's worker
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_collection(session):
     """Collection with the garbage collector paused (as a run's imports are: petlprof.run.libraries.gc_paused): the
     test modules' imports and the 3,500 items made collections that scanned everything imported so far, 2.5 s of
-    each process's 10 s of collection, measured here.  What it leaves is collected and frozen at its end."""
+    each process's 10 s of collection, measured here.  What it made lives as long as this process: frozen out of the
+    collector's scans before the pause ends (as a run's worker freezes its imports, import_runtime_libraries), so no
+    collection scans it again (a run collects garbage before each phase, and each collection walked half a million
+    objects, 0.25 s: 15-20 % of the CPU time of modules that run in this process), nor once at the end of the pause
+    (a collection, then the freeze, took 0.6 s of each process's collection)."""
     with gc_paused():
         yield
-
-
-def pytest_collection_finish(session):
-    """What collection imported (torch, transformers, ...) lives as long as this process: out of the garbage
-    collector's scans, as in a run's worker (:func:`petlprof.execution.worker.preload`).  A run collects garbage
-    before each phase, and each collection walked half a million objects (0.25 s): 15-20 % of the CPU
-    time of modules that run in this process."""
-    gc.collect()
-    gc.freeze()
+        gc.freeze()
 
 
 # slow modules whose tests share no module- or class-scoped fixture: under ``--dist loadscope`` their tests are

@@ -65,6 +65,24 @@ print("ok")
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
 
 
+@pytest.mark.parametrize("freeze", [True, False])
+def test_a_process_that_keeps_its_imports_freezes_them_before_the_collector_runs_again(freeze, monkeypatch):
+    """``freeze=True`` (a run's worker, a test session): the objects leave the collector's scans while it is still
+    paused, so no collection ever walks them (one after the pause walked all 480,000 as young objects); without it
+    (a run in the caller's own process, whose objects are its own) nothing is frozen."""
+    import gc
+
+    from petlprof.run import libraries
+
+    frozen_with_collector_on = []
+    monkeypatch.setattr(libraries.importlib, "import_module", lambda name: None)
+    monkeypatch.setattr(libraries.gc, "freeze", lambda: frozen_with_collector_on.append(gc.isenabled()))
+    gc.enable()
+    libraries.import_runtime_libraries(freeze=freeze)
+    assert frozen_with_collector_on == ([False] if freeze else [])
+    assert gc.isenabled()
+
+
 @pytest.mark.parametrize("enabled", [True, False])
 def test_the_imports_pause_the_garbage_collector_and_leave_it_as_it_was(enabled, monkeypatch):
     """Inside the imports no collection runs (each would scan the libraries' objects, 0.3-0.5 s of a fresh

@@ -18,7 +18,6 @@ after that would otherwise ignore the sweep's ``terminate()`` and run on.
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import signal
@@ -63,10 +62,7 @@ def preload() -> None:
     garbage collector's scans (``gc.freeze``): a run collects garbage before each phase
     (:func:`petlprof.meters.memory.release_free_memory`), and each collection walked them all (about 0.25 s
     of CPU after these imports, five times per run)."""
-
-    import_runtime_libraries()
-    gc.collect()  # the imports' garbage first: what is frozen is never freed
-    gc.freeze()
+    import_runtime_libraries(freeze=True)
 
 
 class _Keeper:
