@@ -16,10 +16,17 @@ from petlprof.errors import UsageError, printable
 from petlprof.sweep.config import build_options, expand
 from petlprof.sweep.spec import RunSpec
 
-# a sweep of seconds a run, in this process: the tiny preset, two steps
-TINY = {"backbone": "tiny-bert", "train_size": 32, "eval_size": 16, "batch_size": 16, "max_steps": 2}
+# a sweep of seconds a run, in this process: the tiny preset, two steps, the inference phase's 10 repeats alone
+TINY = {
+    "backbone": "tiny-bert",
+    "train_size": 32,
+    "eval_size": 16,
+    "batch_size": 16,
+    "max_steps": 2,
+    "inference_window_s": 0.0,
+}
 TINY_CLI = ["--backbone", "tiny-bert", "--train-size", "32", "--eval-size", "16", "--batch-size", "16"]
-TINY_CLI += ["--max-steps", "2"]
+TINY_CLI += ["--max-steps", "2", "--inference-window-s", "0"]
 
 
 def keys(out: Path) -> list[str]:

@@ -31,7 +31,7 @@ from petlprof.sweep.spec import RunSpec
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-SMALL = dict(backbone="tiny-bert", train_size=32, eval_size=16, batch_size=8, epochs=2)
+SMALL = dict(backbone="tiny-bert", train_size=32, eval_size=16, batch_size=8, epochs=2, inference_window_s=0.0)
 
 # (id, spec fields, the step (1-based) whose loss is not finite, whether it falls in the warm-up)
 DIVERGING = [

@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 
 import pytest
+from test_plugins import ENTRY_POINT, REFERENCE, check_plugin_record, example_pythonpath
+from test_plugins import SMALL as PLUGIN_RUN
 
 from petlprof.cli import main
 from petlprof.errors import UsageError
@@ -127,14 +129,18 @@ def _cmd(entry: Path) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def local_ray():
+def local_ray(tmp_path_factory):
     """One Ray instance for the tests below (the driver tests above start their own): 2 CPUs, no
-    GPU, as on the CI machine."""
+    GPU, as on the CI machine; its workers have the plug-in example installed, as a cluster's nodes would (they
+    start with the environment ray.init sees), for the plug-in's Ray test, which an instance of its own cost about
+    7 s of CPU more."""
     from petlprof.execution.executors import RAY_ENV
 
     for key, value in RAY_ENV.items():  # as petlprof starts its own: workers at normal priority, no usage report
         os.environ.setdefault(key, value)
-    ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, log_to_driver=False)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PYTHONPATH", os.pathsep.join(example_pythonpath(tmp_path_factory.mktemp("site"))))
+        ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
 
@@ -216,6 +222,21 @@ def test_a_ray_worker_imports_once_and_forks_its_later_runs(local_ray, monkeypat
     assert ["warm_worker_start_s" in r for r in records[1:]] == [False, False]  # forked at once
     assert len(kept) == 1 and kept[0].broken is None  # kept for the next task
     assert all(r["node"]["cpus"] == 2 and r["node"]["executor"] == "ray" for r in records)
+
+
+def test_a_plugin_runs_as_ray_tasks_by_name_and_by_reference(local_ray):
+    """The plug-in example by entry point and by ``module:ATTR`` (on two ranks): the driver does not resolve methods,
+    the Ray workers do, from what is installed on their node."""
+    from petlprof.execution.executors import RayExecutor
+
+    specs = [RunSpec(method=ENTRY_POINT, **PLUGIN_RUN), RunSpec(method=REFERENCE, nproc=2, **PLUGIN_RUN)]
+    executor = RayExecutor(cpus_per_run=1)
+    records = {spec.method: record for spec, record in executor.results(specs)}
+    executor.close()
+    for given, record in records.items():
+        check_plugin_record(record, given)
+        assert record["node"]["executor"] == "ray"
+    assert records[REFERENCE]["distributed"]["world_size"] == 2
 
 
 def test_a_two_rank_run_is_one_ray_task_with_the_cpus_of_both_ranks(local_ray):

@@ -169,7 +169,15 @@ def test_old_records_without_the_new_figure_aggregate_as_before():
 
 @pytest.fixture(scope="module")
 def record():
-    spec = RunSpec(method="bitfit", backbone="tiny-bert", train_size=16, eval_size=8, batch_size=8, max_steps=3)
+    spec = RunSpec(
+        method="bitfit",
+        backbone="tiny-bert",
+        train_size=16,
+        eval_size=8,
+        batch_size=8,
+        max_steps=3,
+        inference_window_s=0.0,
+    )
     out = execute(spec)
     assert out["status"] == "ok", out.get("error")
     return out

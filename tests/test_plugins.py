@@ -1,7 +1,7 @@
 """Method plug-ins: the example package (examples/petlprof-normtune) by ``module:ATTR`` and by entry point
-through a fresh worker, a 2-rank run and a Ray task; ``petlprof list``; the example in docs/plugins.md; the
-benchmark fixture; a third-party side-tuning method with the hidden-state cache; and each way a plug-in
-can be broken, refused with one line and exit 2 before any run.
+through a fresh worker and a 2-rank run (as Ray tasks in ``test_executors.py``, on its Ray instance);
+``petlprof list``; the example in docs/plugins.md; the benchmark fixture; a third-party side-tuning method with
+the hidden-state cache; and each way a plug-in can be broken, refused with one line and exit 2 before any run.
 
 No package is installed into the environment: a ``.dist-info`` folder written from the example's
 ``pyproject.toml`` into a temporary folder on ``sys.path`` and ``PYTHONPATH`` stands for the installed
@@ -93,7 +93,7 @@ def check_plugin_record(record: dict, given: str, parts: str = "both") -> None:
     assert record["trainable_params"] == norm_and_head_params(record["spec"], parts)
 
 
-# --- end to end: a fresh worker, two ranks, Ray --------------------------------------------------------
+# --- end to end: a fresh worker, two ranks ------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -105,35 +105,6 @@ def test_a_plugin_runs_in_fresh_worker_processes(example_installed, given, nproc
     check_plugin_record(record, given, parts="gain")
     if nproc > 1:
         assert record["distributed"]["world_size"] == 2
-
-
-@pytest.fixture(scope="module")
-def plugin_ray(tmp_path_factory):
-    """A local Ray instance whose workers have the example package installed, as a cluster's nodes would
-    (they start with the environment ray.init sees; the driver does not resolve methods)."""
-    ray = pytest.importorskip("ray", reason="the ray executor's tests need Ray: pip install 'petlprof[ray]'")
-    from petlprof.execution.executors import RAY_ENV
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PYTHONPATH", os.pathsep.join(example_pythonpath(tmp_path_factory.mktemp("site"))))
-        for key, value in RAY_ENV.items():  # as petlprof starts its own: workers at normal priority
-            mp.setenv(key, value)
-        ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
-
-
-def test_a_plugin_runs_as_ray_tasks_by_name_and_by_reference(plugin_ray):
-    from petlprof.execution.executors import RayExecutor
-
-    specs = [RunSpec(method=ENTRY_POINT, **SMALL), RunSpec(method=REFERENCE, nproc=2, **SMALL)]
-    executor = RayExecutor(cpus_per_run=1)
-    records = {spec.method: record for spec, record in executor.results(specs)}
-    executor.close()
-    for given, record in records.items():
-        check_plugin_record(record, given)
-        assert record["node"]["executor"] == "ray"
-    assert records[REFERENCE]["distributed"]["world_size"] == 2
 
 
 # --- the command line ---------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from petlprof.sweep.spec import RunSpec
 pytestmark = pytest.mark.slow  # starts processes or whole sweeps: the full suite, not the inner loop
 
 TINY = ["--backbone", "tiny-bert", "--train-size", "32", "--eval-size", "16", "--batch-size", "16", "--in-process"]
+TINY += ["--inference-window-s", "0"]  # the inference phase's 10 repeats alone: it is not what these tests check
 
 
 def points(specs):
