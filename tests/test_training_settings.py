@@ -332,18 +332,37 @@ def test_the_short_budget_note_counts_accumulated_steps(tmp_path, capsys):
 
 def test_an_epoch_of_batches_that_accumulation_does_not_divide_ends_with_a_short_step():
     """8 batches, 3 a step: steps of 3, 3 and 2, every batch of the epoch once and none of the next."""
-    from petlprof.run.train import Steps, step_order
-
-    class EightBatches:
-        def __len__(self):
-            return 8
-
-        def batch_indices(self, shuffle_seed=None):
-            return iter([np.array([i]) for i in range(8)])
+    from petlprof.run.train import Rows, Steps, step_order
 
     steps = Steps(epochs=1)
     assert steps.total(8, 3) == 3 and steps.micro_batches(8, 3) == 8
-    order = list(step_order(EightBatches(), steps.micro_batches(8, 3), 0, 3))
+    order = list(step_order(Rows(range(8), 1), steps.micro_batches(8, 3), 0, 3))
     assert [len(step) for step in order] == [3, 3, 2]
     assert sorted(int(b[0]) for step in order for b in step) == list(range(8))
     assert Steps(max_steps=2).micro_batches(8, 3) == 6 and Steps(max_steps=2).total(8, 3) == 2
+
+
+def test_every_kind_of_batches_cuts_and_orders_its_rows_alike():
+    """A classification split's batches, an LM split's and an estimate's rows (counted without tokens) of the same
+    size: as many batches an epoch, the last one short, and the same rows in each batch for every seed, so an
+    estimate prices the batches a run trains on."""
+    import torch
+
+    from petlprof.models.families import DECODER
+    from petlprof.run.lm_batches import LMBatches
+    from petlprof.run.train import Batches, Rows, Steps, step_order
+
+    kinds = {
+        "classification": Batches([{}] * 10, torch.zeros(10), 3, None),
+        "lm": LMBatches([{}] * 10, ["a reference"] * 10, 3, None, DECODER, 0, 1),
+        "estimate": Rows(range(10), 3),
+    }
+    assert {name: len(kind) for name, kind in kinds.items()} == dict.fromkeys(kinds, 4)
+    for seed in (None, 0, 7):
+        orders = {name: [b.tolist() for b in kind.batch_indices(seed)] for name, kind in kinds.items()}
+        assert orders["lm"] == orders["estimate"] == orders["classification"], seed
+        assert [len(b) for b in orders["estimate"]] == [3, 3, 3, 1]
+        assert sorted(i for b in orders["estimate"] for i in b) == list(range(10))
+    micro = Steps(epochs=2).micro_batches(4, 1)
+    steps = {name: [[b.tolist() for b in step] for step in step_order(kind, micro, 3)] for name, kind in kinds.items()}
+    assert steps["lm"] == steps["estimate"] == steps["classification"] and len(steps["estimate"]) == 8

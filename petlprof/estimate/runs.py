@@ -44,21 +44,6 @@ LmLengths = Callable[[Any], tuple[int, int]]  # an LM run's spec -> (prompt, tar
 RowLengths = Callable[[str, str, int], Sequence[int]]
 
 
-class _Rows:
-    """A split of ``count`` rows cut into batches as a run cuts them (:func:`petlprof.run.train.batch_indices`)."""
-
-    def __init__(self, count: int, batch_size: int):
-        self.count, self.batch_size = count, batch_size
-
-    def __len__(self) -> int:
-        return -(-self.count // self.batch_size)
-
-    def batch_indices(self, shuffle_seed: int | None = None):
-        from petlprof.run.train import batch_indices  # torch: not imported where there is no device to predict on
-
-        return batch_indices(self.count, self.batch_size, shuffle_seed)
-
-
 def training_row_lengths(split, backbone: str, max_length: int, random_init: bool = False) -> tuple[int, ...]:
     """Each row's tokens in a classification ``split`` (its texts and pairs), cut to ``max_length`` as a run tokenises
     them (:func:`petlprof.run.train.encode_texts`) with ``backbone``'s tokenizer: what a sweep's predictions and
@@ -77,12 +62,12 @@ def heaviest_batch(lengths: Sequence[int], specs: Sequence[Any]) -> tuple[int, i
     ``lengths``, its training rows' tokens."""
     import numpy as np  # the batches' sums over every row of every epoch of every seed: vectorised per batch
 
-    from petlprof.run.train import Steps, step_order  # torch: not imported where there is no device to predict on
+    from petlprof.run.train import Rows, Steps, step_order  # torch: not imported where there is no device to predict on
 
     counts = np.asarray(lengths, dtype=np.int64)
     longest = real = 0
     for spec in specs:
-        rows = _Rows(len(lengths), spec.batch_size)
+        rows = Rows(range(len(lengths)), spec.batch_size)
         steps = Steps(epochs=spec.epochs, max_steps=spec.max_steps, warmup_steps=spec.warmup_steps, seed=spec.seed)
         micro = steps.micro_batches(len(rows), spec.gradient_accumulation)
         for group in step_order(rows, micro, spec.seed, spec.gradient_accumulation):

@@ -23,7 +23,6 @@ decoder target longer than ``max_length - 1`` is refused, naming the row.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -35,12 +34,12 @@ from petlprof.errors import UsageError
 from petlprof.models.families import DECODER, ENCODER_DECODER
 from petlprof.models.language_model import lm_loss
 from petlprof.models.lm_tokens import Row, encode, eos_id
-from petlprof.run.train import batch_indices
+from petlprof.run.train import CutIntoBatches
 from petlprof.vocabulary import IGNORE_INDEX
 
 
 @dataclass
-class LMBatches:
+class LMBatches(CutIntoBatches):
     """A tokenised LM split (``encodings``: per row its ``prompt`` ids and ``target`` ids, EOS included, after
     truncation), cut into dynamically padded batches; ``references`` are the target texts."""
 
@@ -84,9 +83,6 @@ class LMBatches:
         )
         return cls(rows, list(split.targets), batch_size, tokenizer, family, int(pad), eos)
 
-    def __len__(self) -> int:
-        return math.ceil(len(self.encodings) / self.batch_size)
-
     @property
     def longest_target(self) -> int:
         """The most target tokens (EOS included) of a row: what generation needs to reproduce any reference."""
@@ -104,10 +100,6 @@ class LMBatches:
             self.pad_token_id,
             self.eos_token_id,
         )
-
-    def batch_indices(self, shuffle_seed: int | None = None) -> Iterator[np.ndarray]:
-        """The examples' indices in the split, per batch (in the classification batches' order)."""
-        return batch_indices(len(self.encodings), self.batch_size, shuffle_seed)
 
     def collate(self, idx: np.ndarray, device: str) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """(inputs, labels) of the examples ``idx``, right-padded to the longest of them."""

@@ -19,9 +19,9 @@ import contextlib
 import functools
 import itertools
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -44,8 +44,31 @@ def encode_texts(split, tokenizer, max_length: int):
     return tokenizer(split.texts, split.pairs, truncation=True, max_length=max_length)
 
 
+class CutIntoBatches:
+    """Rows (``encodings``) cut into batches of ``batch_size``: how many an epoch has, and their rows' order, as every
+    kind of batches (and an estimate's rows, counted without their tokens) cuts them; what :func:`step_order` reads."""
+
+    encodings: Sequence[Any]
+    batch_size: int
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.encodings) / self.batch_size)
+
+    def batch_indices(self, shuffle_seed: int | None = None) -> Iterator[np.ndarray]:
+        """The examples' indices in the split, per batch."""
+        return batch_indices(len(self.encodings), self.batch_size, shuffle_seed)
+
+
 @dataclass
-class Batches:
+class Rows(CutIntoBatches):
+    """Rows alone, cut as a run cuts them: an estimate's, which orders a split's batches without tokenising it."""
+
+    encodings: Sequence[Any]
+    batch_size: int
+
+
+@dataclass
+class Batches(CutIntoBatches):
     """A tokenised split, cut into dynamically padded batches."""
 
     encodings: list[dict]
@@ -59,13 +82,6 @@ class Batches:
         rows = [{k: enc[k][i] for k in ("input_ids", "attention_mask")} for i in range(len(split))]
         labels = torch.tensor(split.labels, dtype=torch.float32 if regression else torch.long)
         return cls(rows, labels, batch_size, tokenizer)
-
-    def __len__(self) -> int:
-        return math.ceil(len(self.encodings) / self.batch_size)
-
-    def batch_indices(self, shuffle_seed: int | None = None) -> Iterator[np.ndarray]:
-        """The examples' indices in the split, per batch."""
-        return batch_indices(len(self.encodings), self.batch_size, shuffle_seed)
 
     def collate(self, idx: np.ndarray, device: str) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """(inputs, labels) of the examples ``idx``, padded to the longest of them."""
@@ -185,15 +201,7 @@ class PhaseIO:
         return tqdm(total=total, desc=self.desc, unit=unit, dynamic_ncols=True, disable=not ranks.is_main, **kwargs)
 
 
-class Ordered(Protocol):
-    """What :func:`step_order` reads of a split's batches: how many an epoch has, and their examples' order."""
-
-    def __len__(self) -> int: ...
-
-    def batch_indices(self, shuffle_seed: int | None = None) -> Iterator[np.ndarray]: ...
-
-
-def step_order(batches: Ordered, micro: int, seed: int, accumulation: int = 1) -> Iterator[list[np.ndarray]]:
+def step_order(batches: CutIntoBatches, micro: int, seed: int, accumulation: int = 1) -> Iterator[list[np.ndarray]]:
     """The run's ``micro`` batches, ``accumulation`` to an optimiser step (the last step short when they do not
     divide): epoch after epoch, each shuffled by its own seed (the micro-batches of one step may span two
     epochs)."""
