@@ -177,13 +177,22 @@ def test_a_task_on_a_backbone_without_its_tokenizer_here_is_one_line(tmp_path, c
 def test_an_estimate_imports_the_runs_libraries_frozen_once_its_options_are_checked(
     tmp_path, monkeypatch, args, code, imported
 ):
-    """The command's process keeps the libraries for its life: imported as a run's process imports them and frozen
-    out of the collector's scans (``petlprof estimate --backbone t5-3b`` took 11.3 s instead of 12.8 s), before any
-    model is built; a refused option costs no import."""
+    """The estimate runs with the libraries imported as a run's process imports them and frozen out of the collector's
+    scans (``petlprof estimate --backbone t5-3b`` took 11.3 s instead of 12.8 s); a refused option costs no import,
+    and a program that called the command gets its collector back as it had it (nothing frozen here)."""
+    import gc
+
     from petlprof.run import libraries
 
     calls: list[bool] = []
     real = libraries.import_runtime_libraries
-    monkeypatch.setattr(libraries, "import_runtime_libraries", lambda freeze=False: (calls.append(freeze), real())[1])
-    assert main(["estimate", *args, "--output", str(tmp_path / "out")]) == code
+    monkeypatch.setattr(
+        libraries, "import_runtime_libraries", lambda freeze=False: (calls.append(freeze), real(freeze))
+    )
+    gc.unfreeze()  # tests/conftest.py froze what collection imported
+    try:
+        assert main(["estimate", *args, "--output", str(tmp_path / "out")]) == code
+        assert gc.get_freeze_count() == 0
+    finally:
+        gc.freeze()
     assert calls == imported

@@ -68,7 +68,7 @@ print("ok")
 @pytest.mark.parametrize("freeze", [True, False])
 def test_a_process_that_keeps_its_imports_freezes_them_before_the_collector_runs_again(freeze, monkeypatch):
     """``freeze=True`` (a run's worker, a test session): the objects leave the collector's scans while it is still
-    paused, so no collection ever walks them (one after the pause walked all 480,000 as young objects); without it
+    paused, so no collection ever walks them (one after the pause walked them all as young objects); without it
     (a run in the caller's own process, whose objects are its own) nothing is frozen."""
     import gc
 
@@ -81,6 +81,25 @@ def test_a_process_that_keeps_its_imports_freezes_them_before_the_collector_runs
     libraries.import_runtime_libraries(freeze=freeze)
     assert frozen_with_collector_on == ([False] if freeze else [])
     assert gc.isenabled()
+
+
+@pytest.mark.parametrize("frozen_before", [False, True])
+def test_the_runtime_is_frozen_while_a_block_runs_and_the_caller_gets_its_collector_back(frozen_before):
+    """:func:`petlprof.run.libraries.runtime_frozen` (an estimate in the caller's own process): every object out of the
+    collector's scans inside the block; after it, scanned again, unless the caller had frozen objects itself."""
+    import gc
+
+    from petlprof.run import libraries
+
+    gc.unfreeze()  # tests/conftest.py froze what collection imported
+    try:
+        if frozen_before:
+            gc.freeze()
+        with libraries.runtime_frozen():
+            assert gc.get_freeze_count() > 100_000
+        assert (gc.get_freeze_count() > 0) is frozen_before
+    finally:
+        gc.freeze()
 
 
 @pytest.mark.parametrize("enabled", [True, False])

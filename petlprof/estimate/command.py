@@ -396,19 +396,25 @@ def price(args: argparse.Namespace, command: str, needs_prediction: str = "") ->
     objective.  ``needs_prediction``: the options that need time and energy predicted, refused in one line (before
     anything is traced or written) on a device without a model of them."""
     # kept out of petlprof --help's imports
+    from petlprof.run.libraries import runtime_frozen
+
+    settings = _settings(args, needs_prediction)
+    # what the estimate builds and traces rests on the run's libraries: those not imported yet imported as a run's
+    # process imports them (bitsandbytes' compilation deferred), and all of them out of the garbage collector's scans
+    # while the estimate runs, which walked them again and again while models were built and traced (`petlprof
+    # estimate --backbone t5-3b` 11.3-11.4 s against 12.8 s, tiny-bert 4.2-4.3 s against 4.7-4.8 s, two alternating
+    # runs each, measured here)
+    with runtime_frozen():
+        return _priced(args, command, settings)
+
+
+def _priced(args: argparse.Namespace, command: str, settings: Settings) -> tuple[Path, list[Priced]]:
+    """:func:`price`, once its options are checked."""
     from petlprof.estimate.core import estimate
     from petlprof.estimate.model import resolve_backbone
     from petlprof.results.store import check_writable
-    from petlprof.run.libraries import import_runtime_libraries
     from petlprof.sweep.config import parse_method_overrides
 
-    settings = _settings(args, needs_prediction)
-    # what the estimate builds and traces rests on the run's libraries, which this command's process keeps for its
-    # life: imported as a run's process imports them (bitsandbytes' compilation deferred) and frozen out of the
-    # garbage collector's scans, which walked them again and again while models were built and traced
-    # (`petlprof estimate --backbone t5-3b` 11.3-11.4 s against 12.8 s, tiny-bert 4.2-4.3 s against 4.7-4.8 s, two
-    # alternating runs each, measured here)
-    import_runtime_libraries(freeze=True)
     resolved = [resolve_backbone(backbone, args.num_layers) for backbone in args.backbone]
     overrides = parse_method_overrides(args.method_config or [])
     plans = [
