@@ -410,6 +410,7 @@ def price(args: argparse.Namespace, command: str, needs_prediction: str = "") ->
 
 def _priced(args: argparse.Namespace, command: str, settings: Settings) -> tuple[Path, list[Priced]]:
     """:func:`price`, once its options are checked."""
+    # kept out of petlprof --help's imports
     from petlprof.estimate.core import estimate
     from petlprof.estimate.model import resolve_backbone
     from petlprof.results.store import check_writable
