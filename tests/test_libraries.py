@@ -83,25 +83,6 @@ def test_a_process_that_keeps_its_imports_freezes_them_before_the_collector_runs
     assert gc.isenabled()
 
 
-@pytest.mark.parametrize("frozen_before", [False, True])
-def test_the_runtime_is_frozen_while_a_block_runs_and_the_caller_gets_its_collector_back(frozen_before):
-    """:func:`petlprof.run.libraries.runtime_frozen` (an estimate in the caller's own process): every object out of the
-    collector's scans inside the block; after it, scanned again, unless the caller had frozen objects itself."""
-    import gc
-
-    from petlprof.run import libraries
-
-    gc.unfreeze()  # tests/conftest.py froze what collection imported
-    try:
-        if frozen_before:
-            gc.freeze()
-        with libraries.runtime_frozen():
-            assert gc.get_freeze_count() > 100_000
-        assert (gc.get_freeze_count() > 0) is frozen_before
-    finally:
-        gc.freeze()
-
-
 @pytest.mark.parametrize("enabled", [True, False])
 def test_the_imports_pause_the_garbage_collector_and_leave_it_as_it_was(enabled, monkeypatch):
     """Inside the imports no collection runs (each would scan the libraries' objects, 0.3-0.5 s of a fresh

@@ -5,6 +5,7 @@ Real hardware is exercised only in tests marked ``gpu``.
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import time
@@ -340,12 +341,17 @@ def _unscanned(obj) -> bool:
 
 
 @pytest.mark.parametrize("frozen_before", [False, True], ids=["nothing frozen before", "a caller froze objects"])
-def test_an_in_process_run_scans_only_its_own_objects_and_its_garbage_is_still_freed(frozen_before):
+@pytest.mark.parametrize("freeze", [None, "the run's imports"], ids=["a run in process", "an estimate"])
+def test_an_in_process_run_scans_only_its_own_objects_and_its_garbage_is_still_freed(frozen_before, freeze):
     """live_objects_unscanned: objects alive at the start leave the collector's scans; a cycle made in the block is
     still collected by the phase's collection (release_free_memory); afterwards the freeze is undone, unless a
     caller had frozen objects before (this suite's conftest does; its freeze is kept either way).  Asked of the
     objects themselves: the frozen count also falls when a frozen object dies (CI once saw it one lower than
-    before a freeze that had added one)."""
+    before a freeze that had added one).  An estimate freezes them with the run's imports
+    (``import_runtime_libraries(freeze=True)``), with the same undoing after."""
+    from petlprof.run.libraries import import_runtime_libraries
+
+    how = None if freeze is None else functools.partial(import_runtime_libraries, freeze=True)
     saved = gc.get_freeze_count()
     gc.unfreeze()
     callers = _Cycle()
@@ -354,7 +360,7 @@ def test_an_in_process_run_scans_only_its_own_objects_and_its_garbage_is_still_f
     try:
         old = _Cycle()
         assert _unscanned(callers) is frozen_before and not _unscanned(old)
-        with live_objects_unscanned():
+        with live_objects_unscanned(how):
             assert _unscanned(old)  # alive at the start: left out of the scans
             young = weakref.ref(_Cycle())
             release_free_memory()

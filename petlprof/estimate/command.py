@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import time
 from collections.abc import Mapping, Sequence
@@ -396,7 +397,8 @@ def price(args: argparse.Namespace, command: str, needs_prediction: str = "") ->
     objective.  ``needs_prediction``: the options that need time and energy predicted, refused in one line (before
     anything is traced or written) on a device without a model of them."""
     # kept out of petlprof --help's imports
-    from petlprof.run.libraries import runtime_frozen
+    from petlprof.meters.memory import live_objects_unscanned
+    from petlprof.run.libraries import import_runtime_libraries
 
     settings = _settings(args, needs_prediction)
     # what the estimate builds and traces rests on the run's libraries: those not imported yet imported as a run's
@@ -404,7 +406,7 @@ def price(args: argparse.Namespace, command: str, needs_prediction: str = "") ->
     # while the estimate runs, which walked them again and again while models were built and traced (`petlprof
     # estimate --backbone t5-3b` 11.3-11.4 s against 12.8 s, tiny-bert 4.2-4.3 s against 4.7-4.8 s, two alternating
     # runs each, measured here)
-    with runtime_frozen():
+    with live_objects_unscanned(functools.partial(import_runtime_libraries, freeze=True)):
         return _priced(args, command, settings)
 
 

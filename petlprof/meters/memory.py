@@ -16,7 +16,7 @@ from __future__ import annotations
 import ctypes
 import gc
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -65,18 +65,24 @@ def rss_bytes() -> int | None:
 
 
 @contextmanager
-def live_objects_unscanned() -> Iterator[None]:
+def live_objects_unscanned(freeze: Callable[[], object] | None = None) -> Iterator[None]:
     """While the block runs, the garbage collector leaves the objects alive at its start out of its scans
-    (``gc.freeze``, after collecting what was already garbage); afterwards they are scanned again, unless
-    something had frozen objects before (then they stay frozen, as that caller chose).
+    (``gc.freeze``, after collecting what was already garbage; or ``freeze``, which freezes them its own way);
+    afterwards they are scanned again, unless something had frozen objects before (then they stay frozen, as that
+    caller chose).  ``petlprof estimate`` passes the run's imports, frozen while the collector is still paused
+    (:func:`petlprof.run.libraries.import_runtime_libraries`): a program that calls the command in its own process
+    (a notebook's ``main([...])``) gets its collector back as it had it.
 
     A run in the sweep's own process (``--in-process``, a notebook) collects garbage before each phase
     (:func:`release_free_memory`), and each collection walked every object of the process: torch's,
     transformers' and the caller's, about 0.3 s of CPU five times per run.  A run's own garbage is young,
     so it is still collected; a run in a worker process is already spared this (its imports are frozen)."""
     frozen_before = gc.get_freeze_count() > 0
-    gc.collect()
-    gc.freeze()
+    if freeze is None:
+        gc.collect()
+        gc.freeze()
+    else:
+        freeze()
     try:
         yield
     finally:

@@ -99,18 +99,3 @@ def gc_paused() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
-
-
-@contextmanager
-def runtime_frozen() -> Iterator[None]:
-    """While the block runs, the runtime imported (:func:`import_runtime_libraries`) and every object of this process
-    out of the garbage collector's scans (the libraries' and the caller's, as in a run's worker); afterwards scanned
-    again, unless something had frozen objects before (then they stay frozen, as that caller chose): a program that
-    runs a command in its own process (a notebook's ``main([...])``) gets its collector back as it had it."""
-    frozen_before = gc.get_freeze_count() > 0
-    import_runtime_libraries(freeze=True)
-    try:
-        yield
-    finally:
-        if not frozen_before:
-            gc.unfreeze()
