@@ -417,6 +417,41 @@ def test_each_configuration_is_predicted_once_and_its_seeds_share_it(profiles, m
     }
 
 
+def test_configurations_batched_alike_share_one_heaviest_batch_walk_and_the_others_walk_their_own(
+    profiles, monkeypatch
+):
+    """The heaviest-batch walk is shared only by configurations whose runs cut and order the rows alike (same task,
+    backbone, length, seeds, batch size, accumulation and steps; the method apart): each configuration is priced at the
+    heaviest batch of its own runs."""
+    from petlprof.estimate import runs
+    from petlprof.sweep.spec import RunSpec
+
+    prof.save_profile(cal.calibrate("cpu", seconds=0.02), "cpu")
+    lengths = [3, 40, 5, 7, 38, 2, 9, 11, 4, 6]
+    walks: list[list[str]] = []
+    real = runs.heaviest_batch
+
+    def walked(rows, specs):
+        walks.append(sorted({spec.method + str(spec.batch_size) for spec in specs}))
+        return real(rows, specs)
+
+    monkeypatch.setattr(runs, "heaviest_batch", walked)
+    base = dict(backbone="tiny-bert", max_length=48, max_steps=2)
+    specs = [
+        RunSpec(method="lora", batch_size=4, **base),
+        RunSpec(method="bitfit", batch_size=4, **base),  # batched as lora: shares its walk
+        RunSpec(method="full", batch_size=2, **base),  # its own
+        RunSpec(method="ia3", batch_size=4, gradient_accumulation=2, **base),  # its own
+    ]
+    out = runs.predict_runs(specs, lambda task: 2, row_lengths=lambda task, backbone, length: lengths)
+    assert walks == [["lora4"], ["full2"], ["ia34"]]
+    for spec in specs:
+        longest, tokens = real(lengths, [spec])
+        priced = out[spec.run_key]["priced"]
+        assert f"padded to {longest} tokens" in priced and f"), {tokens} of them real tokens" in priced, priced
+    assert len({out[spec.run_key]["priced"] for spec in specs}) == 3  # the three cuts differ: a wrong share shows
+
+
 def test_a_language_modelling_run_is_predicted_at_its_datas_longest_rows_with_its_generation(profiles):
     from petlprof.estimate.core import Settings, estimate
     from petlprof.estimate.model import resolve_backbone

@@ -68,7 +68,7 @@ def heaviest_batch(lengths: Sequence[int], specs: Sequence[Any]) -> tuple[int, i
     longest = real = 0
     for spec in specs:
         rows = Rows(range(len(lengths)), spec.batch_size)
-        steps = Steps(epochs=spec.epochs, max_steps=spec.max_steps, warmup_steps=spec.warmup_steps, seed=spec.seed)
+        steps = Steps.of(spec)
         micro = steps.micro_batches(len(rows), spec.gradient_accumulation)
         for group in step_order(rows, micro, spec.seed, spec.gradient_accumulation):
             for batch in group:
@@ -157,7 +157,9 @@ def predict_runs(
 
 def _batching(spec: Any) -> tuple:
     """What a run's training batches depend on besides its rows (:func:`heaviest_batch`)."""
-    return (spec.seed, spec.batch_size, spec.epochs, spec.max_steps, spec.warmup_steps, spec.gradient_accumulation)
+    from petlprof.run.train import Steps  # torch: imported only where a step is priced at a task's rows
+
+    return (spec.batch_size, spec.gradient_accumulation, Steps.of(spec))
 
 
 def _heaviest(specs: Sequence[Any], row_lengths: RowLengths) -> tuple[int, int] | str:

@@ -481,7 +481,7 @@ def _train_and_evaluate(ctx: RunContext, train_meters: list, eval_meters: list) 
     spec, ranks, budget = ctx.spec, ctx.ranks, ctx.budget
     if budget is not None:
         budget.start()
-    steps = Steps(epochs=spec.epochs, max_steps=spec.max_steps, warmup_steps=spec.warmup_steps, seed=spec.seed)
+    steps = Steps.of(spec)
     if ctx.trainable_params == 0:  # the zero-shot row: the model as it comes, nothing to train
         train_phase = untrained_phase()
     else:

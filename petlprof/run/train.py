@@ -163,6 +163,11 @@ class Steps:
     warmup_steps: int = 0
     seed: int = 0
 
+    @classmethod
+    def of(cls, spec: Any) -> Steps:
+        """A run spec's steps (its epochs, max steps, warm-up steps and seed)."""
+        return cls(epochs=spec.epochs, max_steps=spec.max_steps, warmup_steps=spec.warmup_steps, seed=spec.seed)
+
     def total(self, batches_per_epoch: int, accumulation: int = 1) -> int:
         """Optimiser steps: ``max_steps``, else ``epochs`` passes of ``accumulation`` batches a step (last short);
         counted once, where the sweep counts them too (:func:`petlprof.sweep.resources.training_batches`)."""
